@@ -1,0 +1,234 @@
+//! The `#[pyfunction]`s: convert plain Python values at the boundary, release the GIL for the
+//! work, convert back. One call per tree each way.
+
+use std::path::PathBuf;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+use serde_json::Value;
+
+use crate::buffer::Buffer;
+use crate::error::Error;
+use crate::layout;
+use crate::load::{self, LoadedEntry, LoadedNode};
+use crate::parallel;
+use crate::save::{self, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
+use crate::storage::{self, Region};
+
+const LEAF: u8 = 0;
+const NODE: u8 = 1;
+const NON_TENSOR: u8 = 2;
+
+/// Builds a byte slice from a source pointer handed over by the Python layer.
+///
+/// # Safety
+/// `ptr` must be 0 (no data) or point to `nbytes` readable bytes that stay alive and are not
+/// freed until the call that uses the slice returns. The Python layer passes `data_ptr()` of a
+/// contiguous CPU tensor that it keeps referenced for the whole call.
+unsafe fn source_slice<'a>(ptr: usize, nbytes: usize) -> Option<&'a [u8]> {
+    if nbytes == 0 {
+        return Some(&[]);
+    }
+    if ptr == 0 {
+        return None;
+    }
+    // SAFETY: guaranteed by the caller, see above.
+    Some(unsafe { std::slice::from_raw_parts(ptr as *const u8, nbytes) })
+}
+
+fn parse_json(text: &str, key: &str) -> PyResult<Value> {
+    serde_json::from_str(text)
+        .map_err(|e| PyValueError::new_err(format!("key {key:?}: not valid JSON: {e}")))
+}
+
+fn node_spec<'a>(node: &Bound<'_, PyAny>, leaves: &mut Vec<LeafSpec<'a>>) -> PyResult<NodeSpec> {
+    let (batch, entries): (Vec<u64>, Bound<'_, PyList>) = node.extract()?;
+    let mut out = Vec::with_capacity(entries.len());
+    for item in entries.iter() {
+        let item = item.cast_into::<PyTuple>()?;
+        let tag: u8 = item.get_item(0)?.extract()?;
+        let key: String = item.get_item(1)?.extract()?;
+        let entry = match tag {
+            LEAF => {
+                let (_, _, dtype, shape, device, ptr, nbytes): (
+                    u8,
+                    String,
+                    String,
+                    Vec<u64>,
+                    String,
+                    usize,
+                    usize,
+                ) = item.extract()?;
+                // SAFETY: the Python layer keeps every source tensor alive during write_tree.
+                let data = unsafe { source_slice(ptr, nbytes) };
+                leaves.push(LeafSpec {
+                    dtype,
+                    shape,
+                    device,
+                    data,
+                    nbytes,
+                });
+                EntrySpec::Leaf(leaves.len() - 1)
+            }
+            NODE => EntrySpec::Node(node_spec(&item.get_item(2)?, leaves)?),
+            NON_TENSOR => {
+                EntrySpec::NonTensor(parse_json(&item.get_item(2)?.extract::<String>()?, &key)?)
+            }
+            other => return Err(PyTypeError::new_err(format!("unknown entry tag {other}"))),
+        };
+        out.push((key, entry));
+    }
+    Ok(NodeSpec {
+        batch,
+        entries: out,
+    })
+}
+
+fn buffers(regions: Vec<Option<Region>>) -> Vec<Option<Buffer>> {
+    regions.into_iter().map(|r| r.map(Buffer::new)).collect()
+}
+
+/// Saves a whole tree under `prefix` atomically, in one call, with the GIL released.
+///
+/// `tree` is `(batch_size, entries)`; each entry is `(0, key, dtype, shape, device, data_ptr,
+/// nbytes)` for a tensor (data_ptr 0: zero-filled), `(1, key, subtree)` for a nested
+/// TensorDict, or `(2, key, json_text)` for a non-tensor value. Returns one Buffer per tensor
+/// leaf in depth-first order (None for empty tensors).
+#[pyfunction]
+#[pyo3(signature = (prefix, tree, *, existsok = true, durable = false, num_threads = 0))]
+pub fn write_tree(
+    py: Python<'_>,
+    prefix: PathBuf,
+    tree: &Bound<'_, PyAny>,
+    existsok: bool,
+    durable: bool,
+    num_threads: usize,
+) -> PyResult<Vec<Option<Buffer>>> {
+    let mut leaves = Vec::new();
+    let root = node_spec(tree, &mut leaves)?;
+    let opts = SaveOptions {
+        existsok,
+        durable,
+        num_threads,
+    };
+    let regions = py.detach(|| save::write_tree(&prefix, &root, &leaves, opts))?;
+    Ok(buffers(regions))
+}
+
+/// Creates one anonymous shared-memory Buffer per `(data_ptr, nbytes)` source (data_ptr 0:
+/// zero-filled), in parallel with the GIL released. No file descriptor stays open.
+#[pyfunction]
+#[pyo3(signature = (sources, *, num_threads = 0))]
+pub fn anonymous_buffers(
+    py: Python<'_>,
+    sources: Vec<(usize, usize)>,
+    num_threads: usize,
+) -> PyResult<Vec<Buffer>> {
+    if let Some((_, n)) = sources.iter().find(|(_, n)| *n == 0) {
+        return Err(PyValueError::new_err(format!(
+            "cannot map {n} bytes: empty tensors have no memory map"
+        )));
+    }
+    // SAFETY: the Python layer keeps every source tensor alive during this call.
+    let slices: Vec<(Option<&[u8]>, usize)> = sources
+        .iter()
+        .map(|&(p, n)| (unsafe { source_slice(p, n) }, n))
+        .collect();
+    let workers = parallel::worker_count(
+        num_threads,
+        slices.len() / 16 + usize::from(slices.iter().any(|s| s.1 > 1 << 20)),
+    );
+    let regions = py.detach(|| {
+        parallel::run(
+            &slices,
+            workers,
+            |s| s.1,
+            |&(data, n)| storage::anonymous(data, n),
+        )
+    })?;
+    Ok(regions.into_iter().map(Buffer::new).collect())
+}
+
+fn node_to_py<'py>(py: Python<'py>, node: LoadedNode) -> PyResult<Bound<'py, PyTuple>> {
+    let entries = PyList::empty(py);
+    for (key, entry) in node.entries {
+        let item = match entry {
+            LoadedEntry::Leaf {
+                dtype,
+                shape,
+                index,
+            } => (LEAF, key, dtype, PyTuple::new(py, shape)?, index).into_pyobject(py)?,
+            LoadedEntry::Node(child) => (NODE, key, node_to_py(py, child)?).into_pyobject(py)?,
+            LoadedEntry::NonTensor(value) => {
+                (NON_TENSOR, key, value.to_string()).into_pyobject(py)?
+            }
+        };
+        entries.append(item)?;
+    }
+    (node.batch, node.device, entries).into_pyobject(py)
+}
+
+/// Loads and validates the tree at `prefix` in one call, mapping every leaf with the GIL
+/// released. Returns `(tree, buffers)`: tree is `(batch_size, device, entries)` with entries
+/// `(0, key, dtype, shape, leaf_index)`, `(1, key, subtree)` or `(2, key, json_text)`.
+#[pyfunction]
+pub fn load_tree<'py>(
+    py: Python<'py>,
+    prefix: PathBuf,
+) -> PyResult<(Bound<'py, PyTuple>, Vec<Option<Buffer>>)> {
+    let (node, regions) = py.detach(|| load::load_tree(&prefix))?;
+    Ok((node_to_py(py, node)?, buffers(regions)))
+}
+
+/// Checks the tree at `prefix` without mapping data; returns the problems found (empty: OK).
+#[pyfunction]
+pub fn verify_tree(py: Python<'_>, prefix: PathBuf) -> Vec<String> {
+    py.detach(|| load::verify_tree(&prefix))
+}
+
+/// Writes one data file atomically from `(data_ptr, nbytes)` (data_ptr 0: zero-filled) and
+/// maps it; an existing file is replaced only with `existsok`.
+#[pyfunction]
+#[pyo3(signature = (path, data_ptr, nbytes, *, existsok = false))]
+pub fn write_file(
+    py: Python<'_>,
+    path: PathBuf,
+    data_ptr: usize,
+    nbytes: usize,
+    existsok: bool,
+) -> PyResult<Buffer> {
+    if nbytes == 0 {
+        return Err(Error::tree(&path, "empty tensors have no data file").into());
+    }
+    // SAFETY: the Python layer keeps the source tensor alive during this call.
+    let data = unsafe { source_slice(data_ptr, nbytes) };
+    let region = py.detach(|| save::write_file(&path, data, nbytes, existsok))?;
+    Ok(Buffer::new(region))
+}
+
+/// Maps the first `nbytes` of an existing file (which must be at least that long).
+#[pyfunction]
+pub fn open_file(py: Python<'_>, path: PathBuf, nbytes: usize) -> PyResult<Buffer> {
+    if nbytes == 0 {
+        return Err(Error::tree(&path, "empty tensors have no data file").into());
+    }
+    Ok(Buffer::new(py.detach(|| load::open_file(&path, nbytes))?))
+}
+
+/// Flushes every buffer's dirty pages to its file (msync), with the GIL released.
+#[pyfunction]
+pub fn flush_buffers(py: Python<'_>, buffers: Vec<Bound<'_, Buffer>>) -> PyResult<()> {
+    let regions: Vec<_> = buffers
+        .iter()
+        .map(|b| std::sync::Arc::clone(b.get().region()))
+        .collect();
+    py.detach(|| regions.iter().try_for_each(|r| r.flush()))?;
+    Ok(())
+}
+
+/// The file-name component a key is stored under (tensordict's robust key encoding).
+#[pyfunction]
+pub fn encode_key(key: &str) -> String {
+    layout::encode_key(key)
+}

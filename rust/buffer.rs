@@ -1,0 +1,131 @@
+//! The buffer object exported to Python: it owns one mapped region and hands it out through
+//! the buffer protocol as flat `uint8` bytes. Python types it with `torch.frombuffer`.
+
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::Arc;
+
+use pyo3::exceptions::PyBufferError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+
+use crate::storage::Region;
+
+/// A mapped region (anonymous shared memory or a file) exposed through the buffer protocol.
+///
+/// The region is unmapped when the last reference goes: `torch.frombuffer` keeps this object
+/// alive as long as any tensor viewing it lives.
+#[pyclass(frozen, module = "tensordict_rs._native")]
+pub struct Buffer {
+    region: Arc<Region>,
+}
+
+impl Buffer {
+    /// Wraps a region.
+    pub fn new(region: Region) -> Self {
+        Buffer {
+            region: Arc::new(region),
+        }
+    }
+
+    /// The region, shared.
+    pub fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+}
+
+#[pymethods]
+impl Buffer {
+    /// Exports the bytes: one dimension, `uint8`, writable unless the map is read-only.
+    ///
+    /// # Safety
+    /// Called by CPython with a valid `view` pointer (or null, which is refused).
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("the buffer view is null"));
+        }
+        let region = Arc::clone(&slf.get().region);
+        if (flags & ffi::PyBUF_WRITABLE) == ffi::PyBUF_WRITABLE && !region.writable() {
+            return Err(PyBufferError::new_err("this memory map is read-only"));
+        }
+        // SAFETY: `view` is non-null and CPython hands us an uninitialised Py_buffer to fill.
+        // `obj` takes a strong reference to the owner, so the mapping outlives the view; the
+        // shape and strides pointers point into the view itself, which CPython keeps in place
+        // until __releasebuffer__; the format string is a static C string.
+        unsafe {
+            (*view).obj = slf.into_any().into_ptr();
+            (*view).buf = region.as_ptr() as *mut c_void;
+            (*view).len = region.len() as isize;
+            (*view).readonly = c_int::from(!region.writable());
+            (*view).itemsize = 1;
+            (*view).format = if (flags & ffi::PyBUF_FORMAT) == ffi::PyBUF_FORMAT {
+                c"B".as_ptr() as *mut c_char
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).ndim = 1;
+            (*view).shape = if (flags & ffi::PyBUF_ND) == ffi::PyBUF_ND {
+                &mut (*view).len
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).strides = if (flags & ffi::PyBUF_STRIDES) == ffi::PyBUF_STRIDES {
+                &mut (*view).itemsize
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).suboffsets = std::ptr::null_mut();
+            (*view).internal = std::ptr::null_mut();
+        }
+        Ok(())
+    }
+
+    /// Nothing was allocated per view, so there is nothing to free; never fails.
+    ///
+    /// # Safety
+    /// Called by CPython with the view filled by `__getbuffer__`.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+
+    /// Size in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.region.len()
+    }
+
+    /// Absolute path of the backing file, or None for anonymous memory.
+    #[getter]
+    fn filename(&self) -> Option<String> {
+        self.region.path().map(|p| p.to_string_lossy().into_owned())
+    }
+
+    /// Whether writes are allowed through this buffer.
+    #[getter]
+    fn writable(&self) -> bool {
+        self.region.writable()
+    }
+
+    /// Writes dirty pages to the backing file and waits for the disk (msync); the GIL is
+    /// released meanwhile. A no-op for anonymous memory.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let region = Arc::clone(&self.region);
+        py.detach(move || region.flush()).map_err(PyErr::from)
+    }
+
+    fn __len__(&self) -> usize {
+        self.region.len()
+    }
+
+    fn __repr__(&self) -> String {
+        match self.region.path() {
+            Some(p) => format!(
+                "Buffer(nbytes={}, filename={:?})",
+                self.region.len(),
+                p.display().to_string()
+            ),
+            None => format!("Buffer(nbytes={}, anonymous)", self.region.len()),
+        }
+    }
+}

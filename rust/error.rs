@@ -1,0 +1,169 @@
+//! The one error type of the crate and its mapping to Python exceptions.
+//!
+//! `Error` itself is plain Rust so that `storage`, `dir`, `layout`, `save` and `load` stay
+//! free of pyo3; the single `From<Error> for PyErr` below is the only bridge.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyOSError};
+use pyo3::PyErr;
+
+create_exception!(
+    tensordict_rs,
+    TensorDictError,
+    PyException,
+    "Base class of every error raised by tensordict_rs (I/O errors stay OSError)."
+);
+create_exception!(
+    tensordict_rs,
+    InvalidDirectoryError,
+    TensorDictError,
+    "A saved directory is damaged or hostile: bad meta.json, short file, bad key, symlink."
+);
+create_exception!(
+    tensordict_rs,
+    UnsupportedFormatError,
+    TensorDictError,
+    "A saved directory is valid but holds something this library refuses to load (pickle, nested tensors, newer format)."
+);
+create_exception!(
+    tensordict_rs,
+    InvalidTreeError,
+    TensorDictError,
+    "A TensorDict cannot be saved as given: reserved key, colliding file names, bad shape."
+);
+
+/// Everything that can go wrong in the Rust core. Every variant carries the path it concerns.
+#[derive(Debug)]
+pub enum Error {
+    /// An operating-system error on `path`.
+    Io { path: PathBuf, source: io::Error },
+    /// The directory at `path` is damaged or was crafted to escape; it must not load.
+    Invalid { path: PathBuf, message: String },
+    /// The directory at `path` is well formed but holds data this library will not load.
+    Unsupported { path: PathBuf, message: String },
+    /// The tree handed in for saving cannot be stored in the format.
+    Tree { path: PathBuf, message: String },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// Wraps an I/O error with the path it happened on.
+    pub fn io(path: impl AsRef<Path>, source: io::Error) -> Self {
+        Error::Io {
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
+    }
+
+    /// A damaged-directory error for `path`.
+    pub fn invalid(path: impl AsRef<Path>, message: impl Into<String>) -> Self {
+        Error::Invalid {
+            path: path.as_ref().to_path_buf(),
+            message: message.into(),
+        }
+    }
+
+    /// An unsupported-content error for `path`.
+    pub fn unsupported(path: impl AsRef<Path>, message: impl Into<String>) -> Self {
+        Error::Unsupported {
+            path: path.as_ref().to_path_buf(),
+            message: message.into(),
+        }
+    }
+
+    /// A bad-tree (save input) error for `path`.
+    pub fn tree(path: impl AsRef<Path>, message: impl Into<String>) -> Self {
+        Error::Tree {
+            path: path.as_ref().to_path_buf(),
+            message: message.into(),
+        }
+    }
+
+    /// The OS error number, when this is an I/O error that has one.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    /// True when this is an I/O "not found" error.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io { path, source } => write!(f, "{source}: '{}'", path.display()),
+            Error::Invalid { path, message }
+            | Error::Unsupported { path, message }
+            | Error::Tree { path, message } => write!(f, "{message} ('{}')", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// Errno for an `io::Error` that has none (errors built by std or by us from a kind).
+fn errno_for_kind(kind: io::ErrorKind) -> i32 {
+    #[cfg(unix)]
+    {
+        match kind {
+            io::ErrorKind::NotFound => libc::ENOENT,
+            io::ErrorKind::PermissionDenied => libc::EACCES,
+            io::ErrorKind::AlreadyExists => libc::EEXIST,
+            io::ErrorKind::StorageFull => libc::ENOSPC,
+            _ => libc::EIO,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        match kind {
+            io::ErrorKind::NotFound => 2,
+            io::ErrorKind::PermissionDenied => 13,
+            io::ErrorKind::AlreadyExists => 17,
+            io::ErrorKind::StorageFull => 28,
+            _ => 5,
+        }
+    }
+}
+
+impl From<Error> for PyErr {
+    fn from(err: Error) -> PyErr {
+        match err {
+            Error::Io { path, source } => {
+                let errno = source
+                    .raw_os_error()
+                    .unwrap_or_else(|| errno_for_kind(source.kind()));
+                // OSError(errno, strerror, filename) picks the subclass from errno itself:
+                // FileNotFoundError, PermissionError, FileExistsError, NotADirectoryError...
+                let strerror = match source.raw_os_error() {
+                    Some(_) => io::Error::from_raw_os_error(errno).to_string(),
+                    None => source.to_string(),
+                };
+                let strerror = match strerror.find(" (os error") {
+                    Some(cut) => strerror[..cut].to_string(),
+                    None => strerror,
+                };
+                PyOSError::new_err((errno, strerror, path.to_string_lossy().into_owned()))
+            }
+            Error::Invalid { .. } => InvalidDirectoryError::new_err(err.to_string()),
+            Error::Unsupported { .. } => UnsupportedFormatError::new_err(err.to_string()),
+            Error::Tree { .. } => InvalidTreeError::new_err(err.to_string()),
+        }
+    }
+}

@@ -1,0 +1,569 @@
+//! The on-disk format, in one place: key <-> file name, the dtype table, meta.json writing and
+//! validating parsing. It matches what tensordict 0.15 writes (see the reference document §1),
+//! so that directories move both ways. No pyo3 and no file I/O here.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+/// Name of the metadata file of every directory.
+pub const META_FILE: &str = "meta.json";
+/// Suffix of a leaf's data file.
+pub const LEAF_SUFFIX: &str = ".memmap";
+/// Largest meta.json we read: far above any real tree, small enough to refuse garbage.
+pub const META_LIMIT: u64 = 64 << 20;
+/// Deepest nesting we follow when loading.
+pub const MAX_DEPTH: usize = 256;
+/// Highest `_format_version` this library reads.
+pub const FORMAT_VERSION: u64 = 1;
+
+/// Keys that meta.json uses for itself: a leaf with one of these names would be lost.
+pub const RESERVED_KEYS: &[&str] = &[
+    "shape",
+    "device",
+    "_type",
+    "_format_version",
+    "_class",
+    "_names",
+];
+
+const TD_TYPE: &str = "<class 'tensordict._td.TensorDict'>";
+const TD_CLASS: &str = "tensordict:TensorDict";
+const NTD_TYPE: &str = "<class 'tensordict.tensorclass.NonTensorData'>";
+
+/// A tensor element type as written in meta.json (`str(torch.dtype)`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct DType {
+    pub name: &'static str,
+    pub itemsize: usize,
+}
+
+/// Every dtype the format stores (the reference's `_STR_DTYPE_TO_DTYPE`, quantized excepted).
+pub const DTYPES: &[DType] = &[
+    DType {
+        name: "torch.bool",
+        itemsize: 1,
+    },
+    DType {
+        name: "torch.uint8",
+        itemsize: 1,
+    },
+    DType {
+        name: "torch.int8",
+        itemsize: 1,
+    },
+    DType {
+        name: "torch.int16",
+        itemsize: 2,
+    },
+    DType {
+        name: "torch.int32",
+        itemsize: 4,
+    },
+    DType {
+        name: "torch.int64",
+        itemsize: 8,
+    },
+    DType {
+        name: "torch.uint16",
+        itemsize: 2,
+    },
+    DType {
+        name: "torch.uint32",
+        itemsize: 4,
+    },
+    DType {
+        name: "torch.uint64",
+        itemsize: 8,
+    },
+    DType {
+        name: "torch.float16",
+        itemsize: 2,
+    },
+    DType {
+        name: "torch.bfloat16",
+        itemsize: 2,
+    },
+    DType {
+        name: "torch.float32",
+        itemsize: 4,
+    },
+    DType {
+        name: "torch.float64",
+        itemsize: 8,
+    },
+    DType {
+        name: "torch.complex32",
+        itemsize: 4,
+    },
+    DType {
+        name: "torch.complex64",
+        itemsize: 8,
+    },
+    DType {
+        name: "torch.complex128",
+        itemsize: 16,
+    },
+];
+
+/// Looks a dtype string up in the table.
+pub fn dtype(name: &str) -> Option<&'static DType> {
+    DTYPES.iter().find(|d| d.name == name)
+}
+
+/// Byte size of a tensor of `shape` and `itemsize`, or `None` on overflow.
+pub fn nbytes(shape: &[u64], itemsize: usize) -> Option<usize> {
+    let mut n: u64 = itemsize as u64;
+    for &d in shape {
+        n = n.checked_mul(d)?;
+    }
+    // Keep every size a valid isize offset for the buffer protocol.
+    usize::try_from(n)
+        .ok()
+        .filter(|&n| n <= isize::MAX as usize)
+}
+
+/// Encodes a key into one safe file-name component, exactly like tensordict's robust keys:
+/// `/ < > : " | ? * \ space NUL %`, control characters and DEL become `%XX`; `""`, `.` and
+/// `..` become `%`, `%2E` and `%2E%2E`.
+pub fn encode_key(key: &str) -> String {
+    match key {
+        "" => return "%".to_string(),
+        "." => return "%2E".to_string(),
+        ".." => return "%2E%2E".to_string(),
+        _ => {}
+    }
+    let mut out = String::with_capacity(key.len());
+    for c in key.chars() {
+        let escape = matches!(
+            c,
+            '/' | '<' | '>' | ':' | '"' | '|' | '?' | '*' | '\\' | ' ' | '%'
+        ) || (c as u32) < 32
+            || c as u32 == 127;
+        if escape {
+            out.push_str(&format!("%{:02X}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The raw key as a legacy (unencoded) file-name component, if that is safe to open.
+pub fn legacy_name(key: &str) -> Option<&str> {
+    let unsafe_name = key.is_empty()
+        || key == "."
+        || key == ".."
+        || key.contains(['/', '\\', '\0'])
+        || key.as_bytes().get(1) == Some(&b':');
+    (!unsafe_name).then_some(key)
+}
+
+/// File name of a leaf.
+pub fn leaf_file(key: &str) -> String {
+    let mut name = encode_key(key);
+    name.push_str(LEAF_SUFFIX);
+    name
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+/// One entry of a TensorDict directory's meta.json, as the saver describes it.
+pub enum EntryMeta<'a> {
+    Leaf {
+        dtype: &'a str,
+        shape: &'a [u64],
+        device: &'a str,
+    },
+    TensorDict,
+    NonTensorData,
+}
+
+/// Formats JSON like Python's `json.dumps` does by default (`", "` and `": "`), so that files
+/// look like the reference's; non-ASCII is written as UTF-8, as orjson does.
+struct PyJsonFormatter;
+
+impl serde_json::ser::Formatter for PyJsonFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+fn to_json_bytes(value: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, PyJsonFormatter);
+    serde::Serialize::serialize(value, &mut ser).expect("a Value always serializes");
+    out
+}
+
+/// meta.json of a TensorDict directory: the entries in order, then the reserved keys.
+pub fn tensordict_meta<'a>(
+    entries: impl IntoIterator<Item = (&'a str, EntryMeta<'a>)>,
+    batch: &[u64],
+) -> Vec<u8> {
+    let mut map = Map::new();
+    for (key, entry) in entries {
+        let value = match entry {
+            EntryMeta::Leaf {
+                dtype,
+                shape,
+                device,
+            } => serde_json::json!({
+                "device": device, "shape": shape, "dtype": dtype, "is_nested": false,
+            }),
+            EntryMeta::TensorDict => serde_json::json!({"type": "TensorDict"}),
+            EntryMeta::NonTensorData => serde_json::json!({"type": "NonTensorData"}),
+        };
+        map.insert(key.to_string(), value);
+    }
+    map.insert("shape".into(), batch.into());
+    map.insert("device".into(), "cpu".into());
+    map.insert("_type".into(), TD_TYPE.into());
+    map.insert("_format_version".into(), FORMAT_VERSION.into());
+    map.insert("_class".into(), TD_CLASS.into());
+    to_json_bytes(&Value::Object(map))
+}
+
+/// meta.json of a NonTensorData directory holding a JSON value.
+pub fn non_tensor_meta(data: &Value) -> Vec<u8> {
+    let mut map = Map::new();
+    map.insert("_type".into(), NTD_TYPE.into());
+    map.insert("data".into(), data.clone());
+    map.insert("_metadata".into(), Value::Null);
+    map.insert("_is_non_tensor".into(), true.into());
+    to_json_bytes(&Value::Object(map))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+/// A validated leaf entry.
+#[derive(Debug)]
+pub struct LeafMeta {
+    pub dtype: &'static DType,
+    pub shape: Vec<u64>,
+    pub nbytes: usize,
+}
+
+/// A validated entry of a TensorDict meta.json.
+#[derive(Debug)]
+pub enum Entry {
+    Leaf(LeafMeta),
+    /// A sub-directory; what it holds is decided by its own meta.json.
+    Collection,
+}
+
+/// A validated TensorDict meta.json.
+#[derive(Debug)]
+pub struct TensorDictMeta {
+    pub batch: Vec<u64>,
+    pub device: Option<String>,
+    pub entries: Vec<(String, Entry)>,
+}
+
+/// What a directory's meta.json says the directory is.
+#[derive(Debug)]
+pub enum NodeMeta {
+    TensorDict(TensorDictMeta),
+    NonTensor(Value),
+}
+
+/// Parses and validates a meta.json read from `path`.
+pub fn parse_meta(bytes: &[u8], path: &Path) -> Result<NodeMeta> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| Error::invalid(path, format!("meta.json is not valid JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(Error::invalid(path, "meta.json is not a JSON object"));
+    };
+    match map.get("_format_version") {
+        None => {}
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|v| v <= FORMAT_VERSION) => {}
+        Some(v) => {
+            return Err(Error::unsupported(
+                path,
+                format!(
+                    "meta.json has _format_version {v}; this library reads up to {FORMAT_VERSION}"
+                ),
+            ))
+        }
+    }
+    let class = map.get("_class").and_then(Value::as_str);
+    let type_ = map.get("_type").and_then(Value::as_str);
+    let kind = class
+        .map(|c| c.rsplit(':').next().unwrap_or(c))
+        .or_else(|| type_.map(|t| t.trim_end_matches("'>").rsplit('.').next().unwrap_or(t)));
+    match kind {
+        Some("TensorDict") => parse_tensordict(&map, path).map(NodeMeta::TensorDict),
+        Some("NonTensorData") => match map.get("data") {
+            Some(data) => Ok(NodeMeta::NonTensor(data.clone())),
+            None => Err(Error::unsupported(
+                path,
+                "non-tensor data stored with pickle is never loaded (only JSON values are)",
+            )),
+        },
+        Some(other) => Err(Error::unsupported(
+            path,
+            format!("directories of type {other:?} are not supported"),
+        )),
+        None => Err(Error::invalid(path, "meta.json has no _type or _class")),
+    }
+}
+
+fn parse_shape(value: Option<&Value>, what: &str, path: &Path) -> Result<Vec<u64>> {
+    let Some(Value::Array(items)) = value else {
+        return Err(Error::invalid(
+            path,
+            format!("{what}: shape is missing or not a list"),
+        ));
+    };
+    items
+        .iter()
+        .map(|v| {
+            v.as_u64().ok_or_else(|| {
+                Error::invalid(
+                    path,
+                    format!(
+                        "{what}: shape {value} has a dimension that is not a non-negative integer",
+                        value = Value::Array(items.clone())
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+fn parse_tensordict(map: &Map<String, Value>, path: &Path) -> Result<TensorDictMeta> {
+    let batch = match map.get("shape") {
+        None => Vec::new(),
+        some => parse_shape(some, "batch size", path)?,
+    };
+    let device = match map.get("device") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s == "None" => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(other) => {
+            return Err(Error::invalid(
+                path,
+                format!("device {other} is not a string"),
+            ))
+        }
+    };
+    let mut entries = Vec::new();
+    for (key, value) in map {
+        if RESERVED_KEYS.contains(&key.as_str()) {
+            continue;
+        }
+        let Value::Object(entry) = value else {
+            if key.starts_with('_') {
+                continue; // metadata of a newer writer (e.g. `_names`), not a leaf
+            }
+            return Err(Error::invalid(
+                path,
+                format!("entry for key {key:?} is not an object"),
+            ));
+        };
+        if entry.contains_key("type") {
+            entries.push((key.clone(), Entry::Collection));
+            continue;
+        }
+        let what = format!("key {key:?}");
+        if entry
+            .get("is_nested")
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+        {
+            return Err(Error::unsupported(
+                path,
+                format!("{what}: nested (jagged) tensors are not supported"),
+            ));
+        }
+        let dtype_name = entry
+            .get("dtype")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::invalid(path, format!("{what}: dtype is missing")))?;
+        let dt = dtype(dtype_name)
+            .ok_or_else(|| Error::invalid(path, format!("{what}: unknown dtype {dtype_name:?}")))?;
+        let shape = parse_shape(entry.get("shape"), &what, path)?;
+        let nb = nbytes(&shape, dt.itemsize)
+            .ok_or_else(|| Error::invalid(path, format!("{what}: shape {shape:?} overflows")))?;
+        if shape.len() < batch.len() || shape[..batch.len()] != batch[..] {
+            return Err(Error::invalid(
+                path,
+                format!("{what}: shape {shape:?} does not start with the batch size {batch:?}"),
+            ));
+        }
+        entries.push((
+            key.clone(),
+            Entry::Leaf(LeafMeta {
+                dtype: dt,
+                shape,
+                nbytes: nb,
+            }),
+        ));
+    }
+    Ok(TensorDictMeta {
+        batch,
+        device,
+        entries,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_like_the_reference() {
+        assert_eq!(encode_key("odd/key with space"), "odd%2Fkey%20with%20space");
+        assert_eq!(encode_key("a%2Fb"), "a%252Fb");
+        assert_eq!(encode_key("x\ty"), "x%09y");
+        assert_eq!(encode_key("é ü*?"), "é%20ü%2A%3F");
+        assert_eq!(encode_key("a.b"), "a.b");
+        assert_eq!(encode_key(""), "%");
+        assert_eq!(encode_key("."), "%2E");
+        assert_eq!(encode_key(".."), "%2E%2E");
+        assert_eq!(encode_key("../x"), "..%2Fx");
+        assert_eq!(leaf_file("a"), "a.memmap");
+    }
+
+    #[test]
+    fn encoded_names_are_one_component() {
+        for key in ["../../etc", "/abs", "a\\b", "..", ".", "", "\0", "c:x"] {
+            let name = encode_key(key);
+            assert!(
+                !name.contains('/') && !name.contains('\\') && name != "." && name != "..",
+                "{key:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn legacy_names_are_checked() {
+        assert_eq!(legacy_name("abc"), Some("abc"));
+        assert_eq!(legacy_name("a/b"), None);
+        assert_eq!(legacy_name(".."), None);
+        assert_eq!(legacy_name("c:x"), None);
+    }
+
+    #[test]
+    fn writes_the_reference_format() {
+        let meta = tensordict_meta(
+            [
+                (
+                    "f32",
+                    EntryMeta::Leaf {
+                        dtype: "torch.float32",
+                        shape: &[3, 2],
+                        device: "cpu",
+                    },
+                ),
+                ("nested", EntryMeta::TensorDict),
+            ],
+            &[3],
+        );
+        assert_eq!(
+            String::from_utf8(meta).unwrap(),
+            r#"{"f32": {"device": "cpu", "shape": [3, 2], "dtype": "torch.float32", "is_nested": false}, "nested": {"type": "TensorDict"}, "shape": [3], "device": "cpu", "_type": "<class 'tensordict._td.TensorDict'>", "_format_version": 1, "_class": "tensordict:TensorDict"}"#
+        );
+        assert_eq!(
+            String::from_utf8(non_tensor_meta(&Value::from("hello"))).unwrap(),
+            r#"{"_type": "<class 'tensordict.tensorclass.NonTensorData'>", "data": "hello", "_metadata": null, "_is_non_tensor": true}"#
+        );
+    }
+
+    #[test]
+    fn parses_what_it_writes() {
+        let meta = tensordict_meta(
+            [(
+                "x",
+                EntryMeta::Leaf {
+                    dtype: "torch.int64",
+                    shape: &[4, 5],
+                    device: "cuda:0",
+                },
+            )],
+            &[4],
+        );
+        let NodeMeta::TensorDict(td) = parse_meta(&meta, Path::new("p")).unwrap() else {
+            panic!()
+        };
+        assert_eq!(td.batch, vec![4]);
+        assert_eq!(td.device.as_deref(), Some("cpu"));
+        let (key, Entry::Leaf(leaf)) = &td.entries[0] else {
+            panic!()
+        };
+        assert_eq!(
+            (key.as_str(), leaf.nbytes, leaf.dtype.itemsize),
+            ("x", 160, 8)
+        );
+    }
+
+    fn parse_err(json: &str) -> String {
+        parse_meta(json.as_bytes(), Path::new("/d/meta.json"))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn refuses_bad_meta() {
+        let td = r#""_type": "<class 'tensordict._td.TensorDict'>""#;
+        assert!(parse_err("{not json").contains("not valid JSON"));
+        assert!(parse_err("").contains("not valid JSON"));
+        assert!(parse_err("[1]").contains("not a JSON object"));
+        assert!(parse_err("{}").contains("no _type"));
+        assert!(
+            parse_err(&format!(r#"{{{td}, "_format_version": 7}}"#)).contains("_format_version 7")
+        );
+        let leaf = |entry: &str| parse_err(&format!(r#"{{{td}, "shape": [2], "x": {entry}}}"#));
+        assert!(leaf(r#"{"dtype": "torch.foo", "shape": [2]}"#).contains("unknown dtype"));
+        assert!(leaf(r#"{"shape": [2]}"#).contains("dtype is missing"));
+        assert!(leaf(r#"{"dtype": "torch.float32", "shape": [2, -1]}"#).contains("non-negative"));
+        assert!(leaf(r#"{"dtype": "torch.float32", "shape": [2, 1.5]}"#).contains("non-negative"));
+        assert!(
+            leaf(r#"{"dtype": "torch.float32", "shape": [2, 4294967296, 4294967296]}"#)
+                .contains("overflows")
+        );
+        assert!(leaf(r#"{"dtype": "torch.float32", "shape": [3]}"#).contains("batch size"));
+        assert!(leaf(r#"{"dtype": "torch.float32"}"#).contains("shape is missing"));
+        assert!(leaf("7").contains("not an object"));
+        assert!(
+            leaf(r#"{"dtype": "torch.float32", "shape": [2], "is_nested": true}"#)
+                .contains("nested")
+        );
+        let pickled = r#"{"_type": "<class 'tensordict.tensorclass.NonTensorData'>", "_is_non_tensor": true}"#;
+        assert!(parse_err(pickled).contains("pickle"));
+    }
+
+    #[test]
+    fn nbytes_checks_overflow() {
+        assert_eq!(nbytes(&[], 4), Some(4));
+        assert_eq!(nbytes(&[0, 5], 4), Some(0));
+        assert_eq!(nbytes(&[u64::MAX, 2], 1), None);
+        assert_eq!(nbytes(&[1 << 62], 4), None);
+    }
+}

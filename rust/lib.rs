@@ -1,0 +1,42 @@
+//! tensordict-rs native core: memory maps, the memmap directory format, bulk copies.
+//!
+//! `storage`, `dir`, `layout`, `parallel`, `save` and `load` are plain Rust (tested by
+//! `cargo test`); `buffer` and `api` are the pyo3 boundary; this file only exports.
+
+pub mod api;
+pub mod buffer;
+pub mod dir;
+pub mod error;
+pub mod layout;
+pub mod load;
+pub mod parallel;
+pub mod save;
+pub mod storage;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<buffer::Buffer>()?;
+    m.add_function(wrap_pyfunction!(api::write_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(api::anonymous_buffers, m)?)?;
+    m.add_function(wrap_pyfunction!(api::load_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(api::verify_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(api::write_file, m)?)?;
+    m.add_function(wrap_pyfunction!(api::open_file, m)?)?;
+    m.add_function(wrap_pyfunction!(api::flush_buffers, m)?)?;
+    m.add_function(wrap_pyfunction!(api::encode_key, m)?)?;
+    m.add("TensorDictError", py.get_type::<error::TensorDictError>())?;
+    m.add(
+        "InvalidDirectoryError",
+        py.get_type::<error::InvalidDirectoryError>(),
+    )?;
+    m.add(
+        "UnsupportedFormatError",
+        py.get_type::<error::UnsupportedFormatError>(),
+    )?;
+    m.add("InvalidTreeError", py.get_type::<error::InvalidTreeError>())?;
+    m.add("FORMAT_VERSION", layout::FORMAT_VERSION)?;
+    Ok(())
+}
