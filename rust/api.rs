@@ -38,8 +38,7 @@ unsafe fn source_slice<'a>(ptr: usize, nbytes: usize) -> Option<&'a [u8]> {
 }
 
 fn parse_json(text: &str, key: &str) -> PyResult<Value> {
-    serde_json::from_str(text)
-        .map_err(|e| PyValueError::new_err(format!("key {key:?}: not valid JSON: {e}")))
+    serde_json::from_str(text).map_err(|e| PyValueError::new_err(format!("key {key:?}: not valid JSON: {e}")))
 }
 
 fn node_spec<'a>(node: &Bound<'_, PyAny>, leaves: &mut Vec<LeafSpec<'a>>) -> PyResult<NodeSpec> {
@@ -72,17 +71,12 @@ fn node_spec<'a>(node: &Bound<'_, PyAny>, leaves: &mut Vec<LeafSpec<'a>>) -> PyR
                 EntrySpec::Leaf(leaves.len() - 1)
             }
             NODE => EntrySpec::Node(node_spec(&item.get_item(2)?, leaves)?),
-            NON_TENSOR => {
-                EntrySpec::NonTensor(parse_json(&item.get_item(2)?.extract::<String>()?, &key)?)
-            }
+            NON_TENSOR => EntrySpec::NonTensor(parse_json(&item.get_item(2)?.extract::<String>()?, &key)?),
             other => return Err(PyTypeError::new_err(format!("unknown entry tag {other}"))),
         };
         out.push((key, entry));
     }
-    Ok(NodeSpec {
-        batch,
-        entries: out,
-    })
+    Ok(NodeSpec { batch, entries: out })
 }
 
 fn buffers(regions: Vec<Option<Region>>) -> Vec<Option<Buffer>> {
@@ -154,15 +148,11 @@ fn node_to_py<'py>(py: Python<'py>, node: LoadedNode) -> PyResult<Bound<'py, PyT
     let entries = PyList::empty(py);
     for (key, entry) in node.entries {
         let item = match entry {
-            LoadedEntry::Leaf {
-                dtype,
-                shape,
-                index,
-            } => (LEAF, key, dtype, PyTuple::new(py, shape)?, index).into_pyobject(py)?,
-            LoadedEntry::Node(child) => (NODE, key, node_to_py(py, child)?).into_pyobject(py)?,
-            LoadedEntry::NonTensor(value) => {
-                (NON_TENSOR, key, value.to_string()).into_pyobject(py)?
+            LoadedEntry::Leaf { dtype, shape, index } => {
+                (LEAF, key, dtype, PyTuple::new(py, shape)?, index).into_pyobject(py)?
             }
+            LoadedEntry::Node(child) => (NODE, key, node_to_py(py, child)?).into_pyobject(py)?,
+            LoadedEntry::NonTensor(value) => (NON_TENSOR, key, value.to_string()).into_pyobject(py)?,
         };
         entries.append(item)?;
     }

@@ -39,11 +39,7 @@ impl Buffer {
     ///
     /// # Safety
     /// Called by CPython with a valid `view` pointer (or null, which is refused).
-    unsafe fn __getbuffer__(
-        slf: Bound<'_, Self>,
-        view: *mut ffi::Py_buffer,
-        flags: c_int,
-    ) -> PyResult<()> {
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
         if view.is_null() {
             return Err(PyBufferError::new_err("the buffer view is null"));
         }

@@ -53,10 +53,7 @@ mod imp {
                 .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
             // SAFETY: `c` is a valid C string; the returned descriptor is owned below.
             let fd = check(unsafe {
-                libc::open(
-                    c.as_ptr(),
-                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-                )
+                libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC)
             })?;
             // SAFETY: `fd` was just returned by open and is owned by nobody else.
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -66,18 +63,12 @@ mod imp {
             })
         }
 
-        fn openat(
-            &self,
-            name: &str,
-            flags: libc::c_int,
-            mode: libc::mode_t,
-        ) -> io::Result<OwnedFd> {
+        fn openat(&self, name: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
             let c = cstr(name)?;
             let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
             // SAFETY: valid dirfd and C string; the result is owned below.
-            let fd = check(unsafe {
-                libc::openat(self.fd.as_raw_fd(), c.as_ptr(), flags, mode as libc::c_uint)
-            })?;
+            let fd =
+                check(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), flags, mode as libc::c_uint) })?;
             // SAFETY: `fd` was just returned by openat and is owned by nobody else.
             Ok(unsafe { OwnedFd::from_raw_fd(fd) })
         }
@@ -110,12 +101,7 @@ mod imp {
         pub fn open_file(&self, name: &str) -> io::Result<(File, bool)> {
             match self.openat(name, libc::O_RDWR, 0) {
                 Ok(fd) => Ok((File::from(fd), true)),
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EACCES | libc::EROFS | libc::EPERM)
-                    ) =>
-                {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS | libc::EPERM)) => {
                     Ok((File::from(self.openat(name, libc::O_RDONLY, 0)?), false))
                 }
                 Err(e) => Err(e),
@@ -188,9 +174,7 @@ mod imp {
 
     fn refuse_link(path: &Path) -> io::Result<()> {
         match std::fs::symlink_metadata(path) {
-            Ok(md) if md.file_type().is_symlink() => {
-                Err(io::Error::other("refusing to follow a symlink"))
-            }
+            Ok(md) if md.file_type().is_symlink() => Err(io::Error::other("refusing to follow a symlink")),
             _ => Ok(()),
         }
     }
@@ -225,9 +209,7 @@ mod imp {
             refuse_link(&p)?;
             match File::options().read(true).write(true).open(&p) {
                 Ok(f) => Ok((f, true)),
-                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                    Ok((File::open(&p)?, false))
-                }
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Ok((File::open(&p)?, false)),
                 Err(e) => Err(e),
             }
         }

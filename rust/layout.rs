@@ -20,14 +20,7 @@ pub const MAX_DEPTH: usize = 256;
 pub const FORMAT_VERSION: u64 = 1;
 
 /// Keys that meta.json uses for itself: a leaf with one of these names would be lost.
-pub const RESERVED_KEYS: &[&str] = &[
-    "shape",
-    "device",
-    "_type",
-    "_format_version",
-    "_class",
-    "_names",
-];
+pub const RESERVED_KEYS: &[&str] = &["shape", "device", "_type", "_format_version", "_class", "_names"];
 
 const TD_TYPE: &str = "<class 'tensordict._td.TensorDict'>";
 const TD_CLASS: &str = "tensordict:TensorDict";
@@ -120,9 +113,7 @@ pub fn nbytes(shape: &[u64], itemsize: usize) -> Option<usize> {
         n = n.checked_mul(d)?;
     }
     // Keep every size a valid isize offset for the buffer protocol.
-    usize::try_from(n)
-        .ok()
-        .filter(|&n| n <= isize::MAX as usize)
+    usize::try_from(n).ok().filter(|&n| n <= isize::MAX as usize)
 }
 
 /// Encodes a key into one safe file-name component, exactly like tensordict's robust keys:
@@ -229,11 +220,7 @@ pub fn tensordict_meta<'a>(
     let mut map = Map::new();
     for (key, entry) in entries {
         let value = match entry {
-            EntryMeta::Leaf {
-                dtype,
-                shape,
-                device,
-            } => serde_json::json!({
+            EntryMeta::Leaf { dtype, shape, device } => serde_json::json!({
                 "device": device, "shape": shape, "dtype": dtype, "is_nested": false,
             }),
             EntryMeta::TensorDict => serde_json::json!({"type": "TensorDict"}),
@@ -306,9 +293,7 @@ pub fn parse_meta(bytes: &[u8], path: &Path) -> Result<NodeMeta> {
         Some(v) => {
             return Err(Error::unsupported(
                 path,
-                format!(
-                    "meta.json has _format_version {v}; this library reads up to {FORMAT_VERSION}"
-                ),
+                format!("meta.json has _format_version {v}; this library reads up to {FORMAT_VERSION}"),
             ))
         }
     }
@@ -366,12 +351,7 @@ fn parse_tensordict(map: &Map<String, Value>, path: &Path) -> Result<TensorDictM
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s == "None" => None,
         Some(Value::String(s)) => Some(s.clone()),
-        Some(other) => {
-            return Err(Error::invalid(
-                path,
-                format!("device {other} is not a string"),
-            ))
-        }
+        Some(other) => return Err(Error::invalid(path, format!("device {other} is not a string"))),
     };
     let mut entries = Vec::new();
     for (key, value) in map {
@@ -392,11 +372,7 @@ fn parse_tensordict(map: &Map<String, Value>, path: &Path) -> Result<TensorDictM
             continue;
         }
         let what = format!("key {key:?}");
-        if entry
-            .get("is_nested")
-            .and_then(Value::as_bool)
-            .unwrap_or(false)
-        {
+        if entry.get("is_nested").and_then(Value::as_bool).unwrap_or(false) {
             return Err(Error::unsupported(
                 path,
                 format!("{what}: nested (jagged) tensors are not supported"),
@@ -517,10 +493,7 @@ mod tests {
         let (key, Entry::Leaf(leaf)) = &td.entries[0] else {
             panic!()
         };
-        assert_eq!(
-            (key.as_str(), leaf.nbytes, leaf.dtype.itemsize),
-            ("x", 160, 8)
-        );
+        assert_eq!((key.as_str(), leaf.nbytes, leaf.dtype.itemsize), ("x", 160, 8));
     }
 
     fn parse_err(json: &str) -> String {
@@ -536,26 +509,21 @@ mod tests {
         assert!(parse_err("").contains("not valid JSON"));
         assert!(parse_err("[1]").contains("not a JSON object"));
         assert!(parse_err("{}").contains("no _type"));
-        assert!(
-            parse_err(&format!(r#"{{{td}, "_format_version": 7}}"#)).contains("_format_version 7")
-        );
+        assert!(parse_err(&format!(r#"{{{td}, "_format_version": 7}}"#)).contains("_format_version 7"));
         let leaf = |entry: &str| parse_err(&format!(r#"{{{td}, "shape": [2], "x": {entry}}}"#));
         assert!(leaf(r#"{"dtype": "torch.foo", "shape": [2]}"#).contains("unknown dtype"));
         assert!(leaf(r#"{"shape": [2]}"#).contains("dtype is missing"));
         assert!(leaf(r#"{"dtype": "torch.float32", "shape": [2, -1]}"#).contains("non-negative"));
         assert!(leaf(r#"{"dtype": "torch.float32", "shape": [2, 1.5]}"#).contains("non-negative"));
         assert!(
-            leaf(r#"{"dtype": "torch.float32", "shape": [2, 4294967296, 4294967296]}"#)
-                .contains("overflows")
+            leaf(r#"{"dtype": "torch.float32", "shape": [2, 4294967296, 4294967296]}"#).contains("overflows")
         );
         assert!(leaf(r#"{"dtype": "torch.float32", "shape": [3]}"#).contains("batch size"));
         assert!(leaf(r#"{"dtype": "torch.float32"}"#).contains("shape is missing"));
         assert!(leaf("7").contains("not an object"));
-        assert!(
-            leaf(r#"{"dtype": "torch.float32", "shape": [2], "is_nested": true}"#)
-                .contains("nested")
-        );
-        let pickled = r#"{"_type": "<class 'tensordict.tensorclass.NonTensorData'>", "_is_non_tensor": true}"#;
+        assert!(leaf(r#"{"dtype": "torch.float32", "shape": [2], "is_nested": true}"#).contains("nested"));
+        let pickled =
+            r#"{"_type": "<class 'tensordict.tensorclass.NonTensorData'>", "_is_non_tensor": true}"#;
         assert!(parse_err(pickled).contains("pickle"));
     }
 

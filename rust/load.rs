@@ -61,9 +61,7 @@ pub fn load_tree(prefix: &Path) -> Result<(LoadedNode, Vec<Option<Region>>)> {
         let root = Dir::open(prefix).map_err(|e| Error::io(prefix, e))?;
         let identity = root.identity().map_err(|e| Error::io(prefix, e))?;
         match load_from(root) {
-            Err(_)
-                if attempt < SWAP_RETRIES && dir::path_identity(prefix).ok() != Some(identity) =>
-            {
+            Err(_) if attempt < SWAP_RETRIES && dir::path_identity(prefix).ok() != Some(identity) => {
                 attempt += 1
             }
             other => return other,
@@ -77,12 +75,7 @@ fn load_from(root: Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
     let node = walk(&mut dirs, 0, 0, &mut jobs)?;
     // Mapping costs a few microseconds a file: spread only trees with many leaves.
     let workers = parallel::worker_count(0, jobs.len() / 256);
-    let mapped = parallel::run(
-        &jobs,
-        workers,
-        |j| j.nbytes,
-        |job| map_leaf(&dirs[job.dir], job),
-    )?;
+    let mapped = parallel::run(&jobs, workers, |j| j.nbytes, |job| map_leaf(&dirs[job.dir], job))?;
     Ok((node, mapped))
 }
 
@@ -92,9 +85,7 @@ fn read_meta(dir: &Dir) -> Result<NodeMeta> {
         .read_limited(layout::META_FILE, layout::META_LIMIT)
         .map_err(|e| match e.raw_os_error() {
             #[cfg(unix)]
-            Some(libc::ELOOP) => {
-                Error::invalid(&path, "meta.json is a symlink; refusing to follow it")
-            }
+            Some(libc::ELOOP) => Error::invalid(&path, "meta.json is a symlink; refusing to follow it"),
             _ if e.kind() == io::ErrorKind::InvalidData => Error::invalid(&path, e.to_string()),
             _ if e.kind() == io::ErrorKind::Other => Error::invalid(&path, e.to_string()),
             _ => Error::io(&path, e),
@@ -122,17 +113,9 @@ fn open_child_dir(parent: &Dir, key: &str) -> Result<Dir> {
     }
 }
 
-fn walk(
-    dirs: &mut Vec<Dir>,
-    at: usize,
-    depth: usize,
-    jobs: &mut Vec<LeafJob>,
-) -> Result<LoadedNode> {
+fn walk(dirs: &mut Vec<Dir>, at: usize, depth: usize, jobs: &mut Vec<LeafJob>) -> Result<LoadedNode> {
     if depth > layout::MAX_DEPTH {
-        return Err(Error::invalid(
-            dirs[at].path(),
-            "the tree is nested too deeply",
-        ));
+        return Err(Error::invalid(dirs[at].path(), "the tree is nested too deeply"));
     }
     let meta = match read_meta(&dirs[at])? {
         NodeMeta::TensorDict(m) => m,
@@ -148,11 +131,7 @@ fn walk(
         match entry {
             Entry::Leaf(leaf) => {
                 let index = jobs.len();
-                let LeafMeta {
-                    dtype,
-                    shape,
-                    nbytes,
-                } = leaf;
+                let LeafMeta { dtype, shape, nbytes } = leaf;
                 let name = if nbytes > 0 {
                     leaf_name(&dirs[at], &key)?
                 } else {
@@ -176,9 +155,7 @@ fn walk(
             Entry::Collection => {
                 let child = open_child_dir(&dirs[at], &key)?;
                 match read_meta(&child)? {
-                    NodeMeta::NonTensor(value) => {
-                        entries.push((key, LoadedEntry::NonTensor(value)))
-                    }
+                    NodeMeta::NonTensor(value) => entries.push((key, LoadedEntry::NonTensor(value))),
                     NodeMeta::TensorDict(_) => {
                         dirs.push(child);
                         let child_at = dirs.len() - 1;
@@ -186,7 +163,10 @@ fn walk(
                         if !node.batch.starts_with(&meta.batch) {
                             return Err(Error::invalid(
                                 dirs[child_at].path(),
-                                format!("key {key:?}: batch size {:?} does not start with its parent's {:?}", node.batch, meta.batch),
+                                format!(
+                                    "key {key:?}: batch size {:?} does not start with its parent's {:?}",
+                                    node.batch, meta.batch
+                                ),
                             ));
                         }
                         entries.push((key, LoadedEntry::Node(node)));
@@ -227,19 +207,17 @@ fn leaf_name(dir: &Dir, key: &str) -> Result<String> {
 fn check_leaf(dir: &Dir, job: &LeafJob) -> Result<(std::fs::File, bool)> {
     let path = dir.child_path(&job.name);
     let what = &job.label;
-    let (file, writable) = dir
-        .open_file(&job.name)
-        .map_err(|e| match e.raw_os_error() {
-            #[cfg(unix)]
-            Some(libc::ELOOP) => Error::invalid(
-                &path,
-                format!("the data file of {what} is a symlink; refusing to follow it"),
-            ),
-            _ if e.kind() == io::ErrorKind::NotFound => {
-                Error::invalid(&path, format!("the data file of {what} is missing"))
-            }
-            _ => Error::io(&path, e),
-        })?;
+    let (file, writable) = dir.open_file(&job.name).map_err(|e| match e.raw_os_error() {
+        #[cfg(unix)]
+        Some(libc::ELOOP) => Error::invalid(
+            &path,
+            format!("the data file of {what} is a symlink; refusing to follow it"),
+        ),
+        _ if e.kind() == io::ErrorKind::NotFound => {
+            Error::invalid(&path, format!("the data file of {what} is missing"))
+        }
+        _ => Error::io(&path, e),
+    })?;
     let md = file.metadata().map_err(|e| Error::io(&path, e))?;
     if !md.is_file() {
         return Err(Error::invalid(
@@ -329,8 +307,7 @@ fn verify_dir(dir: &Dir, depth: usize, problems: &mut Vec<String>) {
         Ok(NodeMeta::TensorDict(m)) => m,
         Ok(NodeMeta::NonTensor(_)) => {
             problems.push(
-                Error::unsupported(dir.path(), "a single non-tensor value, not a TensorDict")
-                    .to_string(),
+                Error::unsupported(dir.path(), "a single non-tensor value, not a TensorDict").to_string(),
             );
             return;
         }
@@ -417,18 +394,10 @@ mod tests {
         let LoadedEntry::Node(sub) = &node.entries[0].1 else {
             panic!()
         };
-        let LoadedEntry::Leaf {
-            dtype,
-            shape,
-            index,
-        } = &sub.entries[0].1
-        else {
+        let LoadedEntry::Leaf { dtype, shape, index } = &sub.entries[0].1 else {
             panic!()
         };
-        assert_eq!(
-            (*dtype, shape.as_slice()),
-            ("torch.float32", &[3u64, 2][..])
-        );
+        assert_eq!((*dtype, shape.as_slice()), ("torch.float32", &[3u64, 2][..]));
         assert_eq!(
             regions[*index].as_ref().unwrap().to_vec(),
             (0..24).collect::<Vec<u8>>()

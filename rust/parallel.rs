@@ -70,10 +70,7 @@ where
     for (i, r) in done.into_iter().flatten() {
         slots[i] = Some(r);
     }
-    Ok(slots
-        .into_iter()
-        .map(|r| r.expect("every job ran"))
-        .collect())
+    Ok(slots.into_iter().map(|r| r.expect("every job ran")).collect())
 }
 
 #[cfg(test)]

@@ -70,9 +70,7 @@ pub fn validate(node: &NodeSpec, leaves: &[LeafSpec<'_>], path: &Path) -> Result
         if layout::RESERVED_KEYS.contains(&key.as_str()) {
             return Err(Error::tree(
                 path,
-                format!(
-                    "key {key:?} is reserved by the meta.json format and would be lost; rename it"
-                ),
+                format!("key {key:?} is reserved by the meta.json format and would be lost; rename it"),
             ));
         }
         let name = match entry {
@@ -97,10 +95,7 @@ pub fn validate(node: &NodeSpec, leaves: &[LeafSpec<'_>], path: &Path) -> Result
                     )
                 })?;
                 let expect = layout::nbytes(&leaf.shape, dt.itemsize).ok_or_else(|| {
-                    Error::tree(
-                        path,
-                        format!("key {key:?}: shape {:?} overflows", leaf.shape),
-                    )
+                    Error::tree(path, format!("key {key:?}: shape {:?} overflows", leaf.shape))
                 })?;
                 if expect != leaf.nbytes || leaf.data.is_some_and(|d| d.len() != expect) {
                     return Err(Error::tree(
@@ -163,18 +158,13 @@ pub fn write_tree(
         .into_owned();
     std::fs::create_dir_all(&parent_path).map_err(|e| Error::io(&parent_path, e))?;
     let parent = Dir::open(&parent_path).map_err(|e| Error::io(&parent_path, e))?;
-    let staging = format!(
-        ".{base}.tdrs-{}-{}",
-        std::process::id(),
-        storage::random_suffix()
-    );
+    let staging = format!(".{base}.tdrs-{}-{}", std::process::id(), storage::random_suffix());
     let staged = parent
         .create_dir(&staging)
         .map_err(|e| Error::io(parent.child_path(&staging), e))?;
 
-    let result = fill_staged(staged, &target, root, leaves, opts).and_then(|regions| {
-        swap_in(&parent, &staging, &base, &target, exists, opts).map(|()| regions)
-    });
+    let result = fill_staged(staged, &target, root, leaves, opts)
+        .and_then(|regions| swap_in(&parent, &staging, &base, &target, exists, opts).map(|()| regions));
     if result.is_err() {
         let _ = std::fs::remove_dir_all(parent.child_path(&staging));
     }
@@ -225,11 +215,7 @@ fn refuse_existing(target: &Path, root: &NodeSpec) -> Result<()> {
         });
     }
     for name in names {
-        if dir
-            .kind(&name)
-            .map_err(|e| Error::io(dir.child_path(&name), e))?
-            != EntryKind::Missing
-        {
+        if dir.kind(&name).map_err(|e| Error::io(dir.child_path(&name), e))? != EntryKind::Missing {
             return Err(Error::io(dir.child_path(&name), already_exists()));
         }
     }
@@ -261,13 +247,8 @@ fn fill_staged(
             if opts.durable {
                 file.sync_data().map_err(io_err)?;
             }
-            storage::map_file(
-                &file,
-                leaf.nbytes,
-                Some(job.final_path.clone()),
-                MapMode::Shared,
-            )
-            .map_err(io_err)
+            storage::map_file(&file, leaf.nbytes, Some(job.final_path.clone()), MapMode::Shared)
+                .map_err(io_err)
         },
     )?;
     if opts.durable {
@@ -275,8 +256,7 @@ fn fill_staged(
             dir.sync().map_err(|e| Error::io(dir.path(), e))?;
         }
     }
-    let mut regions: Vec<Option<Region>> =
-        std::iter::repeat_with(|| None).take(leaves.len()).collect();
+    let mut regions: Vec<Option<Region>> = std::iter::repeat_with(|| None).take(leaves.len()).collect();
     for (job, region) in jobs.iter().zip(mapped) {
         regions[job.leaf] = Some(region);
     }
@@ -457,12 +437,7 @@ fn owned_names(dir: &Path) -> HashSet<String> {
 
 /// Writes one data file atomically (staged beside it, then renamed into place) and maps it.
 /// An existing file is replaced only with `existsok`; maps of the old file keep their values.
-pub fn write_file(
-    path: &Path,
-    data: Option<&[u8]>,
-    nbytes: usize,
-    existsok: bool,
-) -> Result<Region> {
+pub fn write_file(path: &Path, data: Option<&[u8]>, nbytes: usize, existsok: bool) -> Result<Region> {
     let (dir, name) = crate::load::split_file_path(path)?;
     let final_path = dir.child_path(&name);
     match dir.kind(&name).map_err(|e| Error::io(&final_path, e))? {
@@ -477,16 +452,10 @@ pub fn write_file(
         EntryKind::File => return Err(Error::io(&final_path, already_exists())),
         _ => return Err(Error::tree(&final_path, "not a regular file")),
     }
-    let staging = format!(
-        ".{name}.tdrs-{}-{}",
-        std::process::id(),
-        storage::random_suffix()
-    );
+    let staging = format!(".{name}.tdrs-{}-{}", std::process::id(), storage::random_suffix());
     let staged_path = dir.child_path(&staging);
     let result = (|| {
-        let file = dir
-            .create_file(&staging)
-            .map_err(|e| Error::io(&final_path, e))?;
+        let file = dir.create_file(&staging).map_err(|e| Error::io(&final_path, e))?;
         storage::fill_file(&file, data, nbytes).map_err(|e| Error::io(&final_path, e))?;
         let region = storage::map_file(&file, nbytes, Some(final_path.clone()), MapMode::Shared)
             .map_err(|e| Error::io(&final_path, e))?;

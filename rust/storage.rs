@@ -90,12 +90,7 @@ impl Region {
 }
 
 /// Maps the first `len` bytes of an open file.
-pub fn map_file(
-    file: &File,
-    len: usize,
-    path: Option<PathBuf>,
-    mode: MapMode,
-) -> io::Result<Region> {
+pub fn map_file(file: &File, len: usize, path: Option<PathBuf>, mode: MapMode) -> io::Result<Region> {
     let mut opts = MmapOptions::new();
     opts.len(len);
     let map = match mode {
@@ -247,8 +242,7 @@ fn anonymous_in(dir: &Path, src: Option<&[u8]>, len: usize) -> Result<Region> {
 /// `CreateFileMappingW` with `INVALID_HANDLE_VALUE`). Unverified: no Windows toolchain here.
 #[cfg(windows)]
 pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
-    let name =
-        std::env::temp_dir().join(format!("tdrs-{}-{}", std::process::id(), random_suffix()));
+    let name = std::env::temp_dir().join(format!("tdrs-{}-{}", std::process::id(), random_suffix()));
     let map = MmapOptions::new()
         .len(len)
         .map_anon()
@@ -282,13 +276,9 @@ mod tests {
 
     #[test]
     fn anonymous_keeps_no_descriptor() {
-        let before = std::fs::read_dir("/proc/self/fd")
-            .map(|d| d.count())
-            .unwrap_or(0);
+        let before = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
         let regions: Vec<_> = (0..64).map(|_| anonymous(None, 4096).unwrap()).collect();
-        let after = std::fs::read_dir("/proc/self/fd")
-            .map(|d| d.count())
-            .unwrap_or(0);
+        let after = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
         assert!(after < before + 8, "{before} -> {after}");
         drop(regions);
     }

@@ -1,0 +1,69 @@
+"""Indexing over batch dimensions: turning a user index into one that every leaf accepts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_SCALAR = torch.zeros((), dtype=torch.uint8)
+
+
+def _consumed(item: Any) -> int:
+    """How many batch dims one index item uses up."""
+    if item is None or item is Ellipsis:
+        return 0
+    if isinstance(item, torch.Tensor) and item.dtype == torch.bool:
+        return max(item.ndim, 1)
+    return 1
+
+
+def is_batch_index(index: Any) -> bool:
+    """True for indices over batch dims (as opposed to string or tuple-of-string keys)."""
+    if isinstance(index, str):
+        return False
+    if isinstance(index, tuple):
+        return not (index and all(isinstance(i, str) for i in index))
+    return True
+
+
+def normalize(index: Any, batch_dims: int) -> tuple[Any, ...]:
+    """The index as a tuple whose Ellipsis is spelled out against the batch dims only.
+
+    A leaf has the batch dims first and its own dims after; a bare ``...`` would otherwise
+    expand over the leaf's own dims too.
+    """
+    items = index if isinstance(index, tuple) else (index,)
+    items = tuple(torch.as_tensor(i) if isinstance(i, list) else i for i in items)
+    used = sum(_consumed(i) for i in items)
+    if used > batch_dims:
+        raise IndexError(f"too many indices for a TensorDict with {batch_dims} batch dimension(s)")
+    if any(i is Ellipsis for i in items):
+        at = next(k for k, i in enumerate(items) if i is Ellipsis)
+        fill = (slice(None),) * (batch_dims - used)
+        items = items[:at] + fill + tuple(i for i in items[at + 1 :] if i is not Ellipsis)
+    return items
+
+
+def indexed_batch_size(batch_size: torch.Size, index: tuple[Any, ...]) -> torch.Size:
+    """The batch size after ``index``, computed on a stride-0 view (no allocation)."""
+    probe = tuple(
+        i.cpu() if isinstance(i, torch.Tensor) and i.device.type != "cpu" else i for i in index
+    )
+    return _SCALAR.expand(batch_size)[probe].shape
+
+
+def row_index(index: Any) -> torch.Tensor | None:
+    """A 1-D int64 index of rows of batch dim 0, when ``index`` is one (the fast gather path)."""
+    if isinstance(index, tuple):
+        if len(index) != 1:
+            return None
+        index = index[0]
+    if (
+        isinstance(index, torch.Tensor)
+        and index.ndim == 1
+        and not index.is_floating_point()
+        and index.dtype != torch.bool
+    ):
+        return index if index.dtype == torch.int64 else index.long()
+    return None

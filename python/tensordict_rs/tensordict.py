@@ -1,0 +1,1011 @@
+"""TensorDict: a dictionary of tensors that share leading batch dimensions and a device."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import _index, _native, _tree
+from ._repr import compact_repr
+from ._tree import NonTensorData, _LazyLeaf
+from .memmap import MemoryMappedTensor
+
+__all__ = ["TensorDict"]
+
+LOCK_ERROR = (
+    "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
+    "method and make sure the key is present."
+)
+_DEVICE_SET_ERROR = (
+    "device cannot be set using tensordict.device = device, because device cannot be updated "
+    "in-place. To update device, use tensordict.to(new_device), which will return a new "
+    "tensordict on the new device."
+)
+_NO_DEFAULT: Any = object()
+_CPU = torch.device("cpu")
+
+Key = str | tuple[str, ...]
+PathLike = str | os.PathLike[str]
+
+
+def _normalize_device(device: Any) -> torch.device | None:
+    """torch.device with an index where tensordict adds one (``cuda`` -> ``cuda:<current>``)."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.index is None and device.type not in ("cpu", "meta"):
+        index = torch.cuda.current_device() if device.type == "cuda" else 0
+        device = torch.device(device.type, index)
+    return device
+
+
+def _as_key(key: Key) -> tuple[str, ...]:
+    if isinstance(key, str):
+        return (key,)
+    if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
+        return key
+    raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
+
+
+def _maybe_done(future_result: TensorDict, return_early: bool, work: Callable[[], None]) -> Any:
+    """Runs ``work`` now, or in a thread returning a Future when ``return_early``."""
+    if not return_early:
+        work()
+        return future_result
+    future: concurrent.futures.Future[TensorDict] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as err:  # handed to the caller through the future
+            future.set_exception(err)
+        else:
+            future.set_result(future_result)
+
+    threading.Thread(target=run, daemon=True).start()
+    return future
+
+
+class TensorDict:
+    """A dictionary of tensors with common leading batch dimensions and an optional device.
+
+    >>> td = TensorDict({"obs": torch.zeros(8, 3), "next": {"done": torch.zeros(8, 1)}}, [8])
+    >>> td["next", "done"].shape
+    torch.Size([8, 1])
+
+    With ``device``, every entry (now and later) is moved to that device. ``memmap_()`` moves
+    every tensor into memory maps (anonymous shared memory, or files under ``prefix``) and
+    locks the keys; ``load_memmap(prefix)`` opens a saved directory again, in any process.
+    Directories are in tensordict's format and move both ways.
+    """
+
+    _tensordict: dict[str, Any]
+    _batch_size: torch.Size
+    _device: torch.device | None
+    _is_locked: bool
+    _is_memmap: bool
+    _memmap_prefix: Path | None
+    _lock_parents: list[weakref.ref[TensorDict]]
+    _lock_ops: list[bool]
+
+    def __init__(
+        self,
+        source: Mapping[str, Any] | None = None,
+        batch_size: Any = None,
+        device: Any = None,
+        *,
+        non_blocking: bool = False,
+        lock: bool = False,
+    ) -> None:
+        """Builds a TensorDict from a mapping; nested mappings become nested TensorDicts."""
+        self._init(torch.Size([] if batch_size is None else batch_size), _normalize_device(device))
+        if source is not None:
+            for key, value in source.items():
+                self._set_str(key, value, validate=True, non_blocking=non_blocking)
+        if lock:
+            self.lock_()
+
+    def _init(self, batch_size: torch.Size, device: torch.device | None) -> None:
+        self._tensordict = {}
+        self._batch_size = batch_size
+        self._device = device
+        self._is_locked = False
+        self._is_memmap = False
+        self._memmap_prefix = None
+        self._lock_parents = []
+        self._lock_ops = []
+
+    @classmethod
+    def _new_unchecked(cls, batch_size: torch.Size, device: torch.device | None) -> TensorDict:
+        td = cls.__new__(cls)
+        td._init(batch_size, device)
+        return td
+
+    # ------------------------------------------------------------------ shape and device
+
+    @property
+    def batch_size(self) -> torch.Size:
+        """The leading dimensions shared by every entry."""
+        return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: Any) -> None:
+        new = torch.Size(value)
+        for key in self._tensordict:
+            shape = self._entry_shape(key)
+            if shape is not None and tuple(shape[: len(new)]) != tuple(new):
+                raise RuntimeError(
+                    f"the batch size {new} does not fit key {key!r} of shape {torch.Size(shape)}"
+                )
+        self._batch_size = new
+
+    @property
+    def shape(self) -> torch.Size:
+        """Same as ``batch_size``."""
+        return self._batch_size
+
+    @property
+    def batch_dims(self) -> int:
+        """Number of batch dimensions."""
+        return len(self._batch_size)
+
+    ndim = batch_dims
+
+    def numel(self) -> int:
+        """Number of elements of the batch (product of ``batch_size``)."""
+        return self._batch_size.numel()
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device of every entry, or None when entries may be on different devices."""
+        return self._device
+
+    @device.setter
+    def device(self, value: Any) -> None:
+        raise RuntimeError(_DEVICE_SET_ERROR)
+
+    @property
+    def is_cuda(self) -> bool:
+        """True when the TensorDict's device is a CUDA device."""
+        return self._device is not None and self._device.type == "cuda"
+
+    @property
+    def is_cpu(self) -> bool:
+        """True when the TensorDict's device is the CPU."""
+        return self._device is not None and self._device.type == "cpu"
+
+    # ------------------------------------------------------------------ entries
+
+    def _get_str(self, key: str) -> Any:
+        value = self._tensordict[key]
+        if type(value) is _LazyLeaf:
+            value = value.materialize()
+            self._tensordict[key] = value
+        return value
+
+    def _leaf_info(self, key: str) -> tuple[tuple[int, ...], torch.dtype, torch.device] | None:
+        """(shape, dtype, device) of a tensor entry without making a lazy leaf; None otherwise."""
+        value = self._tensordict[key]
+        if type(value) is _LazyLeaf:
+            return value.shape, value.dtype, _CPU
+        if isinstance(value, torch.Tensor):
+            return tuple(value.shape), value.dtype, value.device
+        return None
+
+    def _entry_shape(self, key: str) -> tuple[int, ...] | None:
+        value = self._tensordict[key]
+        if isinstance(value, TensorDict):
+            return tuple(value.batch_size)
+        info = self._leaf_info(key)
+        return None if info is None else info[0]
+
+    def _check_batch(self, key: str, shape: tuple[int, ...] | torch.Size) -> None:
+        if tuple(shape[: self.batch_dims]) != tuple(self._batch_size):
+            raise RuntimeError(
+                f"batch dimension mismatch, got self.batch_size={self._batch_size} and "
+                f"value.shape={torch.Size(shape)} for key {key!r}."
+            )
+
+    def _convert(self, key: str, value: Any, non_blocking: bool) -> Any:
+        """Validates a new value for ``key``: device, batch dims, nested mappings."""
+        if isinstance(value, TensorDict):
+            self._check_batch(key, value.batch_size)
+            if self._device is not None and value.device != self._device:
+                value = value.to(self._device, non_blocking=non_blocking)
+            return value
+        if isinstance(value, Mapping):
+            return TensorDict(value, self._batch_size, self._device, non_blocking=non_blocking)
+        if isinstance(value, NonTensorData):
+            return value
+        if isinstance(value, (bool, int, float, complex)):
+            value = torch.tensor(value).expand(self._batch_size)
+        elif not isinstance(value, torch.Tensor):
+            return NonTensorData(value)
+        if self._device is not None and value.device != self._device:
+            value = value.to(self._device, non_blocking=non_blocking)
+        self._check_batch(key, value.shape)
+        return value
+
+    def _set_str(
+        self, key: str, value: Any, *, validate: bool = True, non_blocking: bool = False
+    ) -> None:
+        if not isinstance(key, str):
+            raise TypeError(f"keys are str, got {key!r}")
+        if self._is_locked:
+            raise RuntimeError(LOCK_ERROR)
+        self._tensordict[key] = self._convert(key, value, non_blocking) if validate else value
+
+    def _sub(self, path: tuple[str, ...], create: bool) -> TensorDict:
+        td = self
+        for part in path:
+            if part not in td._tensordict:
+                if not create:
+                    raise KeyError(
+                        f'key "{part}" not found in TensorDict with keys {sorted(td._tensordict)}'
+                    )
+                td._set_str(
+                    part, TensorDict._new_unchecked(td._batch_size, td._device), validate=False
+                )
+            td = td._tensordict[part]
+            if not isinstance(td, TensorDict):
+                raise KeyError(f"{part!r} is a leaf, not a nested TensorDict")
+        return td
+
+    def get(self, key: Key, default: Any = _NO_DEFAULT) -> Any:
+        """The entry at ``key`` (a str or a tuple of str for nested entries)."""
+        path = _as_key(key)
+        try:
+            td = self._sub(path[:-1], create=False)
+            value = td._get_str(path[-1])
+        except KeyError:
+            if default is not _NO_DEFAULT:
+                return default
+            raise KeyError(
+                f'key "{key}" not found in TensorDict with keys {sorted(self._tensordict)}'
+            ) from None
+        return value.data if isinstance(value, NonTensorData) else value
+
+    def set(
+        self, key: Key, value: Any, *, inplace: bool = False, non_blocking: bool = False
+    ) -> TensorDict:
+        """Sets ``key`` to ``value`` (moved to the device, checked against the batch size).
+
+        On a locked TensorDict only ``inplace=True`` on an existing key works: it copies into
+        the existing tensor (and so into its memory map).
+        """
+        path = _as_key(key)
+        td = self._sub(path[:-1], create=not self._is_locked)
+        if inplace and path[-1] in td._tensordict:
+            td._copy_into(path[-1], value, non_blocking)
+        else:
+            td._set_str(path[-1], value, non_blocking=non_blocking)
+        return self
+
+    def set_(self, key: Key, value: Any) -> TensorDict:
+        """Copies ``value`` into the existing entry at ``key``; works on locked TensorDicts."""
+        path = _as_key(key)
+        td = self._sub(path[:-1], create=False)
+        if path[-1] not in td._tensordict:
+            raise KeyError(
+                f'key "{path[-1]}" not found in TensorDict with keys {sorted(td._tensordict)}'
+            )
+        td._copy_into(path[-1], value, False)
+        return self
+
+    def _copy_into(self, key: str, value: Any, non_blocking: bool) -> None:
+        current = self._get_str(key)
+        if isinstance(current, TensorDict):
+            current.update_(value)
+        elif isinstance(current, NonTensorData):
+            current.data = value.data if isinstance(value, NonTensorData) else value
+        else:
+            if isinstance(value, torch.Tensor):
+                self._check_batch(key, value.shape)
+            current.copy_(value, non_blocking=non_blocking) if isinstance(
+                value, torch.Tensor
+            ) else current.fill_(value)
+
+    def update(
+        self,
+        input_dict: Mapping[str, Any] | TensorDict,
+        *,
+        clone: bool = False,
+        inplace: bool = False,
+    ) -> TensorDict:
+        """Sets every entry of ``input_dict`` (nested mappings update nested TensorDicts)."""
+        for key, value in _pairs(input_dict):
+            if isinstance(value, (Mapping, TensorDict)) and isinstance(
+                self._tensordict.get(key), TensorDict
+            ):
+                self._tensordict[key].update(value, clone=clone, inplace=inplace)
+                continue
+            if clone and isinstance(value, torch.Tensor):
+                value = value.clone()
+            self.set(key, value, inplace=inplace)
+        return self
+
+    def update_(self, input_dict: Mapping[str, Any] | TensorDict) -> TensorDict:
+        """Copies every entry of ``input_dict`` into the existing entries (works when locked)."""
+        for key, value in _pairs(input_dict):
+            self.set_(key, value)
+        return self
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, str) or (
+            isinstance(index, tuple) and not _index.is_batch_index(index)
+        ):
+            return self.get(index)
+        return self._index(index)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if isinstance(index, str) or (
+            isinstance(index, tuple) and not _index.is_batch_index(index)
+        ):
+            self.set(index, value)
+            return
+        items = _index.normalize(index, self.batch_dims)
+        if isinstance(value, (TensorDict, Mapping)):
+            for key, sub_value in _pairs(value):
+                target = self._get_str(key) if key in self._tensordict else None
+                if target is None:
+                    raise KeyError(
+                        f'key "{key}" not found in TensorDict with keys {sorted(self._tensordict)}'
+                    )
+                if isinstance(target, TensorDict):
+                    target[items] = sub_value
+                elif isinstance(target, NonTensorData):
+                    continue
+                else:
+                    target[items] = sub_value
+            return
+        for key in list(self._tensordict):
+            target = self._get_str(key)
+            if not isinstance(target, NonTensorData):
+                target[items] = value
+
+    def __delitem__(self, key: Key) -> None:
+        if self._is_locked:
+            raise RuntimeError(LOCK_ERROR)
+        path = _as_key(key)
+        del self._sub(path[:-1], create=False)._tensordict[path[-1]]
+
+    def pop(self, key: Key, default: Any = _NO_DEFAULT) -> Any:
+        """Removes ``key`` and returns its value (``default`` when missing and given)."""
+        try:
+            value = self.get(key)
+        except KeyError:
+            if default is _NO_DEFAULT:
+                raise
+            return default
+        del self[key]
+        return value
+
+    def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Key]:
+        """Entry keys in insertion order; nested keys are tuples with ``include_nested``."""
+        return [k for k, _ in self._walk(include_nested, leaves_only, materialize=False)]
+
+    def values(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
+        """Entry values, in the order of ``keys``."""
+        return [v for _, v in self._walk(include_nested, leaves_only)]
+
+    def items(
+        self, include_nested: bool = False, leaves_only: bool = False
+    ) -> list[tuple[Key, Any]]:
+        """``(key, value)`` pairs, in the order of ``keys``."""
+        return list(self._walk(include_nested, leaves_only))
+
+    def _walk(
+        self,
+        nested: bool,
+        leaves_only: bool,
+        materialize: bool = True,
+        prefix: tuple[str, ...] = (),
+    ) -> Iterator[tuple[Key, Any]]:
+        for key in list(self._tensordict):
+            value = self._get_str(key) if materialize else self._tensordict[key]
+            full: Key = prefix + (key,) if prefix else key
+            if isinstance(value, TensorDict):
+                if not leaves_only:
+                    yield full, value
+                if nested:
+                    yield from value._walk(nested, leaves_only, materialize, prefix + (key,))
+            else:
+                yield full, value.data if isinstance(value, NonTensorData) else value
+
+    def _leaves(self) -> Iterator[tuple[TensorDict, str, torch.Tensor]]:
+        for key in list(self._tensordict):
+            value = self._get_str(key)
+            if isinstance(value, TensorDict):
+                yield from value._leaves()
+            elif isinstance(value, torch.Tensor):
+                yield self, key, value
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            return key in self._tensordict
+        if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
+            try:
+                self.get(key)
+            except KeyError:
+                return False
+            return True
+        raise TypeError(f"keys are str or tuples of str, got {key!r}")
+
+    def __len__(self) -> int:
+        return self._batch_size[0] if self._batch_size else 0
+
+    def __iter__(self) -> Iterator[TensorDict]:
+        if not self._batch_size:
+            raise StopIteration
+        return iter(self.unbind(0))
+
+    def unbind(self, dim: int = 0) -> tuple[TensorDict, ...]:
+        """The TensorDicts along batch dim ``dim`` (views)."""
+        if dim < 0:
+            dim += self.batch_dims
+        return tuple(self[(slice(None),) * dim + (i,)] for i in range(self._batch_size[dim]))
+
+    # ------------------------------------------------------------------ batch indexing
+
+    def _index(self, index: Any) -> TensorDict:
+        rows = _index.row_index(index)
+        if rows is not None and self.batch_dims >= 1:
+            return self._apply_leaves(
+                lambda t: torch.index_select(t, 0, rows.to(t.device)),
+                torch.Size([rows.numel(), *self._batch_size[1:]]),
+                keep_memmap=False,
+            )
+        items = _index.normalize(index, self.batch_dims)
+        batch = _index.indexed_batch_size(self._batch_size, items)
+        basic = all(i is None or isinstance(i, (int, slice)) for i in items)
+        return self._apply_leaves(lambda t: t[items], batch, keep_memmap=basic)
+
+    def index_select(
+        self, dim: int, index: torch.Tensor, *, out: TensorDict | None = None
+    ) -> TensorDict:
+        """Gathers rows ``index`` of batch dim ``dim`` from every leaf with ``torch.index_select``.
+
+        With ``out`` (a TensorDict of the result's shape, e.g. from a previous call) the rows are
+        written into its tensors and no memory is allocated: the training-loop form.
+        """
+        index = index if index.dtype == torch.int64 else index.long()
+        if dim < 0:
+            dim += self.batch_dims
+        if out is None:
+            batch = list(self._batch_size)
+            batch[dim] = index.numel()
+            return self._apply_leaves(
+                lambda t: torch.index_select(t, dim, index.to(t.device)),
+                torch.Size(batch),
+                keep_memmap=False,
+            )
+        for td, key, leaf in self._leaves():
+            rel = self._relative(td)
+            target = out.get(rel + (key,))
+            torch.index_select(leaf, dim, index.to(leaf.device), out=target)
+        return out
+
+    def _relative(self, node: TensorDict) -> tuple[str, ...]:
+        if node is self:
+            return ()
+        for key, value in self._tensordict.items():
+            if isinstance(value, TensorDict):
+                if value is node:
+                    return (key,)
+                try:
+                    return (key, *value._relative(node))
+                except LookupError:
+                    continue
+        raise LookupError("not a sub-TensorDict")
+
+    def _apply_leaves(
+        self, fn: Callable[[torch.Tensor], torch.Tensor], batch: torch.Size, keep_memmap: bool
+    ) -> TensorDict:
+        out = TensorDict._new_unchecked(batch, self._device)
+        for key in list(self._tensordict):
+            value = self._get_str(key)
+            if isinstance(value, TensorDict):
+                sub_batch = torch.Size([*batch, *value.batch_size[self.batch_dims :]])
+                out._tensordict[key] = value._apply_leaves(fn, sub_batch, keep_memmap)
+            elif isinstance(value, NonTensorData):
+                out._tensordict[key] = NonTensorData(value.data)
+            else:
+                out._tensordict[key] = fn(value)
+        if keep_memmap and self._is_memmap:
+            out._is_memmap = True
+            out._memmap_prefix = self._memmap_prefix
+        if keep_memmap and self._is_locked:
+            out.lock_()
+        return out
+
+    # ------------------------------------------------------------------ comparisons
+
+    def _compare(self, other: Any, op: Callable[[Any, Any], torch.Tensor]) -> TensorDict:
+        out = TensorDict._new_unchecked(self._batch_size, self._device)
+        for key in list(self._tensordict):
+            value = self._get_str(key)
+            if isinstance(other, (TensorDict, Mapping)):
+                if key not in other:
+                    raise KeyError(f"key {key!r} is missing from the other TensorDict")
+                other_value = other._get_str(key) if isinstance(other, TensorDict) else other[key]
+            else:
+                other_value = other
+            if isinstance(value, TensorDict):
+                out._tensordict[key] = value._compare(other_value, op)
+            elif isinstance(value, NonTensorData):
+                other_data = (
+                    other_value.data if isinstance(other_value, NonTensorData) else other_value
+                )
+                out._tensordict[key] = torch.tensor(op(value.data, other_data)).expand(
+                    self._batch_size
+                )
+            else:
+                out._tensordict[key] = op(value, other_value)
+        return out
+
+    def __eq__(self, other: object) -> TensorDict:  # type: ignore[override]
+        return self._compare(other, lambda a, b: a == b)
+
+    def __ne__(self, other: object) -> TensorDict:  # type: ignore[override]
+        return self._compare(other, lambda a, b: a != b)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def all(self) -> bool:
+        """True when every element of every leaf is true."""
+        return all(bool(leaf.all()) for _, _, leaf in self._leaves())
+
+    def any(self) -> bool:
+        """True when some element of some leaf is true."""
+        return any(bool(leaf.any()) for _, _, leaf in self._leaves())
+
+    # ------------------------------------------------------------------ transforms
+
+    def apply(
+        self,
+        fn: Callable[..., Any],
+        *others: TensorDict,
+        batch_size: Any = None,
+        device: Any = _NO_DEFAULT,
+        inplace: bool = False,
+    ) -> TensorDict:
+        """Calls ``fn(leaf, *other_leaves)`` on every tensor leaf; None results are left out.
+
+        Returns a new TensorDict (same batch size and device unless given), or ``self`` with
+        the results copied into its leaves when ``inplace``.
+        """
+        if inplace:
+            for td, key, leaf in list(self._leaves()):
+                rel = self._relative(td) + (key,)
+                result = fn(leaf, *(o.get(rel) for o in others))
+                if result is not None:
+                    leaf.copy_(result)
+            return self
+        new_device = self._device if device is _NO_DEFAULT else _normalize_device(device)
+        batch = self._batch_size if batch_size is None else torch.Size(batch_size)
+        return self._apply_new(fn, others, batch, new_device, ())
+
+    def _apply_new(
+        self,
+        fn: Callable[..., Any],
+        others: tuple[TensorDict, ...],
+        batch: torch.Size,
+        device: torch.device | None,
+        path: tuple[str, ...],
+    ) -> TensorDict:
+        out = TensorDict._new_unchecked(batch, device)
+        for key in list(self._tensordict):
+            value = self._get_str(key)
+            if isinstance(value, TensorDict):
+                sub_batch = torch.Size([*batch, *value.batch_size[self.batch_dims :]])
+                out._tensordict[key] = value._apply_new(
+                    fn, tuple(o._get_str(key) for o in others), sub_batch, device, path + (key,)
+                )
+            elif isinstance(value, NonTensorData):
+                out._tensordict[key] = NonTensorData(value.data)
+            else:
+                result = fn(value, *(o._get_str(key) for o in others))
+                if result is not None:
+                    if device is not None and result.device != device:
+                        result = result.to(device)
+                    out._check_batch(key, result.shape)
+                    out._tensordict[key] = result
+        return out
+
+    def clone(self, recurse: bool = True) -> TensorDict:
+        """A copy; with ``recurse`` (default) every tensor is copied too (to plain tensors)."""
+        if recurse:
+            return self._apply_new(
+                lambda t: t.clone().as_subclass(torch.Tensor),
+                (),
+                self._batch_size,
+                self._device,
+                (),
+            )
+        return self._apply_new(lambda t: t, (), self._batch_size, self._device, ())
+
+    def to(self, *args: Any, **kwargs: Any) -> TensorDict:
+        """Moves and/or casts every entry: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``,
+        ``to(tensor)``, ``to(other=td)``, ``to(batch_size=...)``.
+
+        Returns ``self`` when only a device is given and it is already this device; otherwise a
+        new TensorDict on the target device (locked if this one is). ``inplace=True`` changes
+        this TensorDict instead.
+        """
+        device, dtype, non_blocking, inplace, batch_size = _parse_to(args, kwargs)
+        if batch_size is not None:
+            self.batch_size = batch_size
+            return self
+        device = _normalize_device(device)
+        if dtype is None and (device is None or device == self._device):
+            return self
+        target = self._device if device is None else device
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=target, dtype=dtype, non_blocking=non_blocking)
+
+        if inplace:
+            if self._is_locked:
+                raise RuntimeError(LOCK_ERROR)
+            for td, key, leaf in list(self._leaves()):
+                td._tensordict[key] = move(leaf)
+            self._set_device_tree(target)
+            return self
+        out = self._apply_new(move, (), self._batch_size, target, ())
+        if (
+            non_blocking
+            and target is not None
+            and target.type != "cuda"
+            and torch.cuda.is_available()
+        ):
+            torch.cuda.synchronize()
+        if self._is_locked:
+            out.lock_()
+        return out
+
+    def _set_device_tree(self, device: torch.device | None) -> None:
+        self._device = device
+        for value in self._tensordict.values():
+            if isinstance(value, TensorDict):
+                value._set_device_tree(device)
+
+    def cuda(self, device: Any = None, **kwargs: Any) -> TensorDict:
+        """``to("cuda")`` (or ``to(f"cuda:{device}")``)."""
+        return self.to(
+            torch.device("cuda")
+            if device is None
+            else torch.device("cuda", device)
+            if isinstance(device, int)
+            else device,
+            **kwargs,
+        )
+
+    def cpu(self, **kwargs: Any) -> TensorDict:
+        """``to("cpu")``."""
+        return self.to("cpu", **kwargs)
+
+    def clear_device_(self) -> TensorDict:
+        """Removes the device of this TensorDict and its nested ones; no data moves."""
+        self._set_device_tree(None)
+        return self
+
+    # ------------------------------------------------------------------ locking
+
+    @property
+    def is_locked(self) -> bool:
+        """True when keys cannot be added, removed or replaced (values can still be written)."""
+        return self._is_locked
+
+    @is_locked.setter
+    def is_locked(self, value: bool) -> None:
+        if value:
+            self.lock_()
+        else:
+            self.unlock_()
+
+    def _children(self) -> Iterator[TensorDict]:
+        for value in self._tensordict.values():
+            if isinstance(value, TensorDict):
+                yield value
+
+    def lock_(self) -> TensorDict:
+        """Locks this TensorDict and every nested one; returns self (also a context manager)."""
+        self._lock_tree()
+        self._lock_ops.append(True)
+        return self
+
+    def _lock_tree(self) -> None:
+        self._is_locked = True
+        for child in self._children():
+            if not any(ref() is self for ref in child._lock_parents):
+                child._lock_parents.append(weakref.ref(self))
+            child._lock_tree()
+
+    def unlock_(self) -> TensorDict:
+        """Unlocks this TensorDict and its nested ones; also ends ``is_memmap()``, as in tensordict.
+
+        A nested TensorDict cannot be unlocked while a locked TensorDict holds it.
+        """
+        for ref in self._lock_parents:
+            parent = ref()
+            if (
+                parent is not None
+                and parent._is_locked
+                and any(c is self for c in parent._children())
+            ):
+                raise RuntimeError(
+                    "Cannot unlock a tensordict that is part of a locked graph. "
+                    "Unlock the root tensordict first."
+                )
+        self._unlock_tree()
+        self._lock_ops.append(False)
+        return self
+
+    def _unlock_tree(self) -> None:
+        self._is_locked = False
+        self._is_memmap = False
+        for child in self._children():
+            child._lock_parents = [
+                r for r in child._lock_parents if r() is not None and r() is not self
+            ]
+            if not any(r()._is_locked for r in child._lock_parents if r() is not None):  # type: ignore[union-attr]
+                child._unlock_tree()
+
+    def __enter__(self) -> TensorDict:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._lock_ops:
+            if self._lock_ops.pop():
+                self._unlock_tree()
+            else:
+                self._lock_tree()
+
+    # ------------------------------------------------------------------ memory maps
+
+    def is_memmap(self) -> bool:
+        """True after ``memmap_``, ``memmap`` or ``memmap_like`` (until ``unlock_``)."""
+        return self._is_memmap
+
+    @property
+    def saved_path(self) -> Path | None:
+        """The directory of a memory-mapped TensorDict (None when anonymous)."""
+        if not self._is_memmap:
+            raise AttributeError(
+                f"The tensordict has no saved path (memmap=False, path={self._memmap_prefix})."
+            )
+        return self._memmap_prefix
+
+    def _check_copy_existing(self, prefix: Path | None, copy_existing: bool) -> None:
+        if copy_existing or prefix is None:
+            return
+        for td, key, leaf in self._leaves():
+            if isinstance(leaf, MemoryMappedTensor) and leaf._filename is not None:
+                target = (
+                    prefix / td._relative_dir(self) / (_native.encode_key(key) + ".memmap")
+                ).as_posix()
+                if leaf._filename != target:
+                    raise RuntimeError(
+                        f"A filename was provided but the tensor already has a file associated "
+                        f"({leaf._filename}). To copy the tensor onto the new location, "
+                        "pass copy_existing=True."
+                    )
+
+    def _relative_dir(self, root: TensorDict) -> Path:
+        return Path(*(_native.encode_key(k) for k in root._relative(self)))
+
+    def memmap_(
+        self,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: bool = False,
+        existsok: bool = True,
+        durable: bool = False,
+    ) -> Any:
+        """Moves every tensor into memory maps, in place, then locks the keys; returns self.
+
+        Without ``prefix`` (and no earlier one) the maps are anonymous shared memory. With
+        ``prefix`` the tree is written in tensordict's directory format, atomically: beside the
+        target, then swapped in with one rename, so a crash leaves the old or the new tree, and
+        maps of the old files keep their values. ``durable=True`` fsyncs everything first.
+        ``num_threads`` sets the writer threads (0: one per CPU). ``existsok=False`` refuses to
+        replace an existing tree. A failed save leaves this TensorDict as it was.
+        ``return_early=True`` returns a ``concurrent.futures.Future`` of the result.
+        """
+        path = Path(prefix).absolute() if prefix is not None else self._memmap_prefix
+        if self._is_memmap and path == self._memmap_prefix and prefix is None:
+            self.lock_()
+            return _maybe_done(self, return_early, lambda: None)
+        self._check_copy_existing(path, copy_existing)
+
+        def work() -> None:
+            _tree.save(
+                self,
+                path,
+                like=False,
+                reuse_maps=path is None,
+                existsok=existsok,
+                durable=durable,
+                num_threads=num_threads,
+            )
+            self._lock_tree()
+
+        return _maybe_done(self, return_early, work)
+
+    def _structure(self) -> TensorDict:
+        out = TensorDict._new_unchecked(self._batch_size, self._device)
+        for key in list(self._tensordict):
+            value = self._tensordict[key]
+            if isinstance(value, TensorDict):
+                out._tensordict[key] = value._structure()
+            elif isinstance(value, NonTensorData):
+                out._tensordict[key] = NonTensorData(value.data)
+            else:
+                out._tensordict[key] = self._get_str(key)
+        return out
+
+    def memmap(
+        self,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: bool = False,
+        existsok: bool = True,
+        durable: bool = False,
+    ) -> Any:
+        """Like ``memmap_`` but returns a new memory-mapped TensorDict; this one is unchanged."""
+        out = self._structure()
+        path = Path(prefix).absolute() if prefix is not None else None
+
+        def work() -> None:
+            _tree.save(
+                out,
+                path,
+                like=False,
+                reuse_maps=False,
+                existsok=existsok,
+                durable=durable,
+                num_threads=num_threads,
+            )
+            out._lock_tree()
+
+        return _maybe_done(out, return_early, work)
+
+    def memmap_like(
+        self,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: bool = False,
+        existsok: bool = True,
+        durable: bool = False,
+    ) -> Any:
+        """A new locked TensorDict of zero-filled memory maps with the same keys, shapes and
+        dtypes (no values copied; source leaves may be on any device, ``meta`` included).
+
+        With ``prefix`` the directory is written atomically like ``memmap_``; an existing tree
+        there is replaced by the new, zero-filled one.
+        """
+        out = self._structure()
+        path = Path(prefix).absolute() if prefix is not None else None
+
+        def work() -> None:
+            _tree.save(
+                out,
+                path,
+                like=True,
+                reuse_maps=False,
+                existsok=existsok,
+                durable=durable,
+                num_threads=num_threads,
+            )
+            out._lock_tree()
+
+        return _maybe_done(out, return_early, work)
+
+    @classmethod
+    def load_memmap(
+        cls, prefix: PathLike, device: Any = None, non_blocking: bool = False
+    ) -> TensorDict:
+        """Loads a directory saved by ``memmap_``/``memmap``/``memmap_like`` here or by tensordict.
+
+        The directory is validated first: a missing or short data file, an unknown dtype, a bad
+        shape, a key that would leave the directory or pass a symlink, or pickled data raise an
+        exception naming the key and path. Leaves are file-backed MemoryMappedTensors (writes
+        reach the files); with a non-CPU ``device`` they are copied there instead. The result is
+        not locked, as in tensordict.
+        """
+        return _tree.load(cls, prefix, _normalize_device(device))
+
+    load = load_memmap
+
+    def flush(self) -> None:
+        """Writes the dirty pages of every file-backed leaf to disk and waits (one native call)."""
+        buffers = []
+        for _, _, leaf in self._leaves():
+            if isinstance(leaf, MemoryMappedTensor) and leaf._buffer is not None:
+                buffers.append(leaf._buffer)
+        _native.flush_buffers(buffers)
+
+    # ------------------------------------------------------------------ repr and pickling
+
+    def __repr__(self) -> str:
+        return compact_repr(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        items = {}
+        for key in list(self._tensordict):
+            items[key] = self._get_str(key)
+        return {
+            "items": items,
+            "batch_size": self._batch_size,
+            "device": self._device,
+            "is_locked": self._is_locked,
+            "is_memmap": self._is_memmap,
+            "prefix": self._memmap_prefix,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._init(state["batch_size"], state["device"])
+        self._tensordict = state["items"]
+        self._is_memmap = state["is_memmap"]
+        self._memmap_prefix = state["prefix"]
+        if state["is_locked"]:
+            self._lock_tree()
+
+
+_tree._TENSORDICT.append(TensorDict)
+
+
+def _pairs(source: Mapping[str, Any] | TensorDict) -> Iterator[tuple[str, Any]]:
+    if isinstance(source, TensorDict):
+        for key in list(source._tensordict):
+            value = source._get_str(key)
+            yield key, value
+    else:
+        yield from source.items()
+
+
+def _parse_to(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, torch.dtype | None, bool, bool, Any]:
+    device = kwargs.pop("device", None)
+    dtype = kwargs.pop("dtype", None)
+    non_blocking = bool(kwargs.pop("non_blocking", False))
+    inplace = bool(kwargs.pop("inplace", False))
+    batch_size = kwargs.pop("batch_size", None)
+    other = kwargs.pop("other", None)
+    if kwargs:
+        raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
+    for arg in args:
+        if isinstance(arg, torch.dtype):
+            dtype = arg
+        elif isinstance(arg, torch.Tensor):
+            device, dtype = arg.device, arg.dtype
+        elif isinstance(arg, TensorDict):
+            other = arg
+        elif isinstance(arg, (str, int, torch.device)):
+            device = arg
+        else:
+            raise TypeError(f"to() cannot use {arg!r}")
+    if other is not None:
+        if device is not None and _normalize_device(device) != other.device:
+            raise ValueError("other and device cannot be both passed")
+        device = other.device
+        dtypes = {leaf.dtype for _, _, leaf in other._leaves()}
+        if len(dtypes) == 1 and dtype is None:
+            dtype = dtypes.pop()
+    if device is None and dtype is None and batch_size is None:
+        raise TypeError("to() needs a device, a dtype, a tensor, other= or batch_size=")
+    return device, dtype, non_blocking, inplace, batch_size

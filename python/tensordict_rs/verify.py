@@ -1,0 +1,17 @@
+"""Integrity check of a saved directory, without loading any tensor."""
+
+from __future__ import annotations
+
+import os
+
+from . import _native
+
+
+def verify(prefix: str | os.PathLike[str]) -> list[str]:
+    """Walks the directory at ``prefix`` and returns every problem found (empty: it loads).
+
+    Checks each meta.json (size, JSON, types, dtypes, shapes against the batch size), that every
+    data file exists, is a regular file and is long enough, that sub-directories exist, and that
+    nothing is reached through a symlink. No data is mapped or read.
+    """
+    return _native.verify_tree(os.fspath(prefix))
