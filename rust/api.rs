@@ -110,8 +110,12 @@ pub fn write_tree(
     Ok(buffers(regions))
 }
 
+/// Leaves below this size share one anonymous map per call (see `storage::anonymous_arena`).
+const ARENA_LIMIT: usize = 1 << 20;
+
 /// Creates one anonymous shared-memory Buffer per `(data_ptr, nbytes)` source (data_ptr 0:
-/// zero-filled), in parallel with the GIL released. No file descriptor stays open.
+/// zero-filled), with the GIL released. Large sources get their own map, written in parallel;
+/// small ones are packed into one map. No file descriptor stays open.
 #[pyfunction]
 #[pyo3(signature = (sources, *, num_threads = 0))]
 pub fn anonymous_buffers(
@@ -129,19 +133,34 @@ pub fn anonymous_buffers(
         .iter()
         .map(|&(p, n)| (unsafe { source_slice(p, n) }, n))
         .collect();
-    let workers = parallel::worker_count(
-        num_threads,
-        slices.len() / 16 + usize::from(slices.iter().any(|s| s.1 > 1 << 20)),
-    );
-    let regions = py.detach(|| {
-        parallel::run(
-            &slices,
-            workers,
-            |s| s.1,
-            |&(data, n)| storage::anonymous(data, n),
-        )
+    let (small, large): (Vec<usize>, Vec<usize>) =
+        (0..slices.len()).partition(|&i| slices[i].1 < ARENA_LIMIT);
+    let (arena, large_regions) = py.detach(|| -> crate::error::Result<_> {
+        let arena = if small.is_empty() {
+            None
+        } else {
+            let parts: Vec<_> = small.iter().map(|&i| slices[i]).collect();
+            Some(storage::anonymous_arena(&parts)?)
+        };
+        let jobs: Vec<_> = large.iter().map(|&i| slices[i]).collect();
+        let workers = parallel::worker_count(num_threads, jobs.len());
+        let regions = parallel::run(&jobs, workers, |s| s.1, |&(data, n)| storage::anonymous(data, n))?;
+        Ok((arena, regions))
     })?;
-    Ok(regions.into_iter().map(Buffer::new).collect())
+    let mut out: Vec<Option<Buffer>> = std::iter::repeat_with(|| None).take(slices.len()).collect();
+    if let Some((region, offsets)) = arena {
+        let region = std::sync::Arc::new(region);
+        for (&i, off) in small.iter().zip(offsets) {
+            out[i] = Some(Buffer::slice(&region, off, slices[i].1));
+        }
+    }
+    for (&i, region) in large.iter().zip(large_regions) {
+        out[i] = Some(Buffer::new(region));
+    }
+    Ok(out
+        .into_iter()
+        .map(|b| b.expect("every source got a buffer"))
+        .collect())
 }
 
 fn node_to_py<'py>(py: Python<'py>, node: LoadedNode) -> PyResult<Bound<'py, PyTuple>> {

@@ -17,19 +17,53 @@ use crate::storage::Region;
 #[pyclass(frozen, module = "tensordict_rs._native")]
 pub struct Buffer {
     region: Arc<Region>,
+    offset: usize,
+    len: usize,
 }
 
 impl Buffer {
-    /// Wraps a region.
+    /// Wraps a whole region.
     pub fn new(region: Region) -> Self {
+        let len = region.len();
         Buffer {
             region: Arc::new(region),
+            offset: 0,
+            len,
+        }
+    }
+
+    /// A part of a shared region (small leaves packed into one anonymous map).
+    pub fn slice(region: &Arc<Region>, offset: usize, len: usize) -> Self {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= region.len()),
+            "slice out of range"
+        );
+        Buffer {
+            region: Arc::clone(region),
+            offset,
+            len,
         }
     }
 
     /// The region, shared.
     pub fn region(&self) -> &Arc<Region> {
         &self.region
+    }
+
+    /// Start of this buffer's bytes.
+    pub fn as_ptr(&self) -> *mut u8 {
+        // SAFETY: `offset + len <= region.len()` (checked in `slice`), so this stays in the map.
+        unsafe { self.region.as_ptr().add(self.offset) }
+    }
+
+    /// Length of this buffer in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length buffer (never made: empty tensors are not mapped).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -43,8 +77,9 @@ impl Buffer {
         if view.is_null() {
             return Err(PyBufferError::new_err("the buffer view is null"));
         }
-        let region = Arc::clone(&slf.get().region);
-        if (flags & ffi::PyBUF_WRITABLE) == ffi::PyBUF_WRITABLE && !region.writable() {
+        let this = slf.get();
+        let (ptr, len, writable) = (this.as_ptr(), this.len, this.region.writable());
+        if (flags & ffi::PyBUF_WRITABLE) == ffi::PyBUF_WRITABLE && !writable {
             return Err(PyBufferError::new_err("this memory map is read-only"));
         }
         // SAFETY: `view` is non-null and CPython hands us an uninitialised Py_buffer to fill.
@@ -53,9 +88,9 @@ impl Buffer {
         // until __releasebuffer__; the format string is a static C string.
         unsafe {
             (*view).obj = slf.into_any().into_ptr();
-            (*view).buf = region.as_ptr() as *mut c_void;
-            (*view).len = region.len() as isize;
-            (*view).readonly = c_int::from(!region.writable());
+            (*view).buf = ptr as *mut c_void;
+            (*view).len = len as isize;
+            (*view).readonly = c_int::from(!writable);
             (*view).itemsize = 1;
             (*view).format = if (flags & ffi::PyBUF_FORMAT) == ffi::PyBUF_FORMAT {
                 c"B".as_ptr() as *mut c_char
@@ -88,7 +123,13 @@ impl Buffer {
     /// Size in bytes.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.region.len()
+        self.len
+    }
+
+    /// Address of the first byte (for handing this buffer to another native call as a source).
+    #[getter]
+    fn address(&self) -> usize {
+        self.as_ptr() as usize
     }
 
     /// Absolute path of the backing file, or None for anonymous memory.
@@ -111,17 +152,17 @@ impl Buffer {
     }
 
     fn __len__(&self) -> usize {
-        self.region.len()
+        self.len
     }
 
     fn __repr__(&self) -> String {
         match self.region.path() {
             Some(p) => format!(
                 "Buffer(nbytes={}, filename={:?})",
-                self.region.len(),
+                self.len,
                 p.display().to_string()
             ),
-            None => format!("Buffer(nbytes={}, anonymous)", self.region.len()),
+            None => format!("Buffer(nbytes={}, anonymous)", self.len),
         }
     }
 }

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import _native
-from ._dtypes import STR_TO_DTYPE, dtype_to_str
+from ._dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
 from .memmap import MemoryMappedTensor, _from_buffer, _source_bytes
 
 if TYPE_CHECKING:
@@ -92,60 +92,80 @@ def _json_text(value: Any, key: str) -> str:
 class _Plan:
     """The spec of one save, the source tensors it points into, and where results go."""
 
-    def __init__(self, like: bool, reuse_maps: bool) -> None:
+    def __init__(self, like: bool, reuse_maps: bool, copy_existing: bool = True) -> None:
         self.like = like
         self.reuse_maps = reuse_maps
-        self.keep: list[torch.Tensor] = []  # sources stay alive while Rust reads them
+        self.copy_existing = copy_existing
+        self.keep: list[Any] = []  # sources stay alive while Rust reads them
         self.slots: list[tuple[TensorDict, str, torch.dtype, tuple[int, ...]]] = []
         self.sources: list[tuple[int, int]] = []  # anonymous: (data_ptr, nbytes) per slot
 
-    def _source(self, tensor: torch.Tensor, nbytes: int) -> int:
+    def _pointer(self, value: Any, nbytes: int) -> int:
+        """Address of the bytes of a tensor or lazy leaf (kept alive in ``self.keep``)."""
         if self.like or nbytes == 0:
             return 0
-        src = _source_bytes(tensor)
-        self.keep.append(src)
-        return src.data_ptr()
+        if type(value) is _LazyLeaf:
+            self.keep.append(value.buffer)
+            return value.buffer.address
+        if not (value.is_cpu and value.is_contiguous()):
+            value = _source_bytes(value)
+        self.keep.append(value)
+        return value.data_ptr()
 
-    def node(self, td: TensorDict) -> tuple[list[int], list[tuple[Any, ...]]]:
-        """The directory spec of ``td`` (for saves with a prefix)."""
+    def _check_file(self, value: Any, target: Path) -> None:
+        name = value.buffer.filename if type(value) is _LazyLeaf else value._filename
+        if name is not None and not self.copy_existing and name != os.fspath(target):
+            raise RuntimeError(
+                f"A filename was provided but the tensor already has a file associated ({name}). "
+                "To copy the tensor onto the new location, pass copy_existing=True."
+            )
+
+    def node(self, td: TensorDict, path: Path) -> tuple[list[int], list[tuple[Any, ...]]]:
+        """The directory spec of ``td``, to be saved at ``path``."""
         entries: list[tuple[Any, ...]] = []
-        for key in list(td._tensordict):
-            value = td._tensordict[key]
-            if isinstance(value, NonTensorData):
+        slots = self.slots
+        for key, value in td._tensordict.items():
+            cls = type(value)
+            if cls is _LazyLeaf:
+                self._check_file(value, path / (_native.encode_key(key) + ".memmap"))
+                dtype, shape, device = value.dtype, value.shape, "cpu"
+                nbytes = value.buffer.nbytes
+            elif cls is NonTensorData:
                 entries.append((NON_TENSOR, key, _json_text(value.data, key)))
-            elif isinstance(value, (torch.Tensor, _LazyLeaf)):
-                tensor = td._get_str(key)
-                dtype, shape = tensor.dtype, tuple(tensor.shape)
-                nbytes = tensor.numel() * tensor.element_size()
-                ptr = self._source(tensor, nbytes)
-                entries.append(
-                    (LEAF, key, dtype_to_str(dtype), shape, str(tensor.device), ptr, nbytes)
-                )
-                self.slots.append((td, key, dtype, shape))
+                continue
+            elif isinstance(value, torch.Tensor):
+                if cls is MemoryMappedTensor:
+                    self._check_file(value, path / (_native.encode_key(key) + ".memmap"))
+                dtype, shape = value.dtype, tuple(value.shape)
+                device = "cpu" if value.is_cpu else str(value.device)
+                nbytes = value.nbytes
             else:
-                entries.append((NODE, key, self.node(value)))
+                entries.append((NODE, key, self.node(value, path / _native.encode_key(key))))
+                continue
+            dtype_name = DTYPE_TO_STR.get(dtype) or dtype_to_str(dtype)
+            entries.append(
+                (LEAF, key, dtype_name, shape, device, self._pointer(value, nbytes), nbytes)
+            )
+            slots.append((td, key, dtype, shape))
         return list(td.batch_size), entries
 
     def anonymous(self, td: TensorDict) -> None:
         """Collects the leaves of ``td`` that need anonymous maps."""
-        for key in list(td._tensordict):
-            value = td._tensordict[key]
-            if isinstance(value, NonTensorData):
+        for key, value in td._tensordict.items():
+            cls = type(value)
+            if cls is NonTensorData:
                 continue
-            if not isinstance(value, (torch.Tensor, _LazyLeaf)):
+            if cls is _LazyLeaf or isinstance(value, torch.Tensor):
+                if self.reuse_maps and (cls is _LazyLeaf or cls is MemoryMappedTensor):
+                    continue
+                dtype = value.dtype
+                shape = value.shape if cls is _LazyLeaf else tuple(value.shape)
+                nbytes = value.buffer.nbytes if cls is _LazyLeaf else value.nbytes
+                dtype_to_str(dtype)  # refuse dtypes the format cannot hold, before any work
+                self.sources.append((self._pointer(value, nbytes), nbytes))
+                self.slots.append((td, key, dtype, shape))
+            else:
                 self.anonymous(value)
-                continue
-            if self.reuse_maps and isinstance(value, (MemoryMappedTensor, _LazyLeaf)):
-                continue
-            tensor = td._get_str(key)
-            dtype_to_str(tensor.dtype)  # refuse dtypes the format cannot hold, before any work
-            dtype, shape = tensor.dtype, tuple(tensor.shape)
-            nbytes = tensor.numel() * tensor.element_size()
-            if nbytes == 0:
-                td._tensordict[key] = torch.empty(shape, dtype=dtype)
-                continue
-            self.sources.append((self._source(tensor, nbytes), nbytes))
-            self.slots.append((td, key, dtype, shape))
 
     def place(self, buffers: list[Any]) -> None:
         """Puts the returned buffers into the target tree."""
@@ -172,6 +192,7 @@ def save(
     *,
     like: bool,
     reuse_maps: bool,
+    copy_existing: bool = True,
     existsok: bool,
     durable: bool,
     num_threads: int,
@@ -181,16 +202,18 @@ def save(
     ``target``'s leaves are the sources; on success they are replaced by the maps, the tree is
     marked memory-mapped and put on the CPU. On failure nothing in ``target`` has changed.
     """
-    plan = _Plan(like=like, reuse_maps=reuse_maps)
+    plan = _Plan(like=like, reuse_maps=reuse_maps, copy_existing=copy_existing)
     if prefix is None:
-        plan.anonymous(target)
-        buffers = (
-            _native.anonymous_buffers(plan.sources, num_threads=num_threads) if plan.sources else []
-        )
         path = None
+        plan.anonymous(target)
+        wanted = [(i, src) for i, src in enumerate(plan.sources) if src[1]]
+        mapped = _native.anonymous_buffers([src for _, src in wanted], num_threads=num_threads)
+        buffers: list[Any] = [None] * len(plan.sources)
+        for (i, _), buffer in zip(wanted, mapped, strict=True):
+            buffers[i] = buffer
     else:
         path = Path(prefix).absolute()
-        spec = plan.node(target)
+        spec = plan.node(target, path)
         buffers = _native.write_tree(
             os.fspath(path), spec, existsok=existsok, durable=durable, num_threads=num_threads
         )

@@ -783,24 +783,6 @@ class TensorDict:
             )
         return self._memmap_prefix
 
-    def _check_copy_existing(self, prefix: Path | None, copy_existing: bool) -> None:
-        if copy_existing or prefix is None:
-            return
-        for td, key, leaf in self._leaves():
-            if isinstance(leaf, MemoryMappedTensor) and leaf._filename is not None:
-                target = (
-                    prefix / td._relative_dir(self) / (_native.encode_key(key) + ".memmap")
-                ).as_posix()
-                if leaf._filename != target:
-                    raise RuntimeError(
-                        f"A filename was provided but the tensor already has a file associated "
-                        f"({leaf._filename}). To copy the tensor onto the new location, "
-                        "pass copy_existing=True."
-                    )
-
-    def _relative_dir(self, root: TensorDict) -> Path:
-        return Path(*(_native.encode_key(k) for k in root._relative(self)))
-
     def memmap_(
         self,
         prefix: PathLike | None = None,
@@ -825,7 +807,6 @@ class TensorDict:
         if self._is_memmap and path == self._memmap_prefix and prefix is None:
             self.lock_()
             return _maybe_done(self, return_early, lambda: None)
-        self._check_copy_existing(path, copy_existing)
 
         def work() -> None:
             _tree.save(
@@ -833,6 +814,7 @@ class TensorDict:
                 path,
                 like=False,
                 reuse_maps=path is None,
+                copy_existing=copy_existing,
                 existsok=existsok,
                 durable=durable,
                 num_threads=num_threads,
