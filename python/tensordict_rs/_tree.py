@@ -183,7 +183,8 @@ def _mark(td: TensorDict, prefix: Path | None) -> None:
     td._memmap_prefix = prefix
     for key, value in td._tensordict.items():
         if isinstance(value, _TENSORDICT[0]):
-            _mark(value, None if prefix is None else prefix / _native.encode_key(key))
+            sub: Any = value
+            _mark(sub, None if prefix is None else prefix / _native.encode_key(key))
 
 
 def save(
@@ -250,7 +251,7 @@ def _build(
             if move:
                 value: Any = (
                     torch.empty(shape, dtype=dtype, device=device)
-                    if buffer is None or device.type == "meta"
+                    if buffer is None or device.type == "meta"  # type: ignore[union-attr]
                     else _from_buffer(buffer, dtype, shape).to(device)
                 )
             else:

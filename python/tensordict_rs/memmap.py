@@ -100,7 +100,7 @@ class MemoryMappedTensor(torch.Tensor):
     _buffer: _native.Buffer | None
     _filename: str | None
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     def __new__(
         cls,
@@ -195,7 +195,7 @@ class MemoryMappedTensor(torch.Tensor):
             out = _empty_result(dtype, size)
         else:
             out = _from_buffer(_native.open_file(os.fspath(filename), nbytes), dtype, size)
-        return out if index is None else out[index]
+        return out if index is None else out[index]  # type: ignore[return-value]
 
     @classmethod
     def empty(

@@ -1,0 +1,38 @@
+# Two commands do everything on a fresh machine (Python >= 3.11 with pip, a Rust toolchain):
+#   make demo   builds the package into .venv and runs the replay-buffer demo
+#   make test   builds the package into .venv and runs every test (Rust and Python)
+# `make lint` runs the linters CI runs; `make bench` the benchmarks against tensordict.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+SOURCES := pyproject.toml Cargo.toml $(wildcard rust/*.rs)
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): $(SOURCES)
+	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m tensordict_rs.demo $(ARGS)
+
+test: $(STAMP)
+	cargo test --quiet
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	cargo fmt --check
+	cargo clippy --quiet --all-targets -- -D warnings
+	$(PY) -m ruff check python tests benches
+	$(PY) -m ruff format --check python tests benches
+	$(PY) -m mypy.stubtest tensordict_rs._native
+	$(PY) -m mypy python/tensordict_rs
+
+bench: $(STAMP)
+	$(PY) benches/report.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) target
