@@ -190,6 +190,20 @@ pub fn load_tree<'py>(
     Ok((node_to_py(py, node)?, buffers(regions)))
 }
 
+/// True when the directory at `prefix` is still the tree `tree_id` and describes exactly
+/// `tree` (same keys, order, dtypes, shapes, batch sizes, values): nothing to write.
+#[pyfunction]
+pub fn tree_is_current(
+    py: Python<'_>,
+    prefix: PathBuf,
+    tree: &Bound<'_, PyAny>,
+    tree_id: (u64, u64),
+) -> PyResult<bool> {
+    let mut leaves = Vec::new();
+    let root = node_spec(tree, &mut leaves)?;
+    Ok(py.detach(|| load::tree_matches(&prefix, &root, &leaves, tree_id)))
+}
+
 /// Checks the tree at `prefix` without mapping data; returns the problems found (empty: OK).
 #[pyfunction]
 pub fn verify_tree(py: Python<'_>, prefix: PathBuf) -> Vec<String> {

@@ -132,6 +132,12 @@ impl Buffer {
         self.as_ptr() as usize
     }
 
+    /// (device, inode) of the root directory of the saved tree this leaf belongs to, if any.
+    #[getter]
+    fn tree_id(&self) -> Option<(u64, u64)> {
+        self.region.tree()
+    }
+
     /// Absolute path of the backing file, or None for anonymous memory.
     #[getter]
     fn filename(&self) -> Option<String> {

@@ -23,6 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::anonymous_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(api::load_tree, m)?)?;
     m.add_function(wrap_pyfunction!(api::verify_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(api::tree_is_current, m)?)?;
     m.add_function(wrap_pyfunction!(api::write_file, m)?)?;
     m.add_function(wrap_pyfunction!(api::open_file, m)?)?;
     m.add_function(wrap_pyfunction!(api::flush_buffers, m)?)?;

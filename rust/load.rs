@@ -15,6 +15,7 @@ use crate::dir::{self, Dir, EntryKind};
 use crate::error::{Error, Result};
 use crate::layout::{self, Entry, LeafMeta, NodeMeta};
 use crate::parallel;
+use crate::save::{EntrySpec, LeafSpec, NodeSpec};
 use crate::storage::{self, MapMode, Region};
 
 /// One loaded entry. Leaves point into the flat region list returned beside the tree.
@@ -70,12 +71,18 @@ pub fn load_tree(prefix: &Path) -> Result<(LoadedNode, Vec<Option<Region>>)> {
 }
 
 fn load_from(root: Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
+    let tree = root.identity().map_err(|e| Error::io(root.path(), e))?;
     let mut dirs = vec![root];
     let mut jobs = Vec::new();
     let node = walk(&mut dirs, 0, 0, &mut jobs)?;
     // Mapping costs a few microseconds a file: spread only trees with many leaves.
     let workers = parallel::worker_count(0, jobs.len() / 256);
-    let mapped = parallel::run(&jobs, workers, |j| j.nbytes, |job| map_leaf(&dirs[job.dir], job))?;
+    let mapped = parallel::run(
+        &jobs,
+        workers,
+        |j| j.nbytes,
+        |job| map_leaf(&dirs[job.dir], job).map(|r| r.map(|r| r.with_tree(tree))),
+    )?;
     Ok((node, mapped))
 }
 
@@ -252,6 +259,40 @@ fn map_leaf(dir: &Dir, job: &LeafJob) -> Result<Option<Region>> {
     storage::map_file(&file, job.nbytes, Some(path.clone()), mode)
         .map(Some)
         .map_err(|e| Error::io(&path, e))
+}
+
+/// True when the tree at `prefix` is the directory `tree` (device, inode) and its meta.json
+/// files describe exactly `root`: then a save of `root` whose leaves already map these files
+/// has nothing to write.
+pub fn tree_matches(prefix: &Path, root: &NodeSpec, leaves: &[LeafSpec<'_>], tree: (u64, u64)) -> bool {
+    let Ok(dir) = Dir::open(prefix) else { return false };
+    dir.identity().ok() == Some(tree) && node_matches(&dir, root, leaves, 0)
+}
+
+fn node_matches(dir: &Dir, node: &NodeSpec, leaves: &[LeafSpec<'_>], depth: usize) -> bool {
+    let Ok(NodeMeta::TensorDict(meta)) = read_meta(dir) else {
+        return false;
+    };
+    if depth > layout::MAX_DEPTH || meta.batch != node.batch || meta.entries.len() != node.entries.len() {
+        return false;
+    }
+    node.entries
+        .iter()
+        .zip(&meta.entries)
+        .all(|((key, spec), (meta_key, entry))| {
+            key == meta_key
+                && match (spec, entry) {
+                    (EntrySpec::Leaf(i), Entry::Leaf(leaf)) => {
+                        leaves[*i].dtype == leaf.dtype.name && leaves[*i].shape == leaf.shape
+                    }
+                    (EntrySpec::Node(child), Entry::Collection) => {
+                        open_child_dir(dir, key).is_ok_and(|d| node_matches(&d, child, leaves, depth + 1))
+                    }
+                    (EntrySpec::NonTensor(value), Entry::Collection) => open_child_dir(dir, key)
+                        .is_ok_and(|d| matches!(read_meta(&d), Ok(NodeMeta::NonTensor(v)) if &v == value)),
+                    _ => false,
+                }
+        })
 }
 
 /// Opens and maps one existing data file of at least `nbytes` bytes (read-only files are

@@ -230,6 +230,7 @@ fn fill_staged(
     leaves: &[LeafSpec<'_>],
     opts: SaveOptions,
 ) -> Result<Vec<Option<Region>>> {
+    let tree = staged.identity().map_err(|e| Error::io(staged.path(), e))?;
     let mut dirs = vec![staged];
     let mut jobs = Vec::new();
     plan_node(&mut dirs, 0, target, root, leaves, &mut jobs, opts.durable)?;
@@ -248,6 +249,7 @@ fn fill_staged(
                 file.sync_data().map_err(io_err)?;
             }
             storage::map_file(&file, leaf.nbytes, Some(job.final_path.clone()), MapMode::Shared)
+                .map(|r| r.with_tree(tree))
                 .map_err(io_err)
         },
     )?;

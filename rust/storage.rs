@@ -29,6 +29,7 @@ pub struct Region {
     map: MmapRaw,
     path: Option<PathBuf>,
     mode: MapMode,
+    tree: Option<(u64, u64)>,
 }
 
 impl std::fmt::Debug for Region {
@@ -60,6 +61,18 @@ impl Region {
     /// The backing file's path, or `None` for anonymous memory.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// Marks the region as a leaf of the saved tree whose root directory has this identity.
+    pub fn with_tree(mut self, tree: (u64, u64)) -> Self {
+        self.tree = Some(tree);
+        self
+    }
+
+    /// Device and inode of the root directory of the tree this leaf was saved in or loaded
+    /// from; a later save compares it with the directory now at the prefix.
+    pub fn tree(&self) -> Option<(u64, u64)> {
+        self.tree
     }
 
     /// How the region is mapped.
@@ -100,7 +113,12 @@ pub fn map_file(file: &File, len: usize, path: Option<PathBuf>, mode: MapMode) -
         // may or may not show through, which is the documented behaviour of such maps.
         MapMode::CopyOnWrite => MmapRaw::from(unsafe { opts.map_copy(file)? }),
     };
-    Ok(Region { map, path, mode })
+    Ok(Region {
+        map,
+        path,
+        mode,
+        tree: None,
+    })
 }
 
 /// Fills a new, empty file with `src` (pwrite) or reserves `len` zero bytes (fallocate).

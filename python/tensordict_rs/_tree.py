@@ -60,6 +60,11 @@ class _LazyLeaf:
         return _from_buffer(self.buffer, self.dtype, self.shape)
 
 
+def value_nbytes(value: Any) -> int:
+    """Bytes of a lazy leaf or tensor."""
+    return value.buffer.nbytes if type(value) is _LazyLeaf else value.nbytes
+
+
 def _json_text(value: Any, key: str) -> str:
     def check(v: Any) -> None:
         if v is None or isinstance(v, (str, bool, int)):
@@ -99,6 +104,8 @@ class _Plan:
         self.keep: list[Any] = []  # sources stay alive while Rust reads them
         self.slots: list[tuple[TensorDict, str, torch.dtype, tuple[int, ...]]] = []
         self.sources: list[tuple[int, int]] = []  # anonymous: (data_ptr, nbytes) per slot
+        self.fresh = 0  # leaves with data that is not already in its target file
+        self.trees: set[tuple[int, int]] = set()  # saved trees the other leaves map
 
     def _pointer(self, value: Any, nbytes: int) -> int:
         """Address of the bytes of a tensor or lazy leaf (kept alive in ``self.keep``)."""
@@ -112,13 +119,24 @@ class _Plan:
         self.keep.append(value)
         return value.data_ptr()
 
-    def _check_file(self, value: Any, target: Path) -> None:
-        name = value.buffer.filename if type(value) is _LazyLeaf else value._filename
-        if name is not None and not self.copy_existing and name != os.fspath(target):
-            raise RuntimeError(
-                f"A filename was provided but the tensor already has a file associated ({name}). "
-                "To copy the tensor onto the new location, pass copy_existing=True."
-            )
+    def _check_file(self, value: Any, target: Path) -> bool:
+        """Whether a mapped leaf already is the file at ``target`` (of a saved tree)."""
+        buffer = value.buffer if type(value) is _LazyLeaf else value._buffer
+        name = None if buffer is None else buffer.filename
+        if name is None:
+            return False
+        if name != os.fspath(target):
+            if not self.copy_existing:
+                raise RuntimeError(
+                    f"A filename was provided but the tensor already has a file associated "
+                    f"({name}). To copy the tensor onto the new location, pass copy_existing=True."
+                )
+            return False
+        tree = buffer.tree_id
+        if tree is None or buffer.nbytes != value_nbytes(value):
+            return False
+        self.trees.add(tree)
+        return True
 
     def node(self, td: TensorDict, path: Path) -> tuple[list[int], list[tuple[Any, ...]]]:
         """The directory spec of ``td``, to be saved at ``path``."""
@@ -127,21 +145,24 @@ class _Plan:
         for key, value in td._tensordict.items():
             cls = type(value)
             if cls is _LazyLeaf:
-                self._check_file(value, path / (_native.encode_key(key) + ".memmap"))
+                in_place = self._check_file(value, path / (_native.encode_key(key) + ".memmap"))
                 dtype, shape, device = value.dtype, value.shape, "cpu"
                 nbytes = value.buffer.nbytes
             elif cls is NonTensorData:
                 entries.append((NON_TENSOR, key, _json_text(value.data, key)))
                 continue
             elif isinstance(value, torch.Tensor):
-                if cls is MemoryMappedTensor:
-                    self._check_file(value, path / (_native.encode_key(key) + ".memmap"))
+                in_place = cls is MemoryMappedTensor and self._check_file(
+                    value, path / (_native.encode_key(key) + ".memmap")
+                )
                 dtype, shape = value.dtype, tuple(value.shape)
                 device = "cpu" if value.is_cpu else str(value.device)
                 nbytes = value.nbytes
             else:
                 entries.append((NODE, key, self.node(value, path / _native.encode_key(key))))
                 continue
+            if nbytes and not in_place:
+                self.fresh += 1
             dtype_name = DTYPE_TO_STR.get(dtype) or dtype_to_str(dtype)
             entries.append(
                 (LEAF, key, dtype_name, shape, device, self._pointer(value, nbytes), nbytes)
@@ -215,6 +236,13 @@ def save(
     else:
         path = Path(prefix).absolute()
         spec = plan.node(target, path)
+        if not like and plan.fresh == 0 and len(plan.trees) == 1:
+            # Every leaf already maps its file in the tree now at ``path``, and the tree on disk
+            # is this one: keep the leaves (they stay shared with that directory), write nothing.
+            if _native.tree_is_current(os.fspath(path), spec, next(iter(plan.trees))):
+                del plan.keep
+                _mark(target, path)
+                return
         buffers = _native.write_tree(
             os.fspath(path), spec, existsok=existsok, durable=durable, num_threads=num_threads
         )

@@ -93,7 +93,7 @@ class TensorDict:
     _is_memmap: bool
     _memmap_prefix: Path | None
     _lock_parents: list[weakref.ref[TensorDict]]
-    _lock_ops: list[bool]
+    _lock_ops: list[bool | None]
 
     def __init__(
         self,
@@ -281,7 +281,7 @@ class TensorDict:
         the existing tensor (and so into its memory map).
         """
         path = _as_key(key)
-        td = self._sub(path[:-1], create=not self._is_locked)
+        td = self._sub(path[:-1], create=True)  # a missing parent on a locked td: lock error
         if inplace and path[-1] in td._tensordict:
             td._copy_into(path[-1], value, non_blocking)
         else:
@@ -457,6 +457,8 @@ class TensorDict:
     def _index(self, index: Any) -> TensorDict:
         rows = _index.row_index(index)
         if rows is not None and self.batch_dims >= 1:
+            # index_select refuses negative rows; wrap them like tensor indexing does.
+            rows = torch.where(rows < 0, rows + self._batch_size[0], rows)
             return self._apply_leaves(
                 lambda t: torch.index_select(t, 0, rows.to(t.device)),
                 torch.Size([rows.numel(), *self._batch_size[1:]]),
@@ -557,6 +559,11 @@ class TensorDict:
         return self._compare(other, lambda a, b: a != b)
 
     __hash__ = None  # type: ignore[assignment]
+
+    def __bool__(self) -> bool:
+        raise RuntimeError(
+            "Converting a tensordict to boolean value is not permitted; use .all() or .any()."
+        )
 
     def all(self) -> bool:
         """True when every element of every leaf is true."""
@@ -717,8 +724,9 @@ class TensorDict:
 
     def lock_(self) -> TensorDict:
         """Locks this TensorDict and every nested one; returns self (also a context manager)."""
+        changed = not self._is_locked
         self._lock_tree()
-        self._lock_ops.append(True)
+        self._lock_ops.append(True if changed else None)
         return self
 
     def _lock_tree(self) -> None:
@@ -744,8 +752,9 @@ class TensorDict:
                     "Cannot unlock a tensordict that is part of a locked graph. "
                     "Unlock the root tensordict first."
                 )
+        changed = self._is_locked
         self._unlock_tree()
-        self._lock_ops.append(False)
+        self._lock_ops.append(False if changed else None)
         return self
 
     def _unlock_tree(self) -> None:
@@ -763,9 +772,10 @@ class TensorDict:
 
     def __exit__(self, *exc: object) -> None:
         if self._lock_ops:
-            if self._lock_ops.pop():
+            op = self._lock_ops.pop()
+            if op is True:
                 self._unlock_tree()
-            else:
+            elif op is False:
                 self._lock_tree()
 
     # ------------------------------------------------------------------ memory maps

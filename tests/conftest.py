@@ -1,0 +1,57 @@
+"""Shared fixtures of the test suite."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+
+requires_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+@pytest.fixture
+def tmp_prefix(tmp_path: Path) -> Path:
+    """A fresh, absolute directory path that does not exist yet (its parent does)."""
+    path = tmp_path / "prefix"
+    assert not path.exists()
+    return path
+
+
+@pytest.fixture(params=["cuda:0" if CUDA else "meta"])
+def accel_device(request: pytest.FixtureRequest) -> torch.device:
+    """The non-CPU device of the device tests: ``cuda:0`` when CUDA is available, else ``meta``.
+
+    ``meta`` tensors have shapes and dtypes but no data, so every test that uses this fixture
+    runs on a CPU-only machine too; copying out of ``meta`` raises ``NotImplementedError``.
+    """
+    return torch.device(request.param)
+
+
+@pytest.fixture
+def run_python(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Runs a Python snippet in a new interpreter (``sys.executable``) and returns the result.
+
+    The snippet is dedented; a non-zero exit status fails the test with the child's stderr.
+    """
+
+    def run(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONWARNINGS": "error"},
+        )
+        assert result.returncode == 0, f"child failed:\n{result.stdout}\n{result.stderr}"
+        return result
+
+    return run
