@@ -475,6 +475,40 @@ mod tests {
     }
 
     #[test]
+    fn tree_matches_only_the_same_tree() {
+        let p = saved();
+        let (_, regions) = load_tree(&p).unwrap();
+        let tree = regions[0].as_ref().unwrap().tree().unwrap();
+        let data: Vec<u8> = (0..24).collect();
+        let spec = |shape: Vec<u64>| {
+            let leaves = vec![LeafSpec {
+                dtype: "torch.float32".into(),
+                shape,
+                device: "cpu".into(),
+                data: Some(&data[..]),
+                nbytes: 24,
+            }];
+            let child = NodeSpec {
+                batch: vec![3],
+                entries: vec![("x".into(), EntrySpec::Leaf(0))],
+            };
+            (
+                NodeSpec {
+                    batch: vec![3],
+                    entries: vec![("sub".into(), EntrySpec::Node(child))],
+                },
+                leaves,
+            )
+        };
+        let (root, leaves) = spec(vec![3, 2]);
+        assert!(tree_matches(&p, &root, &leaves, tree));
+        assert!(!tree_matches(&p, &root, &leaves, (tree.0, tree.1 + 1)));
+        let (other, other_leaves) = spec(vec![3, 2, 1]);
+        assert!(!tree_matches(&p, &other, &other_leaves, tree));
+        std::fs::remove_dir_all(&p).unwrap();
+    }
+
+    #[test]
     fn longer_files_load() {
         let p = saved();
         let file = p.join("sub/x.memmap");
