@@ -285,11 +285,8 @@ fn anonymous_in(dir: &Path, src: Option<&[u8]>, len: usize) -> Result<Region> {
 /// Alignment of each part inside an arena (a cache line; enough for every dtype).
 pub const ARENA_ALIGN: usize = 64;
 
-/// One anonymous map holding many small parts back to back (each at a multiple of
-/// `ARENA_ALIGN`), filled with vectored writes: one map and a handful of system calls for
-/// thousands of small tensors. Returns the region and each part's offset.
-#[cfg(unix)]
-pub fn anonymous_arena(parts: &[(Option<&[u8]>, usize)]) -> Result<(Region, Vec<usize>)> {
+/// Offsets of the parts of an arena and its total length (at least 1 byte).
+fn arena_layout(parts: &[(Option<&[u8]>, usize)]) -> Result<(Vec<usize>, usize)> {
     let mut offsets = Vec::with_capacity(parts.len());
     let mut total = 0usize;
     for &(_, len) in parts {
@@ -297,9 +294,17 @@ pub fn anonymous_arena(parts: &[(Option<&[u8]>, usize)]) -> Result<(Region, Vec<
         total = len
             .checked_next_multiple_of(ARENA_ALIGN)
             .and_then(|l| total.checked_add(l))
-            .ok_or_else(|| Error::io("<anonymous>", io::Error::from_raw_os_error(libc::EFBIG)))?;
+            .ok_or_else(|| Error::tree("<anonymous>", "the tensors are too large to map"))?;
     }
-    let total = total.max(1);
+    Ok((offsets, total.max(1)))
+}
+
+/// One anonymous map holding many small parts back to back (each at a multiple of
+/// `ARENA_ALIGN`), filled with vectored writes: one map and a handful of system calls for
+/// thousands of small tensors. Returns the region and each part's offset.
+#[cfg(unix)]
+pub fn anonymous_arena(parts: &[(Option<&[u8]>, usize)]) -> Result<(Region, Vec<usize>)> {
+    let (offsets, total) = arena_layout(parts)?;
     let dirs = anonymous_dirs(total);
     let mut last = None;
     for dir in &dirs {
@@ -409,13 +414,8 @@ pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
 /// Windows: one pagefile-backed map, parts copied in. Unverified: no Windows toolchain here.
 #[cfg(windows)]
 pub fn anonymous_arena(parts: &[(Option<&[u8]>, usize)]) -> Result<(Region, Vec<usize>)> {
-    let mut offsets = Vec::with_capacity(parts.len());
-    let mut total = 0usize;
-    for &(_, len) in parts {
-        offsets.push(total);
-        total += len.next_multiple_of(ARENA_ALIGN);
-    }
-    let region = anonymous(None, total.max(1))?;
+    let (offsets, total) = arena_layout(parts)?;
+    let region = anonymous(None, total)?;
     for (&(data, _), &off) in parts.iter().zip(&offsets) {
         if let Some(data) = data {
             // SAFETY: `off + data.len() <= total`, the map's length, and the map is fresh.

@@ -818,20 +818,17 @@ class TensorDict:
             self.lock_()
             return _maybe_done(self, return_early, lambda: None)
 
-        def work() -> None:
-            _tree.save(
-                self,
-                path,
-                like=False,
-                reuse_maps=path is None,
-                copy_existing=copy_existing,
-                existsok=existsok,
-                durable=durable,
-                num_threads=num_threads,
-            )
-            self._lock_tree()
-
-        return _maybe_done(self, return_early, work)
+        return _save(
+            self,
+            path,
+            False,
+            path is None,
+            return_early,
+            num_threads,
+            existsok,
+            durable,
+            copy_existing,
+        )
 
     def _structure(self) -> TensorDict:
         out = TensorDict._new_unchecked(self._batch_size, self._device)
@@ -856,22 +853,10 @@ class TensorDict:
         durable: bool = False,
     ) -> Any:
         """Like ``memmap_`` but returns a new memory-mapped TensorDict; this one is unchanged."""
-        out = self._structure()
         path = Path(prefix).absolute() if prefix is not None else None
-
-        def work() -> None:
-            _tree.save(
-                out,
-                path,
-                like=False,
-                reuse_maps=False,
-                existsok=existsok,
-                durable=durable,
-                num_threads=num_threads,
-            )
-            out._lock_tree()
-
-        return _maybe_done(out, return_early, work)
+        return _save(
+            self._structure(), path, False, False, return_early, num_threads, existsok, durable
+        )
 
     def memmap_like(
         self,
@@ -889,22 +874,10 @@ class TensorDict:
         With ``prefix`` the directory is written atomically like ``memmap_``; an existing tree
         there is replaced by the new, zero-filled one.
         """
-        out = self._structure()
         path = Path(prefix).absolute() if prefix is not None else None
-
-        def work() -> None:
-            _tree.save(
-                out,
-                path,
-                like=True,
-                reuse_maps=False,
-                existsok=existsok,
-                durable=durable,
-                num_threads=num_threads,
-            )
-            out._lock_tree()
-
-        return _maybe_done(out, return_early, work)
+        return _save(
+            self._structure(), path, True, False, return_early, num_threads, existsok, durable
+        )
 
     @classmethod
     def load_memmap(
@@ -958,6 +931,35 @@ class TensorDict:
 
 
 _tree._TENSORDICT.append(TensorDict)
+
+
+def _save(
+    target: TensorDict,
+    path: Path | None,
+    like: bool,
+    reuse_maps: bool,
+    return_early: bool,
+    num_threads: int,
+    existsok: bool,
+    durable: bool,
+    copy_existing: bool = True,
+) -> Any:
+    """Memory-maps ``target`` in place and locks it (or returns a Future of that)."""
+
+    def work() -> None:
+        _tree.save(
+            target,
+            path,
+            like=like,
+            reuse_maps=reuse_maps,
+            copy_existing=copy_existing,
+            existsok=existsok,
+            durable=durable,
+            num_threads=num_threads,
+        )
+        target._lock_tree()
+
+    return _maybe_done(target, return_early, work)
 
 
 def _pairs(source: Mapping[str, Any] | TensorDict) -> Iterator[tuple[str, Any]]:
