@@ -329,7 +329,8 @@ fn parse_shape(value: Option<&Value>, what: &str, path: &Path) -> Result<Vec<u64
     items
         .iter()
         .map(|v| {
-            v.as_u64().ok_or_else(|| {
+            // torch sizes are int64: a larger dimension cannot exist, even with no elements
+            v.as_u64().filter(|&d| d <= i64::MAX as u64).ok_or_else(|| {
                 Error::invalid(
                     path,
                     format!(
@@ -342,6 +343,38 @@ fn parse_shape(value: Option<&Value>, what: &str, path: &Path) -> Result<Vec<u64
         .collect()
 }
 
+/// `type` or `type:index`, with a device type torch knows.
+fn valid_device(s: &str) -> bool {
+    const TYPES: &[&str] = &[
+        "cpu",
+        "cuda",
+        "ipu",
+        "xpu",
+        "mkldnn",
+        "opengl",
+        "opencl",
+        "ideep",
+        "hip",
+        "ve",
+        "fpga",
+        "maia",
+        "xla",
+        "lazy",
+        "vulkan",
+        "mps",
+        "meta",
+        "hpu",
+        "mtia",
+        "privateuseone",
+    ];
+    let (kind, index) = match s.split_once(':') {
+        Some((k, i)) => (k, Some(i)),
+        None => (s, None),
+    };
+    TYPES.contains(&kind)
+        && index.is_none_or(|i| !i.is_empty() && i.len() < 10 && i.bytes().all(|b| b.is_ascii_digit()))
+}
+
 fn parse_tensordict(map: &Map<String, Value>, path: &Path) -> Result<TensorDictMeta> {
     let batch = match map.get("shape") {
         None => Vec::new(),
@@ -350,7 +383,8 @@ fn parse_tensordict(map: &Map<String, Value>, path: &Path) -> Result<TensorDictM
     let device = match map.get("device") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s == "None" => None,
-        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::String(s)) if valid_device(s) => Some(s.clone()),
+        Some(Value::String(s)) => return Err(Error::invalid(path, format!("device {s:?} is not a device"))),
         Some(other) => return Err(Error::invalid(path, format!("device {other} is not a string"))),
     };
     let mut entries = Vec::new();
@@ -381,7 +415,7 @@ fn parse_tensordict(map: &Map<String, Value>, path: &Path) -> Result<TensorDictM
         let dtype_name = entry
             .get("dtype")
             .and_then(Value::as_str)
-            .ok_or_else(|| Error::invalid(path, format!("{what}: dtype is missing")))?;
+            .ok_or_else(|| Error::invalid(path, format!("{what}: dtype is missing or not a string")))?;
         let dt = dtype(dtype_name)
             .ok_or_else(|| Error::invalid(path, format!("{what}: unknown dtype {dtype_name:?}")))?;
         let shape = parse_shape(entry.get("shape"), &what, path)?;

@@ -379,6 +379,16 @@ fn verify_dir(dir: &Dir, depth: usize, problems: &mut Vec<String>) {
             Entry::Collection => match open_child_dir(dir, &key) {
                 Ok(child) => match read_meta(&child) {
                     Ok(NodeMeta::NonTensor(_)) => {}
+                    Ok(NodeMeta::TensorDict(sub)) if !sub.batch.starts_with(&meta.batch) => problems.push(
+                        Error::invalid(
+                            child.path(),
+                            format!(
+                                "key {key:?}: batch size {:?} does not start with its parent's {:?}",
+                                sub.batch, meta.batch
+                            ),
+                        )
+                        .to_string(),
+                    ),
                     Ok(NodeMeta::TensorDict(_)) => verify_dir(&child, depth + 1, problems),
                     Err(e) => problems.push(e.to_string()),
                 },

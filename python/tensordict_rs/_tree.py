@@ -264,9 +264,11 @@ def _build(
     cls: type[TensorDict], node: Any, buffers: list[Any], path: Path, device: torch.device | None
 ) -> TensorDict:
     batch, saved_device, entries = node
-    td = cls._new_unchecked(
-        torch.Size(batch), device if device is not None else _device_or_none(saved_device)
-    )
+    if device is None:
+        # tensordict always records "cpu"; another device is honoured as tensordict does, by
+        # moving the leaves there (an error where that device does not exist).
+        device = _device_or_none(saved_device)
+    td = cls._new_unchecked(torch.Size(batch), device)
     td._memmap_prefix = path
     items = td._tensordict
     move = device is not None and device.type != "cpu"

@@ -1,0 +1,245 @@
+"""Crash consistency: a saving process killed with SIGKILL at many instants of a save.
+
+A server process (this file run as a script, so torch is imported once) keeps a saved tree at
+``prefix`` holding version ``v`` (every leaf filled with ``value(v)``, several dtypes, a nested
+sub-TensorDict, many small leaves and a non-tensor ``version``). For each kill it builds
+version ``v + 1``, forks a child that saves it over ``prefix`` (alternating ``memmap`` and
+``memmap_``, ``durable`` off and on), sleeps a delay drawn uniformly over the measured save
+duration (and a little past it), and kills the child with SIGKILL. Then it loads ``prefix``:
+every leaf must hold the old version or every leaf the new one (never a mix, never wrong
+sizes), or the load must fail cleanly with a tensordict_rs exception or an OSError.
+
+``TDRS_CRASH_KILLS`` sets the number of kills (default 120).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+KILLS = int(os.environ.get("TDRS_CRASH_KILLS", "120"))
+SEED = int(os.environ.get("TDRS_CRASH_SEED", "20240607"))
+
+
+def value(version: int) -> int:
+    """The fill value of a version: consecutive versions differ; exact in every dtype used."""
+    return version % 97 + 1
+
+
+def make(version: int) -> Any:
+    import torch
+    from tensordict_rs import TensorDict
+
+    v = value(version)
+    td = TensorDict(
+        {
+            "a": torch.full((4, 6_000_000), float(v)),
+            "b": torch.full((4, 250_000), v, dtype=torch.int64),
+            "c": torch.full((4, 1000), v, dtype=torch.bfloat16),
+            "n": {
+                "x": torch.full((4, 250_000), float(v), dtype=torch.float64),
+                "deep": {"y": torch.full((4, 5), v, dtype=torch.int32)},
+                "small": {f"s{i}": torch.full((4, 16), v, dtype=torch.int16) for i in range(24)},
+            },
+        },
+        [4],
+    )
+    td["version"] = str(version)
+    return td
+
+
+def refill(td: Any, version: int) -> None:
+    """Turns the unsaved tree ``td`` into ``version`` (faster than building a new one)."""
+    for _, leaf in _leaves(td):
+        leaf.fill_(value(version))
+    td["version"] = str(version)
+
+
+def classify(prefix: Path, old: int, new: int) -> tuple[str, str]:
+    """('old'|'new'|'clean-failure'|'MIXED'|'BAD', detail) for the tree now at ``prefix``."""
+    import tensordict_rs
+    import torch
+    from tensordict_rs import TensorDict
+
+    try:
+        td = TensorDict.load_memmap(prefix)
+    except (tensordict_rs.TensorDictError, OSError) as err:
+        return "clean-failure", f"{type(err).__name__}: {err}"
+    except Exception as err:
+        return "BAD", f"unclean failure {type(err).__name__}: {err}"
+    seen: dict[str, str] = {}
+    expected_shapes = SHAPES
+    for key, leaf in _leaves(td):
+        if tuple(leaf.shape) != expected_shapes.get(key):
+            return "BAD", f"{key}: shape {tuple(leaf.shape)}"
+        lo, hi = (float(x) for x in torch.aminmax(leaf.flatten()))
+        if lo == hi == value(old):
+            seen[key] = "old"
+        elif lo == hi == value(new):
+            seen[key] = "new"
+        else:
+            return "MIXED", f"{key}: values of neither version: min {lo}, max {hi}"
+    if set(seen) != set(expected_shapes):
+        return "BAD", f"keys {sorted(seen)}"
+    version = td.get("version")
+    seen["version"] = {str(old): "old", str(new): "new"}.get(version, f"?{version}")
+    kinds = set(seen.values())
+    if len(kinds) != 1:
+        return "MIXED", json.dumps(seen)
+    problems = tensordict_rs.verify(prefix)
+    if problems:
+        return "BAD", f"loads but verify() says {problems}"
+    return kinds.pop(), ""
+
+
+SHAPES: dict[str, tuple[int, ...]] = {}  # leaf -> shape, filled by the server
+
+
+def _leaves(td: Any, prefix: str = "") -> Any:
+    import torch
+    from tensordict_rs import TensorDict
+
+    for key, val in td.items():
+        if isinstance(val, TensorDict):
+            yield from _leaves(val, f"{prefix}{key}/")
+        elif isinstance(val, torch.Tensor):
+            yield f"{prefix}{key}", val
+
+
+def save(td: Any, prefix: Path, i: int) -> None:
+    """Kill ``i`` saves with ``memmap`` or ``memmap_`` (in place), every fourth one durable."""
+    durable = i % 4 == 3
+    if i % 2 == 0:
+        td.memmap(prefix, durable=durable, num_threads=1)
+    else:
+        td.memmap_(prefix, durable=durable, num_threads=1)
+
+
+def server(prefix: Path, kills: int, seed: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # no thread pool in the parent: forking stays safe
+    rng = random.Random(seed)
+    parent, base = prefix.parent, prefix.name
+    source = make(0)
+    SHAPES.update({key: tuple(leaf.shape) for key, leaf in _leaves(source)})
+
+    # calibration: how long each kind of save takes here (with an old tree to replace)
+    durations: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(8):
+        refill(source, i)
+        start = time.perf_counter()
+        source.memmap(prefix, durable=i % 4 == 3, num_threads=1)
+        durations[i % 4 == 3].append(time.perf_counter() - start)
+    recent = {durable: list(d) for durable, d in durations.items()}
+    current = 7
+    print(json.dumps({"calibration": durations}), flush=True)
+
+    for i in range(kills):
+        new = current + 1
+        refill(source, new)
+        # uniform over the save as it currently lasts (recent saves that were not killed)
+        delay = rng.uniform(0.0, 1.15 * statistics.median(recent[i % 4 == 3]))
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: save, and say when it started and finished
+            os.close(r)
+            status = 0
+            try:
+                os.write(w, b"S")
+                start = time.perf_counter()
+                save(source, prefix, i)
+                os.write(w, b"E" + struct.pack("d", time.perf_counter() - start))
+            except BaseException:
+                status = 3
+            os._exit(status)
+        os.close(w)
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        marks = b""
+        while chunk := os.read(r, 16):
+            marks += chunk
+        os.close(r)
+        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        if marks.startswith(b"SE") and len(marks) == 10:  # finished: learn how long it took
+            recent[i % 4 == 3] = [*recent[i % 4 == 3][-9:], struct.unpack("d", marks[2:])[0]]
+        outcome, detail = classify(prefix, current, new)
+        if outcome == "new":
+            current = new
+        leftovers = [n for n in os.listdir(parent) if n.startswith(f".{base}.tdrs-")]
+        for name in leftovers:  # what a killed save leaves beside the target
+            shutil.rmtree(parent / name, ignore_errors=True)
+        print(
+            json.dumps(
+                {
+                    "i": i,
+                    "delay": delay,
+                    "killed": killed,
+                    "exit": None if killed else os.WEXITSTATUS(status),
+                    "mid_save": killed and marks == b"S",
+                    "span": statistics.median(recent[i % 4 == 3]),
+                    "before_start": killed and marks == b"",
+                    "outcome": outcome,
+                    "detail": detail,
+                    "leftovers": len(leftovers),
+                }
+            ),
+            flush=True,
+        )
+        if not prefix.exists():  # a clean failure that lost the tree: start again
+            refill(source, current)
+            source.memmap(prefix)
+
+
+def test_kill_during_save(tmp_path: Path) -> None:
+    prefix = tmp_path / "tree"
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, __file__, os.fspath(prefix), str(KILLS), str(SEED)],
+        capture_output=True,
+        text=True,
+        timeout=max(120, KILLS),
+    )
+    elapsed = time.perf_counter() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(ln) for ln in result.stdout.splitlines() if ln.startswith("{")]
+    records = lines[1:]
+    assert len(records) == KILLS, result.stderr[-3000:]
+    outcomes = [r["outcome"] for r in records]
+    survived = sum(o in ("old", "new") for o in outcomes)
+    clean = outcomes.count("clean-failure")
+    mid = sum(r["mid_save"] for r in records)
+    spans = [r["span"] for r in records]
+    mid_new = sum(r["mid_save"] and r["outcome"] == "new" for r in records)
+    summary = (
+        f"kills survived: {survived} out of {KILLS} (clean failures: {clean}); "
+        f"{mid} kills landed mid-save, {sum(r['before_start'] for r in records)} before it "
+        f"started, {sum(not r['killed'] for r in records)} after it finished; "
+        f"outcomes old={outcomes.count('old')} new={outcomes.count('new')} "
+        f"(mid-save kills that left the new version: {mid_new}); "
+        f"a save took ~{statistics.median(spans) * 1000:.0f} ms (median; "
+        f"{min(spans) * 1000:.0f}-{max(spans) * 1000:.0f}); {elapsed:.1f} s in all"
+    )
+    print("\n" + summary)
+    bad = [r for r in records if r["outcome"] not in ("old", "new", "clean-failure")]
+    assert not bad, "\n".join(json.dumps(r) for r in bad[:10])
+    errors = [r for r in records if not r["killed"] and r["exit"] != 0]
+    assert not errors, f"the saving child failed on its own: {errors[:5]}"
+    # the kills must really have been spread over the save, not all before or after it
+    assert mid >= KILLS // 3, summary
+    assert outcomes.count("old") > 0 and outcomes.count("new") > 0, summary
+
+
+if __name__ == "__main__":
+    server(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
