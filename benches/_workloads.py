@@ -1,0 +1,139 @@
+"""The benchmark rows: what each workload measures, its unit, its limit and its target.
+
+No torch import here: ``report.py`` renders a saved JSON file without paying for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REF = "tensordict"  # tensordict 0.15.3, the reference
+RS = "tensordict_rs"  # this package
+LIMIT = "limit"  # the same work done by the machine's fastest plain method
+CASES = (REF, RS, LIMIT)
+
+
+@dataclass(frozen=True)
+class Workload:
+    id: str
+    title: str
+    unit: str  # "GB/s" (amount = bytes), "us/leaf" (leaves), "M rows/s" (rows), "s", "outcome"
+    limit: str  # what the limit case does ("" when there is none)
+    target: str  # the issue's target, as text
+    min_ratio: float | None = None  # reference time / tensordict_rs time
+    min_fraction: float | None = None  # limit time / tensordict_rs time
+    max_value: float | None = None  # absolute bound in the unit (us/leaf, s)
+    absolute_is_alternative: bool = False  # max_value is shown beside the ratio, not required
+    info: bool = False  # context row, no target
+
+
+WORKLOADS: tuple[Workload, ...] = (
+    Workload(
+        "w1_save_shm",
+        "memmap_(prefix) W1: 1 GiB in 4 leaves, /dev/shm",
+        "GB/s",
+        "write(2) of the same bytes, 2 threads x 2 files",
+        ">= 1.6x the reference and >= 0.9 of the limit",
+        min_ratio=1.6,
+        min_fraction=0.9,
+    ),
+    Workload(
+        "w1_save_anon",
+        "anonymous memmap_() W1: 1 GiB in 4 leaves",
+        "GB/s",
+        "write(2) of the same bytes, 2 threads x 2 memfds",
+        ">= 1.6x",
+        min_ratio=1.6,
+    ),
+    Workload(
+        "w3_save_shm",
+        "memmap_(prefix) W3: 10,000 x 1 KiB leaves, /dev/shm",
+        "us/leaf",
+        "write(2) of the same bytes, 2 threads x 2 files",
+        ">= 8x (<= 5 µs/leaf)",
+        min_ratio=8.0,
+        max_value=5.0,
+        absolute_is_alternative=True,
+    ),
+    Workload(
+        "w3_save_tmp",
+        "memmap_(prefix) W3: 10,000 x 1 KiB leaves, /tmp (ext4)",
+        "us/leaf",
+        "write(2) of the same bytes, 2 threads x 2 files",
+        ">= 3x",
+        min_ratio=3.0,
+    ),
+    Workload(
+        "w3_load",
+        "load_memmap W3: 10,000 leaves, /dev/shm",
+        "us/leaf",
+        "open + read(2) + close of every leaf file",
+        ">= 5x",
+        min_ratio=5.0,
+    ),
+    Workload(
+        "w3_load_get",
+        "load_memmap W3 + get every leaf tensor (context: lazy leaves)",
+        "us/leaf",
+        "open + read(2) + close of every leaf file",
+        "(context)",
+        info=True,
+    ),
+    Workload(
+        "w3_like",
+        "memmap_like W3: 10,000 leaves, /dev/shm",
+        "us/leaf",
+        "torch.empty_like per leaf (no files)",
+        ">= 8x",
+        min_ratio=8.0,
+    ),
+    Workload(
+        "w1_load_read",
+        "load_memmap + first read of every byte, W1 1 GiB, /dev/shm",
+        "GB/s",
+        "reading the resident source tensors",
+        ">= 1.0x",
+        min_ratio=1.0,
+    ),
+    Workload(
+        "w4_batches",
+        "random 256-row batches td[idx], W4 12 KiB rows, /dev/shm",
+        "M rows/s",
+        "torch.index_select(out=) into preallocated tensors, same mapping",
+        ">= 1.8x",
+        min_ratio=1.8,
+    ),
+    Workload(
+        "w4_batches_out",
+        "random 256-row batches, W4: ours td.index_select(0, idx, out=buf) vs reference td[idx]",
+        "M rows/s",
+        "torch.index_select(out=) into preallocated tensors, same mapping",
+        ">= 1.8x (the training-loop form)",
+        min_ratio=1.8,
+    ),
+    Workload(
+        "import",
+        "import after torch (fresh processes, interleaved)",
+        "s",
+        "python -c 'import torch' alone",
+        "<= 0.1 s",
+        max_value=0.1,
+    ),
+    Workload(
+        "fd_limit",
+        "anonymous memmap_ of 10,000 leaves, RLIMIT_NOFILE 1,024",
+        "outcome",
+        "",
+        "works",
+    ),
+    Workload(
+        "ctx_memcpy",
+        "memcpy between resident buffers, np.copyto, 2 threads (context)",
+        "GB/s",
+        "np.copyto, 2 threads",
+        "(context)",
+        info=True,
+    ),
+)
+
+BY_ID = {w.id: w for w in WORKLOADS}
