@@ -488,24 +488,20 @@ class TensorDict:
                 torch.Size(batch),
                 keep_memmap=False,
             )
-        for td, key, leaf in self._leaves():
-            rel = self._relative(td)
-            target = out.get(rel + (key,))
-            torch.index_select(leaf, dim, index.to(leaf.device), out=target)
+        for leaf, target in self._zip_leaves(out):
+            torch.index_select(
+                leaf, dim, index if leaf.is_cpu else index.to(leaf.device), out=target
+            )
         return out
 
-    def _relative(self, node: TensorDict) -> tuple[str, ...]:
-        if node is self:
-            return ()
-        for key, value in self._tensordict.items():
+    def _zip_leaves(self, *others: TensorDict) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Each tensor leaf with the leaves at the same key in ``others`` (walked together)."""
+        for key in list(self._tensordict):
+            value = self._get_str(key)
             if isinstance(value, TensorDict):
-                if value is node:
-                    return (key,)
-                try:
-                    return (key, *value._relative(node))
-                except LookupError:
-                    continue
-        raise LookupError("not a sub-TensorDict")
+                yield from value._zip_leaves(*(o._get_str(key) for o in others))
+            elif isinstance(value, torch.Tensor):
+                yield (value, *(o._get_str(key) for o in others))
 
     def _apply_leaves(
         self, fn: Callable[[torch.Tensor], torch.Tensor], batch: torch.Size, keep_memmap: bool
@@ -589,9 +585,8 @@ class TensorDict:
         the results copied into its leaves when ``inplace``.
         """
         if inplace:
-            for td, key, leaf in list(self._leaves()):
-                rel = self._relative(td) + (key,)
-                result = fn(leaf, *(o.get(rel) for o in others))
+            for leaf, *other_leaves in list(self._zip_leaves(*others)):
+                result = fn(leaf, *other_leaves)
                 if result is not None:
                     leaf.copy_(result)
             return self
