@@ -161,10 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             f"load_memmap {report['load_s'] * 1e3:.1f} ms, first read of every byte "
             f"{nbytes / report['read_s'] / 1e9:.2f} GB/s (with hashing)"
         )
-        print(f"        {report['repr']}")
-        print(
-            f"sampled 256 random transitions in {report['batch_s'] * 1e6:.0f} µs: {report['batch']}"
-        )
+        print(_indent(report["repr"]))
+        print(f"sampled 256 random transitions in {report['batch_s'] * 1e6:.0f} µs (first access):")
+        print(_indent(report["batch"]))
         same = report["digests"] == expected
         for key, digest in expected.items():
             mark = "ok" if report["digests"].get(key) == digest else "MISMATCH"
