@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
-import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -12,17 +10,15 @@ from typing import Any
 
 import torch
 
-from . import _index, _native, _tree
+from . import _index, _tree
+from ._devices import DeviceMoves, _normalize_device
+from ._locking import LOCK_ERROR, Lockable
+from ._persistence import MemoryMapped
 from ._repr import compact_repr
 from ._tree import NonTensorData, _LazyLeaf
-from .memmap import MemoryMappedTensor
 
 __all__ = ["TensorDict"]
 
-LOCK_ERROR = (
-    "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
-    "method and make sure the key is present."
-)
 _DEVICE_SET_ERROR = (
     "device cannot be set using tensordict.device = device, because device cannot be updated "
     "in-place. To update device, use tensordict.to(new_device), which will return a new "
@@ -35,17 +31,6 @@ Key = str | tuple[str, ...]
 PathLike = str | os.PathLike[str]
 
 
-def _normalize_device(device: Any) -> torch.device | None:
-    """torch.device with an index where tensordict adds one (``cuda`` -> ``cuda:<current>``)."""
-    if device is None:
-        return None
-    device = torch.device(device)
-    if device.index is None and device.type not in ("cpu", "meta"):
-        index = torch.cuda.current_device() if device.type == "cuda" else 0
-        device = torch.device(device.type, index)
-    return device
-
-
 def _as_key(key: Key) -> tuple[str, ...]:
     if isinstance(key, str):
         return (key,)
@@ -54,26 +39,7 @@ def _as_key(key: Key) -> tuple[str, ...]:
     raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
 
 
-def _maybe_done(future_result: TensorDict, return_early: bool, work: Callable[[], None]) -> Any:
-    """Runs ``work`` now, or in a thread returning a Future when ``return_early``."""
-    if not return_early:
-        work()
-        return future_result
-    future: concurrent.futures.Future[TensorDict] = concurrent.futures.Future()
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as err:  # handed to the caller through the future
-            future.set_exception(err)
-        else:
-            future.set_result(future_result)
-
-    threading.Thread(target=run, daemon=True).start()
-    return future
-
-
-class TensorDict:
+class TensorDict(MemoryMapped, DeviceMoves, Lockable):
     """A dictionary of tensors with common leading batch dimensions and an optional device.
 
     >>> td = TensorDict({"obs": torch.zeros(8, 3), "next": {"done": torch.zeros(8, 1)}}, [8])
@@ -633,271 +599,6 @@ class TensorDict:
             )
         return self._apply_new(lambda t: t, (), self._batch_size, self._device, ())
 
-    def to(self, *args: Any, **kwargs: Any) -> TensorDict:
-        """Moves and/or casts every entry: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``,
-        ``to(tensor)``, ``to(other=td)``, ``to(batch_size=...)``.
-
-        Returns ``self`` when only a device is given and it is already this device; otherwise a
-        new TensorDict on the target device (locked if this one is). ``inplace=True`` changes
-        this TensorDict instead.
-        """
-        device, dtype, non_blocking, inplace, batch_size = _parse_to(args, kwargs)
-        if batch_size is not None:
-            self.batch_size = batch_size
-            return self
-        device = _normalize_device(device)
-        if dtype is None and (device is None or device == self._device):
-            return self
-        target = self._device if device is None else device
-
-        def move(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=target, dtype=dtype, non_blocking=non_blocking)
-
-        if inplace:
-            if self._is_locked:
-                raise RuntimeError(LOCK_ERROR)
-            for td, key, leaf in list(self._leaves()):
-                td._tensordict[key] = move(leaf)
-            self._set_device_tree(target)
-            return self
-        out = self._apply_new(move, (), self._batch_size, target, ())
-        if (
-            non_blocking
-            and target is not None
-            and target.type != "cuda"
-            and torch.cuda.is_available()
-        ):
-            torch.cuda.synchronize()
-        if self._is_locked:
-            out.lock_()
-        return out
-
-    def _set_device_tree(self, device: torch.device | None) -> None:
-        self._device = device
-        for value in self._tensordict.values():
-            if isinstance(value, TensorDict):
-                value._set_device_tree(device)
-
-    def cuda(self, device: Any = None, **kwargs: Any) -> TensorDict:
-        """``to("cuda")`` (or ``to(f"cuda:{device}")``)."""
-        return self.to(
-            torch.device("cuda")
-            if device is None
-            else torch.device("cuda", device)
-            if isinstance(device, int)
-            else device,
-            **kwargs,
-        )
-
-    def cpu(self, **kwargs: Any) -> TensorDict:
-        """``to("cpu")``."""
-        return self.to("cpu", **kwargs)
-
-    def clear_device_(self) -> TensorDict:
-        """Removes the device of this TensorDict and its nested ones; no data moves."""
-        self._set_device_tree(None)
-        return self
-
-    # ------------------------------------------------------------------ locking
-
-    @property
-    def is_locked(self) -> bool:
-        """True when keys cannot be added, removed or replaced (values can still be written)."""
-        return self._is_locked
-
-    @is_locked.setter
-    def is_locked(self, value: bool) -> None:
-        if value:
-            self.lock_()
-        else:
-            self.unlock_()
-
-    def _children(self) -> Iterator[TensorDict]:
-        for value in self._tensordict.values():
-            if isinstance(value, TensorDict):
-                yield value
-
-    def lock_(self) -> TensorDict:
-        """Locks this TensorDict and every nested one; returns self (also a context manager)."""
-        changed = not self._is_locked
-        self._lock_tree()
-        self._lock_ops.append(True if changed else None)
-        return self
-
-    def _lock_tree(self) -> None:
-        self._is_locked = True
-        for child in self._children():
-            if not any(ref() is self for ref in child._lock_parents):
-                child._lock_parents.append(weakref.ref(self))
-            child._lock_tree()
-
-    def unlock_(self) -> TensorDict:
-        """Unlocks this TensorDict and its nested ones; also ends ``is_memmap()``, as in tensordict.
-
-        A nested TensorDict cannot be unlocked while a locked TensorDict holds it.
-        """
-        for ref in self._lock_parents:
-            parent = ref()
-            if (
-                parent is not None
-                and parent._is_locked
-                and any(c is self for c in parent._children())
-            ):
-                raise RuntimeError(
-                    "Cannot unlock a tensordict that is part of a locked graph. "
-                    "Unlock the root tensordict first."
-                )
-        changed = self._is_locked
-        self._unlock_tree()
-        self._lock_ops.append(False if changed else None)
-        return self
-
-    def _unlock_tree(self) -> None:
-        self._is_locked = False
-        self._is_memmap = False
-        for child in self._children():
-            child._lock_parents = [
-                r for r in child._lock_parents if r() is not None and r() is not self
-            ]
-            if not any(r()._is_locked for r in child._lock_parents if r() is not None):  # type: ignore[union-attr]
-                child._unlock_tree()
-
-    def __enter__(self) -> TensorDict:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._lock_ops:
-            op = self._lock_ops.pop()
-            if op is True:
-                self._unlock_tree()
-            elif op is False:
-                self._lock_tree()
-
-    # ------------------------------------------------------------------ memory maps
-
-    def is_memmap(self) -> bool:
-        """True after ``memmap_``, ``memmap`` or ``memmap_like`` (until ``unlock_``)."""
-        return self._is_memmap
-
-    @property
-    def saved_path(self) -> Path | None:
-        """The directory of a memory-mapped TensorDict (None when anonymous)."""
-        if not self._is_memmap:
-            raise AttributeError(
-                f"The tensordict has no saved path (memmap=False, path={self._memmap_prefix})."
-            )
-        return self._memmap_prefix
-
-    def memmap_(
-        self,
-        prefix: PathLike | None = None,
-        copy_existing: bool = False,
-        *,
-        num_threads: int = 0,
-        return_early: bool = False,
-        existsok: bool = True,
-        durable: bool = False,
-    ) -> Any:
-        """Moves every tensor into memory maps, in place, then locks the keys; returns self.
-
-        Without ``prefix`` (and no earlier one) the maps are anonymous shared memory. With
-        ``prefix`` the tree is written in tensordict's directory format, atomically: beside the
-        target, then swapped in with one rename, so a crash leaves the old or the new tree, and
-        maps of the old files keep their values. ``durable=True`` fsyncs everything first.
-        ``num_threads`` sets the writer threads (0: one per CPU). ``existsok=False`` refuses to
-        replace an existing tree. A failed save leaves this TensorDict as it was.
-        ``return_early=True`` returns a ``concurrent.futures.Future`` of the result.
-        """
-        path = Path(prefix).absolute() if prefix is not None else self._memmap_prefix
-        if self._is_memmap and path == self._memmap_prefix and prefix is None:
-            self.lock_()
-            return _maybe_done(self, return_early, lambda: None)
-
-        return _save(
-            self,
-            path,
-            False,
-            path is None,
-            return_early,
-            num_threads,
-            existsok,
-            durable,
-            copy_existing,
-        )
-
-    def _structure(self) -> TensorDict:
-        out = TensorDict._new_unchecked(self._batch_size, self._device)
-        for key in list(self._tensordict):
-            value = self._tensordict[key]
-            if isinstance(value, TensorDict):
-                out._tensordict[key] = value._structure()
-            elif isinstance(value, NonTensorData):
-                out._tensordict[key] = NonTensorData(value.data)
-            else:
-                out._tensordict[key] = self._get_str(key)
-        return out
-
-    def memmap(
-        self,
-        prefix: PathLike | None = None,
-        copy_existing: bool = False,
-        *,
-        num_threads: int = 0,
-        return_early: bool = False,
-        existsok: bool = True,
-        durable: bool = False,
-    ) -> Any:
-        """Like ``memmap_`` but returns a new memory-mapped TensorDict; this one is unchanged."""
-        path = Path(prefix).absolute() if prefix is not None else None
-        return _save(
-            self._structure(), path, False, False, return_early, num_threads, existsok, durable
-        )
-
-    def memmap_like(
-        self,
-        prefix: PathLike | None = None,
-        copy_existing: bool = False,
-        *,
-        num_threads: int = 0,
-        return_early: bool = False,
-        existsok: bool = True,
-        durable: bool = False,
-    ) -> Any:
-        """A new locked TensorDict of zero-filled memory maps with the same keys, shapes and
-        dtypes (no values copied; source leaves may be on any device, ``meta`` included).
-
-        With ``prefix`` the directory is written atomically like ``memmap_``; an existing tree
-        there is replaced by the new, zero-filled one.
-        """
-        path = Path(prefix).absolute() if prefix is not None else None
-        return _save(
-            self._structure(), path, True, False, return_early, num_threads, existsok, durable
-        )
-
-    @classmethod
-    def load_memmap(
-        cls, prefix: PathLike, device: Any = None, non_blocking: bool = False
-    ) -> TensorDict:
-        """Loads a directory saved by ``memmap_``/``memmap``/``memmap_like`` here or by tensordict.
-
-        The directory is validated first: a missing or short data file, an unknown dtype, a bad
-        shape, a key that would leave the directory or pass a symlink, or pickled data raise an
-        exception naming the key and path. Leaves are file-backed MemoryMappedTensors (writes
-        reach the files); with a non-CPU ``device`` they are copied there instead. The result is
-        not locked, as in tensordict.
-        """
-        return _tree.load(cls, prefix, _normalize_device(device))
-
-    load = load_memmap
-
-    def flush(self) -> None:
-        """Writes the dirty pages of every file-backed leaf to disk and waits (one native call)."""
-        buffers = []
-        for _, _, leaf in self._leaves():
-            if isinstance(leaf, MemoryMappedTensor) and leaf._buffer is not None:
-                buffers.append(leaf._buffer)
-        _native.flush_buffers(buffers)
-
     # ------------------------------------------------------------------ repr and pickling
 
     def __repr__(self) -> str:
@@ -928,35 +629,6 @@ class TensorDict:
 _tree._TENSORDICT.append(TensorDict)
 
 
-def _save(
-    target: TensorDict,
-    path: Path | None,
-    like: bool,
-    reuse_maps: bool,
-    return_early: bool,
-    num_threads: int,
-    existsok: bool,
-    durable: bool,
-    copy_existing: bool = True,
-) -> Any:
-    """Memory-maps ``target`` in place and locks it (or returns a Future of that)."""
-
-    def work() -> None:
-        _tree.save(
-            target,
-            path,
-            like=like,
-            reuse_maps=reuse_maps,
-            copy_existing=copy_existing,
-            existsok=existsok,
-            durable=durable,
-            num_threads=num_threads,
-        )
-        target._lock_tree()
-
-    return _maybe_done(target, return_early, work)
-
-
 def _pairs(source: Mapping[str, Any] | TensorDict) -> Iterator[tuple[str, Any]]:
     if isinstance(source, TensorDict):
         for key in list(source._tensordict):
@@ -964,37 +636,3 @@ def _pairs(source: Mapping[str, Any] | TensorDict) -> Iterator[tuple[str, Any]]:
             yield key, value
     else:
         yield from source.items()
-
-
-def _parse_to(
-    args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, torch.dtype | None, bool, bool, Any]:
-    device = kwargs.pop("device", None)
-    dtype = kwargs.pop("dtype", None)
-    non_blocking = bool(kwargs.pop("non_blocking", False))
-    inplace = bool(kwargs.pop("inplace", False))
-    batch_size = kwargs.pop("batch_size", None)
-    other = kwargs.pop("other", None)
-    if kwargs:
-        raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
-    for arg in args:
-        if isinstance(arg, torch.dtype):
-            dtype = arg
-        elif isinstance(arg, torch.Tensor):
-            device, dtype = arg.device, arg.dtype
-        elif isinstance(arg, TensorDict):
-            other = arg
-        elif isinstance(arg, (str, int, torch.device)):
-            device = arg
-        else:
-            raise TypeError(f"to() cannot use {arg!r}")
-    if other is not None:
-        if device is not None and _normalize_device(device) != other.device:
-            raise ValueError("other and device cannot be both passed")
-        device = other.device
-        dtypes = {leaf.dtype for _, _, leaf in other._leaves()}
-        if len(dtypes) == 1 and dtype is None:
-            dtype = dtypes.pop()
-    if device is None and dtype is None and batch_size is None:
-        raise TypeError("to() needs a device, a dtype, a tensor, other= or batch_size=")
-    return device, dtype, non_blocking, inplace, batch_size

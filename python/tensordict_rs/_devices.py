@@ -1,0 +1,127 @@
+"""Devices: moving and casting every entry, and the device normalisation tensordict applies."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Self
+
+import torch
+
+from ._locking import LOCK_ERROR
+
+
+def _normalize_device(device: Any) -> torch.device | None:
+    """torch.device with an index where tensordict adds one (``cuda`` -> ``cuda:<current>``)."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.index is None and device.type not in ("cpu", "meta"):
+        index = torch.cuda.current_device() if device.type == "cuda" else 0
+        device = torch.device(device.type, index)
+    return device
+
+
+class DeviceMoves:
+    """``to``, ``cuda``, ``cpu`` and ``clear_device_`` for TensorDict."""
+
+    if TYPE_CHECKING:
+        # The rest of TensorDict, which this part of the class is mixed into.
+        def __getattr__(self, name: str) -> Any: ...
+
+    def to(self, *args: Any, **kwargs: Any) -> Self:
+        """Moves and/or casts every entry: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``,
+        ``to(tensor)``, ``to(other=td)``, ``to(batch_size=...)``.
+
+        Returns ``self`` when only a device is given and it is already this device; otherwise a
+        new TensorDict on the target device (locked if this one is). ``inplace=True`` changes
+        this TensorDict instead.
+        """
+        device, dtype, non_blocking, inplace, batch_size = _parse_to(args, kwargs)
+        if batch_size is not None:
+            self.batch_size = batch_size
+            return self
+        device = _normalize_device(device)
+        if dtype is None and (device is None or device == self._device):
+            return self
+        target = self._device if device is None else device
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=target, dtype=dtype, non_blocking=non_blocking)
+
+        if inplace:
+            if self._is_locked:
+                raise RuntimeError(LOCK_ERROR)
+            for td, key, leaf in list(self._leaves()):
+                td._tensordict[key] = move(leaf)
+            self._set_device_tree(target)
+            return self
+        out = self._apply_new(move, (), self._batch_size, target, ())
+        if (
+            non_blocking
+            and target is not None
+            and target.type != "cuda"
+            and torch.cuda.is_available()
+        ):
+            torch.cuda.synchronize()
+        if self._is_locked:
+            out.lock_()
+        return out
+
+    def _set_device_tree(self, device: torch.device | None) -> None:
+        self._device = device
+        for value in self._tensordict.values():
+            if isinstance(value, DeviceMoves):
+                value._set_device_tree(device)
+
+    def cuda(self, device: Any = None, **kwargs: Any) -> Self:
+        """``to("cuda")`` (or ``to(f"cuda:{device}")``)."""
+        return self.to(
+            torch.device("cuda")
+            if device is None
+            else torch.device("cuda", device)
+            if isinstance(device, int)
+            else device,
+            **kwargs,
+        )
+
+    def cpu(self, **kwargs: Any) -> Self:
+        """``to("cpu")``."""
+        return self.to("cpu", **kwargs)
+
+    def clear_device_(self) -> Self:
+        """Removes the device of this TensorDict and its nested ones; no data moves."""
+        self._set_device_tree(None)
+        return self
+
+
+def _parse_to(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, torch.dtype | None, bool, bool, Any]:
+    device = kwargs.pop("device", None)
+    dtype = kwargs.pop("dtype", None)
+    non_blocking = bool(kwargs.pop("non_blocking", False))
+    inplace = bool(kwargs.pop("inplace", False))
+    batch_size = kwargs.pop("batch_size", None)
+    other = kwargs.pop("other", None)
+    if kwargs:
+        raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
+    for arg in args:
+        if isinstance(arg, torch.dtype):
+            dtype = arg
+        elif isinstance(arg, torch.Tensor):
+            device, dtype = arg.device, arg.dtype
+        elif isinstance(arg, DeviceMoves):
+            other = arg
+        elif isinstance(arg, (str, int, torch.device)):
+            device = arg
+        else:
+            raise TypeError(f"to() cannot use {arg!r}")
+    if other is not None:
+        if device is not None and _normalize_device(device) != other.device:
+            raise ValueError("other and device cannot be both passed")
+        device = other.device
+        dtypes = {leaf.dtype for _, _, leaf in other._leaves()}
+        if len(dtypes) == 1 and dtype is None:
+            dtype = dtypes.pop()
+    if device is None and dtype is None and batch_size is None:
+        raise TypeError("to() needs a device, a dtype, a tensor, other= or batch_size=")
+    return device, dtype, non_blocking, inplace, batch_size

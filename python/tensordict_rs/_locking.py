@@ -1,0 +1,101 @@
+"""Locking: a locked TensorDict keeps its keys; values can still be written in place."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Self
+
+if TYPE_CHECKING:
+    from .tensordict import TensorDict
+
+LOCK_ERROR = (
+    "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
+    "method and make sure the key is present."
+)
+
+
+class Lockable:
+    """``lock_``/``unlock_``/``is_locked`` for TensorDict, with tensordict's nested-lock rules."""
+
+    if TYPE_CHECKING:
+        # The rest of TensorDict, which this part of the class is mixed into.
+        def __getattr__(self, name: str) -> Any: ...
+
+    _is_locked: bool
+    _is_memmap: bool
+    _lock_parents: list[weakref.ref[TensorDict]]
+    _lock_ops: list[bool | None]
+
+    @property
+    def is_locked(self) -> bool:
+        """True when keys cannot be added, removed or replaced (values can still be written)."""
+        return self._is_locked
+
+    @is_locked.setter
+    def is_locked(self, value: bool) -> None:
+        if value:
+            self.lock_()
+        else:
+            self.unlock_()
+
+    def _children(self) -> Iterator[TensorDict]:
+        for value in self._tensordict.values():
+            if isinstance(value, Lockable):
+                yield value  # type: ignore[misc]
+
+    def lock_(self) -> Self:
+        """Locks this TensorDict and every nested one; returns self (also a context manager)."""
+        changed = not self._is_locked
+        self._lock_tree()
+        self._lock_ops.append(True if changed else None)
+        return self
+
+    def _lock_tree(self) -> None:
+        self._is_locked = True
+        for child in self._children():
+            if not any(ref() is self for ref in child._lock_parents):
+                child._lock_parents.append(weakref.ref(self))  # type: ignore[arg-type]
+            child._lock_tree()
+
+    def unlock_(self) -> Self:
+        """Unlocks this TensorDict and its nested ones; also ends ``is_memmap()``, as in tensordict.
+
+        A nested TensorDict cannot be unlocked while a locked TensorDict holds it.
+        """
+        for ref in self._lock_parents:
+            parent = ref()
+            if (
+                parent is not None
+                and parent._is_locked
+                and any(c is self for c in parent._children())
+            ):
+                raise RuntimeError(
+                    "Cannot unlock a tensordict that is part of a locked graph. "
+                    "Unlock the root tensordict first."
+                )
+        changed = self._is_locked
+        self._unlock_tree()
+        self._lock_ops.append(False if changed else None)
+        return self
+
+    def _unlock_tree(self) -> None:
+        self._is_locked = False
+        self._is_memmap = False
+        for child in self._children():
+            child._lock_parents = [
+                r for r in child._lock_parents if r() is not None and r() is not self
+            ]
+            if not any(r()._is_locked for r in child._lock_parents if r() is not None):  # type: ignore[union-attr]
+                child._unlock_tree()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._lock_ops:
+            op = self._lock_ops.pop()
+            if op is True:
+                self._unlock_tree()
+            elif op is False:
+                self._lock_tree()
