@@ -167,8 +167,44 @@ pub fn write_tree(
         .and_then(|regions| swap_in(&parent, &staging, &base, &target, exists, opts).map(|()| regions));
     if result.is_err() {
         let _ = std::fs::remove_dir_all(parent.child_path(&staging));
+    } else {
+        sweep_stale_staging(&parent, &base);
     }
     result
+}
+
+/// Removes staging directories of earlier saves to the same target whose process is gone
+/// (killed mid-save); those of live processes are left alone.
+fn sweep_stale_staging(parent: &Dir, base: &str) {
+    let prefix = format!(".{base}.tdrs-");
+    let Ok(names) = parent.entry_names() else { return };
+    for name in names {
+        let Some(rest) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let rest = rest.strip_prefix("old-").unwrap_or(rest);
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !process_alive(pid) {
+            let _ = std::fs::remove_dir_all(parent.child_path(&name));
+        }
+    }
+}
+
+#[cfg(unix)]
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return true;
+    };
+    // SAFETY: kill with signal 0 only checks that the process exists; nothing is sent.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+#[cfg(not(unix))]
+fn process_alive(_pid: u32) -> bool {
+    true
 }
 
 /// The real directory a prefix names: a symlink given as the prefix is resolved once.
@@ -593,6 +629,22 @@ mod tests {
         let (node, regions) = load::load_tree(&prefix).unwrap();
         assert_eq!(node.entries.len(), 3);
         assert_eq!(regions[0].as_ref().unwrap().to_vec(), vec![5, 6, 7, 8]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn sweeps_staging_dirs_of_dead_processes() {
+        let dir = tmp();
+        let prefix = dir.join("td");
+        // A pid far above pid_max stands for a process killed mid-save.
+        let stale = dir.join(".td.tdrs-2147483600-0123456789abcdef");
+        let live = dir.join(format!(".td.tdrs-{}-live", std::process::id()));
+        std::fs::create_dir_all(stale.join("sub")).unwrap();
+        std::fs::create_dir(&live).unwrap();
+        let (root, leaves) = tree(&[1, 2, 3, 4]);
+        write_tree(&prefix, &root, &leaves, opts()).unwrap();
+        assert!(!stale.exists());
+        assert!(live.exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
