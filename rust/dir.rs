@@ -143,6 +143,13 @@ mod imp {
             })
         }
 
+        /// Removes a file (not a directory) of this directory.
+        pub fn remove_file(&self, name: &str) -> io::Result<()> {
+            let c = cstr(name)?;
+            // SAFETY: valid dirfd and C string.
+            check(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) }).map(|_| ())
+        }
+
         /// fsync of the directory itself (makes created or renamed entries durable).
         pub fn sync(&self) -> io::Result<()> {
             // SAFETY: fsync on a descriptor we own.
@@ -227,6 +234,9 @@ mod imp {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(EntryKind::Missing),
                 Err(e) => Err(e),
             }
+        }
+        pub fn remove_file(&self, name: &str) -> io::Result<()> {
+            std::fs::remove_file(self.path.join(name))
         }
         pub fn sync(&self) -> io::Result<()> {
             Ok(())

@@ -162,20 +162,30 @@ pub fn write_tree(
     let staged = parent
         .create_dir(&staging)
         .map_err(|e| Error::io(parent.child_path(&staging), e))?;
+    // Until this marker goes, the staging directory is known to hold nothing but our partial
+    // tree: a later save may delete it outright if this process dies (see sweep_stale_staging).
+    staged
+        .write_new(STAGING_MARKER, b"", false)
+        .map_err(|e| Error::io(staged.child_path(STAGING_MARKER), e))?;
 
     let result = fill_staged(staged, &target, root, leaves, opts)
         .and_then(|regions| swap_in(&parent, &staging, &base, &target, exists, opts).map(|()| regions));
     if result.is_err() {
         let _ = std::fs::remove_dir_all(parent.child_path(&staging));
     } else {
-        sweep_stale_staging(&parent, &base);
+        sweep_stale_staging(&parent, &base, &target);
     }
     result
 }
 
-/// Removes staging directories of earlier saves to the same target whose process is gone
-/// (killed mid-save); those of live processes are left alone.
-fn sweep_stale_staging(parent: &Dir, base: &str) {
+/// Name of the marker file of an unfinished staging directory.
+const STAGING_MARKER: &str = ".tdrs-staging";
+
+/// Cleans up after earlier saves to the same target whose process is gone (killed mid-save);
+/// those of live processes are left alone. A directory still marked as unfinished staging is
+/// deleted; any other (a finished tree, or the old tree swapped out but not yet cleaned up,
+/// which may hold a user's files) first has its foreign entries moved into the target.
+fn sweep_stale_staging(parent: &Dir, base: &str, target: &Path) {
     let prefix = format!(".{base}.tdrs-");
     let Ok(names) = parent.entry_names() else { return };
     for name in names {
@@ -187,7 +197,14 @@ fn sweep_stale_staging(parent: &Dir, base: &str) {
             continue;
         };
         if pid != std::process::id() && !process_alive(pid) {
-            let _ = std::fs::remove_dir_all(parent.child_path(&name));
+            let stale = parent.child_path(&name);
+            let unfinished = Dir::open(&stale)
+                .and_then(|d| d.kind(STAGING_MARKER))
+                .is_ok_and(|k| k == EntryKind::File);
+            if !unfinished {
+                carry_over(&stale, target);
+            }
+            let _ = std::fs::remove_dir_all(&stale);
         }
     }
 }
@@ -289,6 +306,9 @@ fn fill_staged(
                 .map_err(io_err)
         },
     )?;
+    dirs[0]
+        .remove_file(STAGING_MARKER)
+        .map_err(|e| Error::io(dirs[0].child_path(STAGING_MARKER), e))?;
     if opts.durable {
         for dir in &dirs {
             dir.sync().map_err(|e| Error::io(dir.path(), e))?;
@@ -638,13 +658,22 @@ mod tests {
         let prefix = dir.join("td");
         // A pid far above pid_max stands for a process killed mid-save.
         let stale = dir.join(".td.tdrs-2147483600-0123456789abcdef");
+        let swapped_out = dir.join(".td.tdrs-2147483601-fedcba9876543210");
         let live = dir.join(format!(".td.tdrs-{}-live", std::process::id()));
         std::fs::create_dir_all(stale.join("sub")).unwrap();
+        std::fs::write(stale.join(STAGING_MARKER), b"").unwrap();
+        std::fs::create_dir(&swapped_out).unwrap();
+        std::fs::write(swapped_out.join("notes.txt"), b"mine").unwrap();
         std::fs::create_dir(&live).unwrap();
         let (root, leaves) = tree(&[1, 2, 3, 4]);
         write_tree(&prefix, &root, &leaves, opts()).unwrap();
         assert!(!stale.exists());
+        assert!(!swapped_out.exists());
+        assert!(!prefix.join("sub").exists());
+        // A user's file in an old tree swapped out by a killed save is kept.
+        assert_eq!(std::fs::read(prefix.join("notes.txt")).unwrap(), b"mine");
         assert!(live.exists());
+        assert!(!prefix.join(STAGING_MARKER).exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
