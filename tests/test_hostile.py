@@ -510,3 +510,24 @@ def test_legacy_meta_without_version_and_class_loads(tmp_path: Path) -> None:
         del meta["_format_version"], meta["_class"]
         write_meta(prefix, meta, rel)
     assert_loads_like(prefix, expected)
+
+
+def test_saved_accelerator_device_is_honoured_or_refused_clearly(tmp_path: Path) -> None:
+    """A meta.json naming another device moves the leaves there, as tensordict does; where that
+    device does not exist the load fails with an error naming meta.json, and device="cpu"
+    still loads the data."""
+    prefix = tmp_path / "tree"
+    TensorDict({"a": torch.arange(3.0)}, [3]).memmap_(prefix)
+    meta = json.loads((prefix / "meta.json").read_text())
+    meta["device"] = "cuda:0"
+    (prefix / "meta.json").write_text(json.dumps(meta))
+    if torch.cuda.is_available():
+        loaded = TensorDict.load_memmap(prefix)
+        assert loaded.device == torch.device("cuda:0")
+        assert loaded["a"].device == torch.device("cuda:0")
+    else:
+        with pytest.raises(tensordict_rs.TensorDictError, match=r"meta\.json.*cuda:0"):
+            TensorDict.load_memmap(prefix)
+    on_cpu = TensorDict.load_memmap(prefix, device="cpu")
+    assert on_cpu.device == torch.device("cpu")
+    assert torch.equal(on_cpu["a"], torch.arange(3.0))

@@ -279,17 +279,25 @@ def load(
     """Loads the tree at ``prefix`` with one native call; see ``TensorDict.load_memmap``."""
     path = Path(prefix).absolute()
     node, buffers = _native.load_tree(os.fspath(path))
+    if device is None:
+        # tensordict always records "cpu"; another device is honoured as tensordict does, by
+        # moving the leaves there, once it is known to exist here.
+        device = _device_or_none(node[1])
+        if device is not None and device.type not in ("cpu", "meta"):
+            try:
+                torch.empty(0, device=device)
+            except (RuntimeError, AssertionError) as err:
+                raise _native.TensorDictError(
+                    f"{path / 'meta.json'} was saved for device {device}, which is not available "
+                    f"here ({err}); pass device='cpu' to load_memmap to load it on the CPU"
+                ) from None
     return _build(cls, node, buffers, path, device)
 
 
 def _build(
     cls: type[TensorDict], node: Any, buffers: list[Any], path: Path, device: torch.device | None
 ) -> TensorDict:
-    batch, saved_device, entries = node
-    if device is None:
-        # tensordict always records "cpu"; another device is honoured as tensordict does, by
-        # moving the leaves there (an error where that device does not exist).
-        device = _device_or_none(saved_device)
+    batch, _, entries = node
     td = cls._new_unchecked(torch.Size(batch), device)
     td._memmap_prefix = path
     items = td._tensordict
