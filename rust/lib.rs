@@ -1,6 +1,6 @@
 //! tensordict-rs native core: memory maps, the memmap directory format, bulk copies.
 //!
-//! `storage`, `dir`, `layout`, `parallel`, `save` and `load` are plain Rust (tested by
+//! `storage`, `dir`, `layout`, `parallel`, `save`, `swap` and `load` are plain Rust (tested by
 //! `cargo test`); `buffer` and `api` are the pyo3 boundary; this file only exports.
 
 pub mod api;
@@ -12,6 +12,7 @@ pub mod load;
 pub mod parallel;
 pub mod save;
 pub mod storage;
+pub mod swap;
 
 use pyo3::prelude::*;
 
