@@ -336,27 +336,26 @@ fn write_parts(file: &File, parts: &[(Option<&[u8]>, usize)], offsets: &[usize])
             i += 1;
             continue;
         };
-        let mut iov: Vec<libc::iovec> = Vec::with_capacity(MAX_IOV);
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(MAX_IOV);
         let mut end = start;
-        while i < parts.len() && iov.len() + 2 <= MAX_IOV {
+        while i < parts.len() && pieces.len() + 2 <= MAX_IOV {
             let (Some(data), len) = parts[i] else { break };
             if offsets[i] != end {
-                let pad = offsets[i] - end;
-                iov.push(libc::iovec {
-                    iov_base: ZEROS.as_ptr() as *mut _,
-                    iov_len: pad,
-                });
+                pieces.push(&ZEROS[..offsets[i] - end]);
             }
-            iov.push(libc::iovec {
-                iov_base: data.as_ptr() as *mut _,
-                iov_len: len,
-            });
+            pieces.push(&data[..len]);
             end = offsets[i] + len;
             i += 1;
         }
-        let want = end - start;
-        // SAFETY: every iovec points into a live slice (`parts`) or the static zeros, for the
-        // lengths given; pwritev only reads them.
+        let iov: Vec<libc::iovec> = pieces
+            .iter()
+            .map(|p| libc::iovec {
+                iov_base: p.as_ptr() as *mut _,
+                iov_len: p.len(),
+            })
+            .collect();
+        // SAFETY: every iovec points into a live slice of `pieces` for its length; pwritev only
+        // reads them.
         let n = unsafe {
             libc::pwritev(
                 file.as_raw_fd(),
@@ -368,23 +367,17 @@ fn write_parts(file: &File, parts: &[(Option<&[u8]>, usize)], offsets: &[usize])
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        if (n as usize) < want {
-            // Short write (signals, huge runs): finish this run one part at a time.
-            let mut done = start + n as usize;
-            let mut pos = start;
-            for v in &iov {
-                let v_end = pos + v.iov_len;
-                if v_end > done {
-                    let skip = done.saturating_sub(pos);
-                    // SAFETY: same buffers as above; `skip < iov_len`.
-                    let rest = unsafe {
-                        std::slice::from_raw_parts((v.iov_base as *const u8).add(skip), v.iov_len - skip)
-                    };
-                    write_all_at(file, rest, done as u64)?;
-                    done = v_end;
-                }
-                pos = v_end;
+        // A short write (signals, runs past the 2 GiB a call writes): finish piece by piece.
+        let mut done = n as usize;
+        let mut at = start;
+        for piece in pieces {
+            if done >= piece.len() {
+                done -= piece.len();
+            } else {
+                write_all_at(file, &piece[done..], (at + done) as u64)?;
+                done = 0;
             }
+            at += piece.len();
         }
     }
     Ok(())

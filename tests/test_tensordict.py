@@ -1682,3 +1682,26 @@ def test_repr_memmap_and_loaded(tmp_prefix: Path) -> None:
     assert repr(TensorDict.load_memmap(tmp_prefix)) == expected
     assert repr(td.memmap_like()) == expected
     assert repr(td) == "TensorDict(batch_size=[10], fields={a: f32[], b: {c: f32[]}})"
+
+
+def test_memmap_copy_existing_applies_to_the_new_tensordict(tmp_path):
+    source = TensorDict({"a": torch.arange(4.0)}, [4]).memmap_(tmp_path / "first")
+    with pytest.raises(RuntimeError, match="copy_existing=True"):
+        source.memmap(tmp_path / "second")
+    copy = source.memmap(tmp_path / "second", copy_existing=True)
+    assert copy["a"].filename == str(tmp_path / "second" / "a.memmap")
+    assert torch.equal(copy["a"], torch.arange(4.0))
+    assert source["a"].filename == str(tmp_path / "first" / "a.memmap")
+
+
+def test_flush_of_a_loaded_tree_reaches_the_files(tmp_path):
+    TensorDict({"a": torch.zeros(4), "n": {"b": torch.zeros(4, 2)}}, [4]).memmap_(tmp_path / "t")
+    loaded = TensorDict.load_memmap(tmp_path / "t", non_blocking=True)
+    loaded["n", "b"][1] = 7.0
+    loaded.flush()
+    # flushing reads the buffers of untouched leaves without making tensors of them
+    assert type(loaded._tensordict["a"]).__name__ == "_LazyLeaf"
+    raw = torch.frombuffer(
+        bytearray((tmp_path / "t" / "n" / "b.memmap").read_bytes()), dtype=torch.float32
+    )
+    assert raw.view(4, 2)[1].tolist() == [7.0, 7.0]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from . import _native, _tree
 from ._devices import _normalize_device
-from ._tree import NonTensorData
+from ._tree import NonTensorData, _LazyLeaf
 from .memmap import MemoryMappedTensor
 
 if TYPE_CHECKING:
@@ -94,13 +94,13 @@ class MemoryMapped:
         return _save(
             cast("TensorDict", self),
             path,
-            False,
-            path is None,
-            return_early,
-            num_threads,
-            existsok,
-            durable,
-            copy_existing,
+            like=False,
+            reuse_maps=path is None,
+            copy_existing=copy_existing,
+            return_early=return_early,
+            num_threads=num_threads,
+            existsok=existsok,
+            durable=durable,
         )
 
     def _structure(self) -> TensorDict:
@@ -112,7 +112,8 @@ class MemoryMapped:
             elif isinstance(value, NonTensorData):
                 out._tensordict[key] = NonTensorData(value.data)
             else:
-                out._tensordict[key] = self._get_str(key)
+                # a lazy leaf is shared as it is: the save reads its buffer, no tensor is made
+                out._tensordict[key] = value
         return out
 
     def memmap(
@@ -128,7 +129,15 @@ class MemoryMapped:
         """Like ``memmap_`` but returns a new memory-mapped TensorDict; this one is unchanged."""
         path = Path(prefix).absolute() if prefix is not None else None
         return _save(
-            self._structure(), path, False, False, return_early, num_threads, existsok, durable
+            self._structure(),
+            path,
+            like=False,
+            reuse_maps=False,
+            copy_existing=copy_existing,
+            return_early=return_early,
+            num_threads=num_threads,
+            existsok=existsok,
+            durable=durable,
         )
 
     def memmap_like(
@@ -145,11 +154,20 @@ class MemoryMapped:
         dtypes (no values copied; source leaves may be on any device, ``meta`` included).
 
         With ``prefix`` the directory is written atomically like ``memmap_``; an existing tree
-        there is replaced by the new, zero-filled one.
+        there is replaced by the new, zero-filled one. ``copy_existing`` is accepted for
+        tensordict's signature; since no values are copied it changes nothing.
         """
         path = Path(prefix).absolute() if prefix is not None else None
         return _save(
-            self._structure(), path, True, False, return_early, num_threads, existsok, durable
+            self._structure(),
+            path,
+            like=True,
+            reuse_maps=False,
+            copy_existing=True,
+            return_early=return_early,
+            num_threads=num_threads,
+            existsok=existsok,
+            durable=durable,
         )
 
     @classmethod
@@ -161,32 +179,44 @@ class MemoryMapped:
         The directory is validated first: a missing or short data file, an unknown dtype, a bad
         shape, a key that would leave the directory or pass a symlink, or pickled data raise an
         exception naming the key and path. Leaves are file-backed MemoryMappedTensors (writes
-        reach the files); with a non-CPU ``device`` they are copied there instead. The result is
-        not locked, as in tensordict.
+        reach the files); with a non-CPU ``device`` they are copied there instead (with
+        ``non_blocking``). The result is not locked, as in tensordict.
         """
-        return _tree.load(cast("type[TensorDict]", cls), prefix, _normalize_device(device))
+        target = _normalize_device(device)
+        return _tree.load(cast("type[TensorDict]", cls), prefix, target, non_blocking)
 
     load = load_memmap
 
     def flush(self) -> None:
         """Writes the dirty pages of every file-backed leaf to disk and waits (one native call)."""
-        buffers = []
-        for _, _, leaf in self._leaves():
-            if isinstance(leaf, MemoryMappedTensor) and leaf._buffer is not None:
-                buffers.append(leaf._buffer)
+        buffers: list[_native.Buffer] = []
+        _collect_buffers(self, buffers)
         _native.flush_buffers(buffers)
+
+
+def _collect_buffers(td: Any, out: list[_native.Buffer]) -> None:
+    """The buffers of every mapped leaf, without making tensors of lazy leaves."""
+    for value in td._tensordict.values():
+        if type(value) is _LazyLeaf:
+            out.append(value.buffer)
+        elif isinstance(value, MemoryMappedTensor):
+            if value._buffer is not None:
+                out.append(value._buffer)
+        elif isinstance(value, MemoryMapped):
+            _collect_buffers(value, out)
 
 
 def _save(
     target: TensorDict,
     path: Path | None,
+    *,
     like: bool,
     reuse_maps: bool,
+    copy_existing: bool,
     return_early: bool,
     num_threads: int,
     existsok: bool,
     durable: bool,
-    copy_existing: bool = True,
 ) -> Any:
     """Memory-maps ``target`` in place and locks it (or returns a Future of that)."""
 

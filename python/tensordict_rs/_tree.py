@@ -274,7 +274,10 @@ def save(
 
 @_gc_paused()
 def load(
-    cls: type[TensorDict], prefix: str | os.PathLike[str], device: torch.device | None
+    cls: type[TensorDict],
+    prefix: str | os.PathLike[str],
+    device: torch.device | None,
+    non_blocking: bool = False,
 ) -> TensorDict:
     """Loads the tree at ``prefix`` with one native call; see ``TensorDict.load_memmap``."""
     path = Path(prefix).absolute()
@@ -291,11 +294,16 @@ def load(
                     f"{path / 'meta.json'} was saved for device {device}, which is not available "
                     f"here ({err}); pass device='cpu' to load_memmap to load it on the CPU"
                 ) from None
-    return _build(cls, node, buffers, path, device)
+    return _build(cls, node, buffers, path, device, non_blocking)
 
 
 def _build(
-    cls: type[TensorDict], node: Any, buffers: list[Any], path: Path, device: torch.device | None
+    cls: type[TensorDict],
+    node: Any,
+    buffers: list[Any],
+    path: Path,
+    device: torch.device | None,
+    non_blocking: bool,
 ) -> TensorDict:
     batch, _, entries = node
     td = cls._new_unchecked(torch.Size(batch), device)
@@ -312,7 +320,7 @@ def _build(
                 value: Any = (
                     torch.empty(shape, dtype=dtype, device=device)
                     if buffer is None or device.type == "meta"  # type: ignore[union-attr]
-                    else _from_buffer(buffer, dtype, shape).to(device)
+                    else _from_buffer(buffer, dtype, shape).to(device, non_blocking=non_blocking)
                 )
             else:
                 value = (
@@ -322,7 +330,8 @@ def _build(
                 )
             items[key] = value
         elif tag == NODE:
-            items[key] = _build(cls, entry[2], buffers, path / _native.encode_key(key), device)
+            sub_path = path / _native.encode_key(key)
+            items[key] = _build(cls, entry[2], buffers, sub_path, device, non_blocking)
         else:
             items[key] = NonTensorData(json.loads(entry[2]))
     return td
