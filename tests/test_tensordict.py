@@ -217,12 +217,13 @@ def test_get_default() -> None:
 def test_keys_values_items() -> None:
     td = make_td()
     assert td.keys() == ["a", "n", "s"]
+    # tensordict's order: a nested TensorDict comes after its own entries
     assert td.keys(include_nested=True) == [
         "a",
-        "n",
         ("n", "x"),
-        ("n", "deep"),
         ("n", "deep", "y"),
+        ("n", "deep"),
+        "n",
         "s",
     ]
     assert td.keys(include_nested=True, leaves_only=True) == [
@@ -1338,7 +1339,7 @@ def test_load_memmap_str_and_subdirectory(tmp_prefix: Path) -> None:
     assert (loaded == td).all()
     sub = TensorDict.load_memmap(tmp_prefix / "n")
     assert sub.batch_size == torch.Size([4, 3])
-    assert sub.keys(include_nested=True) == ["x", "deep", ("deep", "y")]
+    assert sub.keys(include_nested=True) == ["x", ("deep", "y"), "deep"]
     assert torch.equal(sub["x"], torch.arange(12).reshape(4, 3))
 
 
@@ -1400,14 +1401,18 @@ def test_flush(tmp_prefix: Path) -> None:
 
 def test_indexing_memmap_keeps_or_drops_memmap(tmp_prefix: Path) -> None:
     td = make_td().memmap_(tmp_prefix)
+    # Rows are views of the maps, but not saved trees themselves: unlocked, no is_memmap(),
+    # no saved_path (tensordict's td[1:] is neither locked nor memory-mapped).
     for index in (0, slice(1, 3), (0, 1)):
         out = td[index]
-        assert out.is_memmap() and out.is_locked
+        assert not out.is_memmap() and not out.is_locked
+        with pytest.raises(AttributeError):
+            _ = out.saved_path
         assert isinstance(out["a"], MemoryMappedTensor)
         assert out["a"].filename == td["a"].filename
     for row in td.unbind(1):
         assert row.batch_size == torch.Size([4])
-        assert row.is_memmap() and isinstance(row["a"], MemoryMappedTensor)
+        assert not row.is_memmap() and isinstance(row["a"], MemoryMappedTensor)
     advanced = td[torch.tensor([0, 2])]
     assert not advanced.is_memmap()
     assert type(advanced["a"]) is torch.Tensor

@@ -140,7 +140,7 @@ def test_memmap_(capsys: pytest.CaptureFixture[str]) -> None:
         del tensordict["a"]
     with pytest.raises(RuntimeError, match="Cannot modify locked TensorDict"):
         tensordict["b", "new"] = torch.zeros(10)
-    assert tensordict.keys(include_nested=True) == ["a", "b", ("b", "c")]
+    assert tensordict.keys(include_nested=True) == ["a", ("b", "c"), "b"]
 
 
 # --------------------------------------------------------------------------------- memmap_like
@@ -160,7 +160,7 @@ def test_memmap_like(capsys: pytest.CaptureFixture[str]) -> None:
     assert mm_tensordict.is_memmap()
     assert not tensordict.is_locked and not tensordict.is_memmap()
     assert mm_tensordict.batch_size == torch.Size([10])
-    assert mm_tensordict.keys(include_nested=True) == ["a", "b", ("b", "c")]
+    assert mm_tensordict.keys(include_nested=True) == ["a", ("b", "c"), "b"]
     assert isinstance(mm_tensordict["b", "c"], MemoryMappedTensor)
     assert torch.equal(mm_tensordict["b", "c"], torch.zeros(10))
     assert mm_tensordict["a"].dtype == torch.float32

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Self
 import torch
 
 from ._locking import LOCK_ERROR
+from ._walk import leaves, map_leaves
 
 
 def _normalize_device(device: Any) -> torch.device | None:
@@ -44,17 +45,19 @@ class DeviceMoves:
             return self
         target = self._device if device is None else device
 
+        tree: Any = self
+
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=target, dtype=dtype, non_blocking=non_blocking)
 
         if inplace:
             if self._is_locked:
                 raise RuntimeError(LOCK_ERROR)
-            for td, key, leaf in list(self._leaves()):
+            for td, key, leaf in list(leaves(tree)):
                 td._tensordict[key] = move(leaf)
             self._set_device_tree(target)
             return self
-        out = self._apply_new(move, (), self._batch_size, target, ())
+        out = map_leaves(tree, move, device=target, check=True)
         if (
             non_blocking
             and target is not None
@@ -119,7 +122,7 @@ def _parse_to(
         if device is not None and _normalize_device(device) != other.device:
             raise ValueError("other and device cannot be both passed")
         device = other.device
-        dtypes = {leaf.dtype for _, _, leaf in other._leaves()}
+        dtypes = {leaf.dtype for _, _, leaf in leaves(other)}
         if len(dtypes) == 1 and dtype is None:
             dtype = dtypes.pop()
     if device is None and dtype is None and batch_size is None:

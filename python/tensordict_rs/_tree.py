@@ -16,7 +16,7 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
@@ -28,8 +28,34 @@ if TYPE_CHECKING:
     from .tensordict import TensorDict
 
 LEAF, NODE, NON_TENSOR = 0, 1, 2
-_TENSORDICT: list[type] = []  # filled by tensordict.py (avoids an import cycle)
 _CPU = torch.device("cpu")
+
+
+class TreeNode:
+    """The base of TensorDict: what tree walkers test for, so they need not import it."""
+
+    if TYPE_CHECKING:
+        # What the walkers use of a TensorDict (defined there).
+        _tensordict: dict[str, Any]
+        _batch_size: torch.Size
+        _device: torch.device | None
+        _is_locked: bool
+        _is_memmap: bool
+        _memmap_prefix: Path | None
+
+        @property
+        def batch_dims(self) -> int: ...
+        @property
+        def batch_size(self) -> torch.Size: ...
+        @property
+        def device(self) -> torch.device | None: ...
+        @classmethod
+        def _new_unchecked(cls, batch_size: torch.Size, device: torch.device | None) -> Self: ...
+        def _get_str(self, key: str) -> Any: ...
+        def _check_batch(self, key: str, shape: tuple[int, ...] | torch.Size) -> None: ...
+        def _lock_tree(self) -> None: ...
+        def lock_(self) -> Self: ...
+        def __getitem__(self, index: Any) -> Any: ...
 
 
 class NonTensorData:
@@ -201,14 +227,13 @@ class _Plan:
             )
 
 
-def _mark(td: TensorDict, prefix: Path | None) -> None:
+def _mark(td: TreeNode, prefix: Path | None) -> None:
     td._device = _CPU
     td._is_memmap = True
     td._memmap_prefix = prefix
     for key, value in td._tensordict.items():
-        if isinstance(value, _TENSORDICT[0]):
-            sub: Any = value
-            _mark(sub, None if prefix is None else prefix / _native.encode_key(key))
+        if isinstance(value, TreeNode):
+            _mark(value, None if prefix is None else prefix / _native.encode_key(key))
 
 
 @contextlib.contextmanager

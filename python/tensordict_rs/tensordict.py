@@ -10,12 +10,14 @@ from typing import Any
 
 import torch
 
-from . import _index, _tree
+from . import _index
 from ._devices import DeviceMoves, _normalize_device
 from ._locking import LOCK_ERROR, Lockable
 from ._persistence import MemoryMapped
 from ._repr import compact_repr
-from ._tree import NonTensorData, _LazyLeaf
+from ._tree import NonTensorData, TreeNode, _LazyLeaf
+from ._walk import leaves, map_leaves, walk_items, zip_leaves
+from .ops import shape as _shape
 
 __all__ = ["TensorDict"]
 
@@ -39,7 +41,7 @@ def _as_key(key: Key) -> tuple[str, ...]:
     raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
 
 
-class TensorDict(MemoryMapped, DeviceMoves, Lockable):
+class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
     """A dictionary of tensors with common leading batch dimensions and an optional device.
 
     >>> td = TensorDict({"obs": torch.zeros(8, 3), "next": {"done": torch.zeros(8, 1)}}, [8])
@@ -123,6 +125,22 @@ class TensorDict(MemoryMapped, DeviceMoves, Lockable):
         return len(self._batch_size)
 
     ndim = batch_dims
+
+    def dim(self) -> int:
+        """Number of batch dimensions (same as ``batch_dims``)."""
+        return len(self._batch_size)
+
+    @property
+    def names(self) -> list[None]:
+        """Names of the batch dims: always None here (tensordict-rs does not name dims)."""
+        return [None] * len(self._batch_size)
+
+    @names.setter
+    def names(self, value: Any) -> None:
+        if value is not None and any(name is not None for name in value):
+            raise ValueError(
+                "tensordict-rs does not name batch dimensions; only None names can be set"
+            )
 
     def numel(self) -> int:
         """Number of elements of the batch (product of ``batch_size``)."""
@@ -355,43 +373,17 @@ class TensorDict(MemoryMapped, DeviceMoves, Lockable):
 
     def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Key]:
         """Entry keys in insertion order; nested keys are tuples with ``include_nested``."""
-        return [k for k, _ in self._walk(include_nested, leaves_only, materialize=False)]
+        return [k for k, _ in walk_items(self, include_nested, leaves_only, materialize=False)]
 
     def values(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
         """Entry values, in the order of ``keys``."""
-        return [v for _, v in self._walk(include_nested, leaves_only)]
+        return [v for _, v in walk_items(self, include_nested, leaves_only)]
 
     def items(
         self, include_nested: bool = False, leaves_only: bool = False
     ) -> list[tuple[Key, Any]]:
         """``(key, value)`` pairs, in the order of ``keys``."""
-        return list(self._walk(include_nested, leaves_only))
-
-    def _walk(
-        self,
-        nested: bool,
-        leaves_only: bool,
-        materialize: bool = True,
-        prefix: tuple[str, ...] = (),
-    ) -> Iterator[tuple[Key, Any]]:
-        for key in list(self._tensordict):
-            value = self._get_str(key) if materialize else self._tensordict[key]
-            full: Key = prefix + (key,) if prefix else key
-            if isinstance(value, TensorDict):
-                if not leaves_only:
-                    yield full, value
-                if nested:
-                    yield from value._walk(nested, leaves_only, materialize, prefix + (key,))
-            else:
-                yield full, value.data if isinstance(value, NonTensorData) else value
-
-    def _leaves(self) -> Iterator[tuple[TensorDict, str, torch.Tensor]]:
-        for key in list(self._tensordict):
-            value = self._get_str(key)
-            if isinstance(value, TensorDict):
-                yield from value._leaves()
-            elif isinstance(value, torch.Tensor):
-                yield self, key, value
+        return list(walk_items(self, include_nested, leaves_only))
 
     def __contains__(self, key: object) -> bool:
         if isinstance(key, str):
@@ -408,15 +400,23 @@ class TensorDict(MemoryMapped, DeviceMoves, Lockable):
         return self._batch_size[0] if self._batch_size else 0
 
     def __iter__(self) -> Iterator[TensorDict]:
-        if not self._batch_size:
-            raise StopIteration
-        return iter(self.unbind(0))
+        return _shape.iterate(self)
 
-    def unbind(self, dim: int = 0) -> tuple[TensorDict, ...]:
-        """The TensorDicts along batch dim ``dim`` (views)."""
-        if dim < 0:
-            dim += self.batch_dims
-        return tuple(self[(slice(None),) * dim + (i,)] for i in range(self._batch_size[dim]))
+    # ------------------------------------------------------------------ shape: ops/shape.py
+
+    expand = _shape.expand
+    expand_as = _shape.expand_as
+    reshape = _shape.reshape
+    view = _shape.view
+    squeeze = _shape.squeeze
+    unsqueeze = _shape.unsqueeze
+    permute = _shape.permute
+    transpose = _shape.transpose
+    flatten = _shape.flatten
+    unflatten = _shape.unflatten
+    split = _shape.split
+    chunk = _shape.chunk
+    unbind = _shape.unbind
 
     # ------------------------------------------------------------------ batch indexing
 
@@ -425,15 +425,14 @@ class TensorDict(MemoryMapped, DeviceMoves, Lockable):
         if rows is not None and self.batch_dims >= 1:
             # index_select refuses negative rows; wrap them like tensor indexing does.
             rows = torch.where(rows < 0, rows + self._batch_size[0], rows)
-            return self._apply_leaves(
-                lambda t: torch.index_select(t, 0, rows.to(t.device)),
-                torch.Size([rows.numel(), *self._batch_size[1:]]),
-                keep_memmap=False,
+            batch = torch.Size([rows.numel(), *self._batch_size[1:]])
+            return map_leaves(
+                self, lambda t: torch.index_select(t, 0, rows.to(t.device)), batch_size=batch
             )
+        # A view of rows is a new, unlocked tree, never a saved one (as tensordict's td[1:]).
         items = _index.normalize(index, self.batch_dims)
         batch = _index.indexed_batch_size(self._batch_size, items)
-        basic = all(i is None or isinstance(i, (int, slice)) for i in items)
-        return self._apply_leaves(lambda t: t[items], batch, keep_memmap=basic)
+        return map_leaves(self, lambda t: t[items], batch_size=batch)
 
     def index_select(
         self, dim: int, index: torch.Tensor, *, out: TensorDict | None = None
@@ -449,70 +448,26 @@ class TensorDict(MemoryMapped, DeviceMoves, Lockable):
         if out is None:
             batch = list(self._batch_size)
             batch[dim] = index.numel()
-            return self._apply_leaves(
-                lambda t: torch.index_select(t, dim, index.to(t.device)),
-                torch.Size(batch),
-                keep_memmap=False,
+            return map_leaves(
+                self, lambda t: torch.index_select(t, dim, index.to(t.device)), batch_size=batch
             )
-        for leaf, target in self._zip_leaves(out):
+        for leaf, target in zip_leaves(self, out):
             torch.index_select(
                 leaf, dim, index if leaf.is_cpu else index.to(leaf.device), out=target
             )
         return out
 
-    def _zip_leaves(self, *others: TensorDict) -> Iterator[tuple[torch.Tensor, ...]]:
-        """Each tensor leaf with the leaves at the same key in ``others`` (walked together)."""
-        for key in list(self._tensordict):
-            value = self._get_str(key)
-            if isinstance(value, TensorDict):
-                yield from value._zip_leaves(*(o._get_str(key) for o in others))
-            elif isinstance(value, torch.Tensor):
-                yield (value, *(o._get_str(key) for o in others))
-
-    def _apply_leaves(
-        self, fn: Callable[[torch.Tensor], torch.Tensor], batch: torch.Size, keep_memmap: bool
-    ) -> TensorDict:
-        out = TensorDict._new_unchecked(batch, self._device)
-        for key in list(self._tensordict):
-            value = self._get_str(key)
-            if isinstance(value, TensorDict):
-                sub_batch = torch.Size([*batch, *value.batch_size[self.batch_dims :]])
-                out._tensordict[key] = value._apply_leaves(fn, sub_batch, keep_memmap)
-            elif isinstance(value, NonTensorData):
-                out._tensordict[key] = NonTensorData(value.data)
-            else:
-                out._tensordict[key] = fn(value)
-        if keep_memmap and self._is_memmap:
-            out._is_memmap = True
-            out._memmap_prefix = self._memmap_prefix
-        if keep_memmap and self._is_locked:
-            out.lock_()
-        return out
-
     # ------------------------------------------------------------------ comparisons
 
     def _compare(self, other: Any, op: Callable[[Any, Any], torch.Tensor]) -> TensorDict:
-        out = TensorDict._new_unchecked(self._batch_size, self._device)
-        for key in list(self._tensordict):
-            value = self._get_str(key)
-            if isinstance(other, (TensorDict, Mapping)):
-                if key not in other:
-                    raise KeyError(f"key {key!r} is missing from the other TensorDict")
-                other_value = other._get_str(key) if isinstance(other, TensorDict) else other[key]
-            else:
-                other_value = other
-            if isinstance(value, TensorDict):
-                out._tensordict[key] = value._compare(other_value, op)
-            elif isinstance(value, NonTensorData):
-                other_data = (
-                    other_value.data if isinstance(other_value, NonTensorData) else other_value
-                )
-                out._tensordict[key] = torch.tensor(op(value.data, other_data)).expand(
-                    self._batch_size
-                )
-            else:
-                out._tensordict[key] = op(value, other_value)
-        return out
+        batch = self._batch_size
+
+        def non_tensor(value: NonTensorData, other_value: Any) -> torch.Tensor:
+            data = other_value.data if isinstance(other_value, NonTensorData) else other_value
+            return torch.tensor(op(value.data, data)).expand(batch)
+
+        other = dict(other) if isinstance(other, Mapping) else other
+        return map_leaves(self, op, other, non_tensor=non_tensor)
 
     def __eq__(self, other: object) -> TensorDict:  # type: ignore[override]
         return self._compare(other, lambda a, b: a == b)
@@ -529,11 +484,11 @@ class TensorDict(MemoryMapped, DeviceMoves, Lockable):
 
     def all(self) -> bool:
         """True when every element of every leaf is true."""
-        return all(bool(leaf.all()) for _, _, leaf in self._leaves())
+        return all(bool(leaf.all()) for _, _, leaf in leaves(self))
 
     def any(self) -> bool:
         """True when some element of some leaf is true."""
-        return any(bool(leaf.any()) for _, _, leaf in self._leaves())
+        return any(bool(leaf.any()) for _, _, leaf in leaves(self))
 
     # ------------------------------------------------------------------ transforms
 
@@ -550,54 +505,16 @@ class TensorDict(MemoryMapped, DeviceMoves, Lockable):
         Returns a new TensorDict (same batch size and device unless given), or ``self`` with
         the results copied into its leaves when ``inplace``.
         """
-        if inplace:
-            for leaf, *other_leaves in list(self._zip_leaves(*others)):
-                result = fn(leaf, *other_leaves)
-                if result is not None:
-                    leaf.copy_(result)
-            return self
         new_device = self._device if device is _NO_DEFAULT else _normalize_device(device)
-        batch = self._batch_size if batch_size is None else torch.Size(batch_size)
-        return self._apply_new(fn, others, batch, new_device, ())
-
-    def _apply_new(
-        self,
-        fn: Callable[..., Any],
-        others: tuple[TensorDict, ...],
-        batch: torch.Size,
-        device: torch.device | None,
-        path: tuple[str, ...],
-    ) -> TensorDict:
-        out = TensorDict._new_unchecked(batch, device)
-        for key in list(self._tensordict):
-            value = self._get_str(key)
-            if isinstance(value, TensorDict):
-                sub_batch = torch.Size([*batch, *value.batch_size[self.batch_dims :]])
-                out._tensordict[key] = value._apply_new(
-                    fn, tuple(o._get_str(key) for o in others), sub_batch, device, path + (key,)
-                )
-            elif isinstance(value, NonTensorData):
-                out._tensordict[key] = NonTensorData(value.data)
-            else:
-                result = fn(value, *(o._get_str(key) for o in others))
-                if result is not None:
-                    if device is not None and result.device != device:
-                        result = result.to(device)
-                    out._check_batch(key, result.shape)
-                    out._tensordict[key] = result
-        return out
+        return map_leaves(
+            self, fn, *others, batch_size=batch_size, device=new_device, inplace=inplace, check=True
+        )
 
     def clone(self, recurse: bool = True) -> TensorDict:
         """A copy; with ``recurse`` (default) every tensor is copied too (to plain tensors)."""
         if recurse:
-            return self._apply_new(
-                lambda t: t.clone().as_subclass(torch.Tensor),
-                (),
-                self._batch_size,
-                self._device,
-                (),
-            )
-        return self._apply_new(lambda t: t, (), self._batch_size, self._device, ())
+            return map_leaves(self, lambda t: t.clone().as_subclass(torch.Tensor))
+        return map_leaves(self, lambda t: t)
 
     # ------------------------------------------------------------------ repr and pickling
 
@@ -624,9 +541,6 @@ class TensorDict(MemoryMapped, DeviceMoves, Lockable):
         self._memmap_prefix = state["prefix"]
         if state["is_locked"]:
             self._lock_tree()
-
-
-_tree._TENSORDICT.append(TensorDict)
 
 
 def _pairs(source: Mapping[str, Any] | TensorDict) -> Iterator[tuple[str, Any]]:

@@ -1,0 +1,247 @@
+"""Batch-shape operations: expand, reshape, view, squeeze, permute, split, unbind, ...
+
+Each is a function of one leaf handed to ``map_leaves``: the leaf's batch dims change, its own
+dims after them stay. Results are views where torch makes views (slices of a memory map stay
+``MemoryMappedTensor`` views of the file). As in tensordict, the result of a shape change of a
+locked TensorDict is locked; indexing, ``unbind`` and iteration give unlocked TensorDicts.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._walk import map_leaves
+
+if TYPE_CHECKING:
+    from ..tensordict import TensorDict
+
+_SCALAR = torch.zeros((), dtype=torch.uint8)
+
+
+def _probe(td: TensorDict) -> torch.Tensor:
+    """A stride-0 tensor of the batch size: torch computes new batch sizes on it for free."""
+    return _SCALAR.expand(td.batch_size)
+
+
+def _shape_args(args: tuple[Any, ...], kwargs: dict[str, Any], name: str = "shape") -> list[int]:
+    """``f(2, 3)``, ``f((2, 3))``, ``f(torch.Size([2, 3]))`` or ``f(shape=...)`` as a list."""
+    if name in kwargs:
+        if args:
+            raise TypeError(f"{name} given both by position and by keyword")
+        args = (kwargs.pop(name),)
+    if kwargs:
+        raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
+    if len(args) == 1 and isinstance(args[0], Iterable) and not isinstance(args[0], torch.Tensor):
+        args = tuple(args[0])
+    return [operator.index(a) for a in args]
+
+
+def dim_of(td: TensorDict, dim: int, extra: int = 0) -> int:
+    """``dim`` made non-negative against the batch dims (``extra`` more allowed, for unsqueeze)."""
+    ndim = td.batch_dims + extra
+    new = dim + ndim if dim < 0 else dim
+    if not 0 <= new < ndim:
+        raise IndexError(f"Incompatible dim {new} for tensordict with shape {td.batch_size}.")
+    return new
+
+
+def _with_batch(td: TensorDict, leaf_fn: Any, batch: Any, lock: bool = True) -> TensorDict:
+    return map_leaves(td, leaf_fn, batch_size=batch, lock=lock)
+
+
+def expand(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
+    """Views whose batch dims are expanded to ``shape`` (leading dims may be added; -1 keeps)."""
+    shape = _shape_args(args, kwargs)
+    if len(shape) < td.batch_dims:
+        raise RuntimeError(
+            f"the number of sizes provided ({len(shape)}) must be greater or equal to the "
+            f"number of dimensions in the TensorDict ({td.batch_dims})"
+        )
+    try:
+        batch = _probe(td).expand(shape).shape
+    except RuntimeError:
+        raise RuntimeError(
+            "Incompatible expanded shape: The expanded shape length at non-singleton dimension "
+            f"should be same as the original length. target_shape = {torch.Size(shape)}, "
+            f"existing_shape = {td.batch_size}"
+        ) from None
+    dims = td.batch_dims
+    return _with_batch(td, lambda t: t.expand(*batch, *t.shape[dims:]), batch)
+
+
+def expand_as(td: TensorDict, other: Any) -> TensorDict:
+    """``expand(other.shape)`` (``other`` a tensor or a TensorDict)."""
+    return expand(td, other.shape)
+
+
+def reshape(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
+    """The batch dims reshaped to ``shape`` (views when torch can, copies otherwise)."""
+    batch = _probe(td).reshape(_shape_args(args, kwargs)).shape
+    dims = td.batch_dims
+    return _with_batch(td, lambda t: t.reshape(*batch, *t.shape[dims:]), batch)
+
+
+def view(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
+    """Views with the batch dims viewed as ``shape``; ``view(dtype)`` views every leaf's bytes."""
+    if len(args) == 1 and isinstance(args[0], torch.dtype) and not kwargs:
+        dtype = args[0]
+        return _with_batch(td, lambda t: t.view(dtype), td.batch_size)
+    if "dtype" in kwargs and not args:
+        dtype = kwargs.pop("dtype")
+        return _with_batch(td, lambda t: t.view(dtype), td.batch_size)
+    batch = _probe(td).view(_shape_args(args, kwargs)).shape
+    if batch == td.batch_size:
+        return td
+    dims = td.batch_dims
+    return _with_batch(td, lambda t: t.view(*batch, *t.shape[dims:]), batch)
+
+
+def squeeze(td: TensorDict, dim: int | None = None) -> TensorDict:
+    """Without the batch dims of size 1 (or only ``dim``; ``td`` itself if that is not 1)."""
+    if dim is None:
+        drop = tuple(i for i, size in enumerate(td.batch_size) if size == 1)
+        if not drop:
+            return td
+    else:
+        dim = dim_of(td, dim)
+        if td.batch_size[dim] != 1:
+            return td
+        drop = (dim,)
+    batch = torch.Size(s for i, s in enumerate(td.batch_size) if i not in drop)
+    return _with_batch(td, lambda t: t.squeeze(drop), batch)
+
+
+def unsqueeze(td: TensorDict, dim: int) -> TensorDict:
+    """With a new batch dim of size 1 at ``dim`` (in ``[-batch_dims - 1, batch_dims]``)."""
+    new = td.batch_dims + dim + 1 if dim < 0 else dim
+    if not 0 <= new <= td.batch_dims:
+        raise RuntimeError(
+            "unsqueezing is allowed for dims comprised between `-td.batch_dims - 1` and "
+            f"`td.batch_dims` only. Got dim={dim} with a batch size of {td.batch_size}."
+        )
+    batch = list(td.batch_size)
+    batch.insert(new, 1)
+    return _with_batch(td, lambda t: t.unsqueeze(new), batch)
+
+
+def permute(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
+    """The batch dims in the order ``dims`` (every batch dim once)."""
+    dims = [dim_of(td, d) for d in _shape_args(args, kwargs, "dims")]
+    if sorted(dims) != list(range(td.batch_dims)):
+        raise RuntimeError(
+            f"Got incompatible argument permute_dims: {dims} with tensordict "
+            f"batch_size {td.batch_size}."
+        )
+    if dims == list(range(td.batch_dims)):
+        return td
+    batch = [td.batch_size[d] for d in dims]
+    n = td.batch_dims
+    return _with_batch(td, lambda t: t.permute(*dims, *range(n, t.ndim)), batch)
+
+
+def transpose(td: TensorDict, dim0: int, dim1: int) -> TensorDict:
+    """Batch dims ``dim0`` and ``dim1`` swapped."""
+    n = td.batch_dims
+    dim0, dim1 = (d + n if d < 0 else d for d in (dim0, dim1))
+    if not (0 <= dim0 < n and 0 <= dim1 < n):
+        raise ValueError("dim0 and dim1 must be within the range of the number of dimensions.")
+    if dim0 == dim1:
+        return td
+    batch = list(td.batch_size)
+    batch[dim0], batch[dim1] = batch[dim1], batch[dim0]
+    return _with_batch(td, lambda t: t.transpose(dim0, dim1), batch)
+
+
+def flatten(td: TensorDict, start_dim: int = 0, end_dim: int = -1) -> TensorDict:
+    """Batch dims ``start_dim`` to ``end_dim`` (both included) flattened into one."""
+    if td.batch_dims == 0:
+        raise RuntimeError("Cannot flatten a tensordict with no batch dimension.")
+    start, end = dim_of(td, start_dim), dim_of(td, end_dim)
+    if end < start:
+        raise ValueError(
+            f"The end dimension must be strictly greater than the start dim, got "
+            f"end_dim={end_dim} and start_dim={start_dim}."
+        )
+    if start == end:
+        return td
+    batch = _probe(td).flatten(start, end).shape
+    return _with_batch(td, lambda t: t.flatten(start, end), batch)
+
+
+def unflatten(td: TensorDict, dim: int, unflattened_size: Sequence[int]) -> TensorDict:
+    """Batch dim ``dim`` split into the dims ``unflattened_size`` (one of them may be -1)."""
+    dim = dim_of(td, dim)
+    sizes = [operator.index(s) for s in unflattened_size]
+    batch = _probe(td).unflatten(dim, sizes).shape
+    return _with_batch(td, lambda t: t.unflatten(dim, sizes), batch)
+
+
+def _narrow(td: TensorDict, dim: int, start: int, length: int) -> TensorDict:
+    """Rows ``start:start+length`` of batch dim ``dim``, by basic indexing (keeps map views)."""
+    index = (slice(None),) * dim + (slice(start, start + length),)
+    batch = list(td.batch_size)
+    batch[dim] = length
+    return _with_batch(td, lambda t: t[index], batch)
+
+
+def split(td: TensorDict, split_size: int | Sequence[int], dim: int = 0) -> tuple[TensorDict, ...]:
+    """Pieces along batch dim ``dim``, as ``torch.split``: of ``split_size`` rows each (the last
+    may be shorter), or of the sizes of a list that must add up to the dim."""
+    dim = dim_of(td, dim)
+    total = td.batch_size[dim]
+    if isinstance(split_size, int):
+        if split_size < 0 or (split_size == 0 and total != 0):
+            raise ValueError(f"TensorDict.split: split_size must be positive, got {split_size}.")
+        if total == 0:
+            sizes = [0]
+        else:
+            full, rest = divmod(total, min(split_size, total))
+            sizes = [min(split_size, total)] * full + ([rest] if rest else [])
+    elif isinstance(split_size, Iterable):
+        try:
+            sizes = [operator.index(s) for s in split_size]
+        except TypeError:
+            raise TypeError("split(): argument 'split_size' must be int or list of ints") from None
+        if sum(sizes) != total or any(s < 0 for s in sizes):
+            raise RuntimeError(
+                f"Split sizes {sizes} do not add up to the size {total} of dim {dim}."
+                if sizes
+                else "Insufficient number of elements in split_size."
+            )
+    else:
+        raise TypeError("split(): argument 'split_size' must be int or list of ints")
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return tuple(_narrow(td, dim, s, n) for s, n in zip(starts, sizes, strict=True))
+
+
+def chunk(td: TensorDict, chunks: int, dim: int = 0) -> tuple[TensorDict, ...]:
+    """``chunks`` pieces (or fewer) along batch dim ``dim``, as ``torch.chunk``."""
+    chunks = operator.index(chunks)
+    if chunks < 1:
+        raise ValueError(f"chunks must be a strictly positive integer, got {chunks}.")
+    dim = dim_of(td, dim)
+    total = td.batch_size[dim]
+    if total == 0:
+        return split(td, [0] * chunks, dim)
+    return split(td, -(total // -chunks), dim)
+
+
+def unbind(td: TensorDict, dim: int = 0) -> tuple[TensorDict, ...]:
+    """The TensorDicts along batch dim ``dim`` (views, unlocked, as tensordict's)."""
+    dim = dim_of(td, dim)
+    before = (slice(None),) * dim
+    return tuple(td[(*before, i)] for i in range(td.batch_size[dim]))
+
+
+def iterate(td: TensorDict) -> Iterator[TensorDict]:
+    """The rows of the first batch dim (a TensorDict with no batch dims cannot be iterated)."""
+    if not td.batch_size:
+        raise TypeError(
+            "iteration over a 0-d tensordict. Use keys(), values() or items() to iterate over "
+            "its entries."
+        )
+    return iter(unbind(td, 0))
