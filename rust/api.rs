@@ -15,6 +15,7 @@ use crate::load::{self, LoadedEntry, LoadedNode};
 use crate::parallel;
 use crate::save::{self, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
 use crate::storage::{self, Region};
+use crate::summary;
 
 const LEAF: u8 = 0;
 const NODE: u8 = 1;
@@ -254,4 +255,30 @@ pub fn flush_buffers(py: Python<'_>, buffers: Vec<Bound<'_, Buffer>>) -> PyResul
 #[pyfunction]
 pub fn encode_key(key: &str) -> String {
     layout::encode_key(key)
+}
+
+fn summary_to_py<'py>(py: Python<'py>, node: summary::SummaryNode) -> PyResult<Bound<'py, PyTuple>> {
+    let entries = PyList::empty(py);
+    for (key, entry) in node.entries {
+        let item = match entry {
+            summary::SummaryEntry::Leaf { dtype, shape, nbytes } => {
+                (LEAF, key, dtype, PyTuple::new(py, shape)?, nbytes).into_pyobject(py)?
+            }
+            summary::SummaryEntry::Node(child) => (NODE, key, summary_to_py(py, child)?).into_pyobject(py)?,
+            summary::SummaryEntry::NonTensor(value) => {
+                (NON_TENSOR, key, value.to_string()).into_pyobject(py)?
+            }
+        };
+        entries.append(item)?;
+    }
+    (node.batch, node.device, node.format_version, entries).into_pyobject(py)
+}
+
+/// Summarizes the tree at `prefix` from its meta.json files alone (no data file is opened),
+/// with the GIL released. Returns `(batch_size, device, format_version, entries)` with entries
+/// `(0, key, dtype, shape, nbytes)`, `(1, key, subtree)` or `(2, key, json_text)`.
+#[pyfunction]
+pub fn tree_summary<'py>(py: Python<'py>, prefix: PathBuf) -> PyResult<Bound<'py, PyTuple>> {
+    let node = py.detach(|| summary::summarize(&prefix))?;
+    summary_to_py(py, node)
 }

@@ -1,7 +1,7 @@
 //! tensordict-rs native core: memory maps, the memmap directory format, bulk copies.
 //!
-//! `storage`, `dir`, `layout`, `parallel`, `save`, `swap` and `load` are plain Rust (tested by
-//! `cargo test`); `buffer` and `api` are the pyo3 boundary; this file only exports.
+//! `storage`, `dir`, `layout`, `parallel`, `save`, `swap`, `load` and `summary` are plain
+//! Rust (tested by `cargo test`); `buffer` and `api` are the pyo3 boundary; this file only exports.
 
 pub mod api;
 pub mod buffer;
@@ -12,6 +12,7 @@ pub mod load;
 pub mod parallel;
 pub mod save;
 pub mod storage;
+pub mod summary;
 pub mod swap;
 
 use pyo3::prelude::*;
@@ -29,6 +30,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::open_file, m)?)?;
     m.add_function(wrap_pyfunction!(api::flush_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(api::encode_key, m)?)?;
+    m.add_function(wrap_pyfunction!(api::tree_summary, m)?)?;
     m.add("TensorDictError", py.get_type::<error::TensorDictError>())?;
     m.add(
         "InvalidDirectoryError",

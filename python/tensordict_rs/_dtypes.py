@@ -14,8 +14,6 @@ STR_TO_DTYPE: dict[str, torch.dtype] = {
 }
 DTYPE_TO_STR: dict[torch.dtype, str] = {dtype: name for name, dtype in STR_TO_DTYPE.items()}
 
-_SHORT = {"float": "f", "uint": "u", "int": "i", "complex": "c"}
-
 
 def dtype_from_str(name: str) -> torch.dtype:
     """The torch dtype written as ``name`` in meta.json (``"torch.float32"``)."""
@@ -31,11 +29,3 @@ def dtype_to_str(dtype: torch.dtype) -> str:
         return DTYPE_TO_STR[dtype]
     except KeyError:
         raise TypeError(f"dtype {dtype} cannot be stored in a memory-mapped directory") from None
-
-
-def short_name(dtype: torch.dtype) -> str:
-    """The abbreviation of the compact repr: f32, i64, u8, c64, bf16, bool."""
-    name = str(dtype).replace("torch.", "")
-    for long, short in _SHORT.items():
-        name = name.replace(long, short)
-    return name

@@ -3,19 +3,28 @@
 ``TensorDict(batch_size=[10], device=cpu, fields={a: f32[], b: {c: f32[]}})``: shapes without
 the batch dims, abbreviated dtypes, ``@device`` per entry only when the TensorDict has no device
 and the entry is not on the CPU, one line when it fits in 80 columns, else one entry per line.
+This module does not import torch: the command line renders saved trees with it too.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._dtypes import short_name
-
 if TYPE_CHECKING:
     from .tensordict import TensorDict
 
 WIDTH = 80
 Node = str | tuple[str, list[tuple[str, Any]]]
+_SHORT = {"float": "f", "uint": "u", "int": "i", "complex": "c"}
+
+
+def short_name(dtype: Any) -> str:
+    """The abbreviation of the compact repr (f32, i64, u8, c64, bf16, bool) of a torch dtype or
+    of its meta.json string (``"torch.float32"``)."""
+    name = str(dtype).replace("torch.", "")
+    for long, short in _SHORT.items():
+        name = name.replace(long, short)
+    return name
 
 
 def _entry(td: TensorDict, key: str) -> Node:
@@ -37,7 +46,11 @@ def _entry(td: TensorDict, key: str) -> Node:
 
 
 def _body(td: TensorDict) -> list[tuple[str, Node]]:
-    entries = [(key, _entry(td, key)) for key in td._tensordict]
+    return sort_entries([(key, _entry(td, key)) for key in td._tensordict])
+
+
+def sort_entries(entries: list[tuple[str, Node]]) -> list[tuple[str, Node]]:
+    """The entries of one level in the repr's order (by their flat text)."""
     entries.sort(key=lambda e: f"{e[0]}: {_flat(e[1])}")
     return entries
 
@@ -57,6 +70,9 @@ def _render(node: Node, indent: str, used: int, tail: int) -> str:
     pad = indent + "    "
     lines = []
     for i, (key, value) in enumerate(entries):
+        if isinstance(value, str):  # a leaf: always its flat text (the common case, kept cheap)
+            lines.append(f"{pad}{key}: {value}")
+            continue
         value_tail = tail + 1 if i == len(entries) - 1 else 1
         lines.append(f"{pad}{key}: {_render(value, pad, len(pad) + len(key) + 2, value_tail)}")
     return prefix + "{\n" + ",\n".join(lines) + "}"
@@ -64,8 +80,13 @@ def _render(node: Node, indent: str, used: int, tail: int) -> str:
 
 def compact_repr(td: TensorDict) -> str:
     """The one repr of a TensorDict."""
-    header = [f"batch_size=[{','.join(map(str, td.batch_size))}]"]
-    if td.device is not None:
-        header.append(f"device={td.device}")
-    head = f"{type(td).__name__}(" + "".join(f"{h}, " for h in header) + "fields="
-    return head + _render(("", _body(td)), "", len(head), 1) + ")"
+    return render(type(td).__name__, td.batch_size, td.device, _body(td))
+
+
+def render(name: str, batch_size: Any, device: Any, body: list[tuple[str, Node]]) -> str:
+    """The repr of a tree given as sorted ``(key, node)`` entries (see ``sort_entries``)."""
+    header = [f"batch_size=[{','.join(map(str, batch_size))}]"]
+    if device is not None:
+        header.append(f"device={device}")
+    head = f"{name}(" + "".join(f"{h}, " for h in header) + "fields="
+    return head + _render(("", body), "", len(head), 1) + ")"

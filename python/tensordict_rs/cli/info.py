@@ -1,0 +1,207 @@
+"""``tensordict-rs info DIR``: what a saved directory holds, from its meta.json files alone.
+
+No torch import and no data file opened: the Rust core reads and validates every meta.json
+(``_native.tree_summary``) and this module adds up the sizes and renders the tree. It is kept
+lean (plain tuples, cached formatting) so that a 10,000-leaf directory prints in well under
+100 ms, interpreter start included.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any
+
+from .. import _native
+from .._repr import Node, render, short_name, sort_entries
+
+LEAF, NODE, NON_TENSOR = 0, 1, 2
+
+
+class Summary:
+    """One TensorDict directory: its batch size, device, format version, entries and totals.
+
+    ``entries`` are the core's tuples: ``(0, key, dtype, shape, nbytes)`` for a tensor,
+    ``(1, key, Summary)`` for a sub-tree, ``(2, key, value)`` for a JSON value.
+    """
+
+    __slots__ = (
+        "batch_size",
+        "device",
+        "entries",
+        "format_version",
+        "leaves",
+        "nbytes",
+        "sub_trees",
+    )
+
+    def __init__(self, node: Any) -> None:
+        batch, self.device, self.format_version, raw = node
+        self.batch_size: list[int] = list(batch)
+        self.entries: list[tuple[Any, ...]] = []
+        self.nbytes = self.leaves = self.sub_trees = 0
+        for entry in raw:
+            tag = entry[0]
+            if tag == LEAF:
+                self.entries.append(entry)
+                self.nbytes += entry[4]
+                self.leaves += 1
+            elif tag == NODE:
+                sub = Summary(entry[2])
+                self.entries.append((NODE, entry[1], sub))
+                self.nbytes += sub.nbytes
+                self.leaves += sub.leaves
+                self.sub_trees += sub.sub_trees + 1
+            else:
+                self.entries.append((NON_TENSOR, entry[1], json.loads(entry[2])))
+
+    def get(self, key: str) -> Any:
+        """The entry of ``key``: a ``Summary``, a ``(dtype, shape, nbytes)`` tuple or a value."""
+        for entry in self.entries:
+            if entry[1] == key:
+                return entry[2] if entry[0] != LEAF else (entry[2], list(entry[3]), entry[4])
+        raise KeyError(key)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of this tree (every entry, with its kind and sizes)."""
+        entries: dict[str, Any] = {}
+        for entry in self.entries:
+            tag, key = entry[0], entry[1]
+            if tag == LEAF:
+                entries[key] = {
+                    "kind": "tensor",
+                    "dtype": entry[2],
+                    "shape": entry[3],
+                    "nbytes": entry[4],
+                }
+            elif tag == NODE:
+                entries[key] = entry[2].to_json()
+            else:
+                entries[key] = {"kind": "non_tensor", "value": entry[2]}
+        return {
+            "kind": "tensordict",
+            "batch_size": self.batch_size,
+            "device": self.device,
+            "format_version": self.format_version,
+            "nbytes": self.nbytes,
+            "leaves": self.leaves,
+            "sub_trees": self.sub_trees,
+            "entries": entries,
+        }
+
+
+def summarize(prefix: str | os.PathLike[str]) -> Summary:
+    """Reads the tree at ``prefix`` (meta.json files only, validated as the loader does).
+
+    >>> import tempfile, torch, tensordict_rs
+    >>> d = tempfile.mkdtemp()
+    >>> _ = tensordict_rs.TensorDict({"a": torch.zeros(4, 3)}, [4]).memmap(d + "/td")
+    >>> s = summarize(d + "/td")
+    >>> (s.leaves, s.nbytes, s.get("a"))
+    (1, 48, ('torch.float32', [4, 3], 48))
+    """
+    return Summary(_native.tree_summary(os.fspath(prefix)))
+
+
+_short = functools.lru_cache(maxsize=None)(short_name)
+
+
+def _repr_node(node: Summary) -> list[tuple[str, Node]]:
+    dims = len(node.batch_size)
+    body: list[tuple[str, Node]] = []
+    for entry in node.entries:
+        tag, key = entry[0], entry[1]
+        if tag == LEAF:
+            body.append((key, f"{_short(entry[2])}[{','.join(map(str, entry[3][dims:]))}]"))
+        elif tag == NODE:
+            extra = entry[2].batch_size[dims:]
+            prefix = f"[{','.join(map(str, extra))}]" if extra else ""
+            body.append((key, (prefix, _repr_node(entry[2]))))
+        else:
+            body.append((key, type(entry[2]).__name__))
+    return sort_entries(body)
+
+
+def compact_repr(summary: Summary) -> str:
+    """The repr that ``TensorDict.load_memmap`` of this directory prints.
+
+    >>> import tempfile, torch, tensordict_rs
+    >>> d = tempfile.mkdtemp()
+    >>> td = tensordict_rs.TensorDict({"a": torch.zeros(4, 3), "b": {"c": torch.ones(4)}}, [4])
+    >>> _ = td.memmap(d + "/td")
+    >>> compact_repr(summarize(d + "/td"))
+    'TensorDict(batch_size=[4], device=cpu, fields={a: f32[3], b: {c: f32[]}})'
+    """
+    return render("TensorDict", summary.batch_size, summary.device, _repr_node(summary))
+
+
+@functools.lru_cache(maxsize=1024)
+def human_bytes(n: int) -> str:
+    """``1536`` -> ``'1.5 KiB'``; sizes below 1 KiB in bytes.
+
+    >>> human_bytes(1536), human_bytes(100), human_bytes(3 << 30)
+    ('1.5 KiB', '100 B', '3.0 GiB')
+    """
+    if n < 1024:
+        return f"{n} B"
+    size, units = n / 1024, ["KiB", "MiB", "GiB", "TiB", "PiB"]
+    while size >= 1024 and len(units) > 1:
+        size /= 1024
+        units.pop(0)
+    return f"{size:.1f} {units[0]}"
+
+
+def _rows(node: Summary, path: str, out: list[tuple[str, str, str, str]]) -> None:
+    for entry in node.entries:
+        tag, name = entry[0], path + entry[1]
+        if tag == LEAF:
+            dtype = entry[2][6:] if entry[2].startswith("torch.") else entry[2]
+            shape = "[" + ", ".join(map(str, entry[3])) + "]"
+            out.append((human_bytes(entry[4]), dtype, shape, name))
+        elif tag == NODE:
+            sub = entry[2]
+            leaves = f"{sub.leaves} lea{'f' if sub.leaves == 1 else 'ves'}"
+            shape = "[" + ", ".join(map(str, sub.batch_size)) + "]"
+            out.append((human_bytes(sub.nbytes), "tensordict", shape, f"{name}/  ({leaves})"))
+            _rows(sub, name + "/", out)
+        else:
+            text = json.dumps(entry[2], ensure_ascii=False)
+            if len(text) > 40:
+                text = text[:37] + "..."
+            out.append(("-", type(entry[2]).__name__, "", f"{name} = {text}"))
+
+
+def format_text(prefix: str, summary: Summary) -> str:
+    """The human-readable report: the repr, the totals, then one row per entry."""
+    version = summary.format_version
+    lines = [
+        prefix,
+        compact_repr(summary),
+        f"format version {version if version is not None else '(none recorded)'}; "
+        f"{summary.leaves} tensors, {summary.sub_trees} sub-trees; "
+        f"{human_bytes(summary.nbytes)} ({summary.nbytes:,} bytes)",
+    ]
+    rows: list[tuple[str, str, str, str]] = []
+    _rows(summary, "", rows)
+    if rows:
+        w0 = max(len(r[0]) for r in rows)
+        w1 = max(len(r[1]) for r in rows)
+        w2 = max(len(r[2]) for r in rows)
+        lines.append("")
+        lines.extend(f"  {a:>{w0}}  {b:<{w1}}  {c:<{w2}}  {d}" for a, b, c, d in rows)
+    return "\n".join(lines)
+
+
+def format_json(prefix: str, summary: Summary) -> str:
+    """The JSON report: path, repr, totals (``nbytes``, ``leaves``, ``sub_trees``) and tree."""
+    out = {
+        "path": os.path.abspath(prefix),
+        "repr": compact_repr(summary),
+        "format_version": summary.format_version,
+        "nbytes": summary.nbytes,
+        "leaves": summary.leaves,
+        "sub_trees": summary.sub_trees,
+        "tree": summary.to_json(),
+    }
+    return json.dumps(out, ensure_ascii=False)
