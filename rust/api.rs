@@ -1,6 +1,7 @@
 //! The `#[pyfunction]`s: convert plain Python values at the boundary, release the GIL for the
 //! work, convert back. One call per tree each way.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -13,6 +14,7 @@ use crate::error::Error;
 use crate::layout;
 use crate::load::{self, LoadedEntry, LoadedNode};
 use crate::parallel;
+use crate::safetensors_io::{self, TensorBytes};
 use crate::save::{self, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
 use crate::storage::{self, Region};
 use crate::summary;
@@ -281,4 +283,57 @@ fn summary_to_py<'py>(py: Python<'py>, node: summary::SummaryNode) -> PyResult<B
 pub fn tree_summary<'py>(py: Python<'py>, prefix: PathBuf) -> PyResult<Bound<'py, PyTuple>> {
     let node = py.detach(|| summary::summarize(&prefix))?;
     summary_to_py(py, node)
+}
+
+/// One tensor of a read `.safetensors` file: name, torch dtype, shape, bytes (None: empty).
+type SafetensorsEntry = (String, &'static str, Vec<u64>, Option<Buffer>);
+
+/// Maps and validates a `.safetensors` file (copy-on-write: writes never reach the file), with
+/// the GIL released. Returns `(tensors, metadata)`: the tensors in file order as `(name,
+/// dtype, shape, buffer)`, and the file's `__metadata__` (empty when it has none).
+#[pyfunction]
+pub fn read_safetensors(
+    py: Python<'_>,
+    path: PathBuf,
+) -> PyResult<(Vec<SafetensorsEntry>, HashMap<String, String>)> {
+    let file = py.detach(|| safetensors_io::read(&path))?;
+    let map = std::sync::Arc::new(file.map);
+    let tensors = file
+        .tensors
+        .into_iter()
+        .map(|t| {
+            let buffer = t.data.map(|d| match d {
+                TensorBytes::InFile { offset, len } => Buffer::slice(&map, offset, len),
+                TensorBytes::Copied(region) => Buffer::new(region),
+            });
+            (t.name, t.dtype, t.shape, buffer)
+        })
+        .collect();
+    Ok((tensors, file.metadata))
+}
+
+/// Writes tensors given as `(name, dtype, shape, data_ptr, nbytes)` and `metadata` to a
+/// `.safetensors` file at `path` (written beside it, then renamed over it), with the GIL
+/// released.
+#[pyfunction]
+pub fn write_safetensors(
+    py: Python<'_>,
+    path: PathBuf,
+    tensors: Vec<(String, String, Vec<usize>, usize, usize)>,
+    metadata: HashMap<String, String>,
+) -> PyResult<()> {
+    let mut rows = Vec::with_capacity(tensors.len());
+    for (name, dtype, shape, ptr, nbytes) in tensors {
+        // SAFETY: the Python layer keeps every source tensor alive during this call.
+        let data = unsafe { source_slice(ptr, nbytes) }
+            .ok_or_else(|| Error::tree(&path, format!("key {name:?}: no data pointer")))?;
+        rows.push(safetensors_io::WriteTensor {
+            name,
+            dtype,
+            shape,
+            data,
+        });
+    }
+    py.detach(|| safetensors_io::write(&path, &rows, metadata))?;
+    Ok(())
 }

@@ -1,7 +1,8 @@
 //! tensordict-rs native core: memory maps, the memmap directory format, bulk copies.
 //!
-//! `storage`, `dir`, `layout`, `parallel`, `save`, `swap`, `load` and `summary` are plain
-//! Rust (tested by `cargo test`); `buffer` and `api` are the pyo3 boundary; this file only exports.
+//! `storage`, `dir`, `layout`, `parallel`, `save`, `swap`, `load`, `summary` and
+//! `safetensors_io` are plain Rust (tested by `cargo test`); `buffer` and `api` are the pyo3
+//! boundary; this file only exports.
 
 pub mod api;
 pub mod buffer;
@@ -10,6 +11,7 @@ pub mod error;
 pub mod layout;
 pub mod load;
 pub mod parallel;
+pub mod safetensors_io;
 pub mod save;
 pub mod storage;
 pub mod summary;
@@ -31,6 +33,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::flush_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(api::encode_key, m)?)?;
     m.add_function(wrap_pyfunction!(api::tree_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(api::read_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(api::write_safetensors, m)?)?;
     m.add("TensorDictError", py.get_type::<error::TensorDictError>())?;
     m.add(
         "InvalidDirectoryError",

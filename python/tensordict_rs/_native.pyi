@@ -14,10 +14,12 @@ __all__ = [
     "flush_buffers",
     "load_tree",
     "open_file",
+    "read_safetensors",
     "tree_is_current",
     "tree_summary",
     "verify_tree",
     "write_file",
+    "write_safetensors",
     "write_tree",
 ]
 
@@ -57,3 +59,9 @@ def open_file(path: str, nbytes: int) -> Buffer: ...
 def flush_buffers(buffers: list[Buffer]) -> None: ...
 def encode_key(key: str) -> str: ...
 def tree_summary(prefix: str) -> tuple[Any, ...]: ...
+def read_safetensors(
+    path: str,
+) -> tuple[list[tuple[str, str, list[int], Buffer | None]], dict[str, str]]: ...
+def write_safetensors(
+    path: str, tensors: list[tuple[str, str, list[int], int, int]], metadata: dict[str, str]
+) -> None: ...

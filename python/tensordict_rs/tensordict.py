@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import _index
+from . import _index, _safetensors
 from ._devices import DeviceMoves, _normalize_device
 from ._locking import LOCK_ERROR, Lockable
 from ._persistence import MemoryMapped
@@ -517,6 +517,36 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
         return map_leaves(self, lambda t: t)
 
     # ------------------------------------------------------------------ repr and pickling
+
+    @classmethod
+    def from_safetensors(
+        cls, path: PathLike, separator: str | None = ".", batch_size: Any = None
+    ) -> TensorDict:
+        """Reads a ``.safetensors`` file, memory-mapped (copy-on-write: the file never changes).
+
+        Names are split on ``separator`` into nested keys (``None``: flat keys). The batch
+        sizes and non-tensor values that ``to_safetensors`` stored come back; ``batch_size``
+        overrides them for every level. A damaged file raises ``InvalidDirectoryError``.
+
+        >>> import tempfile, torch
+        >>> path = tempfile.mkdtemp() + "/model.safetensors"
+        >>> td = TensorDict({"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}, [2])
+        >>> td.to_safetensors(path)
+        >>> TensorDict.from_safetensors(path)
+        TensorDict(batch_size=[2], fields={b: {x: f32[]}, w: f32[3]})
+        """
+        return _safetensors.from_safetensors(cls, path, separator, batch_size)
+
+    def to_safetensors(
+        self, path: PathLike, separator: str = ".", metadata: dict[str, str] | None = None
+    ) -> None:
+        """Writes every tensor to a ``.safetensors`` file, atomically (beside it, then renamed).
+
+        Nested keys are joined with ``separator``; batch sizes and JSON non-tensor values go
+        into ``__metadata__`` (``tensordict_rs.*`` keys) beside the user's ``metadata``. Any
+        reader of the format (``safetensors.torch.load_file``) opens the file.
+        """
+        _safetensors.to_safetensors(self, path, separator, metadata)
 
     def __repr__(self) -> str:
         return compact_repr(self)

@@ -1,8 +1,8 @@
 """The ``tensordict-rs`` command (also ``python -m tensordict_rs``).
 
 ``info`` and ``verify`` read directories without importing torch (the Rust core reads the
-meta.json files); ``copy`` goes through the library's save path and imports torch only when it
-runs. Exit status: 0 success, 1 problems found (or a directory that cannot be
+meta.json files); ``copy`` and ``convert`` go through the library's save path and import torch
+only when they run. Exit status: 0 success, 1 problems found (or a directory that cannot be
 read as a tree), 2 usage or I/O errors.
 
 >>> main(["verify", "/nonexistent/dir"])
@@ -42,6 +42,15 @@ def _parser() -> argparse.ArgumentParser:
     copy.add_argument("dst")
     copy.add_argument("--durable", action="store_true", help="fsync everything before returning")
     copy.add_argument("--overwrite", action="store_true", help="replace an existing tree at dst")
+    convert = sub.add_parser(
+        "convert", help="between a directory and a .safetensors file (either way)"
+    )
+    convert.add_argument("src", help="a tensordict directory or a .safetensors file")
+    convert.add_argument("dst", help="the .safetensors file or the directory to write")
+    convert.add_argument(
+        "--separator", default=".", help="joins nested keys into safetensors names (default '.')"
+    )
+    convert.add_argument("--overwrite", action="store_true", help="replace an existing dst")
     sub.add_parser("demo", help="run the replay-buffer demo (see python -m tensordict_rs.demo -h)")
     return parser
 
@@ -114,14 +123,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from . import transfer
 
     try:
-        transfer.copy(args.src, args.dst, durable=args.durable, overwrite=args.overwrite)
+        if args.command == "copy":
+            transfer.copy(args.src, args.dst, durable=args.durable, overwrite=args.overwrite)
+        else:
+            transfer.convert(args.src, args.dst, separator=args.separator, overwrite=args.overwrite)
     except transfer.UsageError as err:
         _error(str(err))
         return USAGE
     except OSError as err:
         _error(str(err))
         return USAGE
-    except (_native.TensorDictError, ValueError, RuntimeError) as err:
+    except (_native.TensorDictError, ValueError, TypeError, RuntimeError) as err:
         _error(str(err))
         return PROBLEMS
     return OK
