@@ -1,34 +1,41 @@
 //! The one error type of the crate and its mapping to Python exceptions.
 //!
 //! `Error` itself is plain Rust so that `storage`, `dir`, `layout`, `save` and `load` stay
-//! free of pyo3; the single `From<Error> for PyErr` below is the only bridge.
+//! free of pyo3; the single `From<Error> for PyErr` below is the only bridge (feature `python`).
 
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "python")]
 use pyo3::create_exception;
+#[cfg(feature = "python")]
 use pyo3::exceptions::{PyException, PyOSError};
+#[cfg(feature = "python")]
 use pyo3::PyErr;
 
+#[cfg(feature = "python")]
 create_exception!(
     tensordict_rs,
     TensorDictError,
     PyException,
     "Base class of every error raised by tensordict_rs (I/O errors stay OSError)."
 );
+#[cfg(feature = "python")]
 create_exception!(
     tensordict_rs,
     InvalidDirectoryError,
     TensorDictError,
     "A saved directory is damaged or hostile: bad meta.json, short file, bad key, symlink."
 );
+#[cfg(feature = "python")]
 create_exception!(
     tensordict_rs,
     UnsupportedFormatError,
     TensorDictError,
     "A saved directory is valid but holds something this library refuses to load (pickle, nested tensors, newer format)."
 );
+#[cfg(feature = "python")]
 create_exception!(
     tensordict_rs,
     InvalidTreeError,
@@ -119,6 +126,7 @@ impl std::error::Error for Error {
 }
 
 /// Errno for an `io::Error` that has none (errors built by std or by us from a kind).
+#[cfg(feature = "python")]
 fn errno_for_kind(kind: io::ErrorKind) -> i32 {
     #[cfg(unix)]
     {
@@ -142,6 +150,7 @@ fn errno_for_kind(kind: io::ErrorKind) -> i32 {
     }
 }
 
+#[cfg(feature = "python")]
 impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
         match err {
@@ -159,7 +168,15 @@ impl From<Error> for PyErr {
                     Some(cut) => strerror[..cut].to_string(),
                     None => strerror,
                 };
-                PyOSError::new_err((errno, strerror, path.to_string_lossy().into_owned()))
+                let path = path.to_string_lossy().into_owned();
+                // Windows: the OS code is a Win32 error, not an errno; OSError(errno, strerror,
+                // filename, winerror) maps it to the errno and the subclass, as CPython does.
+                #[cfg(windows)]
+                if let Some(winerror) = source.raw_os_error() {
+                    let errno = errno_for_kind(source.kind());
+                    return PyOSError::new_err((errno, strerror, path, winerror));
+                }
+                PyOSError::new_err((errno, strerror, path))
             }
             Error::Invalid { .. } => InvalidDirectoryError::new_err(err.to_string()),
             Error::Unsupported { .. } => UnsupportedFormatError::new_err(err.to_string()),

@@ -4,7 +4,10 @@
 //! `safetensors_io` are plain Rust (tested by `cargo test`); `buffer` and `api` are the pyo3
 //! boundary; this file only exports.
 
+// The pyo3 boundary is the `python` feature (on by default; off for the Windows tests).
+#[cfg(feature = "python")]
 pub mod api;
+#[cfg(feature = "python")]
 pub mod buffer;
 pub mod dir;
 pub mod error;
@@ -17,8 +20,10 @@ pub mod storage;
 pub mod summary;
 pub mod swap;
 
+#[cfg(feature = "python")]
 use pyo3::prelude::*;
 
+#[cfg(feature = "python")]
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();

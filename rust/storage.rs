@@ -401,6 +401,7 @@ pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
         map,
         path: None,
         mode: MapMode::Shared,
+        tree: None,
     })
 }
 
