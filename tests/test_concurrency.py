@@ -40,7 +40,7 @@ def make(v: float) -> TensorDict:
         },
         [8],
     )
-    td["version"] = int(v)
+    td["version"] = torch.full((8,), int(v))
     return td
 
 

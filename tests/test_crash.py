@@ -91,7 +91,7 @@ def classify(prefix: Path, old: int, new: int) -> tuple[str, str]:
             return "MIXED", f"{key}: values of neither version: min {lo}, max {hi}"
     if set(seen) != set(expected_shapes):
         return "BAD", f"keys {sorted(seen)}"
-    version = td.get("version")
+    version = td["version"]
     seen["version"] = {str(old): "old", str(new): "new"}.get(version, f"?{version}")
     kinds = set(seen.values())
     if len(kinds) != 1:

@@ -147,7 +147,7 @@ def describe(td: TensorDict) -> list[tuple[Any, ...]]:
                 )
             )
         else:
-            out.append((key, "json", repr(value)))
+            out.append((key, "json", repr(value.data)))
     return out
 
 

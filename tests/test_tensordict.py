@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensordict_rs import MemoryMappedTensor, TensorDict
+from tensordict_rs import MemoryMappedTensor, NonTensorData, TensorDict
 
 CPU = torch.device("cpu")
 META = torch.device("meta")
@@ -226,18 +226,18 @@ def test_keys_values_items() -> None:
         "n",
         "s",
     ]
+    # as in tensordict, a non-tensor entry is not a leaf, and comes as its NonTensorData
     assert td.keys(include_nested=True, leaves_only=True) == [
         "a",
         ("n", "x"),
         ("n", "deep", "y"),
-        "s",
     ]
-    assert td.keys(leaves_only=True) == ["a", "s"]
+    assert td.keys(leaves_only=True) == ["a"]
     values = td.values(include_nested=True, leaves_only=True)
-    assert len(values) == 4
+    assert len(values) == 3
     assert values[0] is td["a"] and values[1] is td["n", "x"] and values[2] is td["n", "deep", "y"]
-    assert values[3] == "text"
     assert [v is td["n"] for v in td.values()] == [False, True, False]
+    assert isinstance(td.values()[2], NonTensorData) and td.values()[2].data == "text"
     items = td.items(include_nested=True, leaves_only=True)
     assert [k for k, _ in items] == td.keys(include_nested=True, leaves_only=True)
     assert all(v is td[k] for k, v in items if k != "s")

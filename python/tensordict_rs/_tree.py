@@ -61,13 +61,24 @@ class TreeNode:
 class NonTensorData:
     """A non-tensor value stored in a TensorDict (a string, number, list or dict)."""
 
-    __slots__ = ("data",)
+    __slots__ = ("batch_size", "data", "device")
 
-    def __init__(self, data: Any) -> None:
+    def __init__(self, data: Any, batch_size: Any = None, device: Any = None) -> None:
         self.data = data
+        self.batch_size = torch.Size([] if batch_size is None else batch_size)
+        self.device = None if device is None else torch.device(device)
 
     def __repr__(self) -> str:
-        return f"NonTensorData(data={self.data!r})"
+        return (
+            f"NonTensorData(data={self.data!r}, batch_size={self.batch_size}, device={self.device})"
+        )
+
+    def tolist(self) -> Any:
+        """The value repeated over the batch dims, as nested lists (as tensordict gives it)."""
+        value = self.data
+        for size in reversed(self.batch_size):
+            value = [value] * size
+        return value
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, NonTensorData) and other.data == self.data

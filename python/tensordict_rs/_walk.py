@@ -147,7 +147,8 @@ def walk_items(
 ) -> Iterator[tuple[Any, Any]]:
     """``(key, value)`` pairs in tensordict's order: a nested tree comes after its own entries.
 
-    Keys are str at the top level and tuples below; NonTensorData are given as their data.
+    Keys are str at the top level and tuples below. As in tensordict, a non-tensor entry is
+    not a leaf (``leaves_only`` leaves it out) and comes as its ``NonTensorData``.
     """
     for key in list(td._tensordict):
         value = td._get_str(key) if materialize else td._tensordict[key]
@@ -157,8 +158,12 @@ def walk_items(
                 yield from walk_items(value, nested, leaves_only, materialize, (*prefix, key))
             if not leaves_only:
                 yield full, value
+        elif type(value) is NonTensorData:
+            if not leaves_only:
+                value.batch_size, value.device = td._batch_size, td._device
+                yield full, value
         else:
-            yield full, value.data if type(value) is NonTensorData else value
+            yield full, value
 
 
 def copy_tree(td: T, keep: Callable[[tuple[str, ...]], bool] | None = None) -> T:

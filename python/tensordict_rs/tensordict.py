@@ -17,7 +17,9 @@ from ._persistence import MemoryMapped
 from ._repr import compact_repr
 from ._tree import NonTensorData, TreeNode, _LazyLeaf
 from ._walk import leaves, map_leaves, walk_items, zip_leaves
+from .ops import keys as _keys
 from .ops import shape as _shape
+from .ops import torch_functions as _torch
 
 __all__ = ["TensorDict"]
 
@@ -65,18 +67,26 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
 
     def __init__(
         self,
-        source: Mapping[str, Any] | None = None,
+        source: Mapping[Key, Any] | None = None,
         batch_size: Any = None,
         device: Any = None,
+        names: Any = None,
         *,
         non_blocking: bool = False,
         lock: bool = False,
+        **entries: Any,
     ) -> None:
-        """Builds a TensorDict from a mapping; nested mappings become nested TensorDicts."""
-        self._init(torch.Size([] if batch_size is None else batch_size), _normalize_device(device))
-        if source is not None:
-            for key, value in source.items():
+        """Builds a TensorDict from a mapping and/or keyword entries (``TensorDict(a=x,
+        batch_size=[3])``); nested mappings become nested TensorDicts, tuple keys nested
+        entries; lists of numbers and NumPy arrays become tensors."""
+        batch = torch.Size([] if batch_size is None else batch_size)
+        self._init(batch, _normalize_device(device))
+        self.names = names
+        for key, value in _keys.entry_pairs(source, entries):
+            if isinstance(key, str):
                 self._set_str(key, value, validate=True, non_blocking=non_blocking)
+            else:
+                self.set(key, value, non_blocking=non_blocking)
         if lock:
             self.lock_()
 
@@ -192,9 +202,17 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
 
     def _check_batch(self, key: str, shape: tuple[int, ...] | torch.Size) -> None:
         if tuple(shape[: self.batch_dims]) != tuple(self._batch_size):
+            hint = (
+                " Python scalars are stored as 0-dim tensors: to store a scalar in a tensordict "
+                "with a non-empty batch size, expand it to the batch size or wrap it in "
+                "NonTensorData."
+                if not shape
+                else ""
+            )
             raise RuntimeError(
                 f"batch dimension mismatch, got self.batch_size={self._batch_size} and "
-                f"value.shape={torch.Size(shape)} for key {key!r}."
+                f"value.shape={torch.Size(shape)} for key {key!r}. The leading dimensions of a "
+                f"value must match the batch size.{hint}"
             )
 
     def _convert(self, key: str, value: Any, non_blocking: bool) -> Any:
@@ -206,12 +224,9 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
             return value
         if isinstance(value, Mapping):
             return TensorDict(value, self._batch_size, self._device, non_blocking=non_blocking)
+        value = _keys.leaf_value(value)
         if isinstance(value, NonTensorData):
             return value
-        if isinstance(value, (bool, int, float, complex)):
-            value = torch.tensor(value).expand(self._batch_size)
-        elif not isinstance(value, torch.Tensor):
-            return NonTensorData(value)
         if self._device is not None and value.device != self._device:
             value = value.to(self._device, non_blocking=non_blocking)
         self._check_batch(key, value.shape)
@@ -243,7 +258,8 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
         return td
 
     def get(self, key: Key, default: Any = _NO_DEFAULT) -> Any:
-        """The entry at ``key`` (a str or a tuple of str for nested entries)."""
+        """The entry at ``key`` (a str or a tuple of str for nested entries); a non-tensor entry
+        comes as its ``NonTensorData`` (``td[key]`` gives the value itself)."""
         path = _as_key(key)
         try:
             td = self._sub(path[:-1], create=False)
@@ -254,7 +270,9 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
             raise KeyError(
                 f'key "{key}" not found in TensorDict with keys {sorted(self._tensordict)}'
             ) from None
-        return value.data if isinstance(value, NonTensorData) else value
+        if type(value) is NonTensorData:
+            value.batch_size, value.device = td._batch_size, td._device
+        return value
 
     def set(
         self, key: Key, value: Any, *, inplace: bool = False, non_blocking: bool = False
@@ -325,7 +343,8 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
         if isinstance(index, str) or (
             isinstance(index, tuple) and not _index.is_batch_index(index)
         ):
-            return self.get(index)
+            value = self.get(index)
+            return value.data if type(value) is NonTensorData else value
         return self._index(index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -335,13 +354,12 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
             self.set(index, value)
             return
         items = _index.normalize(index, self.batch_dims)
+        _index.indexed_batch_size(self._batch_size, items)  # out-of-range rows: IndexError
         if isinstance(value, (TensorDict, Mapping)):
             for key, sub_value in _pairs(value):
-                target = self._get_str(key) if key in self._tensordict else None
-                if target is None:
-                    raise KeyError(
-                        f'key "{key}" not found in TensorDict with keys {sorted(self._tensordict)}'
-                    )
+                if key not in self._tensordict:
+                    self._preallocate(key, sub_value, items)
+                target = self._get_str(key)
                 if isinstance(target, TensorDict):
                     target[items] = sub_value
                 elif isinstance(target, NonTensorData):
@@ -353,6 +371,25 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
             target = self._get_str(key)
             if not isinstance(target, NonTensorData):
                 target[items] = value
+
+    def _preallocate(self, key: str, value: Any, items: tuple[Any, ...]) -> None:
+        """A new zero-filled entry for ``td[items] = {key: value}`` (tensordict's lazy
+        preallocation): the batch size of ``self``, then ``value``'s own dims and dtype."""
+        if self._is_locked:
+            raise RuntimeError(LOCK_ERROR)
+        rows = len(_index.indexed_batch_size(self._batch_size, items))
+        if isinstance(value, (TensorDict, Mapping)):
+            extra = value.batch_size[rows:] if isinstance(value, TensorDict) else ()
+            batch = torch.Size([*self._batch_size, *extra])
+            self._tensordict[key] = TensorDict._new_unchecked(batch, self._device)
+            return
+        leaf = _keys.leaf_value(value)
+        if isinstance(leaf, NonTensorData):
+            self._tensordict[key] = NonTensorData(leaf.data)
+            return
+        device = self._device if self._device is not None else leaf.device
+        shape = (*self._batch_size, *leaf.shape[rows:])
+        self._tensordict[key] = torch.zeros(shape, dtype=leaf.dtype, device=device)
 
     def __delitem__(self, key: Key) -> None:
         if self._is_locked:
@@ -418,13 +455,50 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
     chunk = _shape.chunk
     unbind = _shape.unbind
 
+    # ------------------------------------------------------------------ keys: ops/keys.py
+
+    select = _keys.select
+    exclude = _keys.exclude
+    rename_key_ = _keys.rename_key_
+    flatten_keys = _keys.flatten_keys
+    unflatten_keys = _keys.unflatten_keys
+    to_dict = _keys.to_dict
+    empty = _keys.empty
+    is_empty = _keys.is_empty
+    from_dict = classmethod(_keys.from_dict)
+    fromkeys = classmethod(_keys.fromkeys)
+
+    # ------------------------------------------------------------------ torch functions
+
+    where = _torch.where
+
+    @classmethod
+    def __torch_function__(
+        cls,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        """``torch.stack``, ``torch.cat``, ``torch.zeros_like``, ... on TensorDicts (the table
+        of ``ops/torch_functions.py``); other torch functions are not implemented for them."""
+        return _torch.dispatch(func, args, kwargs)
+
     # ------------------------------------------------------------------ batch indexing
 
     def _index(self, index: Any) -> TensorDict:
         rows = _index.row_index(index)
         if rows is not None and self.batch_dims >= 1:
             # index_select refuses negative rows; wrap them like tensor indexing does.
-            rows = torch.where(rows < 0, rows + self._batch_size[0], rows)
+            size = self._batch_size[0]
+            if rows.numel():
+                low, high = (int(v) for v in torch.aminmax(rows))
+                if low < -size or high >= size:
+                    bad = high if high >= size else low
+                    raise IndexError(
+                        f"index {bad} is out of bounds for dimension 0 with size {size}"
+                    )
+            rows = torch.where(rows < 0, rows + size, rows)
             batch = torch.Size([rows.numel(), *self._batch_size[1:]])
             return map_leaves(
                 self, lambda t: torch.index_select(t, 0, rows.to(t.device)), batch_size=batch

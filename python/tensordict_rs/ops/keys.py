@@ -1,0 +1,293 @@
+"""Key operations: select, exclude, rename, flat and nested keys, dicts, empty trees.
+
+New trees share the tensors of the source (no copy; lazy leaves stay lazy) and are unlocked,
+as tensordict's ``select``/``exclude``/``flatten_keys`` results are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._locking import LOCK_ERROR
+from .._tree import NonTensorData
+from .._walk import KEEP, copy_tree, is_tree
+
+if TYPE_CHECKING:
+    from ..tensordict import TensorDict
+
+Key = str | tuple[str, ...]
+
+
+def _path(key: Any) -> tuple[str, ...]:
+    if isinstance(key, str):
+        return (key,)
+    if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
+        return key
+    raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
+
+
+def _missing(td: TensorDict, key: str) -> KeyError:
+    return KeyError(f'key "{key}" not found in TensorDict with keys {sorted(td._tensordict)}')
+
+
+def _prune(td: TensorDict, wanted: dict[str, Any], strict: bool) -> TensorDict:
+    """A tree of the entries of ``td`` named by the nested ``wanted`` ({key: sub-wanted|None})."""
+    out = type(td)._new_unchecked(td.batch_size, td.device)
+    for key, sub in wanted.items():
+        if key not in td._tensordict:
+            if strict:
+                raise _missing(td, key)
+            continue
+        value = td._tensordict[key]
+        if sub is None:
+            out._tensordict[key] = copy_tree(value) if is_tree(value) else _share(value)
+        elif is_tree(value):
+            out._tensordict[key] = _prune(value, sub, strict)
+        elif strict:
+            raise KeyError(f"{key!r} is a leaf, not a nested TensorDict")
+    return out
+
+
+def _share(value: Any) -> Any:
+    return NonTensorData(value.data) if type(value) is NonTensorData else value
+
+
+def _key_tree(keys: Iterable[Any]) -> dict[str, Any]:
+    """Nested keys as a tree of dicts; None marks a whole entry."""
+    tree: dict[str, Any] = {}
+    for key in keys:
+        path = _path(key)
+        node = tree
+        for part in path[:-1]:
+            child = node.get(part, {})
+            if child is None:  # the whole entry is already wanted
+                break
+            node = node.setdefault(part, child)
+        else:
+            node[path[-1]] = None
+    return tree
+
+
+def _flat_keys(keys: tuple[Any, ...]) -> list[Any]:
+    if len(keys) == 1 and isinstance(keys[0], (list, set)):
+        return list(keys[0])
+    return list(keys)
+
+
+def select(td: TensorDict, *keys: Key, inplace: bool = False, strict: bool = True) -> TensorDict:
+    """A TensorDict of only ``keys`` (nested keys keep their parents); ``strict``: KeyError for
+    a missing key. ``inplace`` drops the other entries from ``td`` itself."""
+    result = _prune(td, _key_tree(_flat_keys(keys)), strict)
+    if not inplace:
+        return result
+    if td._is_locked:
+        raise RuntimeError(LOCK_ERROR)
+    td._tensordict = result._tensordict
+    return td
+
+
+def exclude(td: TensorDict, *keys: Key, inplace: bool = False) -> TensorDict:
+    """A TensorDict without ``keys`` (missing keys are ignored); ``inplace`` removes them from
+    ``td`` itself."""
+    target = td if inplace else copy_tree(td)
+    if inplace and td._is_locked:
+        raise RuntimeError(LOCK_ERROR)
+    for key in _flat_keys(keys):
+        path = _path(key)
+        node: Any = target
+        for part in path[:-1]:
+            node = node._tensordict.get(part)
+            if not is_tree(node):
+                break
+        else:
+            node._tensordict.pop(path[-1], None)
+    return target
+
+
+def rename_key_(td: TensorDict, old_key: Key, new_key: Key, safe: bool = False) -> TensorDict:
+    """Moves the entry at ``old_key`` to ``new_key``, in place; ``safe``: KeyError when
+    ``new_key`` exists. Nested keys may move between nested TensorDicts."""
+    if td._is_locked:
+        raise RuntimeError(LOCK_ERROR)
+    old, new = _path(old_key), _path(new_key)
+    if safe and new_key in td:
+        raise KeyError(f"key {new[-1] if len(new) == 1 else new} already present in TensorDict.")
+    source = td._sub(old[:-1], create=False)
+    if old[-1] not in source._tensordict:
+        raise _missing(source, old[-1])
+    value = source._tensordict.pop(old[-1])
+    td._sub(new[:-1], create=True)._tensordict[new[-1]] = value
+    return td
+
+
+def flatten_keys(
+    td: TensorDict, separator: str = ".", inplace: bool = False, is_leaf: Any = None
+) -> TensorDict:
+    """Nested entries as top-level keys joined by ``separator`` (``("a", "b")`` -> ``"a.b"``)."""
+    out = type(td)._new_unchecked(td.batch_size, td.device)
+    _flatten_into(td, out, separator, "")
+    if not inplace:
+        return out
+    if td._is_locked:
+        raise RuntimeError(LOCK_ERROR)
+    td._tensordict = out._tensordict
+    return td
+
+
+def _flatten_into(td: TensorDict, out: TensorDict, separator: str, prefix: str) -> None:
+    for key, value in td._tensordict.items():
+        name = prefix + key
+        if is_tree(value):
+            if not value._tensordict:
+                out._tensordict[name] = copy_tree(value)
+            _flatten_into(value, out, separator, name + separator)
+            continue
+        if name in out._tensordict:
+            raise KeyError(f"flattening the keys makes {name!r} twice")
+        out._tensordict[name] = _share(value)
+
+
+def unflatten_keys(td: TensorDict, separator: str = ".", inplace: bool = False) -> TensorDict:
+    """Top-level keys that hold ``separator`` become nested entries (``"a.b"``: ``a``, ``b``)."""
+    out = type(td)._new_unchecked(td.batch_size, td.device)
+    for key, value in td._tensordict.items():
+        parts = tuple(key.split(separator)) if separator in key else (key,)
+        node = out._sub(parts[:-1], create=True)
+        node._tensordict[parts[-1]] = copy_tree(value) if is_tree(value) else _share(value)
+    if not inplace:
+        return out
+    if td._is_locked:
+        raise RuntimeError(LOCK_ERROR)
+    td._tensordict = out._tensordict
+    return td
+
+
+def to_dict(td: TensorDict, *, retain_none: bool = True, convert_tensors: bool = False) -> dict:
+    """Nested plain dicts: tensors as they are (or lists with ``convert_tensors``), non-tensor
+    entries as their data (``None`` dropped unless ``retain_none``)."""
+    out: dict[str, Any] = {}
+    for key in list(td._tensordict):
+        value = td._get_str(key)
+        if is_tree(value):
+            out[key] = to_dict(value, retain_none=retain_none, convert_tensors=convert_tensors)
+        elif type(value) is NonTensorData:
+            if value.data is not None or retain_none:
+                out[key] = value.data
+        else:
+            out[key] = value.tolist() if convert_tensors else value
+    return out
+
+
+def _max_batch(td: TensorDict, batch_dims: int | None) -> None:
+    """Sets each tree's batch size to the longest prefix its entries share (deepest first)."""
+    shapes = []
+    for value in td._tensordict.values():
+        if is_tree(value):
+            _max_batch(value, batch_dims)
+            shapes.append(tuple(value.batch_size))
+        elif type(value) is not NonTensorData:
+            shapes.append(tuple(value.shape))
+    if not shapes:
+        return
+    common: list[int] = []
+    for sizes in zip(*shapes, strict=False):
+        if len(set(sizes)) != 1:
+            break
+        common.append(sizes[0])
+    if batch_dims is not None:
+        common = common[:batch_dims]
+    td._batch_size = torch.Size(common)
+
+
+def from_dict(
+    cls: type[TensorDict],
+    input_dict: Any,
+    *,
+    auto_batch_size: bool | None = None,
+    batch_size: Any = None,
+    device: Any = None,
+    batch_dims: int | None = None,
+    names: Any = None,
+) -> TensorDict:
+    """A TensorDict from a (nested) mapping. Without ``batch_size`` the batch size is ``[]``,
+    or with ``auto_batch_size=True`` / ``batch_dims`` the longest leading shape the entries of
+    each (nested) TensorDict share (cut to ``batch_dims``). With a batch size, a Python scalar
+    is kept as non-tensor data, as tensordict does."""
+    if is_tree(input_dict):
+        return input_dict  # type: ignore[no-any-return]
+    if batch_dims is not None and batch_size is not None:
+        raise ValueError("Cannot pass both batch_size and batch_dims to `from_dict`.")
+    if batch_size is None:
+        td = cls(input_dict, [], device, names=names)
+        if auto_batch_size or batch_dims is not None:
+            _max_batch(td, batch_dims)
+        return td
+    source = {
+        key: NonTensorData(value)
+        if isinstance(value, (bool, int, float)) and len(torch.Size(batch_size))
+        else value
+        for key, value in dict(input_dict).items()
+    }
+    return cls(source, batch_size, device, names=names)
+
+
+def fromkeys(cls: type[TensorDict], keys: Iterable[Key], value: Any = 0) -> TensorDict:
+    """A TensorDict (batch size ``[]``) with ``value`` (a 0-dim tensor) at every key."""
+    td = cls({}, [])
+    for key in keys:
+        td.set(key, value)
+    return td
+
+
+def empty(
+    td: TensorDict, recurse: bool = False, *, batch_size: Any = None, device: Any = KEEP
+) -> TensorDict:
+    """A TensorDict with the batch size and device of ``td`` and no entries (with ``recurse``:
+    empty nested TensorDicts and the non-tensor entries are kept)."""
+    batch = td.batch_size if batch_size is None else torch.Size(batch_size)
+    out = type(td)._new_unchecked(batch, td.device if device is KEEP else device)
+    if recurse:
+        for key, value in td._tensordict.items():
+            if is_tree(value):
+                out._tensordict[key] = empty(value, True)
+            elif type(value) is NonTensorData:
+                out._tensordict[key] = NonTensorData(value.data)
+    return out
+
+
+def is_empty(td: TensorDict) -> bool:
+    """True when no entry (at any depth) is a tensor or non-tensor value."""
+    for value in td._tensordict.values():
+        if not is_tree(value) or not is_empty(value):
+            return False
+    return True
+
+
+def entry_pairs(source: Mapping[Any, Any] | None, kwargs: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """The entries a TensorDict is built from: a mapping, then keyword entries; tuple (nested)
+    keys after the others, in tensordict's order."""
+    pairs = list(source.items()) if source is not None else []
+    pairs.extend(kwargs.items())
+    return [p for p in pairs if not isinstance(p[0], tuple)] + [
+        p for p in pairs if isinstance(p[0], tuple)
+    ]
+
+
+def leaf_value(value: Any) -> Any:
+    """A new entry as tensordict stores it: Python and NumPy scalars, NumPy arrays and lists
+    of numbers become tensors (a 0-dim tensor for a scalar); other values NonTensorData."""
+    if isinstance(value, (torch.Tensor, NonTensorData)):
+        return value
+    if isinstance(value, (bool, int, float, complex)):
+        return torch.tensor(value)
+    if type(value).__module__ == "numpy" and hasattr(value, "dtype"):
+        return torch.as_tensor(value)
+    if isinstance(value, (list, tuple)) and value:
+        try:
+            return torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            return NonTensorData(value)
+    return NonTensorData(value)

@@ -1,0 +1,358 @@
+"""torch functions on TensorDicts: the ``__torch_function__`` table.
+
+``torch.stack(tds)``, ``torch.cat(tds)``, ``torch.zeros_like(td)``, ``torch.where(c, td, x)``
+and the others of ``HANDLED`` call the functions here; a torch function that is not in the
+table returns ``NotImplemented`` (torch then raises ``TypeError``), as torch documents for
+``__torch_function__`` overrides.
+
+``out=`` writes into the leaves of an existing TensorDict (memory-mapped ones included: the
+rows go straight into its maps, and a locked ``out`` works). Its shapes must already be the
+result's: a map cannot grow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import _native
+from .._tree import NonTensorData
+from .._walk import KEEP, is_tree, map_leaves, walk_items, zip_leaves
+from . import shape
+
+if TYPE_CHECKING:
+    from ..tensordict import TensorDict
+
+
+def _key_sets_match(tds: Sequence[TensorDict], what: str) -> list[Any]:
+    keys = tds[0].keys(include_nested=True)
+    wanted = set(keys)
+    for i, td in enumerate(tds[1:], 1):
+        theirs = set(td.keys(include_nested=True))
+        if theirs != wanted:
+            raise KeyError(
+                f"cannot {what} TensorDicts with different keys: td[0] has keys "
+                f"{sorted(map(str, wanted - theirs))} that td[{i}] lacks, and td[{i}] has "
+                f"{sorted(map(str, theirs - wanted))} that td[0] lacks"
+            )
+    return keys
+
+
+def _same_non_tensor(what: str) -> Callable[..., NonTensorData]:
+    """Joins the NonTensorData of several trees: one value for all, or refused."""
+
+    def join(first: NonTensorData, *rest: Any) -> NonTensorData:
+        for other in rest:
+            data = other.data if isinstance(other, NonTensorData) else other
+            if data != first.data:
+                raise _native.TensorDictError(
+                    f"cannot {what} non-tensor values that differ ({first.data!r} and {data!r}): "
+                    "tensordict-rs keeps one value per non-tensor entry"
+                )
+        return NonTensorData(first.data)
+
+    return join
+
+
+def _common_device(tds: Sequence[TensorDict]) -> torch.device | None:
+    device = tds[0].device
+    return device if all(td.device == device for td in tds[1:]) else None
+
+
+def stack(tds: Sequence[TensorDict], dim: int = 0, *, out: TensorDict | None = None) -> TensorDict:
+    """``torch.stack``: a new batch dim ``dim`` (in ``[-batch_dims - 1, batch_dims]``).
+
+    As tensordict 0.15 does by default, the result is a dense TensorDict of stacked leaves
+    (not a lazy stack); batch sizes and keys must match.
+    """
+    tds = list(tds)
+    if not tds:
+        raise RuntimeError("list_of_tensordicts cannot be empty")
+    first = tds[0]
+    for i, td in enumerate(tds[1:], 1):
+        if td.batch_size != first.batch_size:
+            raise RuntimeError(
+                "stacking tensordicts requires them to have congruent batch sizes, got "
+                f"td[{i}].batch_size={td.batch_size} and td[0].batch_size={first.batch_size}"
+            )
+    n = first.batch_dims
+    if dim < 0:
+        dim += n + 1
+    if not 0 <= dim <= n:
+        raise IndexError(f"stack dim {dim} is out of range for batch size {first.batch_size}")
+    try:
+        _key_sets_match(tds, "stack")
+    except KeyError as err:
+        raise RuntimeError(
+            "The sets of keys in the tensordicts to stack are exclusive. " + str(err.args[0])
+        ) from None
+    batch = list(first.batch_size)
+    batch.insert(dim, len(tds))
+    result = torch.Size(batch)
+    if out is not None:
+        return _into(out, result, tds, lambda leaves, sink: torch.stack(leaves, dim, out=sink))
+    return map_leaves(
+        first,
+        lambda *leaves: torch.stack(leaves, dim),
+        *tds[1:],
+        batch_size=result,
+        device=first.device,
+        non_tensor=_same_non_tensor("stack"),
+    )
+
+
+def cat(tds: Sequence[TensorDict], dim: int = 0, *, out: TensorDict | None = None) -> TensorDict:
+    """``torch.cat``: the TensorDicts joined along batch dim ``dim``; keys must match."""
+    tds = list(tds)
+    if not tds:
+        raise RuntimeError("list_of_tensordicts cannot be empty")
+    first = tds[0]
+    n = first.batch_dims
+    if dim < 0:
+        dim += n
+    if not 0 <= dim < n:
+        raise RuntimeError(
+            f"dim must be in the range 0 <= dim < len(batch_size), got dim={dim} and "
+            f"batch_size={list(first.batch_size)}"
+        )
+    for i, td in enumerate(tds[1:], 1):
+        sizes = zip(td.batch_size, first.batch_size, strict=False)
+        if td.batch_dims != n or any(a != b for d, (a, b) in enumerate(sizes) if d != dim):
+            raise RuntimeError(
+                f"cannot concatenate td[{i}] of batch size {td.batch_size} with td[0] of batch "
+                f"size {first.batch_size} along dim {dim}"
+            )
+    _key_sets_match(tds, "concatenate")
+    batch = list(first.batch_size)
+    batch[dim] = sum(td.batch_size[dim] for td in tds)
+    result = torch.Size(batch)
+    if out is not None:
+        return _into(out, result, tds, lambda leaves, sink: torch.cat(leaves, dim, out=sink))
+    return map_leaves(
+        first,
+        lambda *leaves: torch.cat(leaves, dim),
+        *tds[1:],
+        batch_size=result,
+        device=_common_device(tds),
+        non_tensor=_same_non_tensor("concatenate"),
+    )
+
+
+def _into(
+    out: TensorDict,
+    result: torch.Size,
+    tds: Sequence[TensorDict],
+    write: Callable[[list[torch.Tensor], torch.Tensor], Any],
+) -> TensorDict:
+    """Writes the stacked/concatenated leaves of ``tds`` into the leaves of ``out``."""
+    if out.batch_size != result:
+        raise RuntimeError(
+            f"out.batch_size and the result's batch size must match, got "
+            f"out.batch_size={out.batch_size} and batch_size={result}"
+        )
+    for sink, *leaves in zip_leaves(out, *tds):
+        if not isinstance(leaves[0], torch.Tensor):
+            raise KeyError("a tensor entry of out= is not a tensor in the inputs")
+        want = (*result, *leaves[0].shape[tds[0].batch_dims :])
+        if tuple(sink.shape) != want:
+            raise RuntimeError(
+                f"out= has an entry of shape {tuple(sink.shape)} where the result has {want}"
+            )
+        write(list(leaves), sink)
+    for key in tds[0].keys(include_nested=True, leaves_only=True):
+        if key not in out:
+            raise KeyError(f"key {key!r} of the inputs is missing from out=")
+    return out
+
+
+def _like(name: str) -> Callable[..., TensorDict]:
+    """``torch.<name>_like(td, ...)``: the leaf function on every leaf; lock kept."""
+    fn = getattr(torch, name)
+
+    def like(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
+        device = kwargs.get("device", KEEP)
+        if device is not KEEP and device is not None:
+            device = torch.device(device)
+        return map_leaves(td, lambda t: fn(t, *args, **kwargs), device=device, lock=True)
+
+    like.__name__ = name
+    like.__doc__ = f"``torch.{name}`` of every leaf (same keys, batch size, lock)."
+    return like
+
+
+zeros_like = _like("zeros_like")
+ones_like = _like("ones_like")
+empty_like = _like("empty_like")
+full_like = _like("full_like")
+rand_like = _like("rand_like")
+randn_like = _like("randn_like")
+
+
+def _expand_right(condition: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
+    extra = leaf.ndim - condition.ndim
+    if extra < 0:
+        raise RuntimeError(
+            f"the condition of shape {tuple(condition.shape)} has more dims than an entry of "
+            f"shape {tuple(leaf.shape)}"
+        )
+    cond = condition.reshape(*condition.shape, *(1,) * extra)
+    return cond if cond.device == leaf.device else cond.to(leaf.device)
+
+
+def where(
+    td: TensorDict,
+    condition: torch.Tensor,
+    other: Any,
+    *,
+    out: TensorDict | None = None,
+    pad: Any = None,
+) -> TensorDict:
+    """Entries of ``td`` where ``condition`` (over the leading batch dims) is True, else of
+    ``other`` (a TensorDict, a tensor or a number). With a TensorDict ``other``, a key only one
+    side has takes ``pad`` on the other side (``KeyError`` without ``pad``).
+
+    ``out`` receives the result in place (into its existing leaves, memory maps included).
+    """
+    if is_tree(other):
+        result = _where_trees(td, condition, other, pad)
+    else:
+        result = map_leaves(
+            td, lambda t: torch.where(_expand_right(condition, t), t, other), lock=True
+        )
+    if out is None:
+        return result
+    for sink, value in zip_leaves(out, result):
+        sink.copy_(value)
+    return out
+
+
+def _where_trees(td: TensorDict, condition: torch.Tensor, other: TensorDict, pad: Any) -> Any:
+    out = type(td)._new_unchecked(td.batch_size, td.device)
+    keys = list(td._tensordict) + [k for k in other._tensordict if k not in td._tensordict]
+    for key in keys:
+        mine: Any = td._get_str(key) if key in td._tensordict else None
+        theirs: Any = other._get_str(key) if key in other._tensordict else None
+        if (mine is None or theirs is None) and pad is None:
+            raise KeyError(f"Key {key} not found and no pad value provided.")
+        if is_tree(mine) or is_tree(theirs):
+            present = mine if mine is not None else theirs
+            empty = present.empty()
+            if mine is None:
+                value = _where_trees(theirs, ~condition, empty, pad)
+            else:
+                value = _where_trees(mine, condition, theirs if theirs is not None else empty, pad)
+        elif isinstance(mine, NonTensorData) or isinstance(theirs, NonTensorData):
+            value = NonTensorData((mine if mine is not None else theirs).data)
+        elif mine is None:
+            value = torch.where(_expand_right(condition, theirs), pad, theirs)
+        elif theirs is None:
+            value = torch.where(_expand_right(condition, mine), mine, pad)
+        else:
+            value = torch.where(_expand_right(condition, mine), mine, theirs)
+        out._tensordict[key] = value
+    return out
+
+
+def torch_where(condition: torch.Tensor, input: Any, other: Any, *, out: Any = None) -> Any:
+    """``torch.where(condition, input, other)`` with a TensorDict as ``input`` or ``other``."""
+    if not is_tree(input):
+        return where(other, condition.logical_not(), input, out=out)
+    return where(input, condition, other, out=out)
+
+
+def _pairs_of_leaves(a: TensorDict, b: Any) -> list[tuple[Any, Any]] | None:
+    """The leaves of ``a`` and ``b`` side by side; None when the structures differ."""
+    if not is_tree(b) or a.batch_size != b.batch_size:
+        return None
+    if set(a.keys(include_nested=True)) != set(b.keys(include_nested=True)):
+        return None
+    pairs = []
+    for key, value in walk_items(a, True, True):
+        theirs = b._get_str(key) if isinstance(key, str) else b.get(key)
+        pairs.append((value, theirs))
+    for key, value in walk_items(a, True, False):
+        if isinstance(value, NonTensorData):
+            pairs.append((value.data, b.get(key).data))
+    return pairs
+
+
+def equal(a: TensorDict, b: Any) -> bool:
+    """``torch.equal``: True when both have the same keys, shapes and values."""
+    pairs = _pairs_of_leaves(a, b)
+    if pairs is None:
+        return False
+    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in pairs)
+
+
+def allclose(
+    a: TensorDict, b: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False
+) -> bool:
+    """``torch.allclose`` leaf by leaf (same keys and shapes required)."""
+    pairs = _pairs_of_leaves(a, b)
+    if pairs is None:
+        return False
+    for x, y in pairs:
+        if isinstance(x, torch.Tensor):
+            if x.shape != y.shape or not torch.allclose(x, y, rtol, atol, equal_nan):
+                return False
+        elif x != y and not (isinstance(x, float) and isinstance(y, float) and math.isclose(x, y)):
+            return False
+    return True
+
+
+def _method(name: str) -> Callable[..., Any]:
+    def call(td: Any, *args: Any, **kwargs: Any) -> Any:
+        if not is_tree(td):
+            raise TypeError(f"torch.{name} takes a TensorDict as its first argument")
+        return getattr(td, name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+def _permute(td: TensorDict, dims: Sequence[int]) -> TensorDict:
+    return shape.permute(td, *dims)
+
+
+HANDLED: dict[Callable[..., Any], Callable[..., Any]] = {
+    torch.stack: stack,
+    torch.cat: cat,
+    torch.concat: cat,
+    torch.concatenate: cat,
+    torch.where: torch_where,
+    torch.equal: equal,
+    torch.allclose: allclose,
+    torch.zeros_like: zeros_like,
+    torch.ones_like: ones_like,
+    torch.empty_like: empty_like,
+    torch.full_like: full_like,
+    torch.rand_like: rand_like,
+    torch.randn_like: randn_like,
+    torch.permute: _permute,
+    **{
+        getattr(torch, name): _method(name)
+        for name in (
+            "clone",
+            "unbind",
+            "split",
+            "chunk",
+            "squeeze",
+            "unsqueeze",
+            "reshape",
+            "flatten",
+            "unflatten",
+            "transpose",
+        )
+    },
+}
+
+
+def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
+    """The TensorDict implementation of torch function ``func``, or ``NotImplemented``."""
+    handler = HANDLED.get(func)
+    if handler is None:
+        return NotImplemented
+    return handler(*args, **(kwargs or {}))

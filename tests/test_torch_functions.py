@@ -1,0 +1,207 @@
+"""torch functions on TensorDicts (``__torch_function__``), side by side with tensordict 0.15.3."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tensordict as ref
+import tensordict_rs as ours
+import torch
+from tensordict_rs import MemoryMappedTensor, TensorDict
+
+
+def build(pkg: Any, offset: float = 0.0, lock: bool = False) -> Any:
+    """batch [3, 2]: a float leaf with an extra dim, an int leaf, a nested td, a string."""
+    td = pkg.TensorDict(
+        {
+            "a": torch.arange(12, dtype=torch.float32).reshape(3, 2, 2) + offset,
+            "i": torch.arange(6).reshape(3, 2) + int(offset),
+            "n": {"y": torch.ones(3, 2, 4) * offset},
+        },
+        [3, 2],
+    )
+    return td.lock_() if lock else td
+
+
+def assert_same(mine: Any, theirs: Any) -> None:
+    """Same structure, batch sizes, lock, keys, dtypes, shapes and values."""
+    if isinstance(theirs, (tuple, list)):
+        assert len(mine) == len(theirs)
+        for m, t in zip(mine, theirs, strict=True):
+            assert_same(m, t)
+        return
+    assert isinstance(mine, TensorDict), type(mine)
+    assert mine.batch_size == theirs.batch_size
+    assert mine.is_locked == theirs.is_locked
+    assert mine.device == theirs.device
+    keys = list(theirs.keys(include_nested=True, leaves_only=True))
+    assert mine.keys(include_nested=True, leaves_only=True) == keys
+    for key in keys:
+        m, t = mine[key], theirs[key]
+        assert (m.dtype, m.shape, m.device) == (t.dtype, t.shape, t.device), key
+        if m.device.type != "meta":
+            assert torch.equal(m, t), key
+
+
+def pair(pkg: Any, lock: bool = False) -> tuple[Any, Any]:
+    return build(pkg, 0.0, lock), build(pkg, 100.0, lock)
+
+
+CALLS = {
+    "stack": lambda a, b: torch.stack([a, b]),
+    "stack_dim1": lambda a, b: torch.stack([a, b], 1),
+    "stack_dim2": lambda a, b: torch.stack([a, b], dim=2),
+    "stack_neg": lambda a, b: torch.stack([a, b], -1),
+    "stack_three": lambda a, b: torch.stack([a, b, a]),
+    "cat": lambda a, b: torch.cat([a, b]),
+    "cat_dim1": lambda a, b: torch.cat([a, b], dim=1),
+    "cat_neg": lambda a, b: torch.cat((a, b, b), -1),
+    "unbind": lambda a, b: torch.unbind(a, 0),
+    "unbind1": lambda a, b: torch.unbind(a, 1),
+    "split": lambda a, b: torch.split(a, 2),
+    "split_list_dim1": lambda a, b: torch.split(a, [1, 1], 1),
+    "chunk": lambda a, b: torch.chunk(a, 2),
+    "clone": lambda a, b: torch.clone(a),
+    "zeros_like": lambda a, b: torch.zeros_like(a),
+    "ones_like": lambda a, b: torch.ones_like(a),
+    "ones_like_dtype": lambda a, b: torch.ones_like(a, dtype=torch.float64),
+    "full_like": lambda a, b: torch.full_like(a, 7),
+    "empty_like_shape": lambda a, b: torch.zeros_like(torch.empty_like(a)),
+    "where_td": lambda a, b: torch.where(torch.tensor([True, False, True]).unsqueeze(1), a, b),
+    "where_full_mask": lambda a, b: torch.where(torch.rand(3, 2) > 2, a, b),
+    "where_scalar": lambda a, b: torch.where(torch.tensor([[True, False]] * 3), a, 0),
+    "where_scalar_first": lambda a, b: torch.where(torch.tensor([[True, False]] * 3), -1, a),
+    "where_method": lambda a, b: a.where(torch.tensor([False, True, True]).unsqueeze(1), b),
+    "squeeze": lambda a, b: torch.squeeze(a.unsqueeze(0), 0),
+    "unsqueeze": lambda a, b: torch.unsqueeze(a, 1),
+    "permute": lambda a, b: torch.permute(a, (1, 0)),
+    "transpose": lambda a, b: torch.transpose(a, 0, 1),
+    "reshape": lambda a, b: torch.reshape(a, (6,)),
+    "flatten": lambda a, b: torch.flatten(a, 0, 1),
+    "unflatten": lambda a, b: torch.unflatten(a, 1, (2, 1)),
+}
+
+
+@pytest.mark.parametrize("lock", [False, True], ids=["unlocked", "locked"])
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_torch_function_matches_reference(name: str, lock: bool) -> None:
+    call = CALLS[name]
+    assert_same(call(*pair(ours, lock)), call(*pair(ref, lock)))
+
+
+def test_stack_and_cat_results_are_dense_tensordicts() -> None:
+    # tensordict 0.15 stacks densely by default (no LazyStackedTensorDict); so do we
+    theirs = torch.stack(list(pair(ref)))
+    assert type(theirs) is ref.TensorDict
+    mine = torch.stack(list(pair(ours)))
+    assert type(mine) is TensorDict
+    mine["a"][0, 0, 0, 0] = -1.0  # a dense copy: the inputs are not changed
+    assert build(ours)["a"][0, 0, 0] == 0.0
+
+
+def test_stack_keeps_an_equal_non_tensor_value() -> None:
+    a, b = pair(ours)
+    a["s"] = b["s"] = "same"
+    assert torch.stack([a, b])["s"] == "same"
+    assert torch.cat([a, b])["s"] == "same"
+    b["s"] = "other"
+    with pytest.raises(ours.TensorDictError, match="differ"):
+        torch.stack([a, b])
+
+
+ERRORS = {
+    "stack_empty": lambda a, b: torch.stack([]),
+    "stack_batch_mismatch": lambda a, b: torch.stack([a, b[:2]]),
+    "stack_keys_mismatch": lambda a, b: torch.stack([a, b.exclude("i")]),
+    "cat_dim_out_of_range": lambda a, b: torch.cat([a, b], 2),
+    "cat_keys_mismatch": lambda a, b: torch.cat([a, b.exclude("i")]),
+    "logdet_not_handled": lambda a, b: torch.logdet(a),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ERRORS))
+def test_torch_function_errors_match_reference(name: str) -> None:
+    call = ERRORS[name]
+    with pytest.raises(Exception) as theirs:
+        call(*pair(ref))
+    with pytest.raises(type(theirs.value)):
+        call(*pair(ours))
+
+
+def test_equal_and_allclose() -> None:
+    # tensordict 0.15.3 raises TypeError for both; we answer like torch does for tensors.
+    a, b = pair(ours)
+    with pytest.raises(TypeError):
+        torch.equal(*pair(ref))
+    assert torch.equal(a, a.clone()) and not torch.equal(a, b)
+    assert not torch.equal(a, a.exclude("i")) and not torch.equal(a, a[:2])
+    close = a.clone()
+    close["a"] *= 1 + 1e-6
+    assert torch.allclose(a, close) and not torch.equal(a, close)
+    assert not torch.allclose(a, b)
+    assert torch.allclose(a, b, atol=1000)
+
+
+@pytest.mark.parametrize("op", ["stack", "cat"])
+def test_into_memory_mapped_out(tmp_path: Path, op: str) -> None:
+    a, b = pair(ours)
+    like = torch.stack([a, b]) if op == "stack" else torch.cat([a, b])
+    out = torch.zeros_like(like).memmap_(tmp_path / "out")
+    assert out.is_locked
+    fn = torch.stack if op == "stack" else torch.cat
+    result = fn([a, b], out=out)
+    assert result is out
+    assert isinstance(out["a"], MemoryMappedTensor) and out.is_memmap()
+    theirs = fn(list(pair(ref)))
+    for key in theirs.keys(include_nested=True, leaves_only=True):
+        assert torch.equal(out[key], theirs[key])
+    # the values went into the files
+    loaded = TensorDict.load_memmap(tmp_path / "out")
+    for key in theirs.keys(include_nested=True, leaves_only=True):
+        assert torch.equal(loaded[key], theirs[key])
+
+
+def test_into_plain_out_matches_reference() -> None:
+    mine_out = torch.zeros_like(torch.cat(list(pair(ours))))
+    ref_out = torch.zeros_like(torch.cat(list(pair(ref))))
+    assert torch.cat(list(pair(ours)), out=mine_out) is mine_out
+    assert torch.cat(list(pair(ref)), out=ref_out) is ref_out
+    assert_same(mine_out, ref_out)
+
+
+def test_out_of_the_wrong_size_is_refused(tmp_path: Path) -> None:
+    a, b = pair(ours)
+    out = torch.zeros_like(torch.cat([a, b, b])).memmap_(tmp_path / "out")
+    with pytest.raises(RuntimeError, match="batch size"):
+        torch.cat([a, b], out=out)
+    wrong = torch.cat([a, b])
+    wrong.set("a", torch.zeros(6, 2, 3))
+    with pytest.raises(RuntimeError, match="shape"):
+        torch.stack([a, b], out=torch.zeros_like(torch.stack([a, b])).set("a", wrong["a"][:2]))
+
+
+def test_preallocated_buffer_idiom(tmp_path: Path) -> None:
+    """The documented replay-buffer idioms: expand + memmap_like, then stack/cat into it."""
+    step = TensorDict({"obs": torch.zeros(4), "reward": torch.zeros(())}, [])
+    buffer = step.expand(6).memmap_like(tmp_path / "buf")
+    steps = [
+        TensorDict({"obs": torch.full((4,), float(i)), "reward": torch.tensor(i * 0.5)}, [])
+        for i in range(6)
+    ]
+    torch.stack(steps, out=buffer)
+    reopened = TensorDict.load_memmap(tmp_path / "buf")
+    assert torch.equal(reopened["obs"][:, 0], torch.arange(6.0))
+    assert torch.equal(reopened["reward"], torch.arange(6.0) * 0.5)
+    grown = torch.cat([reopened, torch.stack(steps[:2])]).memmap_(tmp_path / "grown")
+    assert grown.batch_size == torch.Size([8])
+
+
+def test_device_of_results(accel_device: torch.device) -> None:
+    a, b = pair(ours)
+    moved = torch.zeros_like(a, device=accel_device)
+    assert moved.device == accel_device and moved["a"].device == accel_device
+    on_device = a.to(accel_device)
+    assert torch.stack([on_device, b.to(accel_device)]).device == accel_device
+    assert torch.cat([on_device.clear_device_(), b.to(accel_device)]).device is None
