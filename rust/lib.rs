@@ -8,9 +8,12 @@
 #[cfg(feature = "python")]
 pub mod api;
 #[cfg(feature = "python")]
+pub mod api_gather;
+#[cfg(feature = "python")]
 pub mod buffer;
 pub mod dir;
 pub mod error;
+pub mod gather;
 pub mod layout;
 pub mod load;
 pub mod parallel;
@@ -40,6 +43,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::tree_summary, m)?)?;
     m.add_function(wrap_pyfunction!(api::read_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(api::write_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(api_gather::gather_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(api_gather::copy_packed, m)?)?;
+    m.add_function(wrap_pyfunction!(api_gather::packed_arena, m)?)?;
     m.add("TensorDictError", py.get_type::<error::TensorDictError>())?;
     m.add(
         "InvalidDirectoryError",

@@ -10,10 +10,13 @@ __all__ = [
     "TensorDictError",
     "UnsupportedFormatError",
     "anonymous_buffers",
+    "copy_packed",
     "encode_key",
     "flush_buffers",
+    "gather_rows",
     "load_tree",
     "open_file",
+    "packed_arena",
     "read_safetensors",
     "tree_is_current",
     "tree_summary",
@@ -65,3 +68,8 @@ def read_safetensors(
 def write_safetensors(
     path: str, tensors: list[tuple[str, str, list[int], int, int]], metadata: dict[str, str]
 ) -> None: ...
+def gather_rows(
+    index_address: int, index_len: int, leaves: list[tuple[int, int, int, int]]
+) -> None: ...
+def copy_packed(table: Any, buffer_address: int, buffer_len: int, pack: bool) -> None: ...
+def packed_arena(nbytes: int, slices: Any) -> tuple[Buffer, list[Buffer]]: ...

@@ -10,13 +10,14 @@ from typing import Any
 
 import torch
 
-from . import _index, _safetensors
+from . import _gather, _index, _safetensors
 from ._devices import DeviceMoves, _normalize_device
 from ._locking import LOCK_ERROR, Lockable
 from ._persistence import MemoryMapped
 from ._repr import compact_repr
 from ._tree import NonTensorData, TreeNode, _LazyLeaf
 from ._walk import leaves, map_leaves, walk_items, zip_leaves
+from .distributed import Distributed
 from .ops import keys as _keys
 from .ops import shape as _shape
 from .ops import torch_functions as _torch
@@ -43,7 +44,7 @@ def _as_key(key: Key) -> tuple[str, ...]:
     raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
 
 
-class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
+class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed):
     """A dictionary of tensors with common leading batch dimensions and an optional device.
 
     >>> td = TensorDict({"obs": torch.zeros(8, 3), "next": {"done": torch.zeros(8, 1)}}, [8])
@@ -489,6 +490,9 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
     def _index(self, index: Any) -> TensorDict:
         rows = _index.row_index(index)
         if rows is not None and self.batch_dims >= 1:
+            gathered = _gather.gather(self, rows)  # one native call for CPU trees
+            if gathered is not None:
+                return gathered
             # index_select refuses negative rows; wrap them like tensor indexing does.
             size = self._batch_size[0]
             if rows.numel():
@@ -519,6 +523,10 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable):
         index = index if index.dtype == torch.int64 else index.long()
         if dim < 0:
             dim += self.batch_dims
+        if dim == 0:
+            gathered = _gather.gather(self, index, out)  # one native call for CPU trees
+            if gathered is not None:
+                return gathered
         if out is None:
             batch = list(self._batch_size)
             batch[dim] = index.numel()
