@@ -59,6 +59,8 @@ def row_index(index: Any) -> torch.Tensor | None:
         if len(index) != 1:
             return None
         index = index[0]
+    if isinstance(index, list) and index and all(type(i) is int for i in index):
+        index = torch.tensor(index)
     if (
         isinstance(index, torch.Tensor)
         and index.ndim == 1
