@@ -1,0 +1,289 @@
+"""The jobs that tests/test_distributed.py runs in spawned processes, one process per rank.
+
+Each job joins a gloo group on 127.0.0.1, runs its cases in order and reports to the parent
+through a queue; a failed assertion on any rank fails the test with that rank's traceback.
+Several cases share one job because a process that imports torch takes seconds to start.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import distributed as dist
+
+TIMEOUT = datetime.timedelta(seconds=60)
+P2P_DTYPES = [
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+    torch.complex128,
+]  # fmt: skip
+
+
+def entry(
+    job: str, rank: int, world: int, port: int, packages: list[str], tmp: str, queue: Any
+) -> None:
+    """Runs ``job`` as ``rank`` of ``world`` with the package ``packages[rank]``."""
+    try:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(1)
+        module = importlib.import_module(packages[rank])
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=TIMEOUT,
+        )
+        try:
+            globals()[job](module, rank, world, Path(tmp))
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+        queue.put((rank, None))
+    except BaseException:
+        queue.put((rank, traceback.format_exc()))
+
+
+def _values(dtype: torch.dtype, shape: tuple[int, ...], fill: int) -> torch.Tensor:
+    raw = torch.arange(int(torch.Size(shape).numel())).view(shape) + fill
+    if dtype is torch.bool:
+        return (raw % 2).bool()
+    if dtype.is_complex:
+        return torch.complex(raw.double(), -raw.double()).to(dtype)
+    return (raw % 100).to(dtype)
+
+
+def tree(module: Any, fill: int, *, text: bool = True) -> Any:
+    """A nested tree with a leaf of every dtype that gloo sends (and a string)."""
+    source: dict[str, Any] = {
+        f"d{i:02d}": _values(d, (4, 3), fill + i) for i, d in enumerate(P2P_DTYPES)
+    }
+    source["nested"] = {
+        "z": _values(torch.float32, (4, 2, 5), fill),
+        "a": {"deep": _values(torch.int64, (4,), fill + 7)},
+    }
+    source["empty"] = torch.zeros(4, 0)
+    if text:
+        source["note"] = "hello"
+    return module.TensorDict(source, batch_size=[4])
+
+
+def same(a: Any, b: Any) -> None:
+    keys = sorted(map(str, a.keys(include_nested=True, leaves_only=True)))
+    assert keys == sorted(map(str, b.keys(include_nested=True, leaves_only=True))), keys
+    for key in a.keys(include_nested=True, leaves_only=True):
+        x, y = a[key], b[key]
+        if isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and x.shape == y.shape, key
+            assert torch.equal(x.as_subclass(torch.Tensor), y.as_subclass(torch.Tensor)), key
+        else:
+            assert x == y, key
+    assert tuple(a.batch_size) == tuple(b.batch_size)
+
+
+def p2p(T: Any, rank: int, world: int, tmp: Path) -> None:
+    """send/recv, isend/irecv, consolidated, init_remote, into plain and memory-mapped trees."""
+    peer = 1 - rank
+    if rank == 0:
+        src = tree(T, 1)
+        assert src.send(dst=peer) is None
+        src.send(dst=peer)  # into a memory-mapped receiver
+        assert src.isend(dst=peer, init_tag=50, pseudo_rand=True) is not None
+        works = src.isend(dst=peer, init_tag=500, return_early=True)
+        for w in works:
+            w.wait()
+        src.send(dst=peer, consolidated=True)
+        src.send(dst=peer, consolidated=True)  # into a memory-mapped receiver
+        for w in src.isend(dst=peer, consolidated=True, return_early=True):
+            w.wait()
+        src.init_remote(dst=peer)
+        for step in range(3):
+            src["nested", "z"].add_(1)
+            src.send(dst=peer, consolidated=True)
+        src.memmap_(tmp / "sender")  # leaves in maps, sent consolidated from there
+        src.send(dst=peer, consolidated=True)
+        group = dist.new_group([0, 1])
+        src.send(group=group, group_dst=peer, init_tag=9)
+        _two_rank_all_reduce(T, rank)
+        return
+    ref = tree(T, 1)
+    out = tree(T, 0)
+    assert out.recv(src=peer) == len(P2P_DTYPES) + 3 - 1  # the last tag: one per tensor
+    same(out, ref)
+    mapped = tree(T, 0).memmap_(tmp / "mapped")
+    mapped.recv(src=peer)
+    same(T.TensorDict.load_memmap(tmp / "mapped"), ref)  # written into the files
+    out = tree(T, 0)
+    out.irecv(src=peer, init_tag=50, pseudo_rand=True)
+    same(out, ref)
+    out = tree(T, 0)
+    for w in out.irecv(src=peer, init_tag=500, return_premature=True):
+        w.wait()
+    same(out, ref)
+    out = tree(T, 0)
+    assert out.recv(src=peer, consolidated=True) is None
+    same(out, ref)
+    mapped = T.TensorDict.load_memmap(tmp / "mapped")
+    mapped.apply(lambda t: t.zero_(), inplace=True)
+    mapped.recv(src=peer, consolidated=True)
+    same(T.TensorDict.load_memmap(tmp / "mapped"), ref)
+    out = tree(T, 0)
+    for w in out.irecv(src=peer, consolidated=True, return_premature=True):
+        w.wait()
+    same(out, ref)
+    remote = T.TensorDict.from_remote_init(src=peer)
+    same(remote, ref)
+    for step in range(3):
+        remote.recv(src=peer, consolidated=True)
+        ref["nested", "z"].add_(1)
+        same(remote, ref)
+    remote.recv(src=peer, consolidated=True)
+    same(remote, ref)
+    group = dist.new_group([0, 1])
+    out = tree(T, 0)
+    out.recv(group=group, group_src=peer, init_tag=9)
+    same(out, ref)
+    _two_rank_all_reduce(T, rank)
+
+
+def _two_rank_all_reduce(T: Any, rank: int) -> None:
+    td = T.TensorDict(
+        {"f": torch.full((4, 2), rank + 1.0), "n": {"i": torch.full((4,), rank)}}, [4]
+    )
+    td.all_reduce()
+    assert td["f"].eq(3).all() and td["n", "i"].eq(1).all()
+
+
+def mixed(T: Any, rank: int, world: int, tmp: Path) -> None:
+    """The per-leaf protocol between tensordict 0.15.3 (rank 0) and tensordict_rs (rank 1)."""
+    peer = 1 - rank
+    ref = tree(T, 3, text=False)
+    for direction in (0, 1):  # 0: rank 0 sends; 1: rank 1 sends
+        if rank == direction:
+            tree(T, 3, text=False).send(dst=peer)
+            tree(T, 3, text=False).send(dst=peer, init_tag=20, pseudo_rand=True)
+            tree(T, 3, text=False).isend(dst=peer, init_tag=1000)
+        else:
+            out = tree(T, 0, text=False)
+            out.recv(src=peer)
+            same(out, ref)
+            out = tree(T, 0, text=False)
+            out.recv(src=peer, init_tag=20, pseudo_rand=True)
+            same(out, ref)
+            out = tree(T, 0, text=False)
+            out.irecv(src=peer, init_tag=1000)
+            same(out, ref)
+    floats = T.TensorDict(
+        {"b": torch.full((4, 2), float(rank + 1)), "a": {"c": torch.full((4,), rank + 1)}},
+        batch_size=[4],
+    )
+    floats.all_reduce()
+    assert floats["b"].eq(3).all() and floats["a", "c"].eq(3).all()
+    floats.reduce(dst=0)
+    if rank == 0:
+        assert floats["b"].eq(6).all()
+
+
+def collectives(T: Any, rank: int, world: int, tmp: Path) -> None:
+    """broadcast, all_reduce, reduce, all_gather, gather_and_stack, init_remote by broadcast."""
+    got = (tree(T, 5) if rank == 1 else T.TensorDict()).broadcast(src=1)
+    same(got, tree(T, 5))
+    if rank == 2:
+        tree(T, 6).init_remote(use_broadcast=True)
+    else:
+        same(T.TensorDict.from_remote_init(src=2, use_broadcast=True), tree(T, 6))
+
+    def numbers(fill: float) -> Any:
+        return T.TensorDict(
+            {
+                "w": torch.full((4, 3), fill),
+                "g": {"b": torch.full((4,), fill, dtype=torch.float64)},
+            },
+            batch_size=[4],
+        )
+
+    td = numbers(rank + 1.0)
+    td.all_reduce()
+    total = world * (world + 1) / 2
+    assert td["w"].eq(total).all() and td["g", "b"].eq(total).all()
+    td = numbers(rank + 1.0)
+    for w in td.all_reduce(async_op=True, bucket_bytes=1 << 20):
+        w.wait()
+    assert td["w"].eq(total).all() and td["g", "b"].eq(total).all()
+    td = numbers(rank + 1.0)
+    td.all_reduce(op=dist.ReduceOp.MAX, bucket_bytes=16)
+    assert td["w"].eq(world).all()
+    td = numbers(rank + 1.0)
+    td.reduce(dst=3)
+    if rank == 3:
+        assert td["w"].eq(total).all()
+    td = numbers(1.0)
+    td.reduce(dst=0, async_op=True, bucket_bytes=1 << 10)
+    if rank == 0:
+        assert td["g", "b"].eq(world).all()
+
+    mine = T.TensorDict(
+        {"r": torch.full((rank + 1, 2), float(rank)), "s": f"rank{rank}"}, [rank + 1]
+    )
+    everyone = mine.all_gather()
+    assert len(everyone) == world
+    for i, other in enumerate(everyone):
+        assert other.batch_size == torch.Size([i + 1]) and other["r"].eq(i).all()
+        assert other["s"] == f"rank{i}"
+
+    if rank == 0:
+        stack = T.TensorDict(
+            {"x": torch.zeros(world - 1, 3), "y": {"z": torch.zeros(world - 1)}}, [world - 1]
+        )
+        assert stack.gather_and_stack(dst=0) is stack
+        assert stack["x"][:, 0].tolist() == [float(r) for r in range(1, world)]
+        assert stack["y", "z"].tolist() == [10.0 * r for r in range(1, world)]
+    else:
+        row = T.TensorDict(
+            {"x": torch.full((3,), float(rank)), "y": {"z": torch.tensor(10.0 * rank)}}, []
+        )
+        assert row.gather_and_stack(dst=0) is None
+    sharded_dataset(T, rank, world, tmp)
+
+
+def sharded_dataset(T: Any, rank: int, world: int, tmp: Path) -> None:
+    """The README recipe: every rank maps one directory and reads its shard; rank 0 saves a
+    new version, the others reload it after a barrier."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    prefix = tmp / "dataset"
+    rows = 103
+    if rank == 0:
+        T.TensorDict(
+            {"obs": torch.arange(rows * 4.0).view(rows, 4), "label": torch.arange(rows)}, [rows]
+        ).memmap_(prefix)
+    dist.barrier()
+    data = T.TensorDict.load_memmap(prefix)
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    sampler.set_epoch(1)
+    indices = list(sampler)
+    getitems = getattr(data, "__getitems__", None)
+    shard = getitems(indices) if getitems is not None else data[torch.tensor(indices)]
+    assert shard["label"].tolist() == indices
+    assert torch.equal(shard["obs"], data["obs"][torch.tensor(indices)])
+    seen = torch.zeros(rows, dtype=torch.int64)
+    seen[shard["label"]] += 1
+    dist.all_reduce(seen)
+    assert seen.min().item() >= 1  # every row is read by some rank
+
+    dist.barrier()  # every rank is done with version 1
+    if rank == 0:
+        new = T.TensorDict(
+            {"obs": torch.arange(rows * 4.0).view(rows, 4) + 1000, "label": torch.arange(rows)},
+            [rows],
+        )
+        new.memmap_(prefix)
+    dist.barrier()
+    data = T.TensorDict.load_memmap(prefix)
+    assert data["obs"][0, 0].item() == 1000.0
