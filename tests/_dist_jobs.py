@@ -103,7 +103,7 @@ def p2p(T: Any, rank: int, world: int, tmp: Path) -> None:
         for w in src.isend(dst=peer, consolidated=True, return_early=True):
             w.wait()
         src.init_remote(dst=peer)
-        for step in range(3):
+        for _step in range(3):
             src["nested", "z"].add_(1)
             src.send(dst=peer, consolidated=True)
         src.memmap_(tmp / "sender")  # leaves in maps, sent consolidated from there
@@ -139,7 +139,7 @@ def p2p(T: Any, rank: int, world: int, tmp: Path) -> None:
     same(out, ref)
     remote = T.TensorDict.from_remote_init(src=peer)
     same(remote, ref)
-    for step in range(3):
+    for _step in range(3):
         remote.recv(src=peer, consolidated=True)
         ref["nested", "z"].add_(1)
         same(remote, ref)
