@@ -139,11 +139,15 @@ class Plan:
                     out[off : off + n].view(value.dtype).view(value.shape).copy_(value)
         return out
 
-    def receive_buffer(self) -> torch.Tensor:
-        """The buffer to receive one message into (the leaves themselves when they can be)."""
+    def receive_buffer(self, fresh: bool = False) -> torch.Tensor:
+        """The buffer to receive one message into (the leaves themselves when they can be).
+
+        The scratch buffer is reused unless ``fresh`` (a receive that may still be running
+        when the next one starts).
+        """
         if self.whole is not None:
             return self.whole
-        return self._buffer(fresh=True)
+        return self._buffer(fresh)
 
     def unpack(self, buffer: torch.Tensor) -> None:
         """Writes ``buffer`` (from ``receive_buffer``) into every leaf."""
@@ -230,8 +234,8 @@ def _matches(new: Plan, whole: torch.Tensor) -> bool:
 def _remember(td: TensorDict, new: Plan) -> None:
     key = id(td)
 
-    def forget(_: Any, key: int = key) -> None:
-        _PLANS.pop(key, None)
+    def forget(_: Any, key: int = key, plans: dict[int, Any] = _PLANS) -> None:
+        plans.pop(key, None)  # ``plans`` bound here: the module may be gone at shutdown
 
     _PLANS[key] = (weakref.ref(td, forget), new)
 
@@ -257,7 +261,8 @@ def _node(td: TensorDict, path: tuple[str, ...]) -> dict[str, Any]:
         if type(value) is _LazyLeaf:
             out[key] = _leaf_entry(value.dtype, value.shape, "cpu")
         elif isinstance(value, torch.Tensor):
-            out[key] = _leaf_entry(value.dtype, tuple(value.shape), str(value.device))
+            device = "cpu" if value.is_cpu else str(value.device)
+            out[key] = _leaf_entry(value.dtype, tuple(value.shape), device)
         elif type(value) is NonTensorData:
             data = json.loads(_json_text(value.data, key))
             out[key] = {"_type": NTD_TYPE, "data": data, "_metadata": None, "_is_non_tensor": True}

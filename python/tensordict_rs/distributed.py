@@ -343,7 +343,7 @@ class Distributed:
         _check_peer(src, group_src, group, "src", "group_src")
         if consolidated:
             plan = _packed.plan(self)
-            buffer = plan.receive_buffer()
+            buffer = plan.receive_buffer(fresh=return_premature)
             if group_src is not None:
                 work = group.recv([buffer], group_src, 0)
             else:
