@@ -29,7 +29,7 @@ import torch
 
 from . import _native
 from ._dtypes import STR_TO_DTYPE, dtype_to_str
-from ._tree import NonTensorData, _json_text, _LazyLeaf
+from ._tree import NonTensorData, _gc_paused, _json_text, _LazyLeaf
 
 if TYPE_CHECKING:
     from .tensordict import TensorDict
@@ -72,6 +72,7 @@ class Plan:
             total += _nbytes(value)
         self.total = total
         self.native = all(_native_leaf(v) for _, _, v in self.leaves)
+        self.writable = all(_writable(v) for _, _, v in self.leaves)
         self.keep: list[Any] = []
         self.table = array("Q")
         if self.native:
@@ -133,10 +134,11 @@ class Plan:
             if self.table:
                 _native.copy_packed(self.table, out.data_ptr(), out.numel(), True)
         else:
-            for (_, _, value), off in zip(self.leaves, self.offsets, strict=True):
+            for (td, key, value), off in zip(self.leaves, self.offsets, strict=True):
                 n = _nbytes(value)
                 if n:
-                    out[off : off + n].view(value.dtype).view(value.shape).copy_(value)
+                    leaf = td._get_str(key)
+                    out[off : off + n].view(leaf.dtype).view(leaf.shape).copy_(leaf)
         return out
 
     def receive_buffer(self, fresh: bool = False) -> torch.Tensor:
@@ -145,6 +147,8 @@ class Plan:
         The scratch buffer is reused unless ``fresh`` (a receive that may still be running
         when the next one starts).
         """
+        if not self.writable:
+            raise RuntimeError("cannot receive into a read-only memory map")
         if self.whole is not None:
             return self.whole
         return self._buffer(fresh)
@@ -153,10 +157,9 @@ class Plan:
         """Writes ``buffer`` (from ``receive_buffer``) into every leaf."""
         if buffer is self.whole:
             return
+        if not self.writable:
+            raise RuntimeError("cannot receive into a read-only memory map")
         if self.native:
-            for _, _, value in self.leaves:
-                if not _writable(value):
-                    raise RuntimeError("cannot receive into a read-only memory map")
             if self.table:
                 _native.copy_packed(self.table, buffer.data_ptr(), buffer.numel(), False)
             return
@@ -209,6 +212,7 @@ def _writable(value: Any) -> bool:
 _PLANS: dict[int, tuple[weakref.ref[Any], Plan]] = {}
 
 
+@_gc_paused()
 def plan(td: Any) -> Plan:
     """The cached plan of ``td``, rebuilt when the tree changed since it was made."""
     entry = _PLANS.get(id(td))
@@ -243,6 +247,7 @@ def _remember(td: TensorDict, new: Plan) -> None:
 # ---------------------------------------------------------------------------- description
 
 
+@_gc_paused()
 def describe(td: Any) -> bytes:
     """The tree's structure as JSON bytes: meta.json entries, nested nodes inlined."""
     return json.dumps(_node(td, ()), ensure_ascii=False, allow_nan=False).encode()
@@ -337,6 +342,7 @@ def _parse_node(
     return td
 
 
+@_gc_paused()
 def build(
     cls: type[Any],
     text: bytes,
