@@ -71,7 +71,7 @@ def _build(
     parent: Any,
 ) -> TensorDict:
     batch = batch_size if batch_size is not None else sizes.get(prefix, parent)
-    items = {}
+    items: dict[Any, Any] = {}
     for key, value in entries.items():
         if isinstance(value, dict):
             sub_prefix = f"{prefix}{separator}{key}" if prefix else key
