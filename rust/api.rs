@@ -13,10 +13,9 @@ use crate::buffer::Buffer;
 use crate::error::Error;
 use crate::layout;
 use crate::load::{self, LoadedEntry, LoadedNode};
-use crate::parallel;
 use crate::safetensors_io::{self, TensorBytes};
 use crate::save::{self, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
-use crate::storage::{self, Region};
+use crate::storage::Region;
 use crate::summary;
 
 const LEAF: u8 = 0;
@@ -113,12 +112,11 @@ pub fn write_tree(
     Ok(buffers(regions))
 }
 
-/// Leaves below this size share one anonymous map per call (see `storage::anonymous_arena`).
-const ARENA_LIMIT: usize = 1 << 20;
-
 /// Creates one anonymous shared-memory Buffer per `(data_ptr, nbytes)` source (data_ptr 0:
-/// zero-filled), with the GIL released. Large sources get their own map, written in parallel;
-/// small ones are packed into one map. No file descriptor stays open.
+/// zero-filled), with the GIL released. All of them live in one arena (one memfd, or one
+/// unlinked file), whose descriptor stays open so that the memory can be handed to other
+/// processes: small sources packed back to back, large ones on their own pages, written in
+/// parallel.
 #[pyfunction]
 #[pyo3(signature = (sources, *, num_threads = 0))]
 pub fn anonymous_buffers(
@@ -131,38 +129,26 @@ pub fn anonymous_buffers(
             "cannot map {n} bytes: empty tensors have no memory map"
         )));
     }
+    if sources.is_empty() {
+        return Ok(Vec::new());
+    }
     // SAFETY: the Python layer keeps every source tensor alive during this call.
     let slices: Vec<(Option<&[u8]>, usize)> = sources
         .iter()
         .map(|&(p, n)| (unsafe { source_slice(p, n) }, n))
         .collect();
-    let (small, large): (Vec<usize>, Vec<usize>) =
-        (0..slices.len()).partition(|&i| slices[i].1 < ARENA_LIMIT);
-    let (arena, large_regions) = py.detach(|| -> crate::error::Result<_> {
-        let arena = if small.is_empty() {
-            None
-        } else {
-            let parts: Vec<_> = small.iter().map(|&i| slices[i]).collect();
-            Some(storage::anonymous_arena(&parts)?)
-        };
-        let jobs: Vec<_> = large.iter().map(|&i| slices[i]).collect();
-        let workers = parallel::worker_count(num_threads, jobs.len());
-        let regions = parallel::run(&jobs, workers, |s| s.1, |&(data, n)| storage::anonymous(data, n))?;
-        Ok((arena, regions))
-    })?;
-    let mut out: Vec<Option<Buffer>> = std::iter::repeat_with(|| None).take(slices.len()).collect();
-    if let Some((region, offsets)) = arena {
-        let region = std::sync::Arc::new(region);
-        for (&i, off) in small.iter().zip(offsets) {
-            out[i] = Some(Buffer::slice(&region, off, slices[i].1));
-        }
-    }
-    for (&i, region) in large.iter().zip(large_regions) {
-        out[i] = Some(Buffer::new(region));
-    }
-    Ok(out
-        .into_iter()
-        .map(|b| b.expect("every source got a buffer"))
+    #[cfg(unix)]
+    let (region, offsets) = py.detach(|| crate::shared::create(&slices, num_threads))?;
+    #[cfg(not(unix))]
+    let (region, offsets) = {
+        let _ = num_threads;
+        let (region, offsets) = py.detach(|| crate::storage::anonymous_arena(&slices))?;
+        (std::sync::Arc::new(region), offsets)
+    };
+    Ok(slices
+        .iter()
+        .zip(offsets)
+        .map(|(&(_, n), off)| Buffer::slice(&region, off, n))
         .collect())
 }
 

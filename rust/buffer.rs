@@ -32,7 +32,7 @@ impl Buffer {
         }
     }
 
-    /// A part of a shared region (small leaves packed into one anonymous map).
+    /// A part of a shared region (the leaves of one anonymous arena).
     pub fn slice(region: &Arc<Region>, offset: usize, len: usize) -> Self {
         assert!(
             offset.checked_add(len).is_some_and(|end| end <= region.len()),
@@ -142,6 +142,29 @@ impl Buffer {
     #[getter]
     fn filename(&self) -> Option<String> {
         self.region.path().map(|p| p.to_string_lossy().into_owned())
+    }
+
+    /// How another process can map this buffer's memory: `(fd, arena_nbytes, offset)`, where
+    /// `fd` is the arena's descriptor (still owned by this buffer: duplicate it to pass it on),
+    /// or None for file maps (they travel by path) and memory without a descriptor.
+    #[getter]
+    fn share_handle(&self) -> Option<(i32, usize, usize)> {
+        #[cfg(unix)]
+        {
+            use std::os::fd::AsRawFd;
+            self.region
+                .fd()
+                .map(|fd| (fd.as_raw_fd(), self.region.len(), self.offset))
+        }
+        #[cfg(not(unix))]
+        None
+    }
+
+    /// An identity of the mapped region, the same for every buffer that slices it (while it
+    /// lives): leaves of one arena group under one descriptor when they cross processes.
+    #[getter]
+    fn region_id(&self) -> usize {
+        Arc::as_ptr(&self.region) as usize
     }
 
     /// Whether writes are allowed through this buffer.

@@ -1,14 +1,16 @@
 //! tensordict-rs native core: memory maps, the memmap directory format, bulk copies.
 //!
-//! `storage`, `dir`, `layout`, `parallel`, `save`, `swap`, `load`, `summary` and
-//! `safetensors_io` are plain Rust (tested by `cargo test`); `buffer` and `api` are the pyo3
-//! boundary; this file only exports.
+//! `storage`, `shared`, `dir`, `layout`, `parallel`, `save`, `swap`, `load`, `summary` and
+//! `safetensors_io` are plain Rust (tested by `cargo test`); `buffer`, `api` and `api_shared`
+//! are the pyo3 boundary; this file only exports.
 
 // The pyo3 boundary is the `python` feature (on by default; off for the Windows tests).
 #[cfg(feature = "python")]
 pub mod api;
 #[cfg(feature = "python")]
 pub mod api_gather;
+#[cfg(feature = "python")]
+pub mod api_shared;
 #[cfg(feature = "python")]
 pub mod buffer;
 pub mod dir;
@@ -19,6 +21,8 @@ pub mod load;
 pub mod parallel;
 pub mod safetensors_io;
 pub mod save;
+#[cfg(unix)]
+pub mod shared;
 pub mod storage;
 pub mod summary;
 pub mod swap;
@@ -46,6 +50,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api_gather::gather_rows, m)?)?;
     m.add_function(wrap_pyfunction!(api_gather::copy_packed, m)?)?;
     m.add_function(wrap_pyfunction!(api_gather::packed_arena, m)?)?;
+    #[cfg(unix)]
+    m.add_function(wrap_pyfunction!(api_shared::receive_shared, m)?)?;
+    #[cfg(unix)]
+    m.add_function(wrap_pyfunction!(api_shared::shared_regions, m)?)?;
+    m.add_function(wrap_pyfunction!(api_shared::open_files, m)?)?;
     m.add("TensorDictError", py.get_type::<error::TensorDictError>())?;
     m.add(
         "InvalidDirectoryError",

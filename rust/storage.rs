@@ -2,8 +2,8 @@
 //!
 //! Every map is created with its space already reserved (written, or `fallocate`d), so that a
 //! full file system shows up as an `ENOSPC` error at creation and never as a SIGBUS on first
-//! touch. File descriptors are closed as soon as the map exists: a tree of 10,000 leaves keeps
-//! no descriptor open.
+//! touch. File maps close their descriptor as soon as the map exists: a tree of 10,000 leaves
+//! keeps no descriptor open. Anonymous memory (`shared.rs`) keeps one per arena, to share it.
 
 use std::fs::File;
 use std::io;
@@ -30,6 +30,10 @@ pub struct Region {
     path: Option<PathBuf>,
     mode: MapMode,
     tree: Option<(u64, u64)>,
+    /// The open backing file of shareable anonymous memory (see `shared.rs`): kept so that the
+    /// memory can be handed to another process. `None` for file maps (they travel by path).
+    #[cfg(unix)]
+    fd: Option<std::os::fd::OwnedFd>,
 }
 
 impl std::fmt::Debug for Region {
@@ -75,6 +79,21 @@ impl Region {
         self.tree
     }
 
+    /// Keeps `fd`, the backing file of this anonymous region, open for as long as the region
+    /// lives (one descriptor per arena, whatever the number of leaves in it).
+    #[cfg(unix)]
+    pub fn with_fd(mut self, fd: std::os::fd::OwnedFd) -> Self {
+        self.fd = Some(fd);
+        self
+    }
+
+    /// The backing file of shareable anonymous memory, if this region keeps one.
+    #[cfg(unix)]
+    pub fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.fd.as_ref().map(|fd| fd.as_fd())
+    }
+
     /// How the region is mapped.
     pub fn mode(&self) -> MapMode {
         self.mode
@@ -118,6 +137,8 @@ pub fn map_file(file: &File, len: usize, path: Option<PathBuf>, mode: MapMode) -
         path,
         mode,
         tree: None,
+        #[cfg(unix)]
+        fd: None,
     })
 }
 
@@ -196,7 +217,7 @@ pub fn random_suffix() -> String {
 /// Where anonymous maps live: `TENSORDICT_RS_ANON_DIR` when set (used as is, for tests and
 /// for machines with a better place), else `/dev/shm` when it has room, else the temp dir.
 #[cfg(unix)]
-fn anonymous_dirs(len: usize) -> Vec<PathBuf> {
+pub(crate) fn anonymous_dirs(len: usize) -> Vec<PathBuf> {
     if let Some(dir) = std::env::var_os("TENSORDICT_RS_ANON_DIR") {
         return vec![PathBuf::from(dir)];
     }
@@ -220,29 +241,10 @@ fn free_bytes(dir: &Path) -> Option<u64> {
     (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
 }
 
-/// Anonymous shared memory of `len` bytes, filled from `src` or zeroed.
-///
-/// Linux/Unix: an exclusively created, immediately unlinked file in shared memory, mapped
-/// shared and closed. It vanishes with its last mapping (in this or a forked process).
-#[cfg(unix)]
-pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
-    let dirs = anonymous_dirs(len);
-    let mut last: Option<Error> = None;
-    for dir in &dirs {
-        match anonymous_in(dir, src, len) {
-            Ok(region) => return Ok(region),
-            // /dev/shm filled up between statvfs and now: try the next place.
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && dirs.len() > 1 => last = Some(e),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| Error::io(std::env::temp_dir(), io::ErrorKind::NotFound.into())))
-}
-
 /// Creates an unnamed file in `dir`: `O_TMPFILE` where the file system has it, else an
 /// exclusively created file with an unguessable name, unlinked at once.
 #[cfg(unix)]
-fn unnamed_file(dir: &Path) -> Result<File> {
+pub(crate) fn unnamed_file(dir: &Path) -> Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     #[cfg(target_os = "linux")]
     {
@@ -275,57 +277,46 @@ fn unnamed_file(dir: &Path) -> Result<File> {
     Ok(file)
 }
 
+/// Anonymous shared memory of `len` bytes, filled from `src` or zeroed (one memfd, see
+/// `shared.rs`).
 #[cfg(unix)]
-fn anonymous_in(dir: &Path, src: Option<&[u8]>, len: usize) -> Result<Region> {
-    let file = unnamed_file(dir)?;
-    fill_file(&file, src, len).map_err(|e| Error::io(dir, e))?;
-    map_file(&file, len, None, MapMode::Shared).map_err(|e| Error::io(dir, e))
+pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
+    crate::shared::anonymous(src, len)
 }
 
 /// Alignment of each part inside an arena (a cache line; enough for every dtype).
 pub const ARENA_ALIGN: usize = 64;
 
-/// Offsets of the parts of an arena and its total length (at least 1 byte).
-fn arena_layout(parts: &[(Option<&[u8]>, usize)]) -> Result<(Vec<usize>, usize)> {
+/// Parts of an arena from this size on get their own pages (and are written in parallel).
+pub const LARGE_PART: usize = 1 << 20;
+
+/// Offsets of the parts of an arena and its total length (at least 1 byte): each part at a
+/// multiple of `ARENA_ALIGN`, parts of `LARGE_PART` bytes or more on their own pages.
+pub(crate) fn arena_layout(parts: &[(Option<&[u8]>, usize)]) -> Result<(Vec<usize>, usize)> {
+    const PAGE: usize = 4096;
     let mut offsets = Vec::with_capacity(parts.len());
-    let mut total = 0usize;
+    let mut end = 0usize;
     for &(_, len) in parts {
-        offsets.push(total);
-        total = len
-            .checked_next_multiple_of(ARENA_ALIGN)
-            .and_then(|l| total.checked_add(l))
+        let align = if len >= LARGE_PART { PAGE } else { ARENA_ALIGN };
+        let offset = end
+            .checked_next_multiple_of(align)
+            .ok_or_else(|| Error::tree("<anonymous>", "the tensors are too large to map"))?;
+        offsets.push(offset);
+        end = offset
+            .checked_add(len)
             .ok_or_else(|| Error::tree("<anonymous>", "the tensors are too large to map"))?;
     }
-    Ok((offsets, total.max(1)))
-}
-
-/// One anonymous map holding many small parts back to back (each at a multiple of
-/// `ARENA_ALIGN`), filled with vectored writes: one map and a handful of system calls for
-/// thousands of small tensors. Returns the region and each part's offset.
-#[cfg(unix)]
-pub fn anonymous_arena(parts: &[(Option<&[u8]>, usize)]) -> Result<(Region, Vec<usize>)> {
-    let (offsets, total) = arena_layout(parts)?;
-    let dirs = anonymous_dirs(total);
-    let mut last = None;
-    for dir in &dirs {
-        let attempt = unnamed_file(dir).and_then(|file| {
-            reserve(&file, total).map_err(|e| Error::io(dir, e))?;
-            write_parts(&file, parts, &offsets).map_err(|e| Error::io(dir, e))?;
-            map_file(&file, total, None, MapMode::Shared).map_err(|e| Error::io(dir, e))
-        });
-        match attempt {
-            Ok(region) => return Ok((region, offsets)),
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && dirs.len() > 1 => last = Some(e),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| Error::io(std::env::temp_dir(), io::ErrorKind::NotFound.into())))
+    Ok((offsets, end.max(1)))
 }
 
 /// Writes the parts that have data at their offsets with `pwritev`, 1024 at a time; the
 /// gaps (alignment, zero-filled parts) are already reserved zeros.
 #[cfg(unix)]
-fn write_parts(file: &File, parts: &[(Option<&[u8]>, usize)], offsets: &[usize]) -> io::Result<()> {
+pub(crate) fn write_parts(
+    file: &File,
+    parts: &[(Option<&[u8]>, usize)],
+    offsets: &[usize],
+) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     static ZEROS: [u8; ARENA_ALIGN] = [0; ARENA_ALIGN];
     const MAX_IOV: usize = 1024;
@@ -424,26 +415,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn anonymous_is_zeroed_or_filled() {
-        let r = anonymous(None, 10_000).unwrap();
-        assert_eq!(r.len(), 10_000);
-        assert!(r.path().is_none());
-        assert!(r.to_vec().iter().all(|&b| b == 0));
-        let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
-        let r = anonymous(Some(&data), data.len()).unwrap();
-        assert_eq!(r.to_vec(), data);
-    }
-
-    #[test]
-    fn anonymous_keeps_no_descriptor() {
-        let before = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
-        let regions: Vec<_> = (0..64).map(|_| anonymous(None, 4096).unwrap()).collect();
-        let after = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
-        assert!(after < before + 8, "{before} -> {after}");
-        drop(regions);
-    }
-
-    #[test]
     fn file_map_shares_writes() {
         let dir = std::env::temp_dir().join(format!("tdrs-test-{}", random_suffix()));
         std::fs::create_dir(&dir).unwrap();
@@ -462,36 +433,6 @@ mod tests {
         r.flush().unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), vec![9, 2, 3, 4]);
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn arena_packs_parts() {
-        let a: Vec<u8> = (0..100).collect();
-        let b: Vec<u8> = (0..7).map(|i| 200 + i).collect();
-        let parts = [
-            (Some(&a[..]), 100),
-            (None, 30),
-            (Some(&b[..]), 7),
-            (Some(&a[..]), 100),
-        ];
-        let (region, offsets) = anonymous_arena(&parts).unwrap();
-        assert_eq!(offsets, vec![0, 128, 192, 256]);
-        let bytes = region.to_vec();
-        assert_eq!(&bytes[0..100], &a[..]);
-        assert!(bytes[100..192].iter().all(|&x| x == 0));
-        assert_eq!(&bytes[192..199], &b[..]);
-        assert_eq!(&bytes[256..356], &a[..]);
-    }
-
-    #[test]
-    fn arena_handles_many_parts() {
-        let data: Vec<Vec<u8>> = (0..3000).map(|i| vec![(i % 251) as u8; 1 + i % 90]).collect();
-        let parts: Vec<_> = data.iter().map(|d| (Some(&d[..]), d.len())).collect();
-        let (region, offsets) = anonymous_arena(&parts).unwrap();
-        let bytes = region.to_vec();
-        for (d, off) in data.iter().zip(offsets) {
-            assert_eq!(&bytes[off..off + d.len()], &d[..]);
-        }
     }
 
     #[test]

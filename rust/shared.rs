@@ -1,0 +1,329 @@
+//! Anonymous shared memory that crosses processes. No pyo3 here.
+//!
+//! The anonymous memory of one call is one kernel object: on Linux a `memfd`, sealed against
+//! shrinking and growing once filled; with `TENSORDICT_RS_ANON_DIR` set (or where memfds are
+//! refused) an unlinked file in that directory, `/dev/shm` or the temp dir. Its descriptor stays
+//! open beside the mapping, one per arena whatever the number of leaves in it, so that the
+//! memory can be handed to another process (`SCM_RIGHTS`, the way multiprocessing passes fds).
+//!
+//! A process maps each object once: a registry keyed by (device, inode) finds the live region
+//! of a descriptor received again (a round trip, the same tree sent twice) and closes the new
+//! descriptor instead of mapping it a second time. The memory is freed when the last region of
+//! every process is dropped.
+//!
+//! Space is reserved before anything is written (`fallocate`; for a memfd after checking the
+//! memory that the machine and its cgroups have left), so that running out is an `OSError` at
+//! allocation, never a SIGBUS on first touch. A memfd is not bounded by the size of the
+//! `/dev/shm` mount (Docker's 64 MiB default).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use crate::error::{Error, Result};
+use crate::parallel;
+use crate::storage::{self, MapMode, Region, LARGE_PART};
+
+/// What the error of a memfd names in place of a path.
+const MEMFD_NAME: &str = "memfd:tensordict-rs";
+
+type Identity = (u64, u64);
+
+fn registry() -> &'static Mutex<HashMap<Identity, Weak<Region>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<Identity, Weak<Region>>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn identity(fd: BorrowedFd<'_>) -> io::Result<(Identity, u64)> {
+    let st = rustix::fs::fstat(fd)?;
+    Ok(((st.st_dev as u64, st.st_ino as u64), st.st_size as u64))
+}
+
+/// Records `region` as the mapping of its object in this process.
+fn register(id: Identity, region: &Arc<Region>) {
+    let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
+    if map.len() >= 32 {
+        map.retain(|_, weak| weak.strong_count() > 0);
+    }
+    map.insert(id, Arc::downgrade(region));
+}
+
+/// The live region of object `id` in this process, if it is mapped and spans `len` bytes.
+fn lookup(id: Identity, len: usize) -> Option<Arc<Region>> {
+    let map = registry().lock().unwrap_or_else(|p| p.into_inner());
+    map.get(&id)
+        .and_then(Weak::upgrade)
+        .filter(|region| region.len() >= len)
+}
+
+/// Number of live shared regions this process maps (for tests and diagnostics).
+pub fn live_regions() -> usize {
+    let map = registry().lock().unwrap_or_else(|p| p.into_inner());
+    map.values().filter(|weak| weak.strong_count() > 0).count()
+}
+
+/// Bytes of memory that a new memfd may still take: what the kernel reports available (plus
+/// free swap), bounded by the limit of every cgroup (v2) above this process. `None` when
+/// nothing can be read (then only `fallocate` decides).
+#[cfg(target_os = "linux")]
+fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = meminfo.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    };
+    let mut available = field("MemAvailable:")?.saturating_add(field("SwapFree:").unwrap_or(0));
+    if let Some(group) = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+        })
+    {
+        let mut dir = PathBuf::from("/sys/fs/cgroup").join(group.trim_start_matches('/'));
+        loop {
+            let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+            if let (Some(max), Some(current)) = (read("memory.max"), read("memory.current")) {
+                if let (Ok(max), Ok(current)) = (max.trim().parse::<u64>(), current.trim().parse::<u64>()) {
+                    available = available.min(max.saturating_sub(current));
+                }
+            }
+            if dir == Path::new("/sys/fs/cgroup") || !dir.pop() {
+                break;
+            }
+        }
+    }
+    Some(available)
+}
+
+/// A new memfd of `total` reserved bytes, or `None` where the kernel refuses memfds.
+#[cfg(target_os = "linux")]
+fn memfd(total: usize) -> Result<Option<File>> {
+    use rustix::fs::{memfd_create, MemfdFlags};
+    let name = Path::new(MEMFD_NAME);
+    if let Some(free) = available_memory() {
+        if total as u64 > free {
+            let what = format!("{MEMFD_NAME} ({total} bytes of shared memory asked for, {free} available)");
+            return Err(Error::io(what, io::Error::from_raw_os_error(libc::ENOMEM)));
+        }
+    }
+    let fd = match memfd_create("tensordict-rs", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOSYS | rustix::io::Errno::PERM | rustix::io::Errno::INVAL) => {
+            return Ok(None)
+        }
+        Err(e) => return Err(Error::io(name, e.into())),
+    };
+    let file = File::from(fd);
+    storage::reserve(&file, total).map_err(|e| Error::io(name, e))?;
+    Ok(Some(file))
+}
+
+/// The backing file of a new arena of `total` bytes, reserved, and the place errors name.
+fn backing_file(total: usize) -> Result<(File, PathBuf, bool)> {
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("TENSORDICT_RS_ANON_DIR").is_none() {
+        if let Some(file) = memfd(total)? {
+            return Ok((file, PathBuf::from(MEMFD_NAME), true));
+        }
+    }
+    let dirs = storage::anonymous_dirs(total);
+    let mut last = None;
+    for dir in &dirs {
+        let attempt = storage::unnamed_file(dir).and_then(|file| {
+            storage::reserve(&file, total)
+                .map(|()| file)
+                .map_err(|e| Error::io(dir, e))
+        });
+        match attempt {
+            Ok(file) => return Ok((file, dir.clone(), false)),
+            // /dev/shm filled up between statvfs and now: try the next place.
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && dirs.len() > 1 => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::io(std::env::temp_dir(), io::ErrorKind::NotFound.into())))
+}
+
+/// One shareable anonymous arena holding `parts` (`(data, len)`, data `None`: zeros) at the
+/// returned offsets: small parts back to back (vectored writes), parts of `LARGE_PART` bytes and
+/// more on their own pages, written by up to `num_threads` threads (0: one per CPU).
+pub fn create(parts: &[(Option<&[u8]>, usize)], num_threads: usize) -> Result<(Arc<Region>, Vec<usize>)> {
+    let (region, id, offsets) = build(parts, num_threads)?;
+    let region = Arc::new(region);
+    register(id, &region);
+    Ok((region, offsets))
+}
+
+/// Anonymous shared memory of `len` bytes, filled from `src` or zeroed: an arena of one part,
+/// not entered in the registry (its owner wraps it on its own).
+pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
+    build(&[(src, len)], 1).map(|(region, _, _)| region)
+}
+
+type Built = (Region, Identity, Vec<usize>);
+
+fn build(parts: &[(Option<&[u8]>, usize)], num_threads: usize) -> Result<Built> {
+    let (offsets, total) = storage::arena_layout(parts)?;
+    let (file, place, sealable) = backing_file(total)?;
+    let small: Vec<(Option<&[u8]>, usize)> = parts
+        .iter()
+        .map(|&(data, len)| (data.filter(|_| len < LARGE_PART), len))
+        .collect();
+    storage::write_parts(&file, &small, &offsets).map_err(|e| Error::io(&place, e))?;
+    let large: Vec<(&[u8], usize)> = parts
+        .iter()
+        .zip(&offsets)
+        .filter_map(|(&(data, len), &off)| data.filter(|_| len >= LARGE_PART).map(|d| (d, off)))
+        .collect();
+    let workers = parallel::worker_count(num_threads, large.len());
+    parallel::run(
+        &large,
+        workers,
+        |job| job.0.len(),
+        |&(data, off)| storage::write_all_at(&file, data, off as u64).map_err(|e| Error::io(&place, e)),
+    )?;
+    #[cfg(target_os = "linux")]
+    if sealable {
+        use rustix::fs::{fcntl_add_seals, SealFlags};
+        // Nobody can shrink the memory under a mapping (a SIGBUS in another process) or grow it.
+        fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(|e| Error::io(&place, e.into()))?;
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = sealable;
+    let (id, _) = identity(file.as_fd()).map_err(|e| Error::io(&place, e))?;
+    let region = storage::map_file(&file, total, None, MapMode::Shared).map_err(|e| Error::io(&place, e))?;
+    Ok((region.with_fd(OwnedFd::from(file)), id, offsets))
+}
+
+/// Maps `len` bytes of a descriptor received from another process (or returns the region that
+/// already maps the same object here, closing `fd`). The object must be a regular file (a memfd
+/// or an unlinked file) of at least `len` bytes.
+pub fn receive(fd: OwnedFd, len: usize) -> Result<Arc<Region>> {
+    let place = Path::new("<received shared memory>");
+    let st = rustix::fs::fstat(&fd).map_err(|e| Error::io(place, e.into()))?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(Error::invalid(
+            place,
+            "the received descriptor is not shared memory",
+        ));
+    }
+    let id = (st.st_dev as u64, st.st_ino as u64);
+    if let Some(region) = lookup(id, len) {
+        return Ok(region); // `fd` closes here: this process already maps the object
+    }
+    if len == 0 || (st.st_size as u64) < len as u64 {
+        return Err(Error::invalid(
+            place,
+            format!("the shared memory holds {} bytes, {len} expected", st.st_size),
+        ));
+    }
+    let file = File::from(fd);
+    let region = storage::map_file(&file, len, None, MapMode::Shared).map_err(|e| Error::io(place, e))?;
+    let region = Arc::new(region.with_fd(OwnedFd::from(file)));
+    register(id, &region);
+    Ok(region)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+    }
+
+    #[test]
+    fn arena_packs_parts() {
+        let a: Vec<u8> = (0..100).collect();
+        let b: Vec<u8> = (0..7).map(|i| 200 + i).collect();
+        let parts = [
+            (Some(&a[..]), 100),
+            (None, 30),
+            (Some(&b[..]), 7),
+            (Some(&a[..]), 100),
+        ];
+        let (region, offsets) = create(&parts, 1).unwrap();
+        assert_eq!(offsets, vec![0, 128, 192, 256]);
+        let bytes = region.to_vec();
+        assert_eq!(&bytes[0..100], &a[..]);
+        assert!(bytes[100..192].iter().all(|&x| x == 0));
+        assert_eq!(&bytes[192..199], &b[..]);
+        assert_eq!(&bytes[256..356], &a[..]);
+    }
+
+    #[test]
+    fn arena_handles_many_and_large_parts() {
+        let mut data: Vec<Vec<u8>> = (0..3000).map(|i| vec![(i % 251) as u8; 1 + i % 90]).collect();
+        data.push(vec![7; LARGE_PART + 3]);
+        data.push(vec![9; 5]);
+        data.push(vec![11; 2 * LARGE_PART]);
+        let parts: Vec<_> = data.iter().map(|d| (Some(&d[..]), d.len())).collect();
+        let (region, offsets) = create(&parts, 2).unwrap();
+        let bytes = region.to_vec();
+        for (d, &off) in data.iter().zip(&offsets) {
+            assert_eq!(&bytes[off..off + d.len()], &d[..]);
+        }
+        assert_eq!(offsets[3000] % 4096, 0);
+        assert_eq!(offsets[3002] % 4096, 0);
+    }
+
+    #[test]
+    fn zeroed_arena_and_one_descriptor_per_arena() {
+        let before = open_fds();
+        let regions: Vec<_> = (0..16)
+            .map(|_| create(&[(None, 10_000), (None, 3)], 1).unwrap())
+            .collect();
+        assert!(regions.iter().all(|(r, _)| r.to_vec().iter().all(|&b| b == 0)));
+        assert!(regions.iter().all(|(r, _)| r.fd().is_some()));
+        let during = open_fds();
+        assert!(during <= before + 16 + 4, "{before} -> {during}");
+        drop(regions);
+        assert!(open_fds() <= before + 4);
+    }
+
+    #[test]
+    fn receiving_the_same_object_maps_it_once() {
+        let (region, _) = create(&[(Some(&[1, 2, 3, 4][..]), 4)], 1).unwrap();
+        let dup = region.fd().unwrap().try_clone_to_owned().unwrap();
+        let before = open_fds();
+        let again = receive(dup, 4).unwrap();
+        assert!(Arc::ptr_eq(&region, &again));
+        assert!(open_fds() < before, "the received descriptor was closed");
+        // SAFETY: the region spans 4 writable bytes and nothing else touches it meanwhile.
+        unsafe { *again.as_ptr() = 9 };
+        assert_eq!(region.to_vec(), vec![9, 2, 3, 4]);
+    }
+
+    #[test]
+    fn received_descriptor_of_a_dropped_region_is_mapped_again() {
+        let (region, _) = create(&[(Some(&[5u8; 64][..]), 64)], 1).unwrap();
+        let dup = region.fd().unwrap().try_clone_to_owned().unwrap();
+        drop(region);
+        let mapped = receive(dup, 64).unwrap();
+        assert_eq!(mapped.to_vec(), vec![5u8; 64]);
+        let dup = mapped.fd().unwrap().try_clone_to_owned().unwrap();
+        assert!(receive(dup, 1 << 20).is_err(), "longer than the object");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn memfd_is_sealed_against_shrinking() {
+        let (region, _) = create(&[(None, 8192)], 1).unwrap();
+        let file = File::from(region.fd().unwrap().try_clone_to_owned().unwrap());
+        assert!(file.set_len(0).is_err());
+        assert!(file.set_len(1 << 30).is_err());
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn more_memory_than_there_is_fails_at_allocation() {
+        let err = create(&[(None, usize::MAX / 4)], 1).unwrap_err();
+        assert!(err.raw_os_error().is_some(), "{err}");
+    }
+}
