@@ -82,6 +82,7 @@ class Lockable:
     def _unlock_tree(self) -> None:
         self._is_locked = False
         self._is_memmap = False
+        self._is_shared = False
         for child in self._children():
             child._lock_parents = [
                 r for r in child._lock_parents if r() is not None and r() is not self

@@ -94,7 +94,8 @@ class MemoryMappedTensor(torch.Tensor):
     Operations return plain tensors (``__torch_function__`` is disabled, so they cost nothing
     extra); basic indexing, ``unbind``, ``split``, ``chunk`` and iteration keep the class
     because their results are views of the same map. File-backed tensors pickle by path and
-    can be opened in any process; anonymous ones travel to forked children as shared memory.
+    can be opened in any process; anonymous ones cross processes through multiprocessing
+    (any start method) as one file descriptor of their shared memory, never as a copy.
     """
 
     _buffer: _native.Buffer | None
@@ -367,9 +368,12 @@ class MemoryMappedTensor(torch.Tensor):
             if self._buffer is None:
                 return (_rebuild_plain, (self.as_subclass(torch.Tensor).clone(),))
             raise RuntimeError(
-                "An anonymous MemoryMappedTensor cannot be pickled: its memory has no name another "
-                "process could open. Save it with a filename (or TensorDict.memmap_(prefix=...)), "
-                "or share it with forked workers, which inherit the map."
+                "An anonymous MemoryMappedTensor cannot be pickled with plain pickle: its memory "
+                "has no name, only a file descriptor, which a pickle cannot carry. Send it "
+                "through multiprocessing or torch.multiprocessing instead (Process arguments, "
+                "Queue, Pipe, Pool, DataLoader workers, any start method), which passes the "
+                "descriptor, or save it to a file first (MemoryMappedTensor.from_tensor(t, "
+                "filename=...), TensorDict.memmap_(prefix=...)) to pickle it by path."
             )
         assert self._buffer is not None
         return (

@@ -15,6 +15,7 @@ from ._devices import DeviceMoves, _normalize_device
 from ._locking import LOCK_ERROR, Lockable
 from ._persistence import MemoryMapped
 from ._repr import compact_repr
+from ._sharing import Shareable, register
 from ._tree import NonTensorData, TreeNode, _LazyLeaf
 from ._walk import leaves, map_leaves, walk_items, zip_leaves
 from .distributed import Distributed
@@ -44,7 +45,7 @@ def _as_key(key: Key) -> tuple[str, ...]:
     raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
 
 
-class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed):
+class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Shareable):
     """A dictionary of tensors with common leading batch dimensions and an optional device.
 
     >>> td = TensorDict({"obs": torch.zeros(8, 3), "next": {"done": torch.zeros(8, 1)}}, [8])
@@ -510,7 +511,10 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed):
         # A view of rows is a new, unlocked tree, never a saved one (as tensordict's td[1:]).
         items = _index.normalize(index, self.batch_dims)
         batch = _index.indexed_batch_size(self._batch_size, items)
-        return map_leaves(self, lambda t: t[items], batch_size=batch)
+        out = map_leaves(self, lambda t: t[items], batch_size=batch)
+        if self._is_shared and all(i is None or isinstance(i, (int, slice)) for i in items):
+            out._mark_shared()  # a view of shared memory is shared (tensordict's td[0], td[1:])
+        return out
 
     def index_select(
         self, dim: int, index: torch.Tensor, *, out: TensorDict | None = None
@@ -653,6 +657,9 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed):
         self._memmap_prefix = state["prefix"]
         if state["is_locked"]:
             self._lock_tree()
+
+
+register(TensorDict)
 
 
 def _pairs(source: Mapping[str, Any] | TensorDict) -> Iterator[tuple[str, Any]]:

@@ -1,0 +1,343 @@
+"""Sharing across processes without copies: TensorDicts and MemoryMappedTensors under
+``multiprocessing`` (Process arguments, Queue, Pipe, Pool) and DataLoader workers, with every
+start method (fork, spawn, forkserver).
+
+What crosses is plain data plus one file descriptor per arena of shared memory, never the
+bytes: the layout of the tree (keys, dtypes, shapes, batch sizes, flags) as tuples, and the
+arenas as ``multiprocessing.reduction.DupFd`` handles, which multiprocessing passes the way it
+passes every fd (inherited by spawn children, sent with ``SCM_RIGHTS`` to forkserver children,
+fetched through ``resource_sharer`` after start-up). The receiver maps the same memory, once per
+process however often it arrives. File-backed leaves travel by path. Plain tensor leaves are
+copied, with one native call, into one new arena: a DataLoader batch crosses back from a worker
+as one descriptor, not one per leaf.
+
+The reducers are registered with ``multiprocessing.reduction.ForkingPickler`` only (as torch
+registers its own), so a plain ``pickle.dumps`` of anonymous memory raises at the caller, with
+an error that says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from multiprocessing import context, reduction
+from typing import TYPE_CHECKING, Any, Self
+
+import torch
+
+from . import _native
+from ._dtypes import DTYPE_TO_STR, STR_TO_DTYPE
+from ._tree import NonTensorData, _gc_paused, _LazyLeaf
+from .memmap import MemoryMappedTensor, _source_bytes, _wrap
+
+if TYPE_CHECKING:
+    from .tensordict import TensorDict
+
+SLICE, FILE, NODE, NON_TENSOR, TENSOR = range(5)
+LOCKED, MEMMAP, SHARED = 1, 2, 4
+
+# (size, stride, storage_offset) of a view; None for the whole buffer as one contiguous tensor
+Geometry = tuple[tuple[int, ...], tuple[int, ...], int] | None
+
+
+class _Message:
+    """What one pickled tree refers to: the arenas (one fd each), the files, the plain leaves."""
+
+    def __init__(self) -> None:
+        self.regions: dict[int, int] = {}  # Buffer.region_id -> index in arenas
+        self.arenas: list[tuple[int, int, list[tuple[int, int]]]] = []  # fd, nbytes, slices
+        self.files: list[tuple[str, int]] = []
+        # arenas made for this message only: their fds must stay open until they are sent
+        self.keep: list[Any] = []
+        self.plain: list[tuple[list[Any], int, str, torch.Tensor]] = []
+
+    def buffer_entry(
+        self,
+        key: str,
+        buffer: _native.Buffer,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+        geometry: Geometry,
+    ) -> tuple[Any, ...] | None:
+        """The entry of a leaf that views ``buffer``; None when the buffer cannot be shared."""
+        handle = buffer.share_handle
+        dtype_name = DTYPE_TO_STR.get(dtype)
+        if dtype_name is None:
+            return None
+        if handle is not None:
+            fd, arena_nbytes, offset = handle
+            index = self.regions.get(buffer.region_id)
+            if index is None:
+                index = len(self.arenas)
+                self.regions[buffer.region_id] = index
+                self.arenas.append((fd, arena_nbytes, []))
+            slices = self.arenas[index][2]
+            slices.append((offset, buffer.nbytes))
+            return (SLICE, key, index, len(slices) - 1, dtype_name, shape, geometry)
+        filename = buffer.filename
+        if filename is not None:
+            self.files.append((filename, buffer.nbytes))
+            return (FILE, key, len(self.files) - 1, dtype_name, shape, geometry)
+        return None
+
+    def tensor_entry(self, key: str, value: torch.Tensor, entries: list[Any]) -> tuple[Any, ...]:
+        """The entry of a tensor leaf (plain CPU tensors are queued for the batch arena)."""
+        if type(value) is MemoryMappedTensor and value._buffer is not None:
+            buffer = value._buffer
+            if value.untyped_storage().data_ptr() == buffer.address:
+                shape = tuple(value.shape)
+                whole = (
+                    value.storage_offset() == 0
+                    and value.is_contiguous()
+                    and value.nbytes == buffer.nbytes
+                )
+                geometry = None if whole else (shape, tuple(value.stride()), value.storage_offset())
+                entry = self.buffer_entry(key, buffer, value.dtype, shape, geometry)
+                if entry is not None:
+                    return entry
+        if (
+            value.device.type != "cpu"
+            or value.numel() == 0
+            or value.requires_grad
+            or value.dtype not in DTYPE_TO_STR
+            or (type(value) is torch.Tensor and value.is_shared())
+        ):
+            # torch's own reducers: CUDA IPC, shared storages (kept shared), empty tensors
+            return (TENSOR, key, value.as_subclass(torch.Tensor))
+        self.plain.append((entries, len(entries), key, value))
+        return (TENSOR, key, None)  # replaced once the batch arena exists
+
+    def consolidate(self) -> None:
+        """Copies every queued plain leaf into one new arena (one native call)."""
+        if not self.plain:
+            return
+        sources = [_source_bytes(value) for _, _, _, value in self.plain]
+        buffers = _native.anonymous_buffers([(s.data_ptr(), s.nbytes) for s in sources])
+        del sources
+        self.keep.append(buffers[0])  # the new arena lives on in no tree of this process
+        for (entries, at, key, value), buffer in zip(self.plain, buffers, strict=True):
+            entries[at] = self.buffer_entry(key, buffer, value.dtype, tuple(value.shape), None)
+        self.plain = []
+
+    def handles(self) -> list[tuple[Any, int, list[tuple[int, int]]]]:
+        """One ``DupFd`` per arena, taken now (while every arena is alive)."""
+        popen = context.get_spawning_popen()
+        if popen is not None and self.keep:
+            # spawn and forkserver pass the fd numbers themselves after pickling: a batch arena
+            # made for this message must stay open until the child has it, so it lives as long
+            # as the child's Popen. (The arenas of the trees live as long as the trees, which
+            # the Process arguments hold.)
+            popen.__dict__.setdefault("_tensordict_rs_keep", []).extend(self.keep)
+        return [(reduction.DupFd(fd), nbytes, slices) for fd, nbytes, slices in self.arenas]
+
+
+def _describe(td: Any, msg: _Message) -> tuple[Any, ...]:
+    entries: list[Any] = []
+    for key, value in td._tensordict.items():
+        cls = type(value)
+        entry: tuple[Any, ...] | None
+        if cls is _LazyLeaf:
+            entry = msg.buffer_entry(key, value.buffer, value.dtype, value.shape, None)
+            if entry is None:
+                entry = msg.tensor_entry(key, value.materialize(), entries)
+        elif isinstance(value, torch.Tensor):
+            entry = msg.tensor_entry(key, value, entries)
+        elif cls is NonTensorData:
+            entry = (NON_TENSOR, key, value.data)
+        else:
+            entry = (NODE, key, _describe(value, msg))
+        entries.append(entry)
+    flags = (
+        (LOCKED if td._is_locked else 0)
+        | (MEMMAP if td._is_memmap else 0)
+        | (SHARED if td._is_shared else 0)
+    )
+    prefix = None if td._memmap_prefix is None else os.fspath(td._memmap_prefix)
+    device = None if td._device is None else str(td._device)
+    return (type(td), tuple(td._batch_size), device, flags, prefix, entries)
+
+
+def _leaf(buffer: _native.Buffer, dtype_name: str, shape: Any, geometry: Geometry) -> Any:
+    dtype = STR_TO_DTYPE[dtype_name]
+    if geometry is None:
+        return _LazyLeaf(buffer, dtype, tuple(shape))
+    size, stride, offset = geometry
+    storage = torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
+    view = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
+    return _wrap(view, buffer, buffer.filename)
+
+
+def _build(node: tuple[Any, ...], arenas: list[list[Any]], files: list[Any]) -> Any:
+    from pathlib import Path
+
+    cls, batch, device, flags, prefix, entries = node
+    td = cls._new_unchecked(torch.Size(batch), None if device is None else torch.device(device))
+    items = td._tensordict
+    for entry in entries:
+        tag, key = entry[0], entry[1]
+        if tag == SLICE:
+            items[key] = _leaf(arenas[entry[2]][entry[3]], entry[4], entry[5], entry[6])
+        elif tag == FILE:
+            items[key] = _leaf(files[entry[2]], entry[3], entry[4], entry[5])
+        elif tag == NODE:
+            items[key] = _build(entry[2], arenas, files)
+        elif tag == NON_TENSOR:
+            items[key] = NonTensorData(entry[2])
+        else:
+            items[key] = entry[2]
+    td._is_memmap = bool(flags & MEMMAP)
+    td._is_shared = bool(flags & SHARED)
+    td._memmap_prefix = None if prefix is None else Path(prefix)
+    return td
+
+
+def _relock(td: Any, node: tuple[Any, ...]) -> None:
+    """Locks the rebuilt nodes that were locked (a locked node locks everything under it)."""
+    if node[3] & LOCKED:
+        td._lock_tree()
+        return
+    for entry in node[5]:
+        if entry[0] == NODE:
+            _relock(td._tensordict[entry[1]], entry[2])
+
+
+def _receive(handles: list[tuple[Any, int, list[tuple[int, int]]]]) -> list[list[Any]]:
+    arenas = []
+    for i, (handle, nbytes, slices) in enumerate(handles):
+        fd = handle.detach()
+        try:
+            arenas.append(_native.receive_shared(fd, nbytes, slices))
+        except BaseException:
+            for later, _, _ in handles[i + 1 :]:
+                os.close(later.detach())
+            raise
+    return arenas
+
+
+@_gc_paused()
+def _rebuild_td(layout: bytes, handles: list[tuple[Any, int, list[tuple[int, int]]]]) -> Any:
+    # The layout is unpickled here, with the collector paused: a 10,000-leaf tree is tens of
+    # thousands of tuples, which would trigger full collections while they are made.
+    arenas = _receive(handles)
+    node, files = pickle.loads(layout)
+    file_buffers = _native.open_files(files) if files else []
+    td = _build(node, arenas, file_buffers)
+    _relock(td, node)
+    return td
+
+
+@_gc_paused()
+def reduce_tensordict(td: TensorDict) -> tuple[Any, ...]:
+    """ForkingPickler reducer of a TensorDict: the layout as plain data, one fd per arena."""
+    msg = _Message()
+    node = _describe(td, msg)
+    msg.consolidate()
+    # ForkingPickler again: non-tensor values and CUDA leaves use their own reducers.
+    layout = bytes(reduction.ForkingPickler.dumps((node, msg.files)))
+    return (_rebuild_td, (layout, msg.handles()))
+
+
+def _rebuild_mmt(
+    handle: Any, nbytes: int, offset: int, length: int, dtype_name: str, geometry: Geometry
+) -> MemoryMappedTensor:
+    buffer = _native.receive_shared(handle.detach(), nbytes, [(offset, length)])[0]
+    leaf = _leaf(buffer, dtype_name, None, geometry)
+    return leaf.materialize() if type(leaf) is _LazyLeaf else leaf
+
+
+def reduce_memmap_tensor(t: MemoryMappedTensor) -> tuple[Any, ...]:
+    """ForkingPickler reducer of a MemoryMappedTensor: anonymous ones pass their arena's fd."""
+    buffer = t._buffer
+    handle = None if buffer is None else buffer.share_handle
+    if (
+        buffer is None
+        or handle is None
+        or t.dtype not in DTYPE_TO_STR
+        or t.untyped_storage().data_ptr() != buffer.address
+    ):
+        return t.__reduce_ex__(2)
+    msg = _Message()
+    shape = tuple(t.shape)
+    entry = msg.buffer_entry("", buffer, t.dtype, shape, (shape, tuple(t.stride()), t.storage_offset()))
+    assert entry is not None
+    (dup, nbytes, slices) = msg.handles()[0]
+    offset, length = slices[0]
+    return (_rebuild_mmt, (dup, nbytes, offset, length, entry[4], entry[6]))
+
+
+def register(tensordict_cls: type) -> None:
+    """Registers the reducers with multiprocessing's ForkingPickler (torch's Queues too)."""
+    reduction.ForkingPickler.register(tensordict_cls, reduce_tensordict)
+    reduction.ForkingPickler.register(MemoryMappedTensor, reduce_memmap_tensor)
+
+
+class Shareable:
+    """``share_memory_``/``is_shared``, DataLoader batches (``__getitems__``), ``pin_memory``."""
+
+    if TYPE_CHECKING:
+        # The rest of TensorDict, which this part of the class is mixed into.
+        def __getattr__(self, name: str) -> Any: ...
+
+    _is_shared: bool = False
+
+    def share_memory_(self) -> Self:
+        """Moves every CPU leaf into shared memory, locks the TensorDict, and returns self.
+
+        Processes that receive it (``multiprocessing`` or ``torch.multiprocessing`` Process
+        arguments, Queues, Pipes, Pools, DataLoader workers) read and write the same memory.
+        The leaves go into one anonymous arena (one memfd): they become anonymous
+        MemoryMappedTensors, and the tree crosses processes with one file descriptor, whatever
+        its number of leaves. A CUDA TensorDict is left as it is (CUDA tensors are shared
+        already) and not locked. A memory-mapped TensorDict raises ``RuntimeError``, as in
+        tensordict. ``is_shared()`` is True until ``unlock_()``.
+        """
+        from . import _tree
+
+        if self._is_memmap:
+            raise RuntimeError("memmap and shared memory are mutually exclusive features.")
+        if self._device is not None and self._device.type == "cuda":
+            return self
+        _tree.save(
+            self,  # type: ignore[arg-type]
+            None,
+            like=False,
+            reuse_maps=True,
+            existsok=True,
+            durable=False,
+            num_threads=0,
+        )
+        self._mark_shared()
+        self._lock_tree()
+        return self
+
+    def _mark_shared(self) -> None:
+        self._is_shared = True
+        self._is_memmap = False
+        for value in self._tensordict.values():
+            if isinstance(value, Shareable):
+                value._mark_shared()
+
+    def is_shared(self) -> bool:
+        """True after ``share_memory_()`` (until ``unlock_()``), as in tensordict.
+
+        A memory-mapped TensorDict reports False (``is_memmap()`` is True), as in tensordict,
+        though its memory is shared too.
+        """
+        return self._is_shared
+
+    def __getitems__(self, indices: Any) -> Any:
+        """The rows ``indices`` of batch dim 0 in one gather: the hook that lets
+        ``DataLoader(td, batch_size=B, collate_fn=...)`` index once per batch, not per row."""
+        index = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(indices)
+        return self[index]
+
+    def pin_memory(self, num_threads: int | None = None, inplace: bool = False) -> Any:
+        """A copy with every tensor in pinned (page-locked) memory, for fast, asynchronous
+        copies to an accelerator; ``inplace=True`` replaces the leaves of self instead.
+        ``num_threads`` is accepted for tensordict's signature."""
+        del num_threads
+        if not inplace:
+            return self.apply(lambda t: t.pin_memory())
+        for td, key, value in list(self._leaves()):
+            td._tensordict[key] = value.pin_memory()
+        return self
