@@ -24,6 +24,8 @@ class Workload:
     min_fraction: float | None = None  # limit time / tensordict_rs time
     max_value: float | None = None  # absolute bound in the unit (us/leaf, s)
     absolute_is_alternative: bool = False  # max_value is shown beside the ratio, not required
+    absolute_if_ref_fails: bool = False  # where the reference fails, max_value alone decides
+    max_fds: int | None = None  # most new descriptors tensordict_rs may take (entry["fds"])
     info: bool = False  # context row, no target
 
 
@@ -150,6 +152,41 @@ WORKLOADS: tuple[Workload, ...] = (
         "outcome",
         "",
         "works",
+    ),
+    Workload(
+        "dl_w0",
+        "DataLoader, random 256-row batches of a memory-mapped dataset (64 leaves), 0 workers",
+        "batches/s",
+        "",
+        ">= 2x",
+        min_ratio=2.0,
+    ),
+    Workload(
+        "dl_w2",
+        "DataLoader, random 256-row batches of a memory-mapped dataset (64 leaves), 2 workers",
+        "batches/s",
+        "",
+        ">= 5x",
+        min_ratio=5.0,
+    ),
+    Workload(
+        "dl_w4",
+        "DataLoader, random 256-row batches of a memory-mapped dataset (64 leaves), 4 workers",
+        "batches/s",
+        "",
+        "(measured, no target: 4 workers on 2 CPUs)",
+        info=True,
+    ),
+    Workload(
+        "spawn_10k",
+        "a spawned child receives a 10,000-leaf anonymous tree over a Queue (new fds in the child)",
+        "s",
+        "",
+        "<= 10% of the reference's time (< 0.1 s where it fails), <= 4 new fds",
+        min_ratio=10.0,
+        max_value=0.1,
+        absolute_if_ref_fails=True,
+        max_fds=4,
     ),
     Workload(
         "ctx_memcpy",

@@ -49,6 +49,8 @@ def _value(unit: str, amount: float, seconds: float) -> float:
         return seconds / amount * 1e6
     if unit == "M rows/s":
         return amount / seconds / 1e6
+    if unit == "batches/s":
+        return amount / seconds
     return seconds
 
 
@@ -96,7 +98,11 @@ def _timed_row(wl: Workload, entry: dict[str, Any]) -> list[str]:
             cells.append(f"error: {_short(error)}")
             meds[case] = None
         elif times:
-            cells.append(_cell(wl, amount, times))
+            text = _cell(wl, amount, times)
+            fds = entry.get("fds", {}).get(case)
+            if fds is not None:
+                text += f", +{fds} fds"
+            cells.append(text)
             meds[case] = statistics.median(times)
         else:
             cells.append("-")
@@ -114,6 +120,9 @@ def _timed_row(wl: Workload, entry: dict[str, Any]) -> list[str]:
         met = "(context)"
     elif rs is None:
         met = "**no** (error)"
+    elif wl.absolute_if_ref_fails and ref is None and wl.max_value is not None:
+        ok = _value(wl.unit, amount, rs) <= wl.max_value
+        met = f"{'yes' if ok else '**no**'} (the reference fails; <= {_num(wl.max_value)} s)"
     else:
         checks = []
         if wl.min_ratio is not None:
@@ -129,6 +138,9 @@ def _timed_row(wl: Workload, entry: dict[str, Any]) -> list[str]:
         if wl.absolute_is_alternative and absolute_ok is not None:
             bound = f"<= {_num(wl.max_value)} {_unit_text(wl.unit)}"
             met += f" ({bound}: {'yes' if absolute_ok else 'no'})"
+    fds = entry.get("fds", {}).get(RS)
+    if wl.max_fds is not None and fds is not None and fds > wl.max_fds:
+        met = f"**no** ({fds} new fds)"
     return cells + [met]
 
 
@@ -250,7 +262,7 @@ def _size(wl: Workload, entry: dict[str, Any]) -> str:
         return f"{amount / 2**20:,.0f} MiB"
     if wl.unit == "us/leaf":
         return f"{amount:,.0f} leaves"
-    if wl.unit == "M rows/s":
+    if wl.unit in ("M rows/s", "batches/s"):
         rows = entry.get("dataset_rows")
         return f"{rows:,} rows" if rows else "shrunk"
     return "full size"  # imports and the fd-limit check do not shrink

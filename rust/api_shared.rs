@@ -43,6 +43,39 @@ pub fn receive_shared(
         .collect())
 }
 
+/// One arena of a message: `(fd, arena_nbytes, slices, positions)`.
+type ArenaGroup = (i32, usize, Vec<(usize, usize)>, Vec<usize>);
+
+/// Groups `buffers` (the leaves of one tree, in order) by the arena they slice, in one call:
+/// returns `(arenas, others)`, each arena `(fd, arena_nbytes, [(offset, nbytes)], [position])`
+/// in order of first use, and the positions of the buffers that have no descriptor to pass
+/// (file maps). The fds stay owned by the buffers.
+#[cfg(unix)]
+#[pyfunction]
+pub fn group_shared(buffers: Vec<Bound<'_, Buffer>>) -> (Vec<ArenaGroup>, Vec<usize>) {
+    use std::collections::HashMap;
+    use std::os::fd::AsRawFd;
+    let mut index: HashMap<usize, usize> = HashMap::new();
+    let mut arenas: Vec<ArenaGroup> = Vec::new();
+    let mut others = Vec::new();
+    for (position, buffer) in buffers.iter().enumerate() {
+        let buffer = buffer.get();
+        let region = buffer.region();
+        let Some(fd) = region.fd() else {
+            others.push(position);
+            continue;
+        };
+        let id = std::sync::Arc::as_ptr(region) as usize;
+        let at = *index.entry(id).or_insert_with(|| {
+            arenas.push((fd.as_raw_fd(), region.len(), Vec::new(), Vec::new()));
+            arenas.len() - 1
+        });
+        arenas[at].2.push((buffer.offset(), buffer.len()));
+        arenas[at].3.push(position);
+    }
+    (arenas, others)
+}
+
 /// Number of shared-memory arenas this process maps now (made here or received).
 #[cfg(unix)]
 #[pyfunction]

@@ -56,6 +56,11 @@ impl Buffer {
         unsafe { self.region.as_ptr().add(self.offset) }
     }
 
+    /// Where this buffer starts in its region.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
     /// Length of this buffer in bytes.
     pub fn len(&self) -> usize {
         self.len

@@ -54,6 +54,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api_shared::receive_shared, m)?)?;
     #[cfg(unix)]
     m.add_function(wrap_pyfunction!(api_shared::shared_regions, m)?)?;
+    #[cfg(unix)]
+    m.add_function(wrap_pyfunction!(api_shared::group_shared, m)?)?;
     m.add_function(wrap_pyfunction!(api_shared::open_files, m)?)?;
     m.add("TensorDictError", py.get_type::<error::TensorDictError>())?;
     m.add(

@@ -51,9 +51,7 @@ def open_fds() -> int:
 
 
 def memfds() -> int:
-    """Descriptors of this process that are tensordict-rs shared memory (after a collection:
-    Process and Popen objects of earlier tests may still hold arenas)."""
-    gc.collect()
+    """Descriptors of this process that are tensordict-rs shared memory."""
     count = 0
     for name in os.listdir("/proc/self/fd"):
         try:
@@ -67,6 +65,7 @@ def memfds() -> int:
 def settles(count: Any, expected: int, seconds: float = 5.0, slack: int = 0) -> bool:
     """Whether ``count()`` reaches ``expected`` (up to ``slack`` more) within ``seconds``
     (resource_sharer's thread closes the duplicate it sent a moment after it was fetched)."""
+    gc.collect()  # Process and Popen objects of earlier tests may still hold arenas
     deadline = time.monotonic() + seconds
     while not expected <= count() <= expected + slack:
         if time.monotonic() > deadline:
@@ -149,6 +148,7 @@ def pool_sum(t: MemoryMappedTensor) -> float:
 @pytest.mark.parametrize("method", METHODS)
 def test_process_queue_and_pool(method: str, tmp_path: Path) -> None:
     ctx = context(method)
+    gc.collect()
     memfds_before = memfds()
     small = tree(1).memmap_()
     mid = tree(300).memmap_()
@@ -318,32 +318,38 @@ def test_dataloader_workers(method: str, tmp_path: Path) -> None:
     for i in range(300):  # more than forkserver's 252 fds per message, were it one per leaf
         data[f"g{i % 10}", f"k{i}"] = torch.arange(rows, dtype=torch.float32) * i
     data.memmap_()
-    saved = data.memmap(tmp_path / "saved")  # a file-backed dataset too
-    for dataset in (data, saved):
-        loader = DataLoader(
-            dataset,
-            batch_size=16,
-            shuffle=True,
-            num_workers=2,
-            collate_fn=identity,
-            multiprocessing_context=context(method),
-            persistent_workers=False,
-            timeout=WAIT,
-        )
-        before = memfds()
-        batches = list(loader)
-        assert len(batches) == rows // 16
-        # one arena (one descriptor) per batch, not one per leaf
-        assert settles(memfds, before + len(batches))
-        for b in batches:
-            assert isinstance(b, TensorDict) and b.batch_size == (16,)
-            rows_seen = b["g1", "k1"].long()
-            assert torch.equal(b["g7", "k297"], rows_seen.float() * 297)
-            assert len({leaf(b, i)._buffer.region_id for i in range(300)}) == 1
-        seen = torch.cat([b["g1", "k1"] for b in batches]).sort().values
-        assert torch.equal(seen, torch.arange(rows, dtype=torch.float32))
-        del batches, b
-        assert settles(memfds, before)
+    saved = data.memmap(tmp_path / "saved")
+    # anonymous and file-backed leaves in one dataset: one fd per arena, paths for the files
+    dataset = TensorDict({"anon": data, "file": saved}, [rows])
+    loader = DataLoader(
+        dataset,
+        batch_size=16,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=identity,
+        multiprocessing_context=context(method),
+        persistent_workers=False,
+        timeout=WAIT,
+    )
+    gc.collect()
+    before = memfds()
+    batches = list(loader)
+    assert len(batches) == rows // 16
+    # one arena (one descriptor) per batch, not one per leaf
+    assert settles(memfds, before + len(batches))
+    for b in batches:
+        assert isinstance(b, TensorDict) and b.batch_size == (16,)
+        rows_seen = b["anon", "g1", "k1"].long()
+        assert torch.equal(b["anon", "g7", "k297"], rows_seen.float() * 297)
+        assert torch.equal(b["file", "g7", "k297"], rows_seen.float() * 297)
+        regions = {
+            leaf(b[part], i)._buffer.region_id for part in ("anon", "file") for i in range(300)
+        }
+        assert len(regions) == 1
+    seen = torch.cat([b["anon", "g1", "k1"] for b in batches]).sort().values
+    assert torch.equal(seen, torch.arange(rows, dtype=torch.float32))
+    del batches, b
+    assert settles(memfds, before)
 
 
 def test_dataloader_without_workers() -> None:

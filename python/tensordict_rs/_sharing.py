@@ -33,58 +33,31 @@ from .memmap import MemoryMappedTensor, _source_bytes, _wrap
 if TYPE_CHECKING:
     from .tensordict import TensorDict
 
-SLICE, FILE, NODE, NON_TENSOR, TENSOR = range(5)
+BUFFER, NODE, NON_TENSOR, TENSOR = range(4)
 LOCKED, MEMMAP, SHARED = 1, 2, 4
 
 # (size, stride, storage_offset) of a view; None for the whole buffer as one contiguous tensor
-Geometry = tuple[tuple[int, ...], tuple[int, ...], int] | None
+Geometry = tuple[tuple[int, ...], tuple[int, ...], Any] | None
+# one arena of a message: (DupFd, arena nbytes, [(offset, nbytes)], [buffer position])
+Handle = tuple[Any, int, list[tuple[int, int]], list[int]]
 
 
 class _Message:
-    """What one pickled tree refers to: the arenas (one fd each), the files, the plain leaves."""
+    """What one pickled tree refers to: the buffers its leaves view (grouped into arenas, one
+    fd each, or files) and the plain leaves that go into one new arena."""
 
     def __init__(self) -> None:
-        self.regions: dict[int, int] = {}  # Buffer.region_id -> index in arenas
-        self.arenas: list[tuple[int, int, list[tuple[int, int]]]] = []  # fd, nbytes, slices
-        self.files: list[tuple[str, int]] = []
+        self.buffers: list[_native.Buffer] = []
         # arenas made for this message only: their fds must stay open until they are sent
         self.keep: list[Any] = []
         self.plain: list[tuple[list[Any], int, str, torch.Tensor]] = []
-
-    def buffer_entry(
-        self,
-        key: str,
-        buffer: _native.Buffer,
-        dtype: torch.dtype,
-        shape: tuple[int, ...],
-        geometry: Geometry,
-    ) -> tuple[Any, ...] | None:
-        """The entry of a leaf that views ``buffer``; None when the buffer cannot be shared."""
-        handle = buffer.share_handle
-        dtype_name = DTYPE_TO_STR.get(dtype)
-        if dtype_name is None:
-            return None
-        if handle is not None:
-            fd, arena_nbytes, offset = handle
-            index = self.regions.get(buffer.region_id)
-            if index is None:
-                index = len(self.arenas)
-                self.regions[buffer.region_id] = index
-                self.arenas.append((fd, arena_nbytes, []))
-            slices = self.arenas[index][2]
-            slices.append((offset, buffer.nbytes))
-            return (SLICE, key, index, len(slices) - 1, dtype_name, shape, geometry)
-        filename = buffer.filename
-        if filename is not None:
-            self.files.append((filename, buffer.nbytes))
-            return (FILE, key, len(self.files) - 1, dtype_name, shape, geometry)
-        return None
 
     def tensor_entry(self, key: str, value: torch.Tensor, entries: list[Any]) -> tuple[Any, ...]:
         """The entry of a tensor leaf (plain CPU tensors are queued for the batch arena)."""
         if type(value) is MemoryMappedTensor and value._buffer is not None:
             buffer = value._buffer
-            if value.untyped_storage().data_ptr() == buffer.address:
+            dtype_name = DTYPE_TO_STR.get(value.dtype)
+            if dtype_name is not None and value.untyped_storage().data_ptr() == buffer.address:
                 shape = tuple(value.shape)
                 whole = (
                     value.storage_offset() == 0
@@ -92,9 +65,8 @@ class _Message:
                     and value.nbytes == buffer.nbytes
                 )
                 geometry = None if whole else (shape, tuple(value.stride()), value.storage_offset())
-                entry = self.buffer_entry(key, buffer, value.dtype, shape, geometry)
-                if entry is not None:
-                    return entry
+                self.buffers.append(buffer)
+                return (BUFFER, key, len(self.buffers) - 1, dtype_name, shape, geometry)
         if (
             value.device.type != "cpu"
             or value.numel() == 0
@@ -116,11 +88,27 @@ class _Message:
         del sources
         self.keep.append(buffers[0])  # the new arena lives on in no tree of this process
         for (entries, at, key, value), buffer in zip(self.plain, buffers, strict=True):
-            entries[at] = self.buffer_entry(key, buffer, value.dtype, tuple(value.shape), None)
+            self.buffers.append(buffer)
+            at_buffer = len(self.buffers) - 1
+            entries[at] = (
+                BUFFER,
+                key,
+                at_buffer,
+                DTYPE_TO_STR[value.dtype],
+                tuple(value.shape),
+                None,
+            )
         self.plain = []
 
-    def handles(self) -> list[tuple[Any, int, list[tuple[int, int]]]]:
-        """One ``DupFd`` per arena, taken now (while every arena is alive)."""
+    def handles(self) -> tuple[list[Handle], list[tuple[int, str, int]]]:
+        """One ``DupFd`` per arena, taken now (while every arena is alive), and the files."""
+        arenas, others = _native.group_shared(self.buffers)
+        files = []
+        for position in others:
+            buffer = self.buffers[position]
+            if buffer.filename is None:
+                raise TypeError("a memory map with neither a file nor a descriptor cannot be sent")
+            files.append((position, buffer.filename, buffer.nbytes))
         popen = context.get_spawning_popen()
         if popen is not None and self.keep:
             # spawn and forkserver pass the fd numbers themselves after pickling: a batch arena
@@ -128,18 +116,26 @@ class _Message:
             # as the child's Popen. (The arenas of the trees live as long as the trees, which
             # the Process arguments hold.)
             popen.__dict__.setdefault("_tensordict_rs_keep", []).extend(self.keep)
-        return [(reduction.DupFd(fd), nbytes, slices) for fd, nbytes, slices in self.arenas]
+        handles = [
+            (reduction.DupFd(fd), nbytes, slices, positions)
+            for fd, nbytes, slices, positions in arenas
+        ]
+        return handles, files
 
 
 def _describe(td: Any, msg: _Message) -> tuple[Any, ...]:
     entries: list[Any] = []
+    buffers = msg.buffers
     for key, value in td._tensordict.items():
         cls = type(value)
-        entry: tuple[Any, ...] | None
+        entry: tuple[Any, ...]
         if cls is _LazyLeaf:
-            entry = msg.buffer_entry(key, value.buffer, value.dtype, value.shape, None)
-            if entry is None:
+            dtype_name = DTYPE_TO_STR.get(value.dtype)
+            if dtype_name is None:
                 entry = msg.tensor_entry(key, value.materialize(), entries)
+            else:
+                buffers.append(value.buffer)
+                entry = (BUFFER, key, len(buffers) - 1, dtype_name, value.shape, None)
         elif isinstance(value, torch.Tensor):
             entry = msg.tensor_entry(key, value, entries)
         elif cls is NonTensorData:
@@ -167,20 +163,22 @@ def _leaf(buffer: _native.Buffer, dtype_name: str, shape: Any, geometry: Geometr
     return _wrap(view, buffer, buffer.filename)
 
 
-def _build(node: tuple[Any, ...], arenas: list[list[Any]], files: list[Any]) -> Any:
+def _build(node: tuple[Any, ...], buffers: list[Any]) -> Any:
     from pathlib import Path
 
     cls, batch, device, flags, prefix, entries = node
     td = cls._new_unchecked(torch.Size(batch), None if device is None else torch.device(device))
     items = td._tensordict
+    dtypes = STR_TO_DTYPE
     for entry in entries:
         tag, key = entry[0], entry[1]
-        if tag == SLICE:
-            items[key] = _leaf(arenas[entry[2]][entry[3]], entry[4], entry[5], entry[6])
-        elif tag == FILE:
-            items[key] = _leaf(files[entry[2]], entry[3], entry[4], entry[5])
+        if tag == BUFFER:
+            if entry[5] is None:
+                items[key] = _LazyLeaf(buffers[entry[2]], dtypes[entry[3]], entry[4])
+            else:
+                items[key] = _leaf(buffers[entry[2]], entry[3], entry[4], entry[5])
         elif tag == NODE:
-            items[key] = _build(entry[2], arenas, files)
+            items[key] = _build(entry[2], buffers)
         elif tag == NON_TENSOR:
             items[key] = NonTensorData(entry[2])
         else:
@@ -201,27 +199,32 @@ def _relock(td: Any, node: tuple[Any, ...]) -> None:
             _relock(td._tensordict[entry[1]], entry[2])
 
 
-def _receive(handles: list[tuple[Any, int, list[tuple[int, int]]]]) -> list[list[Any]]:
-    arenas = []
-    for i, (handle, nbytes, slices) in enumerate(handles):
+def _receive(handles: list[Handle], files: list[tuple[int, str, int]], count: int) -> list[Any]:
+    """Every buffer of the message, in order: each arena mapped once, the files opened."""
+    buffers: list[Any] = [None] * count
+    for i, (handle, nbytes, slices, positions) in enumerate(handles):
         fd = handle.detach()
         try:
-            arenas.append(_native.receive_shared(fd, nbytes, slices))
+            mapped = _native.receive_shared(fd, nbytes, slices)
         except BaseException:
-            for later, _, _ in handles[i + 1 :]:
-                os.close(later.detach())
+            for later in handles[i + 1 :]:
+                os.close(later[0].detach())
             raise
-    return arenas
+        for position, buffer in zip(positions, mapped, strict=True):
+            buffers[position] = buffer
+    if files:
+        opened = _native.open_files([(name, nbytes) for _, name, nbytes in files])
+        for (position, _, _), buffer in zip(files, opened, strict=True):
+            buffers[position] = buffer
+    return buffers
 
 
 @_gc_paused()
-def _rebuild_td(layout: bytes, handles: list[tuple[Any, int, list[tuple[int, int]]]]) -> Any:
+def _rebuild_td(layout: bytes, handles: list[Handle], files: list[tuple[int, str, int]]) -> Any:
     # The layout is unpickled here, with the collector paused: a 10,000-leaf tree is tens of
     # thousands of tuples, which would trigger full collections while they are made.
-    arenas = _receive(handles)
-    node, files = pickle.loads(layout)
-    file_buffers = _native.open_files(files) if files else []
-    td = _build(node, arenas, file_buffers)
+    node, count = pickle.loads(layout)
+    td = _build(node, _receive(handles, files, count))
     _relock(td, node)
     return td
 
@@ -232,37 +235,37 @@ def reduce_tensordict(td: TensorDict) -> tuple[Any, ...]:
     msg = _Message()
     node = _describe(td, msg)
     msg.consolidate()
+    handles, files = msg.handles()
     # ForkingPickler again: non-tensor values and CUDA leaves use their own reducers.
-    layout = bytes(reduction.ForkingPickler.dumps((node, msg.files)))
-    return (_rebuild_td, (layout, msg.handles()))
+    layout = bytes(reduction.ForkingPickler.dumps((node, len(msg.buffers))))
+    return (_rebuild_td, (layout, handles, files))
 
 
 def _rebuild_mmt(
     handle: Any, nbytes: int, offset: int, length: int, dtype_name: str, geometry: Geometry
 ) -> MemoryMappedTensor:
     buffer = _native.receive_shared(handle.detach(), nbytes, [(offset, length)])[0]
-    leaf = _leaf(buffer, dtype_name, None, geometry)
-    return leaf.materialize() if type(leaf) is _LazyLeaf else leaf
+    return _leaf(buffer, dtype_name, None, geometry)  # type: ignore[no-any-return]
 
 
 def reduce_memmap_tensor(t: MemoryMappedTensor) -> tuple[Any, ...]:
     """ForkingPickler reducer of a MemoryMappedTensor: anonymous ones pass their arena's fd."""
     buffer = t._buffer
     handle = None if buffer is None else buffer.share_handle
+    dtype_name = DTYPE_TO_STR.get(t.dtype)
     if (
         buffer is None
         or handle is None
-        or t.dtype not in DTYPE_TO_STR
+        or dtype_name is None
         or t.untyped_storage().data_ptr() != buffer.address
     ):
         return t.__reduce_ex__(2)
-    msg = _Message()
-    shape = tuple(t.shape)
-    entry = msg.buffer_entry("", buffer, t.dtype, shape, (shape, tuple(t.stride()), t.storage_offset()))
-    assert entry is not None
-    (dup, nbytes, slices) = msg.handles()[0]
-    offset, length = slices[0]
-    return (_rebuild_mmt, (dup, nbytes, offset, length, entry[4], entry[6]))
+    fd, nbytes, offset = handle
+    geometry = (tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    return (
+        _rebuild_mmt,
+        (reduction.DupFd(fd), nbytes, offset, buffer.nbytes, dtype_name, geometry),
+    )
 
 
 def register(tensordict_cls: type) -> None:
@@ -277,6 +280,7 @@ class Shareable:
     if TYPE_CHECKING:
         # The rest of TensorDict, which this part of the class is mixed into.
         def __getattr__(self, name: str) -> Any: ...
+        def __getitem__(self, index: Any) -> Any: ...
 
     _is_shared: bool = False
 
