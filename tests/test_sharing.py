@@ -443,3 +443,14 @@ def test_receive_shared_validates_slices() -> None:
     fd, nbytes, offset = t._buffer.share_handle
     with pytest.raises(ValueError, match="outside"):
         _native.receive_shared(os.dup(fd), nbytes, [(offset, nbytes + 1)])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+def test_pin_memory_and_a_pinning_dataloader() -> None:
+    data = tree(8).memmap_()
+    pinned = data.pin_memory()
+    assert all(t.is_pinned() for t in pinned.values(True, True))
+    assert torch.equal(leaf(pinned, 7), leaf(data, 7))
+    loader = DataLoader(data, batch_size=2, collate_fn=identity, num_workers=0, pin_memory=True)
+    batch = next(iter(loader))
+    assert isinstance(batch, TensorDict) and leaf(batch, 3).is_pinned()
