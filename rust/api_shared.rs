@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::buffer::Buffer;
@@ -21,6 +20,7 @@ pub fn receive_shared(
     nbytes: usize,
     slices: Vec<(usize, usize)>,
 ) -> PyResult<Vec<Buffer>> {
+    use pyo3::exceptions::PyValueError;
     use std::os::fd::{FromRawFd, OwnedFd};
     if fd < 0 {
         return Err(PyValueError::new_err(format!("invalid file descriptor {fd}")));
@@ -44,6 +44,7 @@ pub fn receive_shared(
 }
 
 /// One arena of a message: `(fd, arena_nbytes, slices, positions)`.
+#[cfg(unix)]
 type ArenaGroup = (i32, usize, Vec<(usize, usize)>, Vec<usize>);
 
 /// Groups `buffers` (the leaves of one tree, in order) by the arena they slice, in one call:
