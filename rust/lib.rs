@@ -1,6 +1,6 @@
 //! tensordict-rs native core: memory maps, the memmap directory format, bulk copies.
 //!
-//! `storage`, `dir`, `layout`, `parallel`, `save`, `swap`, `load`, `summary` and
+//! `storage`, `dir`, `layout`, `parallel`, `save`, `commit`, `load`, `summary` and
 //! `safetensors_io` are plain Rust (tested by `cargo test`); `buffer` and `api` are the pyo3
 //! boundary; this file only exports.
 
@@ -11,6 +11,7 @@ pub mod api;
 pub mod api_gather;
 #[cfg(feature = "python")]
 pub mod buffer;
+pub mod commit;
 pub mod dir;
 pub mod error;
 pub mod gather;
@@ -21,7 +22,6 @@ pub mod safetensors_io;
 pub mod save;
 pub mod storage;
 pub mod summary;
-pub mod swap;
 
 #[cfg(feature = "python")]
 use pyo3::prelude::*;
@@ -35,7 +35,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::anonymous_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(api::load_tree, m)?)?;
     m.add_function(wrap_pyfunction!(api::verify_tree, m)?)?;
-    m.add_function(wrap_pyfunction!(api::tree_is_current, m)?)?;
     m.add_function(wrap_pyfunction!(api::write_file, m)?)?;
     m.add_function(wrap_pyfunction!(api::open_file, m)?)?;
     m.add_function(wrap_pyfunction!(api::flush_buffers, m)?)?;
