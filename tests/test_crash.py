@@ -21,7 +21,7 @@ that spans two mounts (a tmpfs mounted inside it, as root in a private mount nam
 each mount gets its own staging directory.
 
 ``TDRS_CRASH_KILLS`` sets the number of timed kills (default 200), ``TDRS_CRASH_COMMIT_ROUNDS``
-the rounds of commit and recovery kills (default 40).
+the rounds of commit and recovery kills (default 25).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 
 KILLS = int(os.environ.get("TDRS_CRASH_KILLS", "200"))
-COMMIT_ROUNDS = int(os.environ.get("TDRS_CRASH_COMMIT_ROUNDS", "40"))
+COMMIT_ROUNDS = int(os.environ.get("TDRS_CRASH_COMMIT_ROUNDS", "25"))
 STEP = "TENSORDICT_RS_KILL_AT_STEP"
 SEED = int(os.environ.get("TDRS_CRASH_SEED", "20240607"))
 
@@ -280,13 +280,13 @@ def commit_server(prefix: Path, rounds: int, seed: int) -> None:
     for i in range(rounds):
         new = current + 1
         refill(source, new)
-        step = rng.randrange(0, 70)
+        step = rng.randrange(0, 40)
         died = killed_child(step, lambda: save(source, prefix, i))
         journal = (prefix / ".tdrs%journal").exists()
         recovery_kills = 0
         for _ in range(3 if journal else 0):
             recovery_kills += killed_child(
-                rng.randrange(0, 70), lambda: tensordict_rs.TensorDict.load_memmap(prefix)
+                rng.randrange(0, 30), lambda: tensordict_rs.TensorDict.load_memmap(prefix)
             )
         outcome, detail = classify(prefix, current, new)
         if outcome == "new":
@@ -342,7 +342,7 @@ def test_kill_during_save_across_mounts(tmp_path: Path) -> None:
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"no private mount namespace here: {probe.stderr!r}")
-    run_timed_kills(tmp_path / "tree", max(40, KILLS // 4), "mount", ["unshare", "-m"])
+    run_timed_kills(tmp_path / "tree", max(30, KILLS // 8), "mount", ["unshare", "-m"])
 
 
 def test_kill_inside_commit_and_recovery(tmp_path: Path) -> None:
