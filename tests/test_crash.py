@@ -281,7 +281,7 @@ def commit_server(prefix: Path, rounds: int, seed: int) -> None:
         new = current + 1
         refill(source, new)
         step = rng.randrange(0, 40)
-        died = killed_child(step, lambda: save(source, prefix, i))
+        died = killed_child(step, lambda i=i: save(source, prefix, i))
         journal = (prefix / ".tdrs%journal").exists()
         recovery_kills = 0
         for _ in range(3 if journal else 0):
