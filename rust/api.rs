@@ -43,6 +43,18 @@ fn parse_json(text: &str, key: &str) -> PyResult<Value> {
     serde_json::from_str(text).map_err(|e| PyValueError::new_err(format!("key {key:?}: not valid JSON: {e}")))
 }
 
+/// A tensor entry of a save spec: tag, key, dtype, shape, device, data_ptr, nbytes, same_file.
+type LeafTuple = (
+    u8,
+    String,
+    String,
+    Vec<u64>,
+    String,
+    usize,
+    usize,
+    Option<(u64, u64)>,
+);
+
 fn node_spec<'a>(node: &Bound<'_, PyAny>, leaves: &mut Vec<LeafSpec<'a>>) -> PyResult<NodeSpec> {
     let (batch, entries): (Vec<u64>, Bound<'_, PyList>) = node.extract()?;
     let mut out = Vec::with_capacity(entries.len());
@@ -52,16 +64,9 @@ fn node_spec<'a>(node: &Bound<'_, PyAny>, leaves: &mut Vec<LeafSpec<'a>>) -> PyR
         let key: String = item.get_item(1)?.extract()?;
         let entry = match tag {
             LEAF => {
-                let (_, _, dtype, shape, device, ptr, nbytes): (
-                    u8,
-                    String,
-                    String,
-                    Vec<u64>,
-                    String,
-                    usize,
-                    usize,
-                ) = item.extract()?;
-                // SAFETY: the Python layer keeps every source tensor alive during write_tree.
+                let (_, _, dtype, shape, device, ptr, nbytes, same_file): LeafTuple = item.extract()?;
+                // SAFETY: the Python layer keeps every source tensor and its storage alive
+                // during write_tree.
                 let data = unsafe { source_slice(ptr, nbytes) };
                 leaves.push(LeafSpec {
                     dtype,
@@ -69,6 +74,7 @@ fn node_spec<'a>(node: &Bound<'_, PyAny>, leaves: &mut Vec<LeafSpec<'a>>) -> PyR
                     device,
                     data,
                     nbytes,
+                    same_file,
                 });
                 EntrySpec::Leaf(leaves.len() - 1)
             }
@@ -88,11 +94,13 @@ fn buffers(regions: Vec<Option<Region>>) -> Vec<Option<Buffer>> {
 /// Saves a whole tree under `prefix` atomically, in one call, with the GIL released.
 ///
 /// `tree` is `(batch_size, entries)`; each entry is `(0, key, dtype, shape, device, data_ptr,
-/// nbytes)` for a tensor (data_ptr 0: zero-filled), `(1, key, subtree)` for a nested
-/// TensorDict, or `(2, key, json_text)` for a non-tensor value. Returns one Buffer per tensor
-/// leaf in depth-first order (None for empty tensors).
+/// nbytes, same_file)` for a tensor (data_ptr 0: memmap_like, an existing file kept as it
+/// is, a new one zero-filled; same_file: the (device, inode) the source maps, kept when it
+/// is the file at the leaf's name), `(1, key, subtree)` for a nested TensorDict, or
+/// `(2, key, json_text)` for a non-tensor value. `sparse` makes new zero-filled files sparse.
+/// Returns one Buffer per tensor leaf in depth-first order (None for empty tensors).
 #[pyfunction]
-#[pyo3(signature = (prefix, tree, *, existsok = true, durable = false, num_threads = 0))]
+#[pyo3(signature = (prefix, tree, *, existsok = true, durable = false, num_threads = 0, sparse = false))]
 pub fn write_tree(
     py: Python<'_>,
     prefix: PathBuf,
@@ -100,6 +108,7 @@ pub fn write_tree(
     existsok: bool,
     durable: bool,
     num_threads: usize,
+    sparse: bool,
 ) -> PyResult<Vec<Option<Buffer>>> {
     let mut leaves = Vec::new();
     let root = node_spec(tree, &mut leaves)?;
@@ -107,6 +116,7 @@ pub fn write_tree(
         existsok,
         durable,
         num_threads,
+        sparse,
     };
     let regions = py.detach(|| save::write_tree(&prefix, &root, &leaves, opts))?;
     Ok(buffers(regions))
@@ -177,20 +187,6 @@ pub fn load_tree<'py>(
 ) -> PyResult<(Bound<'py, PyTuple>, Vec<Option<Buffer>>)> {
     let (node, regions) = py.detach(|| load::load_tree(&prefix))?;
     Ok((node_to_py(py, node)?, buffers(regions)))
-}
-
-/// True when the directory at `prefix` is still the tree `tree_id` and describes exactly
-/// `tree` (same keys, order, dtypes, shapes, batch sizes, values): nothing to write.
-#[pyfunction]
-pub fn tree_is_current(
-    py: Python<'_>,
-    prefix: PathBuf,
-    tree: &Bound<'_, PyAny>,
-    tree_id: (u64, u64),
-) -> PyResult<bool> {
-    let mut leaves = Vec::new();
-    let root = node_spec(tree, &mut leaves)?;
-    Ok(py.detach(|| load::tree_matches(&prefix, &root, &leaves, tree_id)))
 }
 
 /// Checks the tree at `prefix` without mapping data; returns the problems found (empty: OK).

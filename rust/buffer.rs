@@ -137,10 +137,11 @@ impl Buffer {
         self.as_ptr() as usize
     }
 
-    /// (device, inode) of the root directory of the saved tree this leaf belongs to, if any.
+    /// (device, inode) of the file this buffer maps shared, if any (None for anonymous
+    /// memory and copy-on-write maps).
     #[getter]
-    fn tree_id(&self) -> Option<(u64, u64)> {
-        self.region.tree()
+    fn file_id(&self) -> Option<(u64, u64)> {
+        self.region.file_id()
     }
 
     /// Absolute path of the backing file, or None for anonymous memory.

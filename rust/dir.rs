@@ -3,7 +3,9 @@
 //! On Unix a `Dir` is an open directory descriptor and every child is reached with
 //! `openat(..., O_NOFOLLOW)`, one path component at a time: a key cannot climb out of the
 //! prefix, a symlink planted in the tree is refused, and a reader that opened a directory
-//! keeps reading that directory even if a writer swaps another one into its place.
+//! keeps reading that directory even if it is moved. Files are opened with `O_NONBLOCK` and
+//! checked with `fstat` before use, so a FIFO, socket or device named like a data file is
+//! refused instead of blocking. The system calls go through `rustix`.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -19,6 +21,32 @@ pub enum EntryKind {
     Missing,
 }
 
+/// What `lstat` says about an entry: its kind, identity and size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryStat {
+    pub kind: EntryKind,
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+}
+
+/// The error of opening something that is not a regular file where one is needed.
+#[derive(Debug)]
+pub struct NotRegular(pub &'static str);
+
+impl std::fmt::Display for NotRegular {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "not a regular file but {}", self.0)
+    }
+}
+
+impl std::error::Error for NotRegular {}
+
+/// True for the error returned when a name is not a regular file.
+pub fn is_not_regular(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<NotRegular>())
+}
+
 /// An open directory plus the path it was reached by (for messages only).
 #[derive(Debug)]
 pub struct Dir {
@@ -27,142 +55,260 @@ pub struct Dir {
     path: PathBuf,
 }
 
+// `stat` field types differ between Unix systems: the casts are needed somewhere.
 #[cfg(unix)]
+#[allow(clippy::unnecessary_cast)]
 mod imp {
     use super::*;
-    use std::ffi::CString;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    use std::os::unix::ffi::OsStrExt;
+    use rustix::fs::{self as rfs, AtFlags, FileType, FlockOperation, Mode, OFlags};
+    use std::os::fd::OwnedFd;
 
-    fn cstr(name: &str) -> io::Result<CString> {
-        CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    fn kind_of(mode: u32) -> EntryKind {
+        match FileType::from_raw_mode(mode as _) {
+            FileType::RegularFile => EntryKind::File,
+            FileType::Directory => EntryKind::Dir,
+            FileType::Symlink => EntryKind::Symlink,
+            _ => EntryKind::Other,
+        }
     }
 
-    fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
-        if rc < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(rc)
+    fn describe(mode: u32) -> &'static str {
+        match FileType::from_raw_mode(mode as _) {
+            FileType::Directory => "a directory",
+            FileType::Fifo => "a FIFO",
+            FileType::Socket => "a socket",
+            FileType::CharacterDevice => "a character device",
+            FileType::BlockDevice => "a block device",
+            FileType::Symlink => "a symlink",
+            _ => "something else",
+        }
+    }
+
+    /// Refuses anything but a regular file (after the open: no race with a swap).
+    fn regular(fd: OwnedFd) -> io::Result<File> {
+        let st = rfs::fstat(&fd)?;
+        if kind_of(st.st_mode as u32) != EntryKind::File {
+            return Err(io::Error::other(NotRegular(describe(st.st_mode as u32))));
+        }
+        Ok(File::from(fd))
+    }
+
+    /// An open that met something that is not a file (socket: ENXIO, directory: EISDIR).
+    fn open_error(e: rustix::io::Errno) -> io::Error {
+        match e {
+            rustix::io::Errno::NXIO => io::Error::other(NotRegular("a socket or device")),
+            rustix::io::Errno::ISDIR => io::Error::other(NotRegular("a directory")),
+            e => e.into(),
         }
     }
 
     impl Dir {
         /// Opens the prefix itself (a symlink given by the user as the prefix is followed).
         pub fn open(path: &Path) -> io::Result<Dir> {
-            let c = CString::new(path.as_os_str().as_bytes())
-                .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-            // SAFETY: `c` is a valid C string; the returned descriptor is owned below.
-            let fd = check(unsafe {
-                libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC)
-            })?;
-            // SAFETY: `fd` was just returned by open and is owned by nobody else.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            let fd = rfs::open(
+                path,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
             Ok(Dir {
                 fd,
                 path: path.to_path_buf(),
             })
         }
 
-        fn openat(&self, name: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
-            let c = cstr(name)?;
-            let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-            // SAFETY: valid dirfd and C string; the result is owned below.
-            let fd =
-                check(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), flags, mode as libc::c_uint) })?;
-            // SAFETY: `fd` was just returned by openat and is owned by nobody else.
-            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        fn openat(&self, name: &str, flags: OFlags, mode: Mode) -> io::Result<OwnedFd> {
+            rfs::openat(&self.fd, name, flags | OFlags::NOFOLLOW | OFlags::CLOEXEC, mode).map_err(open_error)
         }
 
         /// Opens a child directory; a symlink fails with `ELOOP`/`ENOTDIR`.
         pub fn open_dir(&self, name: &str) -> io::Result<Dir> {
-            let fd = self.openat(name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+            let fd = self.openat(name, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
             Ok(Dir {
                 fd,
                 path: self.path.join(name),
             })
         }
 
-        /// Creates a child directory and opens it.
-        pub fn create_dir(&self, name: &str) -> io::Result<Dir> {
-            let c = cstr(name)?;
-            // SAFETY: valid dirfd and C string.
-            check(unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), 0o755) })?;
+        /// A second handle on this directory (its own open file description).
+        pub fn reopen(&self) -> io::Result<Dir> {
+            let fd = self.openat(".", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
+            Ok(Dir {
+                fd,
+                path: self.path.clone(),
+            })
+        }
+
+        /// Creates a child directory with `mode` (less the umask) and opens it.
+        pub fn create_dir_mode(&self, name: &str, mode: u32) -> io::Result<Dir> {
+            rfs::mkdirat(&self.fd, name, Mode::from_raw_mode(mode as _))?;
             self.open_dir(name)
         }
 
         /// Creates a new file for reading and writing; fails if the name exists.
         pub fn create_file(&self, name: &str) -> io::Result<File> {
-            let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL;
-            Ok(File::from(self.openat(name, flags, 0o644)?))
+            let flags = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL;
+            Ok(File::from(self.openat(
+                name,
+                flags,
+                Mode::from_raw_mode(0o644),
+            )?))
         }
 
         /// Opens an existing regular file read-write, or read-only when it is not writable.
-        /// Returns the file and whether it is writable.
+        /// Never blocks (`O_NONBLOCK`); anything but a regular file is refused.
         pub fn open_file(&self, name: &str) -> io::Result<(File, bool)> {
-            match self.openat(name, libc::O_RDWR, 0) {
-                Ok(fd) => Ok((File::from(fd), true)),
+            match self.openat(name, OFlags::RDWR | OFlags::NONBLOCK, Mode::empty()) {
+                Ok(fd) => Ok((regular(fd)?, true)),
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS | libc::EPERM)) => {
-                    Ok((File::from(self.openat(name, libc::O_RDONLY, 0)?), false))
+                    Ok((self.open_read(name)?, false))
                 }
                 Err(e) => Err(e),
             }
         }
 
-        /// Opens an existing file read-only.
+        /// Opens an existing regular file read-only, without blocking.
         pub fn open_read(&self, name: &str) -> io::Result<File> {
-            Ok(File::from(self.openat(name, libc::O_RDONLY, 0)?))
+            regular(self.openat(name, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?)
         }
 
-        /// The kind of a child entry, without following links.
-        pub fn kind(&self, name: &str) -> io::Result<EntryKind> {
-            let c = cstr(name)?;
-            // SAFETY: stat is plain old data; zeroed is a valid initial value.
-            let mut st: libc::stat = unsafe { std::mem::zeroed() };
-            // SAFETY: valid dirfd, C string and out-pointer.
-            let rc = unsafe {
-                libc::fstatat(
-                    self.fd.as_raw_fd(),
-                    c.as_ptr(),
-                    &mut st,
-                    libc::AT_SYMLINK_NOFOLLOW,
-                )
-            };
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                return if e.kind() == io::ErrorKind::NotFound {
-                    Ok(EntryKind::Missing)
-                } else {
-                    Err(e)
-                };
+        /// `lstat` of a child: None when it does not exist.
+        pub fn stat(&self, name: &str) -> io::Result<Option<EntryStat>> {
+            match rfs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => Ok(Some(EntryStat {
+                    kind: kind_of(st.st_mode as u32),
+                    dev: st.st_dev as u64,
+                    ino: st.st_ino as u64,
+                    size: st.st_size as u64,
+                })),
+                Err(rustix::io::Errno::NOENT) => Ok(None),
+                Err(e) => Err(e.into()),
             }
-            Ok(match st.st_mode & libc::S_IFMT {
-                libc::S_IFREG => EntryKind::File,
-                libc::S_IFDIR => EntryKind::Dir,
-                libc::S_IFLNK => EntryKind::Symlink,
-                _ => EntryKind::Other,
-            })
         }
 
         /// Removes a file (not a directory) of this directory.
         pub fn remove_file(&self, name: &str) -> io::Result<()> {
-            let c = cstr(name)?;
-            // SAFETY: valid dirfd and C string.
-            check(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) }).map(|_| ())
+            Ok(rfs::unlinkat(&self.fd, name, AtFlags::empty())?)
+        }
+
+        /// Removes an empty child directory.
+        pub fn remove_dir(&self, name: &str) -> io::Result<()> {
+            Ok(rfs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR)?)
+        }
+
+        /// Renames a child of this directory to `to_name` in `to`, replacing a file there
+        /// (or, with `noreplace`, failing with `EEXIST`; `EINVAL` where unsupported).
+        pub fn rename(&self, name: &str, to: &Dir, to_name: &str, noreplace: bool) -> io::Result<()> {
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            if noreplace {
+                return Ok(rfs::renameat_with(
+                    &self.fd,
+                    name,
+                    &to.fd,
+                    to_name,
+                    rfs::RenameFlags::NOREPLACE,
+                )?);
+            }
+            #[cfg(not(any(target_os = "linux", target_os = "android")))]
+            if noreplace {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            Ok(rfs::renameat(&self.fd, name, &to.fd, to_name)?)
+        }
+
+        /// Hard-links a child of this directory as `to_name` in `to` (fails if it exists).
+        pub fn link(&self, name: &str, to: &Dir, to_name: &str) -> io::Result<()> {
+            Ok(rfs::linkat(&self.fd, name, &to.fd, to_name, AtFlags::empty())?)
         }
 
         /// fsync of the directory itself (makes created or renamed entries durable).
         pub fn sync(&self) -> io::Result<()> {
-            // SAFETY: fsync on a descriptor we own.
-            check(unsafe { libc::fsync(self.fd.as_raw_fd()) }).map(|_| ())
+            Ok(rfs::fsync(&self.fd)?)
+        }
+        /// A new unnamed file in this directory (`O_TMPFILE`), or None where the file system
+        /// cannot make one; give it a name with `link_unnamed`.
+        pub fn create_unnamed(&self) -> io::Result<Option<File>> {
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            {
+                let flags = OFlags::RDWR | OFlags::TMPFILE | OFlags::CLOEXEC;
+                match rfs::openat(&self.fd, ".", flags, Mode::from_raw_mode(0o644)) {
+                    Ok(fd) => return Ok(Some(File::from(fd))),
+                    Err(
+                        rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::ISDIR | rustix::io::Errno::INVAL,
+                    ) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(None)
         }
 
-        /// Device and inode of the open directory (to detect a swapped prefix).
+        /// Links a file made by `create_unnamed` as `name` (fails if the name exists).
+        pub fn link_unnamed(&self, file: &File, name: &str) -> io::Result<()> {
+            use std::os::fd::AsRawFd;
+            let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+            Ok(rfs::linkat(
+                rfs::CWD,
+                proc_path.as_str(),
+                &self.fd,
+                name,
+                AtFlags::SYMLINK_FOLLOW,
+            )?)
+        }
+
+        /// Device and inode of the open directory.
         pub fn identity(&self) -> io::Result<(u64, u64)> {
-            // SAFETY: stat is plain old data; zeroed is a valid initial value.
-            let mut st: libc::stat = unsafe { std::mem::zeroed() };
-            // SAFETY: valid descriptor and out-pointer.
-            check(unsafe { libc::fstat(self.fd.as_raw_fd(), &mut st) })?;
+            let st = rfs::fstat(&self.fd)?;
             Ok((st.st_dev as u64, st.st_ino as u64))
+        }
+
+        /// Which mount the directory is on: a rename can only stay within one. The mount id
+        /// (`statx`) tells bind mounts of one file system apart; elsewhere the device does.
+        pub fn mount(&self) -> io::Result<u64> {
+            #[cfg(target_os = "linux")]
+            if let Ok(st) = rfs::statx(&self.fd, "", AtFlags::EMPTY_PATH, rfs::StatxFlags::MNT_ID) {
+                if st.stx_mask & rfs::StatxFlags::MNT_ID.bits() != 0 {
+                    return Ok(st.stx_mnt_id);
+                }
+            }
+            Ok(self.identity()?.0)
+        }
+
+        /// `flock` on the directory. Returns false when `wait` is off and another open of it
+        /// holds a conflicting lock; an error when the file system has no such locks.
+        pub fn lock(&self, exclusive: bool, wait: bool) -> io::Result<bool> {
+            let op = match (exclusive, wait) {
+                (true, true) => FlockOperation::LockExclusive,
+                (true, false) => FlockOperation::NonBlockingLockExclusive,
+                (false, true) => FlockOperation::LockShared,
+                (false, false) => FlockOperation::NonBlockingLockShared,
+            };
+            loop {
+                match rfs::flock(&self.fd, op) {
+                    Ok(()) => return Ok(true),
+                    Err(rustix::io::Errno::WOULDBLOCK) => return Ok(false),
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+
+        /// Releases a lock taken with `lock`.
+        pub fn unlock(&self) {
+            let _ = rfs::flock(&self.fd, FlockOperation::Unlock);
+        }
+
+        /// Names of the entries of this directory, read through the descriptor (sorted).
+        pub fn entry_names(&self) -> io::Result<Vec<String>> {
+            let mut names = Vec::new();
+            let mut dir = rfs::Dir::read_from(&self.fd)?;
+            while let Some(entry) = dir.read() {
+                let entry = entry?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name != "." && name != ".." {
+                    names.push(name);
+                }
+            }
+            names.sort();
+            Ok(names)
         }
     }
 
@@ -171,6 +317,14 @@ mod imp {
         use std::os::unix::fs::MetadataExt;
         let md = std::fs::metadata(path)?;
         Ok((md.dev(), md.ino()))
+    }
+
+    /// True for the errors of a file system that has no `flock`.
+    pub fn locks_unsupported(e: &io::Error) -> bool {
+        matches!(
+            e.raw_os_error(),
+            Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::EINVAL | libc::EBADF | libc::ENOSYS)
+        )
     }
 }
 
@@ -183,6 +337,14 @@ mod imp {
         match std::fs::symlink_metadata(path) {
             Ok(md) if md.file_type().is_symlink() => Err(io::Error::other("refusing to follow a symlink")),
             _ => Ok(()),
+        }
+    }
+
+    fn regular(file: File) -> io::Result<File> {
+        if file.metadata()?.is_file() {
+            Ok(file)
+        } else {
+            Err(io::Error::other(NotRegular("something else")))
         }
     }
 
@@ -200,7 +362,10 @@ mod imp {
             refuse_link(&p)?;
             Dir::open(&p)
         }
-        pub fn create_dir(&self, name: &str) -> io::Result<Dir> {
+        pub fn reopen(&self) -> io::Result<Dir> {
+            Dir::open(&self.path)
+        }
+        pub fn create_dir_mode(&self, name: &str, _mode: u32) -> io::Result<Dir> {
             std::fs::create_dir(self.path.join(name))?;
             self.open_dir(name)
         }
@@ -215,43 +380,110 @@ mod imp {
             let p = self.path.join(name);
             refuse_link(&p)?;
             match File::options().read(true).write(true).open(&p) {
-                Ok(f) => Ok((f, true)),
-                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Ok((File::open(&p)?, false)),
+                Ok(f) => Ok((regular(f)?, true)),
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                    Ok((regular(File::open(&p)?)?, false))
+                }
                 Err(e) => Err(e),
             }
         }
         pub fn open_read(&self, name: &str) -> io::Result<File> {
             let p = self.path.join(name);
             refuse_link(&p)?;
-            File::open(p)
+            regular(File::open(p)?)
         }
-        pub fn kind(&self, name: &str) -> io::Result<EntryKind> {
+        pub fn stat(&self, name: &str) -> io::Result<Option<EntryStat>> {
+            let kind = |md: &std::fs::Metadata| {
+                if md.file_type().is_symlink() {
+                    EntryKind::Symlink
+                } else if md.is_dir() {
+                    EntryKind::Dir
+                } else if md.is_file() {
+                    EntryKind::File
+                } else {
+                    EntryKind::Other
+                }
+            };
             match std::fs::symlink_metadata(self.path.join(name)) {
-                Ok(md) if md.file_type().is_symlink() => Ok(EntryKind::Symlink),
-                Ok(md) if md.is_dir() => Ok(EntryKind::Dir),
-                Ok(md) if md.is_file() => Ok(EntryKind::File),
-                Ok(_) => Ok(EntryKind::Other),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(EntryKind::Missing),
+                Ok(md) => Ok(Some(EntryStat {
+                    kind: kind(&md),
+                    dev: 0,
+                    ino: 0,
+                    size: md.len(),
+                })),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(e),
             }
         }
         pub fn remove_file(&self, name: &str) -> io::Result<()> {
             std::fs::remove_file(self.path.join(name))
         }
+        pub fn remove_dir(&self, name: &str) -> io::Result<()> {
+            std::fs::remove_dir(self.path.join(name))
+        }
+        pub fn rename(&self, name: &str, to: &Dir, to_name: &str, noreplace: bool) -> io::Result<()> {
+            let dest = to.path.join(to_name);
+            if noreplace && std::fs::symlink_metadata(&dest).is_ok() {
+                return Err(io::ErrorKind::AlreadyExists.into());
+            }
+            std::fs::rename(self.path.join(name), dest)
+        }
+        pub fn link(&self, name: &str, to: &Dir, to_name: &str) -> io::Result<()> {
+            std::fs::hard_link(self.path.join(name), to.path.join(to_name))
+        }
         pub fn sync(&self) -> io::Result<()> {
             Ok(())
         }
+        pub fn create_unnamed(&self) -> io::Result<Option<File>> {
+            Ok(None)
+        }
+        pub fn link_unnamed(&self, _file: &File, _name: &str) -> io::Result<()> {
+            Err(io::ErrorKind::Unsupported.into())
+        }
         pub fn identity(&self) -> io::Result<(u64, u64)> {
             Ok((0, 0))
+        }
+        pub fn mount(&self) -> io::Result<u64> {
+            Ok(0)
+        }
+        pub fn lock(&self, _exclusive: bool, _wait: bool) -> io::Result<bool> {
+            Err(io::ErrorKind::Unsupported.into())
+        }
+        pub fn unlock(&self) {}
+        pub fn entry_names(&self) -> io::Result<Vec<String>> {
+            let mut names = Vec::new();
+            for entry in std::fs::read_dir(&self.path)? {
+                names.push(entry?.file_name().to_string_lossy().into_owned());
+            }
+            names.sort();
+            Ok(names)
         }
     }
 
     pub fn path_identity(_path: &Path) -> io::Result<(u64, u64)> {
         Ok((0, 0))
     }
+
+    pub fn locks_unsupported(_e: &io::Error) -> bool {
+        true
+    }
 }
 
-pub use imp::path_identity;
+pub use imp::{locks_unsupported, path_identity};
+
+/// Device and inode of an open file.
+pub fn file_id(file: &File) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        file.metadata().ok().map(|md| (md.dev(), md.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        None
+    }
+}
 
 impl Dir {
     /// The path this directory was reached by.
@@ -264,13 +496,33 @@ impl Dir {
         self.path.join(name)
     }
 
-    /// Reads a whole small file, refusing files larger than `limit` bytes.
+    /// Creates a child directory (mode 0777 less the umask, like `mkdir`) and opens it.
+    pub fn create_dir(&self, name: &str) -> io::Result<Dir> {
+        self.create_dir_mode(name, 0o777)
+    }
+
+    /// The kind of a child entry, without following links.
+    pub fn kind(&self, name: &str) -> io::Result<EntryKind> {
+        Ok(self.stat(name)?.map_or(EntryKind::Missing, |s| s.kind))
+    }
+
+    /// Opens a directory below this one, one component at a time, never following a symlink.
+    /// Only the result stays open.
+    pub fn open_rel(&self, components: &[String]) -> io::Result<Dir> {
+        let Some((first, rest)) = components.split_first() else {
+            return self.reopen();
+        };
+        let mut dir = self.open_dir(first)?;
+        for name in rest {
+            dir = dir.open_dir(name)?;
+        }
+        Ok(dir)
+    }
+
+    /// Reads a whole small regular file, refusing files larger than `limit` bytes.
     pub fn read_limited(&self, name: &str, limit: u64) -> io::Result<Vec<u8>> {
         let file = self.open_read(name)?;
         let md = file.metadata()?;
-        if !md.is_file() {
-            return Err(io::Error::other("not a regular file"));
-        }
         if md.len() > limit {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -297,15 +549,5 @@ impl Dir {
             file.sync_all()?;
         }
         Ok(())
-    }
-
-    /// Names of the entries of this directory (not following links).
-    pub fn entry_names(&self) -> io::Result<Vec<String>> {
-        let mut names = Vec::new();
-        for entry in std::fs::read_dir(&self.path)? {
-            names.push(entry?.file_name().to_string_lossy().into_owned());
-        }
-        names.sort();
-        Ok(names)
     }
 }

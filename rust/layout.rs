@@ -108,6 +108,15 @@ pub fn dtype(name: &str) -> Option<&'static DType> {
 
 /// Byte size of a tensor of `shape` and `itemsize`, or `None` on overflow.
 pub fn nbytes(shape: &[u64], itemsize: usize) -> Option<usize> {
+    // torch computes contiguous strides in int64 as products of the later dimensions (a zero
+    // counted as one): a shape whose strides overflow cannot be made, even with no elements.
+    let mut stride: i64 = 1;
+    for &d in shape.iter().skip(1).rev() {
+        stride = stride.checked_mul(i64::try_from(d.max(1)).ok()?)?;
+    }
+    if shape.iter().any(|&d| i64::try_from(d).is_err()) {
+        return None;
+    }
     let mut n: u64 = itemsize as u64;
     for &d in shape {
         n = n.checked_mul(d)?;

@@ -1,6 +1,6 @@
 //! tensordict-rs native core: memory maps, the memmap directory format, bulk copies.
 //!
-//! `storage`, `shared`, `dir`, `layout`, `parallel`, `save`, `swap`, `load`, `summary` and
+//! `storage`, `shared`, `dir`, `layout`, `parallel`, `save`, `commit`, `load`, `summary` and
 //! `safetensors_io` are plain Rust (tested by `cargo test`); `buffer`, `api` and `api_shared`
 //! are the pyo3 boundary; this file only exports.
 
@@ -13,6 +13,7 @@ pub mod api_gather;
 pub mod api_shared;
 #[cfg(feature = "python")]
 pub mod buffer;
+pub mod commit;
 pub mod dir;
 pub mod error;
 pub mod gather;
@@ -25,7 +26,6 @@ pub mod save;
 pub mod shared;
 pub mod storage;
 pub mod summary;
-pub mod swap;
 
 #[cfg(feature = "python")]
 use pyo3::prelude::*;
@@ -39,7 +39,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::anonymous_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(api::load_tree, m)?)?;
     m.add_function(wrap_pyfunction!(api::verify_tree, m)?)?;
-    m.add_function(wrap_pyfunction!(api::tree_is_current, m)?)?;
     m.add_function(wrap_pyfunction!(api::write_file, m)?)?;
     m.add_function(wrap_pyfunction!(api::open_file, m)?)?;
     m.add_function(wrap_pyfunction!(api::flush_buffers, m)?)?;

@@ -1,14 +1,14 @@
-//! Atomic saves of a whole tree. No pyo3 here.
+//! Saves of a whole tree into a directory that stays the user's. No pyo3 here.
 //!
-//! The new tree is written beside the target, in `.<name>.tdrs-<pid>-<random>`, complete with
-//! every data file and meta.json, and only then swapped in with one rename:
-//! `renameat2(RENAME_EXCHANGE)` on Linux when the target exists, a plain `rename` when it does
-//! not. A process killed at any instant therefore leaves the target either as it was or as
-//! the new tree. Data files are always new inodes, so maps of the old version stay valid and
-//! unchanged. Where the exchange is not supported (non-Linux, some network file systems) the
-//! old directory is first renamed aside: a reader in that short window gets FileNotFoundError,
-//! never a mix. Entries of the old directory that the old tree does not own (files a user put
-//! there) are moved into the new one, so a save never deletes foreign data.
+//! The target directory is kept (see `commit.rs` for the staging, the journal and the
+//! recovery): new data files and meta.json files are staged inside it, then renamed over the
+//! old names after the commit point. A leaf whose source already is the file at its target
+//! name (same device and inode, mapped shared) keeps that file, so handles on it and other
+//! processes' maps stay shared with the directory; every other leaf gets a new file, so
+//! readers of the old version keep theirs. Files of the old tree that the new one drops are
+//! removed; anything the old tree does not own (a user's files, sub-directories, mounts,
+//! symlinks) is never replaced, moved or followed: a save that would have to replace one
+//! refuses before it changes anything.
 
 use std::collections::HashSet;
 use std::io;
@@ -16,20 +16,24 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::dir::{Dir, EntryKind};
+use crate::commit::{self, Journal, Op, SaveLock, Staging};
+use crate::dir::{Dir, EntryKind, EntryStat};
 use crate::error::{Error, Result};
 use crate::layout::{self, EntryMeta};
 use crate::parallel;
 use crate::storage::{self, MapMode, Region};
-use crate::swap::{swap_in, sweep_stale_staging, STAGING_MARKER};
 
-/// One tensor leaf to save. `data` is `None` for `memmap_like` (zero-filled, space reserved).
+/// One tensor leaf to save. `data` is `None` for `memmap_like` (an existing file is kept
+/// as it is; a new one is zero-filled).
 pub struct LeafSpec<'a> {
     pub dtype: String,
     pub shape: Vec<u64>,
     pub device: String,
     pub data: Option<&'a [u8]>,
     pub nbytes: usize,
+    /// (device, inode) of the file the source maps (shared), when that file may be the
+    /// one at the leaf's target name: then it is kept instead of rewritten.
+    pub same_file: Option<(u64, u64)>,
 }
 
 /// One entry of a node: a leaf (index into the flat leaf list), a sub-tree or a JSON value.
@@ -54,18 +58,28 @@ pub struct SaveOptions {
     pub durable: bool,
     /// Writer threads; 0 picks one per CPU.
     pub num_threads: usize,
+    /// New zero-filled files (`memmap_like`) are sparse instead of reserved: faster, but a
+    /// full disk then shows as SIGBUS on first write instead of ENOSPC here.
+    pub sparse: bool,
 }
 
-struct FileJob {
-    dir: usize,
-    name: String,
-    final_path: PathBuf,
-    leaf: usize,
-}
-
-/// Checks that the tree can be stored: no reserved keys, no two entries on one file name,
-/// sizes consistent with shapes, leaves that start with their node's batch size.
+/// Checks that the tree can be stored and loaded back: no reserved keys, no two entries on
+/// one file name, sizes consistent with shapes (within the limits the loader enforces),
+/// leaves that start with their node's batch size, no deeper nesting than the loader follows.
 pub fn validate(node: &NodeSpec, leaves: &[LeafSpec<'_>], path: &Path) -> Result<()> {
+    validate_at(node, leaves, path, 0)
+}
+
+fn validate_at(node: &NodeSpec, leaves: &[LeafSpec<'_>], path: &Path, depth: usize) -> Result<()> {
+    if depth > layout::MAX_DEPTH {
+        return Err(Error::tree(
+            path,
+            format!(
+                "the tree is nested more than {} levels deep, which no loader here would read back",
+                layout::MAX_DEPTH
+            ),
+        ));
+    }
     let mut names: HashSet<String> = HashSet::new();
     for (key, entry) in &node.entries {
         if layout::RESERVED_KEYS.contains(&key.as_str()) {
@@ -117,14 +131,14 @@ pub fn validate(node: &NodeSpec, leaves: &[LeafSpec<'_>], path: &Path) -> Result
                     ));
                 }
             }
-            EntrySpec::Node(child) => validate(child, leaves, &path.join(&name))?,
+            EntrySpec::Node(child) => validate_at(child, leaves, &path.join(&name), depth + 1)?,
             EntrySpec::NonTensor(_) => {}
         }
     }
     Ok(())
 }
 
-/// Writes the tree to `prefix` atomically and maps every leaf file.
+/// Writes the tree to `prefix` (created if missing) and maps every leaf file.
 /// Returns one region per leaf (None for empty leaves, which have no file).
 pub fn write_tree(
     prefix: &Path,
@@ -133,61 +147,43 @@ pub fn write_tree(
     opts: SaveOptions,
 ) -> Result<Vec<Option<Region>>> {
     validate(root, leaves, prefix)?;
-    let target = resolve_target(prefix)?;
-    let exists = match std::fs::symlink_metadata(&target) {
-        Ok(md) if md.is_dir() => true,
-        Ok(_) => {
-            return Err(Error::io(
-                &target,
-                io::Error::from_raw_os_error(not_a_dir_errno()),
-            ))
+    let target = std::path::absolute(prefix).map_err(|e| Error::io(prefix, e))?;
+    let (dir, created) = open_or_create(&target)?;
+    let lock = SaveLock::acquire(&dir)?;
+    let result = (|| {
+        commit::recover(&dir)?;
+        commit::sweep(&dir);
+        if !opts.existsok {
+            refuse_existing(&dir, root)?;
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-        Err(e) => return Err(Error::io(&target, e)),
-    };
-    if exists && !opts.existsok {
-        refuse_existing(&target, root)?;
+        save_locked(&dir, root, leaves, opts)
+    })();
+    if result.is_err() && created {
+        // We made the directory for this save: leave no empty one behind.
+        let _ = std::fs::remove_dir(&target);
     }
-    let parent_path = target
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let base = target
-        .file_name()
-        .ok_or_else(|| Error::tree(&target, "the prefix must name a directory"))?
-        .to_string_lossy()
-        .into_owned();
-    std::fs::create_dir_all(&parent_path).map_err(|e| Error::io(&parent_path, e))?;
-    let parent = Dir::open(&parent_path).map_err(|e| Error::io(&parent_path, e))?;
-    let staging = format!(".{base}.tdrs-{}-{}", std::process::id(), storage::random_suffix());
-    let staged = parent
-        .create_dir(&staging)
-        .map_err(|e| Error::io(parent.child_path(&staging), e))?;
-    // Until this marker goes, the staging directory is known to hold nothing but our partial
-    // tree: a later save may delete it outright if this process dies (see sweep_stale_staging).
-    staged
-        .write_new(STAGING_MARKER, b"", false)
-        .map_err(|e| Error::io(staged.child_path(STAGING_MARKER), e))?;
-
-    let result = fill_staged(staged, &target, root, leaves, opts)
-        .and_then(|regions| swap_in(&parent, &staging, &base, &target, exists, opts).map(|()| regions));
-    if result.is_err() {
-        let _ = std::fs::remove_dir_all(parent.child_path(&staging));
-    } else {
-        sweep_stale_staging(&parent, &base, &target);
-    }
+    drop(lock);
     result
 }
 
-/// The real directory a prefix names: a symlink given as the prefix is resolved once.
-fn resolve_target(prefix: &Path) -> Result<PathBuf> {
-    let absolute = std::path::absolute(prefix).map_err(|e| Error::io(prefix, e))?;
-    match std::fs::symlink_metadata(&absolute) {
-        Ok(md) if md.file_type().is_symlink() => {
-            std::fs::canonicalize(&absolute).map_err(|e| Error::io(&absolute, e))
-        }
-        _ => Ok(absolute),
+/// Opens the prefix (following a symlink the user gave as the prefix), creating it when
+/// missing. Returns whether this call created it.
+fn open_or_create(target: &Path) -> Result<(Dir, bool)> {
+    match Dir::open(target) {
+        Ok(dir) => return Ok((dir, false)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(target, e)),
     }
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    }
+    let created = match std::fs::create_dir(target) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(Error::io(target, e)),
+    };
+    let dir = Dir::open(target).map_err(|e| Error::io(target, e))?;
+    Ok((dir, created))
 }
 
 fn already_exists() -> io::Error {
@@ -201,20 +197,9 @@ fn already_exists() -> io::Error {
     }
 }
 
-fn not_a_dir_errno() -> i32 {
-    #[cfg(unix)]
-    {
-        libc::ENOTDIR
-    }
-    #[cfg(not(unix))]
-    {
-        267
-    }
-}
-
-/// With `existsok=False`, an existing tree (or any file this tree would write) is an error.
-fn refuse_existing(target: &Path, root: &NodeSpec) -> Result<()> {
-    let dir = Dir::open(target).map_err(|e| Error::io(target, e))?;
+/// With `existsok=False`, an existing tree (or any entry this tree would write) is an error.
+/// Decided under the save lock, and checked again after the commit point.
+fn refuse_existing(dir: &Dir, root: &NodeSpec) -> Result<()> {
     let mut names = vec![layout::META_FILE.to_string()];
     for (key, entry) in &root.entries {
         names.push(match entry {
@@ -230,355 +215,491 @@ fn refuse_existing(target: &Path, root: &NodeSpec) -> Result<()> {
     Ok(())
 }
 
-/// Writes directories, meta.json files and (in parallel) data files into the staging dir.
-fn fill_staged(
-    staged: Dir,
-    target: &Path,
-    root: &NodeSpec,
-    leaves: &[LeafSpec<'_>],
-    opts: SaveOptions,
-) -> Result<Vec<Option<Region>>> {
-    let tree = staged.identity().map_err(|e| Error::io(staged.path(), e))?;
-    let mut dirs = vec![staged];
-    let mut jobs = Vec::new();
-    plan_node(&mut dirs, 0, target, root, leaves, &mut jobs, opts.durable)?;
-    let workers = parallel::worker_count(opts.num_threads, jobs.len());
-    let mapped = parallel::run(
-        &jobs,
-        workers,
-        |job| leaves[job.leaf].nbytes,
-        |job| {
-            let dir = &dirs[job.dir];
-            let leaf = &leaves[job.leaf];
-            let io_err = |e| Error::io(&job.final_path, e);
-            let file = dir.create_file(&job.name).map_err(io_err)?;
-            storage::fill_file(&file, leaf.data, leaf.nbytes).map_err(io_err)?;
-            if opts.durable {
-                file.sync_data().map_err(io_err)?;
-            }
-            storage::map_file(&file, leaf.nbytes, Some(job.final_path.clone()), MapMode::Shared)
-                .map(|r| r.with_tree(tree))
-                .map_err(io_err)
-        },
-    )?;
-    dirs[0]
-        .remove_file(STAGING_MARKER)
-        .map_err(|e| Error::io(dirs[0].child_path(STAGING_MARKER), e))?;
-    if opts.durable {
-        for dir in &dirs {
-            dir.sync().map_err(|e| Error::io(dir.path(), e))?;
-        }
-    }
-    let mut regions: Vec<Option<Region>> = std::iter::repeat_with(|| None).take(leaves.len()).collect();
-    for (job, region) in jobs.iter().zip(mapped) {
-        regions[job.leaf] = Some(region);
-    }
-    Ok(regions)
+/// A data file to write into a staging directory.
+struct FileJob {
+    stage: usize,
+    staged: String,
+    final_path: PathBuf,
+    leaf: usize,
 }
 
-fn plan_node(
-    dirs: &mut Vec<Dir>,
-    at: usize,
-    final_path: &Path,
-    node: &NodeSpec,
-    leaves: &[LeafSpec<'_>],
-    jobs: &mut Vec<FileJob>,
-    durable: bool,
-) -> Result<()> {
-    let mut metas = Vec::with_capacity(node.entries.len());
-    for (key, entry) in &node.entries {
-        match entry {
-            EntrySpec::Leaf(i) => {
-                let leaf = &leaves[*i];
-                if leaf.nbytes > 0 {
+/// Everything one save will do, gathered while walking the new tree against the old one.
+struct Plan {
+    mkdirs: Vec<Op>,
+    data: Vec<Op>,
+    metas: Vec<Op>,
+    removals: Vec<Op>,
+    jobs: Vec<FileJob>,
+    regions: Vec<Option<Region>>,
+    staged_metas: usize,
+}
+
+/// The names a directory of the old tree owns, from its meta.json (read leniently: a damaged
+/// old tree still tells what is its own).
+#[derive(Default)]
+struct OldDir {
+    files: Vec<String>,
+    dirs: Vec<String>,
+}
+
+impl OldDir {
+    fn read(dir: &Dir) -> OldDir {
+        let mut old = OldDir::default();
+        let Ok(bytes) = dir.read_limited(layout::META_FILE, layout::META_LIMIT) else {
+            return old;
+        };
+        let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&bytes) else {
+            return old;
+        };
+        for (key, value) in map {
+            if let Value::Object(entry) = value {
+                if entry.contains_key("type") {
+                    old.dirs.push(layout::encode_key(&key));
+                } else if entry.contains_key("dtype") || entry.contains_key("shape") {
+                    old.files.push(layout::leaf_file(&key));
+                }
+            }
+        }
+        old
+    }
+
+    fn owns_file(&self, name: &str) -> bool {
+        self.files.iter().any(|n| n == name)
+    }
+}
+
+/// True when `dir/meta.json` is absent or a tensordict meta.json (ours to replace).
+fn meta_is_ours(dir: &Dir) -> Result<bool> {
+    let path = dir.child_path(layout::META_FILE);
+    match dir.stat(layout::META_FILE).map_err(|e| Error::io(&path, e))? {
+        None => Ok(true),
+        Some(st) if st.kind == EntryKind::File => {
+            let Ok(bytes) = dir.read_limited(layout::META_FILE, layout::META_LIMIT) else {
+                return Ok(false);
+            };
+            Ok(matches!(
+                serde_json::from_slice::<Value>(&bytes),
+                Ok(Value::Object(map)) if map.contains_key("_type") || map.contains_key("shape")
+            ))
+        }
+        Some(_) => Ok(false),
+    }
+}
+
+fn foreign(path: &Path, what: &str) -> Error {
+    Error::io(
+        path,
+        io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{what} that the saved tree does not own is in the way; refusing to replace it (move it away first)"),
+        ),
+    )
+}
+
+fn kind_name(kind: EntryKind) -> &'static str {
+    match kind {
+        EntryKind::File => "a file",
+        EntryKind::Dir => "a directory",
+        EntryKind::Symlink => "a symlink",
+        _ => "a special file",
+    }
+}
+
+fn with(rel: &[String], name: &str) -> Vec<String> {
+    let mut path = rel.to_vec();
+    path.push(name.to_string());
+    path
+}
+
+/// Maps an existing file in place (writable files shared, read-only ones copy-on-write).
+fn map_existing(dir: &Dir, name: &str, nbytes: usize) -> Result<Region> {
+    let path = dir.child_path(name);
+    let (file, writable) = dir.open_file(name).map_err(|e| Error::io(&path, e))?;
+    let mode = if writable {
+        MapMode::Shared
+    } else {
+        MapMode::CopyOnWrite
+    };
+    if writable {
+        storage::reserve_existing(&file, nbytes).map_err(|e| Error::io(&path, e))?;
+    }
+    storage::map_file(&file, nbytes, Some(path.clone()), mode).map_err(|e| Error::io(&path, e))
+}
+
+impl Plan {
+    #[allow(clippy::too_many_arguments)]
+    fn node(
+        &mut self,
+        root: &Dir,
+        staging: &mut Staging,
+        rel: &mut Vec<String>,
+        node: &NodeSpec,
+        leaves: &[LeafSpec<'_>],
+        opts: SaveOptions,
+        exists: bool,
+        parent_stage: usize,
+    ) -> Result<()> {
+        let final_path = commit_path(root.path(), rel);
+        let dir = if exists {
+            let dir = root.open_rel(rel).map_err(|e| Error::io(&final_path, e))?;
+            if !meta_is_ours(&dir)? {
+                return Err(foreign(
+                    &final_path.join(layout::META_FILE),
+                    "a meta.json that is not a tensordict's",
+                ));
+            }
+            Some(dir)
+        } else {
+            None
+        };
+        let old = dir.as_ref().map(OldDir::read).unwrap_or_default();
+        let stage = match &dir {
+            Some(d) => {
+                let mount = d.mount().map_err(|e| Error::io(&final_path, e))?;
+                staging.for_mount(d, rel, mount)?
+            }
+            None => parent_stage,
+        };
+        let stat = |name: &str| -> Result<Option<EntryStat>> {
+            match &dir {
+                Some(d) => d.stat(name).map_err(|e| Error::io(final_path.join(name), e)),
+                None => Ok(None),
+            }
+        };
+        let mut written: HashSet<String> = HashSet::new();
+        let mut metas = Vec::with_capacity(node.entries.len());
+        // Sub-trees are walked after this directory's own files, one open directory at a time.
+        let mut children: Vec<(String, &NodeSpec, bool)> = Vec::new();
+        for (key, entry) in &node.entries {
+            match entry {
+                EntrySpec::Leaf(i) => {
+                    let leaf = &leaves[*i];
+                    metas.push((
+                        key.as_str(),
+                        EntryMeta::Leaf {
+                            dtype: &leaf.dtype,
+                            shape: &leaf.shape,
+                            device: &leaf.device,
+                        },
+                    ));
+                    if leaf.nbytes == 0 {
+                        continue;
+                    }
                     let name = layout::leaf_file(key);
-                    jobs.push(FileJob {
-                        dir: at,
-                        final_path: final_path.join(&name),
-                        name,
+                    written.insert(name.clone());
+                    let path = final_path.join(&name);
+                    match stat(&name)? {
+                        None => {}
+                        Some(st) if st.kind == EntryKind::File => {
+                            let same = leaf.same_file == Some((st.dev, st.ino));
+                            if (same || leaf.data.is_none()) && st.size >= leaf.nbytes as u64 {
+                                // The source is this very file, or memmap_like reopens it.
+                                let d = dir.as_ref().expect("a file exists, so its directory does");
+                                self.regions[*i] = Some(map_existing(d, &name, leaf.nbytes)?);
+                                continue;
+                            }
+                            if leaf.data.is_none() {
+                                return Err(Error::tree(
+                                    &path,
+                                    format!(
+                                        "key {key:?}: the existing file holds {} bytes and the shape {:?} needs {}; memmap_like maps existing files as they are and does not grow them",
+                                        st.size, leaf.shape, leaf.nbytes
+                                    ),
+                                ));
+                            }
+                            if !old.owns_file(&name) {
+                                return Err(foreign(&path, "a file"));
+                            }
+                        }
+                        Some(st) => return Err(foreign(&path, kind_name(st.kind))),
+                    }
+                    let staged = format!("f{i}");
+                    self.data.push(Op::Rename {
+                        stage,
+                        name: staged.clone(),
+                        to: with(rel, &name),
+                    });
+                    self.jobs.push(FileJob {
+                        stage,
+                        staged,
+                        final_path: path,
                         leaf: *i,
                     });
                 }
-                metas.push((
-                    key.as_str(),
-                    EntryMeta::Leaf {
-                        dtype: &leaf.dtype,
-                        shape: &leaf.shape,
-                        device: &leaf.device,
-                    },
-                ));
-            }
-            EntrySpec::Node(child) => {
-                let name = layout::encode_key(key);
-                let child_dir = dirs[at]
-                    .create_dir(&name)
-                    .map_err(|e| Error::io(final_path.join(&name), e))?;
-                dirs.push(child_dir);
-                let child_at = dirs.len() - 1;
-                plan_node(
-                    dirs,
-                    child_at,
-                    &final_path.join(&name),
-                    child,
-                    leaves,
-                    jobs,
-                    durable,
-                )?;
-                metas.push((key.as_str(), EntryMeta::TensorDict));
-            }
-            EntrySpec::NonTensor(value) => {
-                let name = layout::encode_key(key);
-                let child_dir = dirs[at]
-                    .create_dir(&name)
-                    .map_err(|e| Error::io(final_path.join(&name), e))?;
-                let meta_path = final_path.join(&name).join(layout::META_FILE);
-                child_dir
-                    .write_new(layout::META_FILE, &layout::non_tensor_meta(value), durable)
-                    .map_err(|e| Error::io(&meta_path, e))?;
-                dirs.push(child_dir);
-                metas.push((key.as_str(), EntryMeta::NonTensorData));
+                EntrySpec::Node(child) => {
+                    let name = layout::encode_key(key);
+                    written.insert(name.clone());
+                    let present = self.need_dir(&final_path, rel, &name, stat(&name)?)?;
+                    children.push((name, child, present));
+                    metas.push((key.as_str(), EntryMeta::TensorDict));
+                }
+                EntrySpec::NonTensor(value) => {
+                    let name = layout::encode_key(key);
+                    written.insert(name.clone());
+                    let present = self.need_dir(&final_path, rel, &name, stat(&name)?)?;
+                    if present {
+                        let d = dir.as_ref().expect("a child exists, so its directory does");
+                        let sub = d
+                            .open_dir(&name)
+                            .map_err(|e| Error::io(final_path.join(&name), e))?;
+                        if !meta_is_ours(&sub)? {
+                            return Err(foreign(
+                                &final_path.join(&name).join(layout::META_FILE),
+                                "a meta.json that is not a tensordict's",
+                            ));
+                        }
+                    }
+                    let bytes = layout::non_tensor_meta(value);
+                    let to = with(&with(rel, &name), layout::META_FILE);
+                    self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)?;
+                    metas.push((key.as_str(), EntryMeta::NonTensorData));
+                }
             }
         }
+        let bytes = layout::tensordict_meta(metas, &node.batch);
+        if let Some(d) = &dir {
+            self.plan_removals(d, rel, &old, &written, 0)?;
+        }
+        drop(dir);
+        for (name, child, present) in children {
+            rel.push(name);
+            let result = self.node(root, staging, rel, child, leaves, opts, present, stage);
+            rel.pop();
+            result?;
+        }
+        // Post-order: a directory's meta.json goes in after its children's, the root's last.
+        let to = with(rel, layout::META_FILE);
+        self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)
     }
-    let bytes = layout::tensordict_meta(metas, &node.batch);
-    dirs[at]
-        .write_new(layout::META_FILE, &bytes, durable)
-        .map_err(|e| Error::io(final_path.join(layout::META_FILE), e))
+
+    /// A sub-directory the new tree needs: kept when it is one, created when missing.
+    /// Returns whether it exists now.
+    fn need_dir(&mut self, at: &Path, rel: &[String], name: &str, st: Option<EntryStat>) -> Result<bool> {
+        match st {
+            None => {
+                self.mkdirs.push(Op::Mkdir {
+                    path: with(rel, name),
+                });
+                Ok(false)
+            }
+            Some(st) if st.kind == EntryKind::Dir => Ok(true),
+            Some(st) => Err(foreign(&at.join(name), kind_name(st.kind))),
+        }
+    }
+
+    fn stage_meta(
+        &mut self,
+        staging: &Staging,
+        stage: usize,
+        bytes: &[u8],
+        to: Vec<String>,
+        at: &Path,
+        durable: bool,
+    ) -> Result<()> {
+        let staged = format!("m{}", self.staged_metas);
+        self.staged_metas += 1;
+        staging
+            .dir(stage)
+            .write_new(&staged, bytes, durable)
+            .map_err(|e| Error::io(at.join(layout::META_FILE), e))?;
+        self.metas.push(Op::Rename {
+            stage,
+            name: staged,
+            to,
+        });
+        Ok(())
+    }
+
+    /// Removal steps for what the old tree owned in `dir` and the new one no longer has:
+    /// files (only if still the same file when the step runs) and sub-directories (their
+    /// owned contents, then the directory if nothing foreign is left in it).
+    fn plan_removals(
+        &mut self,
+        dir: &Dir,
+        rel: &[String],
+        old: &OldDir,
+        keep: &HashSet<String>,
+        depth: usize,
+    ) -> Result<()> {
+        for name in old.files.iter().filter(|n| !keep.contains(*n)) {
+            if let Ok(Some(st)) = dir.stat(name) {
+                if st.kind == EntryKind::File {
+                    self.removals.push(Op::Unlink {
+                        path: with(rel, name),
+                        dev: st.dev,
+                        ino: st.ino,
+                    });
+                }
+            }
+        }
+        if depth >= layout::MAX_DEPTH {
+            return Ok(());
+        }
+        for name in old.dirs.iter().filter(|n| !keep.contains(*n)) {
+            if dir.kind(name).ok() != Some(EntryKind::Dir) {
+                continue;
+            }
+            let Ok(sub) = dir.open_dir(name) else { continue };
+            let sub_rel = with(rel, name);
+            let sub_old = OldDir::read(&sub);
+            self.plan_removals(&sub, &sub_rel, &sub_old, &HashSet::new(), depth + 1)?;
+            if let Ok(Some(st)) = sub.stat(layout::META_FILE) {
+                if st.kind == EntryKind::File {
+                    self.removals.push(Op::Unlink {
+                        path: with(&sub_rel, layout::META_FILE),
+                        dev: st.dev,
+                        ino: st.ino,
+                    });
+                }
+            }
+            self.removals.push(Op::Rmdir { path: sub_rel });
+        }
+        Ok(())
+    }
+
+    /// Writes the staged data files (in parallel) and maps them.
+    fn write_data(&mut self, staging: &Staging, leaves: &[LeafSpec<'_>], opts: SaveOptions) -> Result<()> {
+        let workers = parallel::worker_count(opts.num_threads, self.jobs.len());
+        let mapped = parallel::run(
+            &self.jobs,
+            workers,
+            |job| leaves[job.leaf].nbytes,
+            |job| {
+                let leaf = &leaves[job.leaf];
+                let io_err = |e| Error::io(&job.final_path, e);
+                let file = staging.dir(job.stage).create_file(&job.staged).map_err(io_err)?;
+                match leaf.data {
+                    Some(data) => storage::write_all_at(&file, data, 0).map_err(io_err)?,
+                    None if opts.sparse => file.set_len(leaf.nbytes as u64).map_err(io_err)?,
+                    None => storage::reserve(&file, leaf.nbytes).map_err(io_err)?,
+                }
+                if opts.durable {
+                    file.sync_data().map_err(io_err)?;
+                }
+                storage::map_file(&file, leaf.nbytes, Some(job.final_path.clone()), MapMode::Shared)
+                    .map_err(io_err)
+            },
+        )?;
+        for (job, region) in self.jobs.iter().zip(mapped) {
+            self.regions[job.leaf] = Some(region);
+        }
+        Ok(())
+    }
+
+    fn journal(self, staging: &Staging) -> (Journal, Vec<Option<Region>>) {
+        let mut ops = self.mkdirs;
+        ops.extend(self.data);
+        ops.extend(self.metas);
+        ops.extend(self.removals);
+        let journal = Journal {
+            token: staging.token.clone(),
+            stagings: staging.locations(),
+            ops,
+        };
+        (journal, self.regions)
+    }
 }
 
-/// Writes one data file atomically (staged beside it, then renamed into place) and maps it.
-/// An existing file is replaced only with `existsok`; maps of the old file keep their values.
+fn commit_path(root: &Path, rel: &[String]) -> PathBuf {
+    rel.iter().fold(root.to_path_buf(), |p, c| p.join(c))
+}
+
+/// The save itself, under the lock: plan and stage, commit, apply.
+fn save_locked(
+    root: &Dir,
+    spec: &NodeSpec,
+    leaves: &[LeafSpec<'_>],
+    opts: SaveOptions,
+) -> Result<Vec<Option<Region>>> {
+    let mut staging = Staging::new(root)?;
+    let mut plan = Plan {
+        mkdirs: Vec::new(),
+        data: Vec::new(),
+        metas: Vec::new(),
+        removals: Vec::new(),
+        jobs: Vec::new(),
+        regions: std::iter::repeat_with(|| None).take(leaves.len()).collect(),
+        staged_metas: 0,
+    };
+    let staged = (|| {
+        plan.node(root, &mut staging, &mut Vec::new(), spec, leaves, opts, true, 0)?;
+        plan.write_data(&staging, leaves, opts)?;
+        if opts.durable {
+            staging.sync()?;
+        }
+        let (journal, regions) = plan.journal(&staging);
+        commit::write_journal(root, &staging, &journal, opts.durable)?;
+        Ok((journal, regions))
+    })();
+    let (journal, regions) = match staged {
+        Ok(done) => done,
+        Err(e) => {
+            staging.remove(root);
+            return Err(e);
+        }
+    };
+    // Past the commit point. Without flock another save may have got in first: look again.
+    if !opts.existsok && journal_would_replace(root) {
+        commit::withdraw_journal(root);
+        staging.remove(root);
+        return Err(Error::io(root.child_path(layout::META_FILE), already_exists()));
+    }
+    commit::apply(root, &journal, opts.durable)?;
+    drop(staging);
+    Ok(regions)
+}
+
+fn journal_would_replace(root: &Dir) -> bool {
+    root.kind(layout::META_FILE)
+        .map_or(true, |k| k != EntryKind::Missing)
+}
+
+/// Writes one data file and maps it, atomically: the file is filled unnamed (`O_TMPFILE`
+/// where the file system has it) and only then linked at its name, so a process killed
+/// meanwhile leaves nothing behind. An existing file is replaced only with `existsok`; maps
+/// of the old file keep their values.
 pub fn write_file(path: &Path, data: Option<&[u8]>, nbytes: usize, existsok: bool) -> Result<Region> {
     let (dir, name) = crate::load::split_file_path(path)?;
     let final_path = dir.child_path(&name);
-    match dir.kind(&name).map_err(|e| Error::io(&final_path, e))? {
-        EntryKind::Missing => {}
+    let replace = match dir.kind(&name).map_err(|e| Error::io(&final_path, e))? {
+        EntryKind::Missing => false,
         EntryKind::Symlink => {
             return Err(Error::tree(
                 &final_path,
                 "refusing to write a memory-mapped tensor through a symlink",
             ))
         }
-        EntryKind::File if existsok => {}
+        EntryKind::File if existsok => true,
         EntryKind::File => return Err(Error::io(&final_path, already_exists())),
         _ => return Err(Error::tree(&final_path, "not a regular file")),
-    }
-    let staging = format!(".{name}.tdrs-{}-{}", std::process::id(), storage::random_suffix());
-    let staged_path = dir.child_path(&staging);
+    };
+    let io_err = |e| Error::io(&final_path, e);
+    let temp = format!("{}{}", commit::TEMP_PREFIX, storage::random_suffix());
+    let (file, named) = match dir.create_unnamed().map_err(io_err)? {
+        Some(file) => (file, false),
+        None => (dir.create_file(&temp).map_err(io_err)?, true),
+    };
     let result = (|| {
-        let file = dir.create_file(&staging).map_err(|e| Error::io(&final_path, e))?;
-        storage::fill_file(&file, data, nbytes).map_err(|e| Error::io(&final_path, e))?;
-        let region = storage::map_file(&file, nbytes, Some(final_path.clone()), MapMode::Shared)
-            .map_err(|e| Error::io(&final_path, e))?;
-        std::fs::rename(&staged_path, &final_path).map_err(|e| Error::io(&final_path, e))?;
+        storage::fill_file(&file, data, nbytes).map_err(io_err)?;
+        let region =
+            storage::map_file(&file, nbytes, Some(final_path.clone()), MapMode::Shared).map_err(io_err)?;
+        if !named {
+            let link_as = if replace { temp.as_str() } else { name.as_str() };
+            dir.link_unnamed(&file, link_as).map_err(io_err)?;
+        }
+        if replace || named {
+            if replace {
+                dir.rename(&temp, &dir, &name, false).map_err(io_err)?;
+            } else {
+                // exclusive: a file created at the name meanwhile is not replaced
+                dir.link(&temp, &dir, &name).map_err(io_err)?;
+                let _ = dir.remove_file(&temp);
+            }
+        }
         Ok(region)
     })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&staged_path);
+    if result.is_err() && (named || replace) {
+        let _ = dir.remove_file(&temp);
     }
     result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::load;
-
-    fn tmp() -> PathBuf {
-        let p = std::env::temp_dir().join(format!("tdrs-save-{}", storage::random_suffix()));
-        std::fs::create_dir(&p).unwrap();
-        p
-    }
-
-    fn tree(data: &[u8]) -> (NodeSpec, Vec<LeafSpec<'_>>) {
-        let leaves = vec![
-            LeafSpec {
-                dtype: "torch.uint8".into(),
-                shape: vec![2, 2],
-                device: "cpu".into(),
-                data: Some(data),
-                nbytes: 4,
-            },
-            LeafSpec {
-                dtype: "torch.float32".into(),
-                shape: vec![2, 0],
-                device: "cpu".into(),
-                data: Some(&[]),
-                nbytes: 0,
-            },
-        ];
-        let child = NodeSpec {
-            batch: vec![2],
-            entries: vec![("e".into(), EntrySpec::Leaf(1))],
-        };
-        let root = NodeSpec {
-            batch: vec![2],
-            entries: vec![
-                ("a/b".into(), EntrySpec::Leaf(0)),
-                ("n".into(), EntrySpec::Node(child)),
-                ("s".into(), EntrySpec::NonTensor(Value::from("hi"))),
-            ],
-        };
-        (root, leaves)
-    }
-
-    fn opts() -> SaveOptions {
-        SaveOptions {
-            existsok: true,
-            durable: false,
-            num_threads: 2,
-        }
-    }
-
-    #[test]
-    fn writes_and_replaces_atomically() {
-        let dir = tmp();
-        let prefix = dir.join("td");
-        let (root, leaves) = tree(&[1, 2, 3, 4]);
-        let regions = write_tree(&prefix, &root, &leaves, opts()).unwrap();
-        assert_eq!(regions[0].as_ref().unwrap().to_vec(), vec![1, 2, 3, 4]);
-        assert!(regions[1].is_none());
-        assert_eq!(
-            std::fs::read(prefix.join("a%2Fb.memmap")).unwrap(),
-            vec![1, 2, 3, 4]
-        );
-        std::fs::write(prefix.join("notes.txt"), b"mine").unwrap();
-
-        let (root2, leaves2) = tree(&[5, 6, 7, 8]);
-        write_tree(&prefix, &root2, &leaves2, opts()).unwrap();
-        // The old map still shows the old values; the directory has the new ones.
-        assert_eq!(regions[0].as_ref().unwrap().to_vec(), vec![1, 2, 3, 4]);
-        assert_eq!(
-            std::fs::read(prefix.join("a%2Fb.memmap")).unwrap(),
-            vec![5, 6, 7, 8]
-        );
-        assert_eq!(std::fs::read(prefix.join("notes.txt")).unwrap(), b"mine");
-        let leftovers: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(leftovers.len(), 1, "{leftovers:?}");
-        let (node, regions) = load::load_tree(&prefix).unwrap();
-        assert_eq!(node.entries.len(), 3);
-        assert_eq!(regions[0].as_ref().unwrap().to_vec(), vec![5, 6, 7, 8]);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn sweeps_staging_dirs_of_dead_processes() {
-        let dir = tmp();
-        let prefix = dir.join("td");
-        // A pid far above pid_max stands for a process killed mid-save.
-        let stale = dir.join(".td.tdrs-2147483600-0123456789abcdef");
-        let swapped_out = dir.join(".td.tdrs-2147483601-fedcba9876543210");
-        let live = dir.join(format!(".td.tdrs-{}-live", std::process::id()));
-        std::fs::create_dir_all(stale.join("sub")).unwrap();
-        std::fs::write(stale.join(STAGING_MARKER), b"").unwrap();
-        std::fs::create_dir(&swapped_out).unwrap();
-        std::fs::write(swapped_out.join("notes.txt"), b"mine").unwrap();
-        std::fs::create_dir(&live).unwrap();
-        let (root, leaves) = tree(&[1, 2, 3, 4]);
-        write_tree(&prefix, &root, &leaves, opts()).unwrap();
-        assert!(!stale.exists());
-        assert!(!swapped_out.exists());
-        assert!(!prefix.join("sub").exists());
-        // A user's file in an old tree swapped out by a killed save is kept.
-        assert_eq!(std::fs::read(prefix.join("notes.txt")).unwrap(), b"mine");
-        assert!(live.exists());
-        assert!(!prefix.join(STAGING_MARKER).exists());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn existsok_false_refuses() {
-        let dir = tmp();
-        let (root, leaves) = tree(&[1, 2, 3, 4]);
-        write_tree(&dir, &root, &leaves, opts()).unwrap();
-        let err = write_tree(
-            &dir,
-            &root,
-            &leaves,
-            SaveOptions {
-                existsok: false,
-                ..opts()
-            },
-        )
-        .unwrap_err();
-        assert!(
-            matches!(&err, Error::Io { source, .. } if source.kind() == io::ErrorKind::AlreadyExists),
-            "{err}"
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn refuses_reserved_and_colliding_keys() {
-        let data = [0u8; 4];
-        let leaves = vec![LeafSpec {
-            dtype: "torch.uint8".into(),
-            shape: vec![4],
-            device: "cpu".into(),
-            data: Some(&data),
-            nbytes: 4,
-        }];
-        for bad in ["shape", "device", "_type", "_class"] {
-            let root = NodeSpec {
-                batch: vec![],
-                entries: vec![(bad.into(), EntrySpec::Leaf(0))],
-            };
-            assert!(validate(&root, &leaves, Path::new("p"))
-                .unwrap_err()
-                .to_string()
-                .contains("reserved"));
-        }
-        let root = NodeSpec {
-            batch: vec![],
-            entries: vec![
-                ("a".into(), EntrySpec::Leaf(0)),
-                (
-                    "a.memmap".into(),
-                    EntrySpec::Node(NodeSpec {
-                        batch: vec![],
-                        entries: vec![],
-                    }),
-                ),
-            ],
-        };
-        assert!(validate(&root, &leaves, Path::new("p"))
-            .unwrap_err()
-            .to_string()
-            .contains("another entry"));
-        let root = NodeSpec {
-            batch: vec![3],
-            entries: vec![("a".into(), EntrySpec::Leaf(0))],
-        };
-        assert!(validate(&root, &leaves, Path::new("p"))
-            .unwrap_err()
-            .to_string()
-            .contains("batch size"));
-    }
-
-    #[test]
-    fn failed_save_leaves_target_untouched() {
-        let dir = tmp();
-        let prefix = dir.join("td");
-        let (root, leaves) = tree(&[1, 2, 3, 4]);
-        write_tree(&prefix, &root, &leaves, opts()).unwrap();
-        let before = std::fs::read(prefix.join("meta.json")).unwrap();
-        let bad = vec![LeafSpec {
-            dtype: "torch.nope".into(),
-            shape: vec![2, 2],
-            device: "cpu".into(),
-            data: None,
-            nbytes: 4,
-        }];
-        let root_bad = NodeSpec {
-            batch: vec![2],
-            entries: vec![("x".into(), EntrySpec::Leaf(0))],
-        };
-        assert!(write_tree(&prefix, &root_bad, &bad, opts()).is_err());
-        assert_eq!(std::fs::read(prefix.join("meta.json")).unwrap(), before);
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 }

@@ -29,7 +29,7 @@ pub struct Region {
     map: MmapRaw,
     path: Option<PathBuf>,
     mode: MapMode,
-    tree: Option<(u64, u64)>,
+    file: Option<(u64, u64)>,
     /// The open backing file of shareable anonymous memory (see `shared.rs`): kept so that the
     /// memory can be handed to another process. `None` for file maps (they travel by path).
     #[cfg(unix)]
@@ -67,16 +67,11 @@ impl Region {
         self.path.as_deref()
     }
 
-    /// Marks the region as a leaf of the saved tree whose root directory has this identity.
-    pub fn with_tree(mut self, tree: (u64, u64)) -> Self {
-        self.tree = Some(tree);
-        self
-    }
-
-    /// Device and inode of the root directory of the tree this leaf was saved in or loaded
-    /// from; a later save compares it with the directory now at the prefix.
-    pub fn tree(&self) -> Option<(u64, u64)> {
-        self.tree
+    /// Device and inode of the named file this region maps shared (None for anonymous
+    /// memory and copy-on-write maps, whose bytes may differ from the file's): a later save
+    /// keeps the file at a leaf's name when it still is this one.
+    pub fn file_id(&self) -> Option<(u64, u64)> {
+        self.file
     }
 
     /// Keeps `fd`, the backing file of this anonymous region, open for as long as the region
@@ -132,14 +127,49 @@ pub fn map_file(file: &File, len: usize, path: Option<PathBuf>, mode: MapMode) -
         // may or may not show through, which is the documented behaviour of such maps.
         MapMode::CopyOnWrite => MmapRaw::from(unsafe { opts.map_copy(file)? }),
     };
+    let file = match (mode, &path) {
+        (MapMode::Shared, Some(_)) => file_identity(file),
+        _ => None,
+    };
     Ok(Region {
         map,
         path,
         mode,
-        tree: None,
+        file,
         #[cfg(unix)]
         fd: None,
     })
+}
+
+#[cfg(unix)]
+fn file_identity(file: &File) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().ok().map(|md| (md.dev(), md.ino()))
+}
+
+#[cfg(not(unix))]
+fn file_identity(_file: &File) -> Option<(u64, u64)> {
+    None
+}
+
+/// Reserves the blocks of the first `len` bytes of an existing file without changing its
+/// size (`fallocate(FALLOC_FL_KEEP_SIZE)`), so that writing through a shared map of a sparse
+/// file on a full disk fails here with ENOSPC instead of a SIGBUS later. A no-op where the
+/// file system cannot (the file is then mapped as it is).
+#[cfg(target_os = "linux")]
+pub fn reserve_existing(file: &File, len: usize) -> io::Result<()> {
+    use rustix::fs::{fallocate, FallocateFlags};
+    match fallocate(file, FallocateFlags::KEEP_SIZE, 0, len as u64) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS | rustix::io::Errno::INVAL) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Without fallocate there is nothing to reserve with.
+#[cfg(not(target_os = "linux"))]
+pub fn reserve_existing(_file: &File, _len: usize) -> io::Result<()> {
+    Ok(())
 }
 
 /// Fills a new, empty file with `src` (pwrite) or reserves `len` zero bytes (fallocate).
@@ -160,7 +190,7 @@ pub fn write_all_at(file: &File, data: &[u8], offset: u64) -> io::Result<()> {
 }
 
 #[cfg(windows)]
-fn write_all_at(file: &File, mut data: &[u8], mut offset: u64) -> io::Result<()> {
+pub fn write_all_at(file: &File, mut data: &[u8], mut offset: u64) -> io::Result<()> {
     use std::os::windows::fs::FileExt;
     while !data.is_empty() {
         let n = file.seek_write(data, offset)?;
@@ -392,7 +422,7 @@ pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
         map,
         path: None,
         mode: MapMode::Shared,
-        tree: None,
+        file: None,
     })
 }
 

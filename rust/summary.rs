@@ -145,6 +145,7 @@ mod tests {
             device: "cpu".into(),
             data: Some(&data),
             nbytes: 24,
+            same_file: None,
         }];
         let child = NodeSpec {
             batch: vec![3],

@@ -3,8 +3,8 @@
 * Live maps are never corrupted: a loaded TensorDict (in this process and in a second one)
   keeps seeing its values while other saves replace the directory, and writes through old
   maps never reach the new tree.
-* Many readers, one writer: reader processes load and check a directory in a loop while a
-  writer process saves new versions; every load sees one whole version.
+* Many readers, one or two writers: reader processes load and check a directory in a loop
+  while writer processes save new versions into it; every load sees one whole version.
 """
 
 from __future__ import annotations
@@ -72,6 +72,19 @@ def assert_version(td: TensorDict, v: float) -> None:
 # --------------------------------------------------------------------------- live maps
 
 
+def test_memmap_like_reopens_the_files_it_finds(tmp_path: Path) -> None:
+    """memmap_like onto a saved tree maps its files as they are (tensordict's documented way
+    to reopen a buffer): old values kept, and every map of them stays one shared file."""
+    prefix = tmp_path / "tree"
+    writer = make(1).memmap_(prefix)
+    early = TensorDict.load_memmap(prefix)
+    again = make(2).memmap_like(prefix)
+    assert_version(again, 1)
+    early["f32"].fill_(5)
+    assert bool((again["f32"] == 5).all()) and bool((writer["f32"] == 5).all())
+    assert tensordict_rs.verify(prefix) == []
+
+
 REPLACEMENTS = ["memmap", "memmap_", "memmap_like", "new_keys", "fewer_keys"]
 
 
@@ -91,7 +104,7 @@ def replace(prefix: Path, how: str, v: float) -> None:
         td.memmap(prefix)
 
 
-@pytest.mark.parametrize("how", REPLACEMENTS)
+@pytest.mark.parametrize("how", [r for r in REPLACEMENTS if r != "memmap_like"])
 def test_loaded_maps_keep_their_values(tmp_path: Path, how: str) -> None:
     prefix = tmp_path / "tree"
     writer = make(1).memmap_(prefix)  # the writer's own maps of version 1
@@ -103,7 +116,7 @@ def test_loaded_maps_keep_their_values(tmp_path: Path, how: str) -> None:
     assert_version(early, 1)
     assert_version(writer, 1)
     late = TensorDict.load_memmap(prefix)
-    expected = 0 if how == "memmap_like" else 3
+    expected = 3
     assert versions_in(late) == {float(expected)}
     # writes through the old maps stay in the old files: the new tree does not change
     for _, leaf in leaves(early) + leaves(writer):
@@ -178,12 +191,12 @@ def test_loaded_maps_in_a_second_process(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- many readers
 
 
-def reader(prefix: Path, ready: Path, done: Path) -> None:
+def reader(prefix: Path, ready: Path, dones: list[Path]) -> None:
     loads, versions, violations, errors = 0, set(), [], []
     ready.touch()
     finished = False
     while not finished:
-        finished = done.exists()  # one more full load after the writer stopped
+        finished = all(d.exists() for d in dones)  # one more full load after the writers stopped
         try:
             td = TensorDict.load_memmap(prefix)
         except Exception as err:
@@ -211,7 +224,7 @@ def reader(prefix: Path, ready: Path, done: Path) -> None:
     )
 
 
-def writer(prefix: Path, readies: list[Path], done: Path, seconds: float) -> None:
+def writer(prefix: Path, readies: list[Path], done: Path, seconds: float, offset: int) -> None:
     deadline = time.monotonic() + 60
     while not all(r.exists() for r in readies):
         if time.monotonic() > deadline:
@@ -220,7 +233,7 @@ def writer(prefix: Path, readies: list[Path], done: Path, seconds: float) -> Non
     v, end = 1, time.monotonic() + seconds
     while time.monotonic() < end:
         v += 1
-        td = make(v % 250)
+        td = make((2 * v + offset) % 250)  # the writers' versions differ
         if v % 2:
             td.memmap_(prefix)
         else:
@@ -229,21 +242,29 @@ def writer(prefix: Path, readies: list[Path], done: Path, seconds: float) -> Non
     print(json.dumps({"saves": v - 1}), flush=True)
 
 
-def test_many_readers_one_writer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writers", [1, 2])
+def test_many_readers_and_writers(tmp_path: Path, writers: int) -> None:
     prefix = tmp_path / "tree"
     make(1).memmap(prefix)
-    done = tmp_path / "done"
+    dones = [tmp_path / f"done{w}" for w in range(writers)]
     readies = [tmp_path / f"ready{i}" for i in range(READERS)]
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "reader", os.fspath(prefix), os.fspath(r), os.fspath(done)],
+            [
+                sys.executable,
+                __file__,
+                "reader",
+                os.fspath(prefix),
+                os.fspath(r),
+                os.pathsep.join(map(os.fspath, dones)),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for r in readies
     ]
-    procs.append(
+    procs += [
         subprocess.Popen(
             [
                 sys.executable,
@@ -252,13 +273,15 @@ def test_many_readers_one_writer(tmp_path: Path) -> None:
                 os.fspath(prefix),
                 os.fspath(done),
                 str(WRITE_SECONDS),
+                str(w),
                 *map(os.fspath, readies),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-    )
+        for w, done in enumerate(dones)
+    ]
     outputs = []
     try:
         for p in procs:
@@ -270,9 +293,10 @@ def test_many_readers_one_writer(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    *reports, writer_report = outputs
-    print(f"\nwriter: {writer_report}; readers: {reports}")
-    assert writer_report["saves"] >= 20, writer_report
+    reports, writer_reports = outputs[:READERS], outputs[READERS:]
+    print(f"\nwriters: {writer_reports}; readers: {reports}")
+    for writer_report in writer_reports:
+        assert writer_report["saves"] >= 10, writer_report
     for report in reports:
         assert report["n_violations"] == 0, report
         assert report["n_errors"] == 0, report
@@ -280,13 +304,16 @@ def test_many_readers_one_writer(tmp_path: Path) -> None:
     # the readers really raced with the writer: they saw several versions
     assert sum(r["versions"] for r in reports) > 2 * READERS, reports
     assert tensordict_rs.verify(prefix) == []
-    leftovers = [n for n in os.listdir(tmp_path) if ".tdrs-" in n]
+    leftovers = [n for n in os.listdir(tmp_path) if ".tdrs" in n] + [
+        n for n in os.listdir(prefix) if n.startswith(".tdrs")
+    ]
     assert leftovers == []
 
 
 if __name__ == "__main__":
     role, args = sys.argv[1], sys.argv[2:]
     if role == "reader":
-        reader(Path(args[0]), Path(args[1]), Path(args[2]))
+        reader(Path(args[0]), Path(args[1]), [Path(d) for d in args[2].split(os.pathsep)])
     else:
-        writer(Path(args[0]), [Path(a) for a in args[3:]], Path(args[1]), float(args[2]))
+        readies = [Path(a) for a in args[4:]]
+        writer(Path(args[0]), readies, Path(args[1]), float(args[2]), int(args[3]))

@@ -79,9 +79,12 @@ class MemoryMapped:
         """Moves every tensor into memory maps, in place, then locks the keys; returns self.
 
         Without ``prefix`` (and no earlier one) the maps are anonymous shared memory. With
-        ``prefix`` the tree is written in tensordict's directory format, atomically: beside the
-        target, then swapped in with one rename, so a crash leaves the old or the new tree, and
-        maps of the old files keep their values. ``durable=True`` fsyncs everything first.
+        ``prefix`` the tree is written in tensordict's directory format, atomically, into the
+        directory itself (which stays yours: its inode, mode and owner are kept): a crash
+        leaves the old or the new tree. Leaves that already are the files at ``prefix`` keep
+        them (handles on them stay live); other leaves get new files, so maps of the old files
+        keep their values. Files you put there are never replaced, moved or deleted; a save
+        that would have to is refused first. ``durable=True`` fsyncs everything first.
         ``num_threads`` sets the writer threads (0: one per CPU). ``existsok=False`` refuses to
         replace an existing tree. A failed save leaves this TensorDict as it was.
         ``return_early=True`` returns a ``concurrent.futures.Future`` of the result.
@@ -149,13 +152,19 @@ class MemoryMapped:
         return_early: bool = False,
         existsok: bool = True,
         durable: bool = False,
+        reserve: bool = True,
     ) -> Any:
-        """A new locked TensorDict of zero-filled memory maps with the same keys, shapes and
-        dtypes (no values copied; source leaves may be on any device, ``meta`` included).
+        """A new locked TensorDict of memory maps with the same keys, shapes and dtypes (no
+        values copied; source leaves may be on any device, ``meta`` included).
 
-        With ``prefix`` the directory is written atomically like ``memmap_``; an existing tree
-        there is replaced by the new, zero-filled one. ``copy_existing`` is accepted for
-        tensordict's signature; since no values are copied it changes nothing.
+        New maps are zero-filled. With ``prefix``, a data file already there is mapped as it
+        is and keeps its content, as in tensordict (which lets you reopen a buffer); a file
+        too small for its leaf's shape is refused, not grown. The directory is written
+        atomically like ``memmap_``. ``reserve=True`` reserves the space of new files now, so
+        that a full disk is an ``OSError(ENOSPC)`` here; ``reserve=False`` makes them sparse
+        (instant, as tensordict does), at the risk of a SIGBUS when a write later finds the
+        disk full. ``copy_existing`` is accepted for tensordict's signature; since no values
+        are copied it changes nothing.
         """
         path = Path(prefix).absolute() if prefix is not None else None
         return _save(
@@ -168,6 +177,7 @@ class MemoryMapped:
             num_threads=num_threads,
             existsok=existsok,
             durable=durable,
+            sparse=not reserve,
         )
 
     @classmethod
@@ -217,6 +227,7 @@ def _save(
     num_threads: int,
     existsok: bool,
     durable: bool,
+    sparse: bool = False,
 ) -> Any:
     """Memory-maps ``target`` in place and locks it (or returns a Future of that)."""
 
@@ -230,6 +241,7 @@ def _save(
             existsok=existsok,
             durable=durable,
             num_threads=num_threads,
+            sparse=sparse,
         )
         target._lock_tree()
 

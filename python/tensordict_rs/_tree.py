@@ -141,11 +141,11 @@ class _Plan:
         self.like = like
         self.reuse_maps = reuse_maps
         self.copy_existing = copy_existing
-        self.keep: list[Any] = []  # sources stay alive while Rust reads them
+        # sources and their storages stay alive while Rust reads them (a storage, not just the
+        # tensor: another thread's ``set_`` on the tensor must not free the memory being read)
+        self.keep: list[Any] = []
         self.slots: list[tuple[TensorDict, str, torch.dtype, tuple[int, ...]]] = []
         self.sources: list[tuple[int, int]] = []  # anonymous: (data_ptr, nbytes) per slot
-        self.fresh = 0  # leaves with data that is not already in its target file
-        self.trees: set[tuple[int, int]] = set()  # saved trees the other leaves map
 
     def _pointer(self, value: Any, nbytes: int) -> int:
         """Address of the bytes of a tensor or lazy leaf (kept alive in ``self.keep``)."""
@@ -154,29 +154,37 @@ class _Plan:
         if type(value) is _LazyLeaf:
             self.keep.append(value.buffer)
             return value.buffer.address
-        if not (value.is_cpu and value.is_contiguous()):
+        if not (value.is_cpu and value.is_contiguous()) or value.is_conj() or value.is_neg():
             value = _source_bytes(value)
         self.keep.append(value)
+        self.keep.append(value.untyped_storage())
         return value.data_ptr()
 
-    def _check_file(self, value: Any, target: Path) -> bool:
-        """Whether a mapped leaf already is the file at ``target`` (of a saved tree)."""
+    def _same_file(self, value: Any, target: Path) -> tuple[int, int] | None:
+        """The (device, inode) of the file a mapped leaf is, whole and shared, when that file is
+        meant to be the one at ``target``: the save then keeps it instead of rewriting it."""
         buffer = value.buffer if type(value) is _LazyLeaf else value._buffer
         name = None if buffer is None else buffer.filename
         if name is None:
-            return False
+            return None
         if name != os.fspath(target):
             if not self.copy_existing:
                 raise RuntimeError(
                     f"A filename was provided but the tensor already has a file associated "
                     f"({name}). To copy the tensor onto the new location, pass copy_existing=True."
                 )
-            return False
-        tree = buffer.tree_id
-        if tree is None or buffer.nbytes != value_nbytes(value):
-            return False
-        self.trees.add(tree)
-        return True
+            return None
+        if buffer.nbytes != value_nbytes(value):
+            return None
+        if type(value) is not _LazyLeaf and (
+            value.storage_offset() != 0
+            or not value.is_contiguous()
+            or value.is_conj()
+            or value.is_neg()
+            or value.data_ptr() != buffer.address
+        ):
+            return None  # a view with another layout than the file's
+        return buffer.file_id
 
     def node(self, td: TensorDict, path: Path) -> tuple[list[int], list[tuple[Any, ...]]]:
         """The directory spec of ``td``, to be saved at ``path``."""
@@ -184,28 +192,27 @@ class _Plan:
         slots = self.slots
         for key, value in td._tensordict.items():
             cls = type(value)
+            same: tuple[int, int] | None = None
             if cls is _LazyLeaf:
-                in_place = self._check_file(value, path / (_native.encode_key(key) + ".memmap"))
+                if not self.like:
+                    same = self._same_file(value, path / (_native.encode_key(key) + ".memmap"))
                 dtype, shape, device = value.dtype, value.shape, "cpu"
                 nbytes = value.buffer.nbytes
             elif cls is NonTensorData:
                 entries.append((NON_TENSOR, key, _json_text(value.data, key)))
                 continue
             elif isinstance(value, torch.Tensor):
-                in_place = cls is MemoryMappedTensor and self._check_file(
-                    value, path / (_native.encode_key(key) + ".memmap")
-                )
+                if cls is MemoryMappedTensor and not self.like:
+                    same = self._same_file(value, path / (_native.encode_key(key) + ".memmap"))
                 dtype, shape = value.dtype, tuple(value.shape)
                 device = "cpu" if value.is_cpu else str(value.device)
                 nbytes = value.nbytes
             else:
                 entries.append((NODE, key, self.node(value, path / _native.encode_key(key))))
                 continue
-            if nbytes and not in_place:
-                self.fresh += 1
             dtype_name = DTYPE_TO_STR.get(dtype) or dtype_to_str(dtype)
             entries.append(
-                (LEAF, key, dtype_name, shape, device, self._pointer(value, nbytes), nbytes)
+                (LEAF, key, dtype_name, shape, device, self._pointer(value, nbytes), nbytes, same)
             )
             slots.append((td, key, dtype, shape))
         return list(td.batch_size), entries
@@ -275,6 +282,7 @@ def save(
     existsok: bool,
     durable: bool,
     num_threads: int,
+    sparse: bool = False,
 ) -> None:
     """Memory-maps every leaf of ``target`` in place (anonymous, or under ``prefix``).
 
@@ -293,15 +301,13 @@ def save(
     else:
         path = Path(prefix).absolute()
         spec = plan.node(target, path)
-        if not like and plan.fresh == 0 and len(plan.trees) == 1:
-            # Every leaf already maps its file in the tree now at ``path``, and the tree on disk
-            # is this one: keep the leaves (they stay shared with that directory), write nothing.
-            if _native.tree_is_current(os.fspath(path), spec, next(iter(plan.trees))):
-                del plan.keep
-                _mark(target, path)
-                return
         buffers = _native.write_tree(
-            os.fspath(path), spec, existsok=existsok, durable=durable, num_threads=num_threads
+            os.fspath(path),
+            spec,
+            existsok=existsok,
+            durable=durable,
+            num_threads=num_threads,
+            sparse=sparse,
         )
     del plan.keep
     plan.place(buffers)
@@ -322,6 +328,11 @@ def load(
         # tensordict always records "cpu"; another device is honoured as tensordict does, by
         # moving the leaves there, once it is known to exist here.
         device = _device_or_none(node[1])
+        if device is not None and device.type == "meta":
+            raise _native.InvalidDirectoryError(
+                f"{path / 'meta.json'} records the device 'meta', which holds no data: loading "
+                "it would give tensors without values; pass device='cpu' to load the files"
+            )
         if device is not None and device.type not in ("cpu", "meta"):
             try:
                 torch.empty(0, device=device)

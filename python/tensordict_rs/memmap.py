@@ -42,6 +42,10 @@ def _from_buffer(
 def _source_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor with the values of ``tensor``, for the Rust writers to read."""
     src = tensor.detach()
+    if src.is_conj():  # a lazy conjugate or negative view: its memory holds other values
+        src = src.resolve_conj()
+    if src.is_neg():
+        src = src.resolve_neg()
     if src.device.type != "cpu":
         src = src.cpu()
     if not src.is_contiguous() or src.storage_offset() < 0:

@@ -14,7 +14,7 @@ class UsageError(Exception):
 def copy(src: str, dst: str, *, durable: bool = False, overwrite: bool = False) -> None:
     """Re-saves the tree at ``src`` to ``dst`` through ``TensorDict.memmap``.
 
-    The copy is written beside ``dst`` and swapped in with one rename, so ``dst`` holds the old
+    The copy is staged inside ``dst`` and committed with a journal, so ``dst`` holds the old
     tree or the whole new one, never a mix; the source is only read. Without ``overwrite`` an
     existing tree at ``dst`` is refused.
     """
