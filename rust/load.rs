@@ -92,7 +92,7 @@ fn read_meta(dir: &Dir) -> Result<NodeMeta> {
         .read_limited(layout::META_FILE, layout::META_LIMIT)
         .map_err(|e| match e.raw_os_error() {
             #[cfg(unix)]
-            Some(libc::ELOOP) => Error::invalid(&path, "meta.json is a symlink; refusing to follow it"),
+            Some(libc::ELOOP) => Error::symlink(&path, "meta.json is a symlink; refusing to follow it"),
             _ if e.kind() == io::ErrorKind::InvalidData => Error::invalid(&path, e.to_string()),
             _ if e.kind() == io::ErrorKind::Other => Error::invalid(&path, e.to_string()),
             _ => Error::io(&path, e),
@@ -109,7 +109,7 @@ fn open_child_dir(parent: &Dir, key: &str) -> Result<Dir> {
             &path,
             format!("the sub-directory of key {key:?} is missing"),
         )),
-        EntryKind::Symlink => Err(Error::invalid(
+        EntryKind::Symlink => Err(Error::symlink(
             &path,
             format!("key {key:?} is a symlink; refusing to follow it"),
         )),
@@ -216,7 +216,7 @@ fn check_leaf(dir: &Dir, job: &LeafJob) -> Result<(std::fs::File, bool)> {
     let what = &job.label;
     let (file, writable) = dir.open_file(&job.name).map_err(|e| match e.raw_os_error() {
         #[cfg(unix)]
-        Some(libc::ELOOP) => Error::invalid(
+        Some(libc::ELOOP) => Error::symlink(
             &path,
             format!("the data file of {what} is a symlink; refusing to follow it"),
         ),

@@ -16,8 +16,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._native import (
+    FileExistsRuntimeError,
     InvalidDirectoryError,
     InvalidTreeError,
+    LockedError,
+    SymlinkError,
     TensorDictError,
     UnsupportedFormatError,
 )
@@ -31,10 +34,13 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "FileExistsRuntimeError",
     "InvalidDirectoryError",
     "InvalidTreeError",
+    "LockedError",
     "MemoryMappedTensor",
     "NonTensorData",
+    "SymlinkError",
     "TensorDict",
     "TensorDictError",
     "UnsupportedFormatError",

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
-from ._locking import LOCK_ERROR
+from ._locking import locked_error
 from ._walk import leaves, map_leaves
 
 
@@ -52,7 +52,7 @@ class DeviceMoves:
 
         if inplace:
             if self._is_locked:
-                raise RuntimeError(LOCK_ERROR)
+                raise locked_error()
             for td, key, leaf in list(leaves(tree)):
                 td._tensordict[key] = move(leaf)
             self._set_device_tree(target)

@@ -12,7 +12,7 @@ import torch
 
 from . import _gather, _index, _safetensors
 from ._devices import DeviceMoves, _normalize_device
-from ._locking import LOCK_ERROR, Lockable
+from ._locking import Lockable, locked_error
 from ._persistence import MemoryMapped
 from ._repr import compact_repr
 from ._sharing import Shareable, register
@@ -240,7 +240,7 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
         if not isinstance(key, str):
             raise TypeError(f"keys are str, got {key!r}")
         if self._is_locked:
-            raise RuntimeError(LOCK_ERROR)
+            raise locked_error()
         self._tensordict[key] = self._convert(key, value, non_blocking) if validate else value
 
     def _sub(self, path: tuple[str, ...], create: bool) -> TensorDict:
@@ -395,7 +395,7 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
 
     def __delitem__(self, key: Key) -> None:
         if self._is_locked:
-            raise RuntimeError(LOCK_ERROR)
+            raise locked_error()
         path = _as_key(key)
         del self._sub(path[:-1], create=False)._tensordict[path[-1]]
 
