@@ -27,6 +27,7 @@ from ._native import (
 from .verify import verify
 
 if TYPE_CHECKING:
+    from ._persistence import TensorDictFuture
     from ._tree import NonTensorData
     from .memmap import MemoryMappedTensor
     from .tensordict import TensorDict
@@ -43,6 +44,7 @@ __all__ = [
     "SymlinkError",
     "TensorDict",
     "TensorDictError",
+    "TensorDictFuture",
     "UnsupportedFormatError",
     "__version__",
     "verify",
@@ -52,6 +54,7 @@ _LAZY = {
     "MemoryMappedTensor": ".memmap",
     "NonTensorData": "._tree",
     "TensorDict": ".tensordict",
+    "TensorDictFuture": "._persistence",
 }
 
 

@@ -323,7 +323,7 @@ class MemoryMappedTensor(torch.Tensor):
             storage = storage.untyped()
         dtype = dtype or torch.get_default_dtype()
         flat = torch.empty(0, dtype=dtype)
-        flat.set_(storage, 0, (storage.nbytes() // _itemsize(dtype),))
+        flat.set_(storage, 0, torch.Size([storage.nbytes() // _itemsize(dtype)]), (1,))
         nested = None if shape is None else _nested_shape(shape)
         if shape is None:
             view = flat
@@ -581,11 +581,9 @@ def _view_handler(
 
 def _open_or_create(filename: str, nbytes: int) -> _native.Buffer:
     """Maps ``filename``; a missing file is created first (zero-filled, exactly ``nbytes``)."""
-    try:
-        return _native.open_file(filename, nbytes)
-    except FileNotFoundError:
-        pass
-    try:
-        return _native.write_file(filename, 0, nbytes, existsok=False)
-    except FileExistsError:  # made by another process in between: map that one
-        return _native.open_file(filename, nbytes)
+    if not os.path.lexists(filename):
+        try:
+            return _native.write_file(filename, 0, nbytes, existsok=False)
+        except FileExistsError:  # made by another process in between: map that one
+            pass
+    return _native.open_file(filename, nbytes)
