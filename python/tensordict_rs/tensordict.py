@@ -617,7 +617,6 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
     detach_ = _pointwise.detach_
     contiguous = _pointwise.contiguous
     to_tensordict = _pointwise.to_tensordict
-    pin_memory = _pointwise.pin_memory
     # operators (+, +=, -, <, ~, ...) and the casts float(), int(), bool(), ...: set below
 
     def clone(self, recurse: bool = True) -> TensorDict:

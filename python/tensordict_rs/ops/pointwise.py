@@ -442,12 +442,3 @@ def contiguous(td: TensorDict, *, canonical: bool = False, inplace: bool = False
 def to_tensordict(td: TensorDict, *, retain_none: bool | None = None) -> TensorDict:
     """A plain TensorDict with copies of every tensor: not memory-mapped, not locked."""
     return map_leaves(td, lambda t: t.clone().as_subclass(torch.Tensor))
-
-
-def pin_memory(td: TensorDict, num_threads: int | None = None, inplace: bool = False) -> TensorDict:
-    """Every leaf in page-locked memory (needs an accelerator; torch raises without one)."""
-    if inplace:
-        for tree, key, leaf in list(leaves(td)):
-            tree._tensordict[key] = leaf.pin_memory()
-        return td
-    return map_leaves(td, lambda t: t.pin_memory(), lock=True)
