@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 import tensordict as ref
 import tensordict.tensordict as ref_tensordict_module
-import torch
-from torch import nn
-
 import tensordict_rs as rs
 import tensordict_rs.tensordict as rs_tensordict_module
+import torch
+from torch import nn
 
 PACKAGES = [(rs, rs_tensordict_module), (ref, ref_tensordict_module)]
 
