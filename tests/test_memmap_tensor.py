@@ -235,7 +235,9 @@ def test_from_filename_creates_a_missing_file_and_refuses_a_short_one(tmp_path: 
     assert missing.stat().st_size == 12 and made.tolist() == [0.0, 0.0, 0.0]
     assert made.filename == str(missing)
     with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "no" / "dir"))):
-        MemoryMappedTensor.from_filename(tmp_path / "no" / "dir" / "x", dtype=torch.uint8, shape=(1,))
+        MemoryMappedTensor.from_filename(
+            tmp_path / "no" / "dir" / "x", dtype=torch.uint8, shape=(1,)
+        )
     short = tmp_path / "short.memmap"
     short.write_bytes(bytes(8))
     with pytest.raises((OSError, TensorDictError), match=re.escape(str(short))):
