@@ -10,7 +10,13 @@ use std::path::{Path, PathBuf};
 #[cfg(feature = "python")]
 use pyo3::create_exception;
 #[cfg(feature = "python")]
-use pyo3::exceptions::{PyException, PyOSError};
+use pyo3::exceptions::{PyException, PyFileExistsError, PyOSError, PyRuntimeError};
+#[cfg(feature = "python")]
+use pyo3::prelude::*;
+#[cfg(feature = "python")]
+use pyo3::sync::PyOnceLock;
+#[cfg(feature = "python")]
+use pyo3::types::{PyDict, PyTuple, PyType};
 #[cfg(feature = "python")]
 use pyo3::PyErr;
 
@@ -43,6 +49,79 @@ create_exception!(
     "A TensorDict cannot be saved as given: reserved key, colliding file names, bad shape."
 );
 
+// Errors that tensordict raises as `RuntimeError` are `RuntimeError`s here too, and also the
+// precise class: `except RuntimeError` (code written for tensordict) and `except
+// FileExistsError` / `except InvalidTreeError` both catch them. create_exception! takes one
+// base, so these are made with `type(name, bases, namespace)` once, on first use.
+#[cfg(feature = "python")]
+static FILE_EXISTS_RUNTIME: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+#[cfg(feature = "python")]
+static SYMLINK: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+#[cfg(feature = "python")]
+static LOCKED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+#[cfg(feature = "python")]
+fn dual_type<'py>(
+    py: Python<'py>,
+    cell: &'static PyOnceLock<Py<PyType>>,
+    name: &str,
+    doc: &str,
+    bases: Vec<Bound<'py, PyType>>,
+) -> PyResult<Bound<'py, PyType>> {
+    cell.get_or_try_init(py, || {
+        let namespace = PyDict::new(py);
+        namespace.set_item("__module__", "tensordict_rs")?;
+        namespace.set_item("__doc__", doc)?;
+        let made = py
+            .get_type::<PyType>()
+            .call1((name, PyTuple::new(py, bases)?, namespace))?;
+        Ok(made.cast_into::<PyType>()?.unbind())
+    })
+    .map(|t| t.bind(py).clone())
+}
+
+#[cfg(feature = "python")]
+/// `FileExistsRuntimeError(FileExistsError, RuntimeError)`: a file or tree that exists where
+/// a new one was asked for (tensordict raises `RuntimeError("... already exists")`).
+pub fn file_exists_runtime_error(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
+    dual_type(
+        py,
+        &FILE_EXISTS_RUNTIME,
+        "FileExistsRuntimeError",
+        "A file or tree already exists where a new one was asked for (FileExistsError, and a RuntimeError as tensordict raises).",
+        vec![py.get_type::<PyFileExistsError>(), py.get_type::<PyRuntimeError>()],
+    )
+}
+
+#[cfg(feature = "python")]
+/// `SymlinkError(InvalidDirectoryError, InvalidTreeError, RuntimeError)`: a symlink where a
+/// file or directory of the tree should be; never followed, to read or to write.
+pub fn symlink_error(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
+    dual_type(
+        py,
+        &SYMLINK,
+        "SymlinkError",
+        "A symlink where a file or directory of a tree should be; it is never followed (a RuntimeError too, as tensordict raises).",
+        vec![
+            py.get_type::<InvalidDirectoryError>(),
+            py.get_type::<InvalidTreeError>(),
+            py.get_type::<PyRuntimeError>(),
+        ],
+    )
+}
+
+#[cfg(feature = "python")]
+/// `LockedError(TensorDictError, RuntimeError)`: a key change on a locked TensorDict.
+pub fn locked_error(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
+    dual_type(
+        py,
+        &LOCKED,
+        "LockedError",
+        "A key was added, removed or replaced in a locked TensorDict (a RuntimeError too, as tensordict raises).",
+        vec![py.get_type::<TensorDictError>(), py.get_type::<PyRuntimeError>()],
+    )
+}
+
 /// Everything that can go wrong in the Rust core. Every variant carries the path it concerns.
 #[derive(Debug)]
 pub enum Error {
@@ -54,6 +133,8 @@ pub enum Error {
     Unsupported { path: PathBuf, message: String },
     /// The tree handed in for saving cannot be stored in the format.
     Tree { path: PathBuf, message: String },
+    /// A symlink at `path`, where the tree has a file or directory: never followed.
+    Symlink { path: PathBuf, message: String },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -91,6 +172,14 @@ impl Error {
         }
     }
 
+    /// A refused-symlink error for `path`.
+    pub fn symlink(path: impl AsRef<Path>, message: impl Into<String>) -> Self {
+        Error::Symlink {
+            path: path.as_ref().to_path_buf(),
+            message: message.into(),
+        }
+    }
+
     /// The OS error number, when this is an I/O error that has one.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
@@ -111,7 +200,8 @@ impl fmt::Display for Error {
             Error::Io { path, source } => write!(f, "{source}: '{}'", path.display()),
             Error::Invalid { path, message }
             | Error::Unsupported { path, message }
-            | Error::Tree { path, message } => write!(f, "{message} ('{}')", path.display()),
+            | Error::Tree { path, message }
+            | Error::Symlink { path, message } => write!(f, "{message} ('{}')", path.display()),
         }
     }
 }
@@ -169,6 +259,14 @@ impl From<Error> for PyErr {
                     None => strerror,
                 };
                 let path = path.to_string_lossy().into_owned();
+                if source.kind() == io::ErrorKind::AlreadyExists {
+                    // tensordict's "The file ... already exists." is a RuntimeError
+                    let errno = errno_for_kind(io::ErrorKind::AlreadyExists);
+                    return Python::attach(|py| match file_exists_runtime_error(py) {
+                        Ok(ty) => PyErr::from_type(ty, (errno, "File already exists", path)),
+                        Err(err) => err,
+                    });
+                }
                 // Windows: the OS code is a Win32 error, not an errno; OSError(errno, strerror,
                 // filename, winerror) maps it to the errno and the subclass, as CPython does.
                 #[cfg(windows)]
@@ -181,6 +279,10 @@ impl From<Error> for PyErr {
             Error::Invalid { .. } => InvalidDirectoryError::new_err(err.to_string()),
             Error::Unsupported { .. } => UnsupportedFormatError::new_err(err.to_string()),
             Error::Tree { .. } => InvalidTreeError::new_err(err.to_string()),
+            Error::Symlink { .. } => Python::attach(|py| match symlink_error(py) {
+                Ok(ty) => PyErr::from_type(ty, err.to_string()),
+                Err(made) => made,
+            }),
         }
     }
 }

@@ -66,6 +66,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         py.get_type::<error::UnsupportedFormatError>(),
     )?;
     m.add("InvalidTreeError", py.get_type::<error::InvalidTreeError>())?;
+    m.add("FileExistsRuntimeError", error::file_exists_runtime_error(py)?)?;
+    m.add("SymlinkError", error::symlink_error(py)?)?;
+    m.add("LockedError", error::locked_error(py)?)?;
     m.add("FORMAT_VERSION", layout::FORMAT_VERSION)?;
     Ok(())
 }

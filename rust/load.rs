@@ -104,7 +104,7 @@ fn read_meta(dir: &Dir) -> Result<NodeMeta> {
         .read_limited(layout::META_FILE, layout::META_LIMIT)
         .map_err(|e| match e.raw_os_error() {
             #[cfg(unix)]
-            Some(libc::ELOOP) => Error::invalid(&path, "meta.json is a symlink; refusing to follow it"),
+            Some(libc::ELOOP) => Error::symlink(&path, "meta.json is a symlink; refusing to follow it"),
             _ if dir::is_not_regular(&e) => Error::invalid(&path, format!("meta.json is {e}")),
             _ if e.kind() == io::ErrorKind::InvalidData => Error::invalid(&path, e.to_string()),
             _ => Error::io(&path, e),
@@ -121,7 +121,7 @@ fn open_child_dir(parent: &Dir, key: &str) -> Result<Dir> {
             &path,
             format!("the sub-directory of key {key:?} is missing"),
         )),
-        EntryKind::Symlink => Err(Error::invalid(
+        EntryKind::Symlink => Err(Error::symlink(
             &path,
             format!("key {key:?} is a symlink; refusing to follow it"),
         )),
@@ -252,7 +252,7 @@ fn check_leaf(dir: &Dir, job: &LeafJob) -> Result<(std::fs::File, bool)> {
     let what = &job.label;
     let (file, writable) = dir.open_file(&job.name).map_err(|e| match e.raw_os_error() {
         #[cfg(unix)]
-        Some(libc::ELOOP) => Error::invalid(
+        Some(libc::ELOOP) => Error::symlink(
             &path,
             format!("the data file of {what} is a symlink; refusing to follow it"),
         ),

@@ -664,9 +664,9 @@ pub fn write_file(path: &Path, data: Option<&[u8]>, nbytes: usize, existsok: boo
     let replace = match dir.kind(&name).map_err(|e| Error::io(&final_path, e))? {
         EntryKind::Missing => false,
         EntryKind::Symlink => {
-            return Err(Error::tree(
+            return Err(Error::symlink(
                 &final_path,
-                "refusing to write a memory-mapped tensor through a symlink",
+                "refusing to write a memory-mapped tensor through symlink",
             ))
         }
         EntryKind::File if existsok => true,

@@ -229,11 +229,15 @@ def test_from_filename(tmp_path: Path) -> None:
     assert as_bytes.tolist() == list(np.array([100, 1], dtype=np.int32).tobytes())
 
 
-def test_from_filename_missing_or_short_file_raises(tmp_path: Path) -> None:
+def test_from_filename_creates_a_missing_file_and_refuses_a_short_one(tmp_path: Path) -> None:
     missing = tmp_path / "missing.memmap"
-    with pytest.raises((OSError, TensorDictError), match=re.escape(str(missing))):
-        MemoryMappedTensor.from_filename(missing, dtype=torch.float32, shape=(3,))
-    assert not missing.exists()
+    made = MemoryMappedTensor.from_filename(missing, dtype=torch.float32, shape=(3,))
+    assert missing.stat().st_size == 12 and made.tolist() == [0.0, 0.0, 0.0]
+    assert made.filename == str(missing)
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "no" / "dir"))):
+        MemoryMappedTensor.from_filename(
+            tmp_path / "no" / "dir" / "x", dtype=torch.uint8, shape=(1,)
+        )
     short = tmp_path / "short.memmap"
     short.write_bytes(bytes(8))
     with pytest.raises((OSError, TensorDictError), match=re.escape(str(short))):

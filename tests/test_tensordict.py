@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import multiprocessing
 import pickle
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensordict_rs import MemoryMappedTensor, NonTensorData, TensorDict
+from tensordict_rs import MemoryMappedTensor, NonTensorData, TensorDict, TensorDictFuture
 
 CPU = torch.device("cpu")
 META = torch.device("meta")
@@ -1188,25 +1187,26 @@ def test_memmap_num_threads(tmp_path: Path, num_threads: int) -> None:
 
 
 def test_memmap_return_early(tmp_prefix: Path) -> None:
+    """As tensordict: a TensorDictFuture with num_threads > 1, else the finished TensorDict."""
     td = make_td()
     future = td.memmap_(tmp_prefix, num_threads=2, return_early=True)
-    assert isinstance(future, concurrent.futures.Future)
-    assert future.result(timeout=30) is td
+    assert isinstance(future, TensorDictFuture)
+    assert future.result() is td
     assert td.is_memmap() and td.is_locked
     assert torch.equal(td["a"], SOURCE_A)
     copy_future = make_td().memmap(num_threads=2, return_early=True)
-    assert isinstance(copy_future, concurrent.futures.Future)
-    copy = copy_future.result(timeout=30)
+    assert isinstance(copy_future, TensorDictFuture)
+    copy = copy_future.result()
     assert isinstance(copy, TensorDict) and copy.is_memmap()
     assert torch.equal(copy["a"], SOURCE_A)
-    like = make_td().memmap_like(return_early=True).result(timeout=30)
-    assert torch.equal(like["a"], torch.zeros_like(SOURCE_A))
+    like = make_td().memmap_like(return_early=True)  # one thread: done on return
+    assert isinstance(like, TensorDict) and torch.equal(like["a"], torch.zeros_like(SOURCE_A))
     # Errors arrive through the future.
     failing = TensorDict({"a": torch.zeros(3)}, [3]).memmap_(
-        tmp_prefix, existsok=False, return_early=True
+        tmp_prefix, existsok=False, return_early=True, num_threads=2
     )
     with pytest.raises(FileExistsError):
-        failing.result(timeout=30)
+        failing.result()
 
 
 def test_memmap_durable(tmp_prefix: Path) -> None:

@@ -16,14 +16,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._native import (
+    FileExistsRuntimeError,
     InvalidDirectoryError,
     InvalidTreeError,
+    LockedError,
+    SymlinkError,
     TensorDictError,
     UnsupportedFormatError,
 )
 from .verify import verify
 
 if TYPE_CHECKING:
+    from ._persistence import TensorDictFuture
     from ._tree import NonTensorData
     from .memmap import MemoryMappedTensor
     from .tensordict import TensorDict
@@ -31,12 +35,16 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "FileExistsRuntimeError",
     "InvalidDirectoryError",
     "InvalidTreeError",
+    "LockedError",
     "MemoryMappedTensor",
     "NonTensorData",
+    "SymlinkError",
     "TensorDict",
     "TensorDictError",
+    "TensorDictFuture",
     "UnsupportedFormatError",
     "__version__",
     "verify",
@@ -46,6 +54,7 @@ _LAZY = {
     "MemoryMappedTensor": ".memmap",
     "NonTensorData": "._tree",
     "TensorDict": ".tensordict",
+    "TensorDictFuture": "._persistence",
 }
 
 

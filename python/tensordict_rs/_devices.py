@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
-from ._locking import LOCK_ERROR
+from ._locking import locked_error
 from ._walk import leaves, map_leaves
 
 
@@ -34,14 +34,14 @@ class DeviceMoves:
 
         Returns ``self`` when only a device is given and it is already this device; otherwise a
         new TensorDict on the target device (locked if this one is). ``inplace=True`` changes
-        this TensorDict instead.
+        this TensorDict instead. ``batch_size=`` alone sets this TensorDict's batch size and
+        returns it, as tensordict does; with a device or dtype the new TensorDict gets it.
         """
         device, dtype, non_blocking, inplace, batch_size = _parse_to(args, kwargs)
-        if batch_size is not None:
-            self.batch_size = batch_size
-            return self
         device = _normalize_device(device)
         if dtype is None and (device is None or device == self._device):
+            if batch_size is not None:
+                self.batch_size = batch_size
             return self
         target = self._device if device is None else device
 
@@ -52,10 +52,12 @@ class DeviceMoves:
 
         if inplace:
             if self._is_locked:
-                raise RuntimeError(LOCK_ERROR)
+                raise locked_error()
             for td, key, leaf in list(leaves(tree)):
                 td._tensordict[key] = move(leaf)
             self._set_device_tree(target)
+            if batch_size is not None:
+                self.batch_size = batch_size
             return self
         out = map_leaves(tree, move, device=target, check=True)
         if (
@@ -65,6 +67,8 @@ class DeviceMoves:
             and torch.cuda.is_available()
         ):
             torch.cuda.synchronize()
+        if batch_size is not None:
+            out.batch_size = batch_size
         if self._is_locked:
             out.lock_()
         return out

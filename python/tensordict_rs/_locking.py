@@ -6,6 +6,8 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Self
 
+from ._native import LockedError
+
 if TYPE_CHECKING:
     from .tensordict import TensorDict
 
@@ -13,6 +15,11 @@ LOCK_ERROR = (
     "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
     "method and make sure the key is present."
 )
+
+
+def locked_error() -> LockedError:
+    """The error of a key change on a locked TensorDict (a RuntimeError, as in tensordict)."""
+    return LockedError(LOCK_ERROR)
 
 
 class Lockable:

@@ -24,12 +24,40 @@ if TYPE_CHECKING:
 PathLike = str | os.PathLike[str]
 
 
-def _maybe_done(future_result: TensorDict, return_early: bool, work: Callable[[], None]) -> Any:
-    """Runs ``work`` now, or in a thread returning a Future when ``return_early``."""
-    if not return_early:
+class TensorDictFuture:
+    """A TensorDict still being written by a background thread, as tensordict returns it.
+
+    ``memmap_``, ``memmap``, ``memmap_like`` and ``save`` return one with ``return_early=True``
+    and ``num_threads > 1`` (otherwise they finish first and return the TensorDict, as
+    tensordict does). ``result()`` waits and returns the TensorDict, or raises the save's error.
+    """
+
+    def __init__(
+        self, futures: list[concurrent.futures.Future[None]], resulting_td: TensorDict
+    ) -> None:
+        """Wraps the writes to wait for and the TensorDict that ``result()`` returns."""
+        self.futures = futures
+        self.resulting_td = resulting_td
+
+    def result(self) -> TensorDict:
+        """Waits for the writes to finish and returns the TensorDict (or raises their error)."""
+        for future in self.futures:
+            future.result()
+        return self.resulting_td
+
+    def done(self) -> bool:
+        """True once every write has finished."""
+        return all(f.done() for f in self.futures)
+
+
+def _maybe_done(
+    future_result: TensorDict, return_early: bool, num_threads: int, work: Callable[[], None]
+) -> Any:
+    """Runs ``work`` now, or in a thread returning a TensorDictFuture (as tensordict does)."""
+    if not (return_early and num_threads > 1):
         work()
         return future_result
-    future: concurrent.futures.Future[TensorDict] = concurrent.futures.Future()
+    future: concurrent.futures.Future[None] = concurrent.futures.Future()
 
     def run() -> None:
         try:
@@ -37,10 +65,10 @@ def _maybe_done(future_result: TensorDict, return_early: bool, work: Callable[[]
         except BaseException as err:  # handed to the caller through the future
             future.set_exception(err)
         else:
-            future.set_result(future_result)
+            future.set_result(None)
 
     threading.Thread(target=run, daemon=True).start()
-    return future
+    return TensorDictFuture([future], future_result)
 
 
 class MemoryMapped:
@@ -87,12 +115,13 @@ class MemoryMapped:
         that would have to is refused first. ``durable=True`` fsyncs everything first.
         ``num_threads`` sets the writer threads (0: one per CPU). ``existsok=False`` refuses to
         replace an existing tree. A failed save leaves this TensorDict as it was.
-        ``return_early=True`` returns a ``concurrent.futures.Future`` of the result.
+        ``return_early=True`` with ``num_threads > 1`` returns a ``TensorDictFuture`` (its
+        ``result()`` waits), as tensordict does; otherwise the save finishes first.
         """
         path = Path(prefix).absolute() if prefix is not None else self._memmap_prefix
         if self._is_memmap and path == self._memmap_prefix and prefix is None:
             self.lock_()
-            return _maybe_done(cast("TensorDict", self), return_early, lambda: None)
+            return _maybe_done(cast("TensorDict", self), return_early, num_threads, lambda: None)
 
         return _save(
             cast("TensorDict", self),
@@ -129,13 +158,21 @@ class MemoryMapped:
         existsok: bool = True,
         durable: bool = False,
     ) -> Any:
-        """Like ``memmap_`` but returns a new memory-mapped TensorDict; this one is unchanged."""
+        """Like ``memmap_`` but returns a new memory-mapped TensorDict; this one is unchanged.
+
+        Of a TensorDict that is memory-mapped already (without a prefix, or with its own saved
+        path) the result holds the same tensors, as in tensordict: ``td.memmap()["a"] is
+        td["a"]``; nothing is copied.
+        """
         path = Path(prefix).absolute() if prefix is not None else None
+        same = self._is_memmap and (path is None or path == self._memmap_prefix)
+        if same:
+            _materialize(self)  # the result shares the tensor objects, not only their memory
         return _save(
             self._structure(),
             path,
             like=False,
-            reuse_maps=False,
+            reuse_maps=same and path is None,
             copy_existing=copy_existing,
             return_early=return_early,
             num_threads=num_threads,
@@ -182,7 +219,16 @@ class MemoryMapped:
 
     @classmethod
     def load_memmap(
-        cls, prefix: PathLike, device: Any = None, non_blocking: bool = False
+        cls,
+        prefix: PathLike,
+        device: Any = None,
+        non_blocking: bool = False,
+        *,
+        out: TensorDict | None = None,
+        robust_key: bool | None = True,
+        mode: str | None = None,
+        num_threads: int = 0,
+        allow_pickle: bool | None = None,
     ) -> TensorDict:
         """Loads a directory saved by ``memmap_``/``memmap``/``memmap_like`` here or by tensordict.
 
@@ -190,18 +236,120 @@ class MemoryMapped:
         shape, a key that would leave the directory or pass a symlink, or pickled data raise an
         exception naming the key and path. Leaves are file-backed MemoryMappedTensors (writes
         reach the files); with a non-CPU ``device`` they are copied there instead (with
-        ``non_blocking``). The result is not locked, as in tensordict.
+        ``non_blocking``). The result is not locked, as in tensordict. ``out`` loads into that
+        TensorDict (see ``load_memmap_``). ``num_threads`` is accepted for tensordict's
+        signature: the whole tree is already opened in one native call.
         """
+        _check_load_options(robust_key, allow_pickle, mode)
+        if out is not None:
+            return cast("TensorDict", out.load_memmap_(prefix))
         target = _normalize_device(device)
         return _tree.load(cast("type[TensorDict]", cls), prefix, target, non_blocking)
 
-    load = load_memmap
+    def save(
+        self,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: bool = False,
+        existsok: bool = True,
+        durable: bool = False,
+    ) -> Any:
+        """``memmap(prefix, ...)``, under tensordict's other name: returns the saved TensorDict
+        (memory-mapped, locked); this one is unchanged. ``TensorDict.load`` reads it back."""
+        return self.memmap(
+            prefix,
+            copy_existing,
+            num_threads=num_threads,
+            return_early=return_early,
+            existsok=existsok,
+            durable=durable,
+        )
+
+    dumps = save
+
+    @classmethod
+    def load(cls, prefix: PathLike, *args: Any, **kwargs: Any) -> TensorDict:
+        """``load_memmap(prefix, ...)``, under tensordict's other name."""
+        return cls.load_memmap(prefix, *args, **kwargs)
+
+    def load_memmap_(
+        self,
+        prefix: PathLike,
+        robust_key: bool | None = True,
+        *,
+        allow_pickle: bool | None = None,
+        mode: str | None = None,
+    ) -> Any:
+        """Loads the tree at ``prefix`` into this TensorDict and returns it.
+
+        As in tensordict: nested TensorDicts are kept (same objects), every leaf is replaced by
+        the loaded one, keys the directory lacks are removed. A memory-mapped TensorDict stays
+        memory-mapped (now at ``prefix``) and locked.
+        """
+        _check_load_options(robust_key, allow_pickle, mode)
+        was_memmap = self._is_memmap
+        if was_memmap:
+            self.unlock_()
+        loaded = type(self).load_memmap(prefix, device=self._device)
+        _replace_entries(self, loaded)
+        if was_memmap:
+            _tree._mark(cast("TensorDict", self), loaded._memmap_prefix)
+            self._lock_tree()
+        return self
+
+    def memmap_refresh_(self, *, allow_pickle: bool | None = None) -> Any:
+        """Loads this memory-mapped TensorDict again from its ``saved_path`` (entries another
+        process added or removed show up); returns it."""
+        if not self._is_memmap or self._memmap_prefix is None:
+            raise RuntimeError(
+                "Cannot refresh a TensorDict that is not memory mapped or has no path associated."
+            )
+        return self.load_memmap_(self._memmap_prefix, allow_pickle=allow_pickle)
 
     def flush(self) -> None:
         """Writes the dirty pages of every file-backed leaf to disk and waits (one native call)."""
         buffers: list[_native.Buffer] = []
         _collect_buffers(self, buffers)
         _native.flush_buffers(buffers)
+
+
+def _check_load_options(
+    robust_key: bool | None, allow_pickle: bool | None, mode: str | None
+) -> None:
+    if robust_key is False:
+        raise ValueError("robust_key=False (tensordict's legacy key encoding) is not supported")
+    if allow_pickle:
+        raise _native.UnsupportedFormatError(
+            "allow_pickle=True: tensordict_rs never loads pickled data (it can run code)"
+        )
+    if mode is not None:
+        raise ValueError(f"mode={mode!r}: files are always mapped read-write where permitted")
+
+
+def _materialize(td: Any) -> None:
+    """Makes the tensors of every lazy leaf, so that trees sharing the entries share them."""
+    for key, value in list(td._tensordict.items()):
+        if type(value) is _LazyLeaf:
+            td._get_str(key)
+        elif isinstance(value, MemoryMapped):
+            _materialize(value)
+
+
+def _replace_entries(td: Any, loaded: Any) -> None:
+    """Gives ``td`` the entries of ``loaded``; nested trees of ``td`` are kept and filled."""
+    td._batch_size = loaded._batch_size
+    td._memmap_prefix = loaded._memmap_prefix
+    items = td._tensordict
+    for key in [k for k in items if k not in loaded._tensordict]:
+        del items[key]
+    for key, value in loaded._tensordict.items():
+        current = items.get(key)
+        if isinstance(value, MemoryMapped) and isinstance(current, MemoryMapped):
+            _replace_entries(current, value)
+        else:
+            items[key] = value
 
 
 def _collect_buffers(td: Any, out: list[_native.Buffer]) -> None:
@@ -245,4 +393,4 @@ def _save(
         )
         target._lock_tree()
 
-    return _maybe_done(target, return_early, work)
+    return _maybe_done(target, return_early, num_threads, work)

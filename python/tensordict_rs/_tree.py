@@ -100,6 +100,18 @@ class _LazyLeaf:
         return _from_buffer(self.buffer, self.dtype, self.shape)
 
 
+def _check_layout(value: torch.Tensor, key: str, path: Path | None) -> None:
+    """Refuses, before anything is written, leaves that the directory format cannot hold."""
+    if value.layout is torch.strided and not value.is_nested:
+        return
+    kind = "a nested tensor" if value.is_nested else f"a {value.layout} tensor"
+    where = "" if path is None else f" (saving to {path})"
+    raise _native.UnsupportedFormatError(
+        f"key {key!r} holds {kind}{where}: memmap saves dense strided tensors only; convert it "
+        "first (t.to_dense(), or torch.stack / padding for nested tensors)"
+    )
+
+
 def value_nbytes(value: Any) -> int:
     """Bytes of a lazy leaf or tensor."""
     return value.buffer.nbytes if type(value) is _LazyLeaf else value.nbytes
@@ -202,6 +214,7 @@ class _Plan:
                 entries.append((NON_TENSOR, key, _json_text(value.data, key)))
                 continue
             elif isinstance(value, torch.Tensor):
+                _check_layout(value, key, path)
                 if cls is MemoryMappedTensor and not self.like:
                     same = self._same_file(value, path / (_native.encode_key(key) + ".memmap"))
                 dtype, shape = value.dtype, tuple(value.shape)
@@ -226,6 +239,8 @@ class _Plan:
             if cls is _LazyLeaf or isinstance(value, torch.Tensor):
                 if self.reuse_maps and (cls is _LazyLeaf or cls is MemoryMappedTensor):
                     continue
+                if cls is not _LazyLeaf:
+                    _check_layout(value, key, None)
                 dtype = value.dtype
                 shape = value.shape if cls is _LazyLeaf else tuple(value.shape)
                 nbytes = value.buffer.nbytes if cls is _LazyLeaf else value.nbytes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,68 @@ __all__ = ["MemoryMappedTensor"]
 PathLike = str | os.PathLike[str]
 
 
-def _tensor_from_buffer(
-    buffer: _native.Buffer, dtype: torch.dtype, shape: Sequence[int]
-) -> torch.Tensor:
+def _is_writable(filename: PathLike) -> bool:
+    """True when this process may write ``filename`` (its permission bits, as tensordict checks)."""
+    return os.access(os.fspath(filename), os.W_OK)
+
+
+Shape = Sequence[int] | torch.Tensor  # a tensor: one row per element of a nested tensor
+
+
+def _numel(shape: Shape) -> int:
+    """Elements of a shape, or of every element of a nested shape."""
+    if isinstance(shape, torch.Tensor):
+        return int(shape.prod(-1).sum()) if shape.numel() else 0
+    return torch.Size(shape).numel()
+
+
+def _shaped(flat: torch.Tensor, shape: Shape) -> torch.Tensor:
+    """``flat`` (1-D, exactly the elements) viewed as ``shape``; a nested view for a nested one."""
+    if isinstance(shape, torch.Tensor):
+        strides, offsets = torch._nested_compute_contiguous_strides_offsets(shape)
+        return torch._nested_view_from_buffer(flat, shape, strides, offsets)
+    return flat.view(tuple(shape))
+
+
+def _nested_shape(value: Any) -> torch.Tensor | None:
+    """The (n, ndim) int64 tensor of a nested shape, when ``value`` is one."""
+    if isinstance(value, torch.Tensor):
+        if value.ndim != 2 or value.is_floating_point():
+            raise ValueError(
+                "a shape given as a tensor is a nested shape: 2-D, one row of ints per element, "
+                f"got {value!r}"
+            )
+        return value.to(torch.int64)
+    return None
+
+
+def _refuse_jagged(tensor: torch.Tensor, where: str = "") -> None:
+    if tensor.is_nested and tensor.layout == torch.jagged:
+        raise _native.UnsupportedFormatError(
+            f"memmap does not store nested tensors with the torch.jagged layout{where}; convert "
+            "it with torch.nested.nested_tensor(list(t.unbind()), layout=torch.strided)"
+        )
+    if tensor.layout not in (torch.strided, torch.jagged):
+        raise _native.UnsupportedFormatError(
+            f"memmap does not store {tensor.layout} tensors{where}; call .to_dense() first"
+        )
+
+
+def _nested_values(tensor: torch.Tensor) -> torch.Tensor:
+    """The elements of a strided nested tensor, flat and contiguous, in element order."""
+    parts = [t.reshape(-1) for t in tensor.unbind()]
+    if not parts:
+        return torch.empty(0, dtype=tensor.dtype)
+    return torch.cat(parts)
+
+
+def _tensor_from_buffer(buffer: _native.Buffer, dtype: torch.dtype, shape: Shape) -> torch.Tensor:
     """Types the flat bytes of ``buffer``; the tensor keeps ``buffer`` (and the map) alive."""
-    return torch.frombuffer(buffer, dtype=dtype).view(tuple(shape))
+    flat = torch.frombuffer(buffer, dtype=dtype)
+    numel = _numel(shape)
+    if flat.numel() != numel:
+        flat = flat[:numel]
+    return _shaped(flat, shape)
 
 
 def _wrap(
@@ -33,9 +91,7 @@ def _wrap(
     return out
 
 
-def _from_buffer(
-    buffer: _native.Buffer, dtype: torch.dtype, shape: Sequence[int]
-) -> MemoryMappedTensor:
+def _from_buffer(buffer: _native.Buffer, dtype: torch.dtype, shape: Shape) -> MemoryMappedTensor:
     return _wrap(_tensor_from_buffer(buffer, dtype, shape), buffer, buffer.filename)
 
 
@@ -53,21 +109,30 @@ def _source_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return src
 
 
-def _empty_result(dtype: torch.dtype, shape: Sequence[int]) -> MemoryMappedTensor:
+def _empty_result(dtype: torch.dtype, shape: Shape) -> MemoryMappedTensor:
     # Empty tensors have no memory map (nothing to map, and frombuffer refuses 0 bytes).
-    return _wrap(torch.empty(tuple(shape), dtype=dtype), None, None)
+    return _wrap(_shaped(torch.empty(0, dtype=dtype), shape), None, None)
 
 
-def _parse_shape(args: tuple[Any, ...], shape: Any) -> tuple[int, ...]:
+def _parse_shape(args: tuple[Any, ...], shape: Any) -> Shape:
     if shape is not None:
         if args:
             raise TypeError("Pass the shape either as positional arguments or as shape=, not both.")
-        return tuple(torch.Size(shape))
+        nested = _nested_shape(shape)
+        return nested if nested is not None else tuple(torch.Size(shape))
     if not args:
         raise TypeError("Could not find the shape argument in the arguments.")
+    if len(args) == 1:
+        nested = _nested_shape(args[0])
+        if nested is not None:
+            return nested
     if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
         return tuple(torch.Size(args[0]))
     return tuple(torch.Size(args))
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _check_device(device: Any) -> None:
@@ -88,6 +153,13 @@ def _rebuild_file(
     return _wrap(base.as_strided(size, stride, offset), buffer, buffer.filename)
 
 
+def _rebuild_nested_file(
+    filename: str, dtype: str, nbytes: int, shape: torch.Tensor
+) -> MemoryMappedTensor:
+    buffer = _native.open_file(filename, nbytes)
+    return _from_buffer(buffer, dtype_from_str(dtype), shape)
+
+
 def _rebuild_plain(tensor: torch.Tensor) -> MemoryMappedTensor:
     return _wrap(tensor, None, None)
 
@@ -104,6 +176,7 @@ class MemoryMappedTensor(torch.Tensor):
 
     _buffer: _native.Buffer | None
     _filename: str | None
+    _storage_bytes: int = 0  # from_storage without a buffer: the bytes of the storage
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
@@ -113,21 +186,39 @@ class MemoryMappedTensor(torch.Tensor):
         *,
         dtype: torch.dtype | None = None,
         shape: Any = None,
-        filename: PathLike | None = None,
+        index: Any = None,
         device: Any = None,
+        handler: _native.Buffer | None = None,
+        filename: PathLike | None = None,
     ) -> MemoryMappedTensor:
-        """Copies ``source`` (a tensor) into a new map; a path source opens that file."""
+        """Copies ``source`` (a tensor, or data such as a list) into a new map.
+
+        A path opens that file (``from_filename``), a storage views it (``from_storage``),
+        ``handler`` (the ``_handler`` of an anonymous map) views that map. A list becomes a
+        tensor of the default dtype, as ``torch.Tensor(list)`` does.
+        """
         if device is not None and torch.device(device).type != "cpu":
             raise ValueError(f"{cls} device must be cpu!")
         if isinstance(source, (str, os.PathLike)):
+            if filename is not None:
+                raise TypeError("Duplicated filename argument.")
             if dtype is None or shape is None:
                 raise TypeError("Opening a file needs dtype= and shape=.")
-            return cls.from_filename(source, dtype=dtype, shape=shape)
+            return cls.from_filename(source, dtype=dtype, shape=shape, index=index)
+        if isinstance(source, torch.UntypedStorage | torch.TypedStorage):
+            return cls.from_storage(
+                source, dtype=dtype, shape=shape, index=index, filename=filename
+            )
+        if handler is not None:
+            if dtype is None or shape is None:
+                raise TypeError("Viewing a handler needs dtype= and shape=.")
+            return _view_handler(handler, dtype, shape, index)
         if not isinstance(source, torch.Tensor):
-            source = torch.as_tensor(source, dtype=dtype)
+            source = torch.as_tensor(source, dtype=dtype or torch.get_default_dtype())
         elif dtype is not None and dtype != source.dtype:
             raise TypeError("Cannot pass new dtype if source is provided.")
-        return cls.from_tensor(source, filename=filename, shape=shape)
+        out = cls.from_tensor(source, filename=filename, shape=shape)
+        return out if index is None else out[index]  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ constructors
 
@@ -169,13 +260,21 @@ class MemoryMappedTensor(torch.Tensor):
                     f"({input._filename}). To copy the tensor onto the new location, "
                     "pass copy_existing=True."
                 )
-        if shape is not None:
-            input = input.expand(tuple(torch.Size(shape)))
-        dtype, size = input.dtype, tuple(input.shape)
-        nbytes = input.numel() * input.element_size()
+        _refuse_jagged(input)
+        size: Shape
+        if input.is_nested:
+            size = input._nested_tensor_size()
+            flat = _nested_values(input) if copy_data else None
+            dtype, nbytes = input.dtype, _numel(size) * input.element_size()
+        else:
+            if shape is not None:
+                input = input.expand(tuple(torch.Size(shape)))
+            flat = input
+            dtype, size = input.dtype, tuple(input.shape)
+            nbytes = input.numel() * input.element_size()
         if nbytes == 0:
             return _empty_result(dtype, size)
-        src = _source_bytes(input) if copy_data else None
+        src = _source_bytes(flat) if copy_data and flat is not None else None
         ptr = src.data_ptr() if src is not None else 0
         if filename is None:
             buffer = _native.anonymous_buffers([(ptr, nbytes)])[0]
@@ -188,19 +287,79 @@ class MemoryMappedTensor(torch.Tensor):
     def from_filename(
         cls, filename: PathLike, dtype: torch.dtype, shape: Any, index: Any = None
     ) -> MemoryMappedTensor:
-        """Maps an existing file as a tensor of ``dtype`` and ``shape``.
+        """Maps the file ``filename`` as a tensor of ``dtype`` and ``shape`` (a nested shape:
+        a 2-D tensor with one row per element).
 
-        The file must hold at least ``shape x itemsize`` bytes (a longer file is fine); a
-        missing or short file raises instead of being created or zero-filled. A read-only file
-        is mapped copy-on-write: writes stay in this process.
+        A file that does not exist yet is created, zero-filled, with exactly the bytes needed.
+        An existing file must hold at least ``shape x itemsize`` bytes (a longer one is fine); a
+        short file raises instead of being grown with zeros. A read-only file is mapped
+        copy-on-write: writes stay in this process.
         """
-        size = tuple(torch.Size(shape))
-        nbytes = torch.Size(size).numel() * torch.empty((), dtype=dtype).element_size()
+        nested = _nested_shape(shape)
+        size: Shape = nested if nested is not None else tuple(torch.Size(shape))
+        nbytes = _numel(size) * _itemsize(dtype)
         if nbytes == 0:
             out = _empty_result(dtype, size)
         else:
-            out = _from_buffer(_native.open_file(os.fspath(filename), nbytes), dtype, size)
+            out = _from_buffer(_open_or_create(os.fspath(filename), nbytes), dtype, size)
         return out if index is None else out[index]  # type: ignore[return-value]
+
+    @classmethod
+    def from_storage(
+        cls,
+        storage: torch.UntypedStorage | torch.TypedStorage,
+        *,
+        shape: Any = None,
+        dtype: torch.dtype | None = None,
+        device: Any = None,
+        index: Any = None,
+        filename: PathLike | None = None,
+        handler: _native.Buffer | None = None,
+    ) -> MemoryMappedTensor:
+        """A MemoryMappedTensor viewing ``storage`` (no copy), e.g. ``t.untyped_storage()`` of
+        another one, as ``shape`` (a nested shape: a 2-D tensor) and ``dtype``.
+
+        ``filename`` names the file the storage maps (it makes the result picklable by path).
+        """
+        _check_device(device)
+        if isinstance(storage, torch.TypedStorage):
+            dtype = dtype or storage.dtype
+            storage = storage.untyped()
+        dtype = dtype or torch.get_default_dtype()
+        flat = torch.empty(0, dtype=dtype)
+        flat.set_(storage, 0, torch.Size([storage.nbytes() // _itemsize(dtype)]), (1,))
+        nested = None if shape is None else _nested_shape(shape)
+        if shape is None:
+            view = flat
+        else:
+            size: Shape = nested if nested is not None else tuple(torch.Size(shape))
+            numel = _numel(size)
+            if numel > flat.numel():
+                raise ValueError(
+                    f"a storage of {storage.nbytes()} bytes cannot hold shape {shape!r} of {dtype}"
+                )
+            view = _shaped(flat[:numel], size)
+        name = None if filename is None else str(Path(filename).absolute())
+        out = _wrap(view, handler, name)
+        out._storage_bytes = storage.nbytes()
+        return out if index is None else out[index]  # type: ignore[return-value]
+
+    @classmethod
+    def from_handler(
+        cls, handler: _native.Buffer, dtype: torch.dtype, shape: Any, index: Any = None
+    ) -> MemoryMappedTensor:
+        """Views the anonymous map ``handler`` (a tensor's ``_handler``) as ``dtype``/``shape``.
+
+        Deprecated in tensordict 0.15 (the handler is private); kept for code and pickles that
+        call it, with the same DeprecationWarning.
+        """
+        warnings.warn(
+            "MemoryMappedTensor.from_handler() is deprecated and will be removed in tensordict "
+            "0.17: the handler is private.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _view_handler(handler, dtype, shape, index)
 
     @classmethod
     def empty(
@@ -216,7 +375,7 @@ class MemoryMappedTensor(torch.Tensor):
         _check_device(device)
         dims = _parse_shape(size, shape)
         dtype = dtype or torch.get_default_dtype()
-        nbytes = torch.Size(dims).numel() * torch.empty((), dtype=dtype).element_size()
+        nbytes = _numel(dims) * _itemsize(dtype)
         if nbytes == 0:
             return _empty_result(dtype, dims)
         if filename is None:
@@ -313,6 +472,11 @@ class MemoryMappedTensor(torch.Tensor):
     # ------------------------------------------------------------------ attributes
 
     @property
+    def _handler(self) -> _native.Buffer | None:
+        """The anonymous map this tensor views (None when file-backed), as in tensordict."""
+        return self._buffer if self._filename is None else None
+
+    @property
     def filename(self) -> str:
         """Absolute path of the backing file; anonymous tensors raise ``RuntimeError``."""
         if self._filename is None:
@@ -332,7 +496,7 @@ class MemoryMappedTensor(torch.Tensor):
         self, memory_format: torch.memory_format = torch.contiguous_format
     ) -> torch.Tensor:  # type: ignore[override]
         """``self`` when already contiguous (still memory-mapped), else a plain copy."""
-        if self.is_contiguous(memory_format=memory_format):
+        if self.is_nested or self.is_contiguous(memory_format=memory_format):
             return self
         return torch.Tensor.contiguous(self, memory_format=memory_format)
 
@@ -340,10 +504,7 @@ class MemoryMappedTensor(torch.Tensor):
 
     def _keep(self, out: Any) -> Any:
         if isinstance(out, torch.Tensor) and not isinstance(out, MemoryMappedTensor):
-            if (
-                out.numel()
-                and out.untyped_storage().data_ptr() == self.untyped_storage().data_ptr()
-            ):
+            if out.numel() and not out.is_nested and _same_memory(self, out):
                 return _wrap(out, self._buffer, self._filename)
         return out
 
@@ -379,13 +540,18 @@ class MemoryMappedTensor(torch.Tensor):
                 "descriptor, or save it to a file first (MemoryMappedTensor.from_tensor(t, "
                 "filename=...), TensorDict.memmap_(prefix=...)) to pickle it by path."
             )
-        assert self._buffer is not None
+        nbytes = self._buffer.nbytes if self._buffer is not None else self._storage_bytes
+        if self.is_nested:
+            return (
+                _rebuild_nested_file,
+                (self._filename, dtype_to_str(self.dtype), nbytes, self._nested_tensor_size()),
+            )
         return (
             _rebuild_file,
             (
                 self._filename,
                 dtype_to_str(self.dtype),
-                self._buffer.nbytes,
+                nbytes,
                 tuple(self.shape),
                 self.stride(),
                 self.storage_offset(),
@@ -394,3 +560,34 @@ class MemoryMappedTensor(torch.Tensor):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
         return self.as_subclass(torch.Tensor).clone()
+
+
+def _same_memory(base: MemoryMappedTensor, view: torch.Tensor) -> bool:
+    """Whether ``view`` lies in the memory of ``base`` (so it is a view of the same map)."""
+    if base._buffer is not None:
+        start = base._buffer.address
+        return start <= view.untyped_storage().data_ptr() < start + base._buffer.nbytes
+    if base.is_nested:
+        return False
+    return bool(view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr())
+
+
+def _view_handler(
+    handler: _native.Buffer, dtype: torch.dtype, shape: Any, index: Any
+) -> MemoryMappedTensor:
+    nested = _nested_shape(shape)
+    size: Shape = nested if nested is not None else tuple(torch.Size(shape))
+    if _numel(size) * _itemsize(dtype) > handler.nbytes:
+        raise ValueError(f"a map of {handler.nbytes} bytes cannot hold shape {shape!r} of {dtype}")
+    out = _from_buffer(handler, dtype, size)
+    return out if index is None else out[index]  # type: ignore[return-value]
+
+
+def _open_or_create(filename: str, nbytes: int) -> _native.Buffer:
+    """Maps ``filename``; a missing file is created first (zero-filled, exactly ``nbytes``)."""
+    if not os.path.lexists(filename):
+        try:
+            return _native.write_file(filename, 0, nbytes, existsok=False)
+        except FileExistsError:  # made by another process in between: map that one
+            pass
+    return _native.open_file(filename, nbytes)

@@ -12,14 +12,16 @@ import torch
 
 from . import _gather, _index, _safetensors
 from ._devices import DeviceMoves, _normalize_device
-from ._locking import LOCK_ERROR, Lockable
+from ._locking import Lockable, locked_error
 from ._persistence import MemoryMapped
 from ._repr import compact_repr
 from ._sharing import Shareable, register
 from ._tree import NonTensorData, TreeNode, _LazyLeaf
 from ._walk import leaves, map_leaves, walk_items, zip_leaves
 from .distributed import Distributed
+from .ops import apply as _apply
 from .ops import keys as _keys
+from .ops import pointwise as _pointwise
 from .ops import shape as _shape
 from .ops import torch_functions as _torch
 
@@ -35,6 +37,19 @@ _CPU = torch.device("cpu")
 
 Key = str | tuple[str, ...]
 PathLike = str | os.PathLike[str]
+
+
+def _leaf_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The shape of a tensor; a nested tensor's ragged dims are -1 (torch has no size for them)."""
+    if not tensor.is_nested:
+        return tuple(tensor.shape)
+    sizes = []
+    for dim in range(tensor.dim()):
+        try:
+            sizes.append(tensor.size(dim))
+        except RuntimeError:
+            sizes.append(-1)
+    return tuple(sizes)
 
 
 def _as_key(key: Key) -> tuple[str, ...]:
@@ -192,7 +207,7 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
         if type(value) is _LazyLeaf:
             return value.shape, value.dtype, _CPU
         if isinstance(value, torch.Tensor):
-            return tuple(value.shape), value.dtype, value.device
+            return _leaf_shape(value), value.dtype, value.device
         return None
 
     def _entry_shape(self, key: str) -> tuple[int, ...] | None:
@@ -231,7 +246,7 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
             return value
         if self._device is not None and value.device != self._device:
             value = value.to(self._device, non_blocking=non_blocking)
-        self._check_batch(key, value.shape)
+        self._check_batch(key, _leaf_shape(value))
         return value
 
     def _set_str(
@@ -240,7 +255,7 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
         if not isinstance(key, str):
             raise TypeError(f"keys are str, got {key!r}")
         if self._is_locked:
-            raise RuntimeError(LOCK_ERROR)
+            raise locked_error()
         self._tensordict[key] = self._convert(key, value, non_blocking) if validate else value
 
     def _sub(self, path: tuple[str, ...], create: bool) -> TensorDict:
@@ -378,7 +393,7 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
         """A new zero-filled entry for ``td[items] = {key: value}`` (tensordict's lazy
         preallocation): the batch size of ``self``, then ``value``'s own dims and dtype."""
         if self._is_locked:
-            raise RuntimeError(LOCK_ERROR)
+            raise locked_error()
         rows = len(_index.indexed_batch_size(self._batch_size, items))
         if isinstance(value, (TensorDict, Mapping)):
             extra = value.batch_size[rows:] if isinstance(value, TensorDict) else ()
@@ -395,7 +410,7 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
 
     def __delitem__(self, key: Key) -> None:
         if self._is_locked:
-            raise RuntimeError(LOCK_ERROR)
+            raise locked_error()
         path = _as_key(key)
         del self._sub(path[:-1], create=False)._tensordict[path[-1]]
 
@@ -552,8 +567,10 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
             data = other_value.data if isinstance(other_value, NonTensorData) else other_value
             return torch.tensor(op(value.data, data)).expand(batch)
 
-        other = dict(other) if isinstance(other, Mapping) else other
-        return map_leaves(self, op, other, non_tensor=non_tensor)
+        other = _pointwise.operand(self, other)  # a tensor broadcasts over the batch dims
+        return map_leaves(
+            self, lambda t, o: op(t, _pointwise.against(o, t)), other, non_tensor=non_tensor
+        )
 
     def __eq__(self, other: object) -> TensorDict:  # type: ignore[override]
         return self._compare(other, lambda a, b: a == b)
@@ -576,25 +593,31 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
         """True when some element of some leaf is true."""
         return any(bool(leaf.any()) for _, _, leaf in leaves(self))
 
-    # ------------------------------------------------------------------ transforms
+    # ------------------------------------------------------------------ ops/apply, ops/pointwise
 
-    def apply(
-        self,
-        fn: Callable[..., Any],
-        *others: TensorDict,
-        batch_size: Any = None,
-        device: Any = _NO_DEFAULT,
-        inplace: bool = False,
-    ) -> TensorDict:
-        """Calls ``fn(leaf, *other_leaves)`` on every tensor leaf; None results are left out.
-
-        Returns a new TensorDict (same batch size and device unless given), or ``self`` with
-        the results copied into its leaves when ``inplace``.
-        """
-        new_device = self._device if device is _NO_DEFAULT else _normalize_device(device)
-        return map_leaves(
-            self, fn, *others, batch_size=batch_size, device=new_device, inplace=inplace, check=True
-        )
+    apply = _apply.apply
+    apply_ = _apply.apply_
+    named_apply = _apply.named_apply
+    zero_ = _pointwise.zero_
+    fill_ = _pointwise.fill_
+    copy_ = _pointwise.copy_
+    set_at_ = _pointwise.set_at_
+    update_at_ = _pointwise.update_at_
+    masked_fill = _pointwise.masked_fill
+    masked_fill_ = _pointwise.masked_fill_
+    add = _pointwise.add
+    add_ = _pointwise.add_
+    sub = _pointwise.sub
+    sub_ = _pointwise.sub_
+    clamp = _pointwise.clamp
+    clamp_min = _pointwise.clamp_min
+    clamp_max = _pointwise.clamp_max
+    lerp = _pointwise.lerp
+    detach = _pointwise.detach
+    detach_ = _pointwise.detach_
+    contiguous = _pointwise.contiguous
+    to_tensordict = _pointwise.to_tensordict
+    # operators (+, +=, -, <, ~, ...) and the casts float(), int(), bool(), ...: set below
 
     def clone(self, recurse: bool = True) -> TensorDict:
         """A copy; with ``recurse`` (default) every tensor is copied too (to plain tensors)."""
@@ -660,6 +683,10 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
 
 
 register(TensorDict)
+
+# Set after the class body so that the casts named float/int/bool do not shadow the builtins there.
+for _name, _method in {**_pointwise.methods(), **_pointwise.CASTS}.items():
+    setattr(TensorDict, _name, _method)
 
 
 def _pairs(source: Mapping[str, Any] | TensorDict) -> Iterator[tuple[str, Any]]:

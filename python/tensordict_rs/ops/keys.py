@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._locking import LOCK_ERROR
+from .._locking import locked_error
 from .._tree import NonTensorData
 from .._walk import KEEP, copy_tree, is_tree
 
@@ -84,7 +84,7 @@ def select(td: TensorDict, *keys: Key, inplace: bool = False, strict: bool = Tru
     if not inplace:
         return result
     if td._is_locked:
-        raise RuntimeError(LOCK_ERROR)
+        raise locked_error()
     td._tensordict = result._tensordict
     return td
 
@@ -94,7 +94,7 @@ def exclude(td: TensorDict, *keys: Key, inplace: bool = False) -> TensorDict:
     ``td`` itself."""
     target = td if inplace else copy_tree(td)
     if inplace and td._is_locked:
-        raise RuntimeError(LOCK_ERROR)
+        raise locked_error()
     for key in _flat_keys(keys):
         path = _path(key)
         node: Any = target
@@ -111,7 +111,7 @@ def rename_key_(td: TensorDict, old_key: Key, new_key: Key, safe: bool = False) 
     """Moves the entry at ``old_key`` to ``new_key``, in place; ``safe``: KeyError when
     ``new_key`` exists. Nested keys may move between nested TensorDicts."""
     if td._is_locked:
-        raise RuntimeError(LOCK_ERROR)
+        raise locked_error()
     old, new = _path(old_key), _path(new_key)
     if safe and new_key in td:
         raise KeyError(f"key {new[-1] if len(new) == 1 else new} already present in TensorDict.")
@@ -132,7 +132,7 @@ def flatten_keys(
     if not inplace:
         return out
     if td._is_locked:
-        raise RuntimeError(LOCK_ERROR)
+        raise locked_error()
     td._tensordict = out._tensordict
     return td
 
@@ -160,7 +160,7 @@ def unflatten_keys(td: TensorDict, separator: str = ".", inplace: bool = False) 
     if not inplace:
         return out
     if td._is_locked:
-        raise RuntimeError(LOCK_ERROR)
+        raise locked_error()
     td._tensordict = out._tensordict
     return td
 

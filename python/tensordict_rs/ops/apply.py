@@ -1,0 +1,223 @@
+"""``apply``, ``named_apply`` and ``apply_``: a user function over every leaf, as tensordict's.
+
+The options of tensordict's ``apply`` that change the walk itself (``default`` for keys the
+other trees lack, ``filter_empty``, ``call_on_nested``, ``out``, ``propagate_lock``) need a
+walk of their own; the plain cases are ``map_leaves``'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._devices import _normalize_device
+from .._tree import NonTensorData, TreeNode
+
+if TYPE_CHECKING:
+    from ..tensordict import TensorDict
+
+NO_DEFAULT: Any = object()
+
+
+def apply(
+    td: TensorDict,
+    fn: Callable[..., Any],
+    *others: Any,
+    batch_size: Sequence[int] | None = None,
+    device: Any = NO_DEFAULT,
+    names: Any = NO_DEFAULT,
+    inplace: bool = False,
+    default: Any = NO_DEFAULT,
+    filter_empty: bool | None = None,
+    propagate_lock: bool = False,
+    call_on_nested: bool = False,
+    out: TensorDict | None = None,
+    **constructor_kwargs: Any,
+) -> TensorDict:
+    """Calls ``fn(leaf, *other_leaves)`` on every tensor leaf; ``None`` results are left out.
+
+    As tensordict's ``apply``: ``others`` are TensorDicts walked with ``td`` (``default``
+    stands in for their missing keys); ``batch_size``/``device`` set the result's; nested
+    TensorDicts left empty are dropped unless ``filter_empty=False``; ``call_on_nested`` hands
+    nested TensorDicts to ``fn`` whole; ``out`` receives the results in place;
+    ``propagate_lock`` locks the result when ``td`` is locked; ``inplace`` writes the results
+    into ``td``'s leaves and returns ``td``.
+    """
+    return _apply(
+        td, fn, others, batch_size, device, names, inplace, default, filter_empty,
+        propagate_lock, call_on_nested, out, constructor_kwargs, named=False, nested_keys=False,
+    )  # fmt: skip
+
+
+def named_apply(
+    td: TensorDict,
+    fn: Callable[..., Any],
+    *others: Any,
+    nested_keys: bool = False,
+    batch_size: Sequence[int] | None = None,
+    device: Any = NO_DEFAULT,
+    names: Any = NO_DEFAULT,
+    inplace: bool = False,
+    default: Any = NO_DEFAULT,
+    filter_empty: bool | None = None,
+    propagate_lock: bool = False,
+    call_on_nested: bool = False,
+    out: TensorDict | None = None,
+    **constructor_kwargs: Any,
+) -> TensorDict:
+    """``apply`` with the key first: ``fn(key, leaf, *other_leaves)``.
+
+    The key is the entry's own name, or with ``nested_keys`` its full key (a str at the top
+    level, a tuple below), as in tensordict.
+    """
+    return _apply(
+        td, fn, others, batch_size, device, names, inplace, default, filter_empty,
+        propagate_lock, call_on_nested, out, constructor_kwargs, named=True,
+        nested_keys=nested_keys,
+    )  # fmt: skip
+
+
+def apply_(td: TensorDict, fn: Callable[..., Any], *others: Any, **kwargs: Any) -> TensorDict:
+    """``apply(fn, *others, inplace=True)``: results are copied into ``td``'s leaves."""
+    return apply(td, fn, *others, inplace=True, **kwargs)
+
+
+def _apply(
+    td: TensorDict,
+    fn: Callable[..., Any],
+    others: tuple[Any, ...],
+    batch_size: Sequence[int] | None,
+    device: Any,
+    names: Any,
+    inplace: bool,
+    default: Any,
+    filter_empty: bool | None,
+    propagate_lock: bool,
+    call_on_nested: bool,
+    out: TensorDict | None,
+    constructor_kwargs: dict[str, Any],
+    *,
+    named: bool,
+    nested_keys: bool,
+) -> TensorDict:
+    lock = bool(constructor_kwargs.pop("lock", False))
+    if constructor_kwargs:
+        raise TypeError(f"apply() got unexpected keyword arguments {sorted(constructor_kwargs)}")
+    if names is not NO_DEFAULT and names is not None and any(n is not None for n in names):
+        raise ValueError("dimension names are not supported by tensordict_rs")
+    walk = _ApplyWalk(fn, default, filter_empty is not False, call_on_nested, named, nested_keys)
+    if inplace or out is not None:
+        target = td if inplace else out
+        walk.into(td, others, target, ())
+        return target  # type: ignore[return-value]
+    batch = td._batch_size if batch_size is None else torch.Size(batch_size)
+    new_device = td._device if device is NO_DEFAULT else _normalize_device(device)
+    result = walk.new(td, others, batch, new_device, ())
+    if lock or (propagate_lock and td._is_locked):
+        result._lock_tree()
+    return result
+
+
+class _ApplyWalk:
+    """One ``apply``: the user function and the options, over the tree and the others."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        default: Any,
+        filter_empty: bool,
+        call_on_nested: bool,
+        named: bool,
+        nested_keys: bool,
+    ) -> None:
+        self.fn = fn
+        self.default = default
+        self.filter_empty = filter_empty
+        self.call_on_nested = call_on_nested
+        self.named = named
+        self.nested_keys = nested_keys
+
+    def _others(self, others: tuple[Any, ...], key: str) -> list[Any]:
+        rest = []
+        for other in others:
+            if isinstance(other, TreeNode):
+                if key in other._tensordict:
+                    rest.append(other._get_str(key))
+                elif self.default is not NO_DEFAULT:
+                    rest.append(self.default)
+                else:
+                    raise KeyError(
+                        f'key "{key}" not found in the other TensorDict, which has keys '
+                        f"{sorted(other._tensordict)}; pass default= to apply"
+                    )
+            else:
+                rest.append(other)
+        return rest
+
+    def _call(self, path: tuple[str, ...], value: Any, rest: list[Any]) -> Any:
+        if not self.named:
+            return self.fn(value, *rest)
+        key: Any = path[-1]
+        if self.nested_keys and len(path) > 1:
+            key = path
+        return self.fn(key, value, *rest)
+
+    def new(
+        self,
+        td: TensorDict,
+        others: tuple[Any, ...],
+        batch: torch.Size,
+        device: torch.device | None,
+        prefix: tuple[str, ...],
+    ) -> TensorDict:
+        out = type(td)._new_unchecked(batch, device)
+        dims = td.batch_dims
+        for key in list(td._tensordict):
+            value = td._get_str(key)
+            rest = self._others(others, key)
+            path = (*prefix, key)
+            if isinstance(value, TreeNode) and not self.call_on_nested:
+                sub_batch = torch.Size([*batch, *value._batch_size[dims:]])
+                sub_td: Any = value
+                sub = self.new(sub_td, tuple(rest), sub_batch, device, path)
+                if sub._tensordict or not self.filter_empty:
+                    out._tensordict[key] = sub
+                continue
+            if type(value) is NonTensorData:
+                out._tensordict[key] = NonTensorData(value.data)
+                continue
+            result = self._call(path, value, rest)
+            if result is None:
+                continue
+            if isinstance(result, torch.Tensor) and device is not None and result.device != device:
+                result = result.to(device)
+            out._check_batch(
+                key, result.shape if isinstance(result, torch.Tensor) else result.batch_size
+            )
+            out._tensordict[key] = result
+        return out
+
+    def into(
+        self, td: TensorDict, others: tuple[Any, ...], target: Any, prefix: tuple[str, ...]
+    ) -> None:
+        for key in list(td._tensordict):
+            value = td._get_str(key)
+            rest = self._others(others, key)
+            path = (*prefix, key)
+            if isinstance(value, TreeNode) and not self.call_on_nested:
+                self.into(value, tuple(rest), target._get_str(key), path)  # type: ignore[arg-type]
+                continue
+            if type(value) is NonTensorData:
+                continue
+            result = self._call(path, value, rest)
+            if result is None:
+                continue
+            current = target._get_str(key) if key in target._tensordict else None
+            if current is None:
+                target._set_str(key, result)
+            elif isinstance(current, TreeNode):
+                current.update_(result)  # type: ignore[attr-defined]
+            elif result is not current:
+                current.copy_(result)

@@ -1,0 +1,444 @@
+"""Element-wise and in-place operations: arithmetic, comparisons, casts, fills, masks, copies.
+
+Out-of-place operations map every tensor leaf through ``map_leaves`` and, as in tensordict,
+give a locked result for a locked TensorDict (with its exceptions, noted below). In-place
+ones (``zero_``, ``add_``, ``+=``, ``masked_fill_``, ``copy_``, ...) write into the existing
+leaves, so they work on locked and memory-mapped TensorDicts and reach the files. The other
+operand may be a TensorDict (leaves at the same keys), a mapping, a scalar, or a tensor, which
+broadcasts against the batch dims the way tensordict does (left-aligned, then to the right
+over each leaf's own dims).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._tree import NonTensorData, TreeNode
+from .._walk import leaves, map_leaves, zip_leaves
+
+if TYPE_CHECKING:
+    from ..tensordict import TensorDict
+
+# ---------------------------------------------------------------------------- operands
+
+
+def operand(td: TensorDict, other: Any) -> Any:
+    """``other`` ready for the walker: a tree, a dict, a scalar, or a batch-broadcast tensor."""
+    if isinstance(other, TreeNode):
+        return other
+    if isinstance(other, Mapping):
+        return dict(other)
+    if isinstance(other, torch.Tensor) and other.ndim:
+        torch.broadcast_shapes(other.shape, td.batch_size)  # RuntimeError as tensordict's
+        return _BatchTensor(other)
+    return other
+
+
+class _BatchTensor:
+    """A tensor operand aligned with the batch dims: expanded to the right over each leaf."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def against(self, leaf: torch.Tensor) -> torch.Tensor:
+        extra = leaf.ndim - self.tensor.ndim
+        tensor = self.tensor
+        if tensor.device != leaf.device:
+            tensor = tensor.to(leaf.device)
+        return tensor.reshape(*tensor.shape, *([1] * extra)) if extra > 0 else tensor
+
+
+def against(value: Any, leaf: torch.Tensor) -> Any:
+    """An operand from ``operand`` as it applies to ``leaf``."""
+    return value.against(leaf) if type(value) is _BatchTensor else value
+
+
+# tensordict locks the result of an operation on a locked TensorDict for most operations, but
+# not for comparisons, clamp, masked_fill, | and ^, nor when the operand is a tensor: matched.
+
+
+def _binary(
+    fn: Callable[[Any, Any], Any], lock: bool = True
+) -> Callable[[TensorDict, Any], TensorDict]:
+    def method(td: TensorDict, other: Any) -> TensorDict:
+        other = operand(td, other)
+        keep = lock and type(other) is not _BatchTensor
+        return map_leaves(td, lambda t, o: fn(t, against(o, t)), other, lock=keep)
+
+    return method
+
+
+def _reflected(fn: Callable[[Any, Any], Any]) -> Callable[[TensorDict, Any], TensorDict]:
+    def method(td: TensorDict, other: Any) -> TensorDict:
+        other = operand(td, other)
+        keep = type(other) is not _BatchTensor
+        return map_leaves(td, lambda t, o: fn(against(o, t), t), other, lock=keep)
+
+    return method
+
+
+def _inplace(name: str) -> Callable[..., TensorDict]:
+    def method(td: TensorDict, other: Any, **kwargs: Any) -> TensorDict:
+        for leaf, value in list(zip_leaves(td, operand(td, other))):
+            getattr(leaf, name)(against(value, leaf), **kwargs)
+        return td
+
+    return method
+
+
+def _unary(name: str) -> Callable[[TensorDict], TensorDict]:
+    def method(td: TensorDict) -> TensorDict:
+        return map_leaves(td, lambda t: getattr(t, name)(), lock=True)
+
+    return method
+
+
+def _unary_(name: str) -> Callable[[TensorDict], TensorDict]:
+    def method(td: TensorDict) -> TensorDict:
+        for _, _, leaf in list(leaves(td)):
+            getattr(leaf, name)()
+        return td
+
+    return method
+
+
+def _documented(fn: Callable[..., Any], name: str, doc: str) -> Callable[..., Any]:
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return fn
+
+
+# ---------------------------------------------------------------------------- arithmetic
+
+
+def add(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict:
+    """``td + alpha * other`` per leaf (a new TensorDict)."""
+    if alpha is None:
+        return _binary(operator.add)(td, other)
+    return _binary(lambda t, o: torch.add(t, o, alpha=alpha))(td, other)
+
+
+def sub(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict:
+    """``td - alpha * other`` per leaf (a new TensorDict)."""
+    if alpha is None:
+        return _binary(operator.sub)(td, other)
+    return _binary(lambda t, o: torch.sub(t, o, alpha=alpha))(td, other)
+
+
+def add_(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict:
+    """Adds ``alpha * other`` into every leaf, in place; returns ``td``."""
+    return (
+        _inplace("add_")(td, other) if alpha is None else _inplace("add_")(td, other, alpha=alpha)
+    )
+
+
+def sub_(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict:
+    """Subtracts ``alpha * other`` from every leaf, in place; returns ``td``."""
+    return (
+        _inplace("sub_")(td, other) if alpha is None else _inplace("sub_")(td, other, alpha=alpha)
+    )
+
+
+BINARY: dict[str, tuple[Callable[[Any, Any], Any], str]] = {  # locked results
+    "mul": (operator.mul, "``td * other`` per leaf."),
+    "div": (operator.truediv, "``td / other`` per leaf."),
+    "pow": (operator.pow, "``td ** other`` per leaf."),
+    "maximum": (torch.maximum, "The element-wise maximum of ``td`` and ``other``."),
+    "minimum": (torch.minimum, "The element-wise minimum of ``td`` and ``other``."),
+    "__add__": (operator.add, "``td + other``."),
+    "__sub__": (operator.sub, "``td - other``."),
+    "__mul__": (operator.mul, "``td * other``."),
+    "__truediv__": (operator.truediv, "``td / other``."),
+    "__floordiv__": (operator.floordiv, "``td // other``."),
+    "__mod__": (operator.mod, "``td % other``."),
+    "__pow__": (operator.pow, "``td ** other``."),
+    "__and__": (operator.and_, "``td & other``."),
+}
+UNLOCKED_BINARY: dict[str, tuple[Callable[[Any, Any], Any], str]] = {
+    "__or__": (operator.or_, "``td | other``."),
+    "__xor__": (operator.xor, "``td ^ other``."),
+    "__lt__": (operator.lt, "``td < other``: a TensorDict of bools."),
+    "__le__": (operator.le, "``td <= other``: a TensorDict of bools."),
+    "__gt__": (operator.gt, "``td > other``: a TensorDict of bools."),
+    "__ge__": (operator.ge, "``td >= other``: a TensorDict of bools."),
+}
+REFLECTED: dict[str, tuple[Callable[[Any, Any], Any], str]] = {
+    "__radd__": (operator.add, "``other + td``."),
+    "__rsub__": (operator.sub, "``other - td``."),
+    "__rmul__": (operator.mul, "``other * td``."),
+    "__rtruediv__": (operator.truediv, "``other / td``."),
+    "__rfloordiv__": (operator.floordiv, "``other // td``."),
+    "__rmod__": (operator.mod, "``other % td``."),
+    "__rpow__": (operator.pow, "``other ** td``."),
+    "__rand__": (operator.and_, "``other & td``."),
+    "__ror__": (operator.or_, "``other | td``."),
+    "__rxor__": (operator.xor, "``other ^ td``."),
+}
+INPLACE: dict[str, tuple[str, str]] = {
+    "mul_": ("mul_", "Multiplies every leaf by ``other``, in place."),
+    "div_": ("div_", "Divides every leaf by ``other``, in place."),
+    "pow_": ("pow_", "Raises every leaf to ``other``, in place."),
+    "__iadd__": ("add_", "``td += other``: in place, so locked and memory-mapped leaves work."),
+    "__isub__": ("sub_", "``td -= other``, in place."),
+    "__imul__": ("mul_", "``td *= other``, in place."),
+    "__itruediv__": ("div_", "``td /= other``, in place."),
+    "__ipow__": ("pow_", "``td **= other``, in place."),
+    "__iand__": ("bitwise_and_", "``td &= other``, in place."),
+    "__ior__": ("bitwise_or_", "``td |= other``, in place."),
+    "__ixor__": ("bitwise_xor_", "``td ^= other``, in place."),
+}
+UNARY: dict[str, tuple[str, str]] = {
+    "__neg__": ("neg", "``-td``."),
+    "__abs__": ("abs", "``abs(td)``."),
+    "__invert__": ("bitwise_not", "``~td``."),
+    "neg": ("neg", "The negation of every leaf."),
+    "abs": ("abs", "The absolute value of every leaf."),
+    "exp": ("exp", "``exp`` of every leaf."),
+    "log": ("log", "``log`` of every leaf."),
+    "sqrt": ("sqrt", "The square root of every leaf."),
+    "sign": ("sign", "The sign of every leaf."),
+    "sigmoid": ("sigmoid", "The sigmoid of every leaf."),
+    "floor": ("floor", "``floor`` of every leaf."),
+    "ceil": ("ceil", "``ceil`` of every leaf."),
+    "round": ("round", "``round`` of every leaf."),
+}
+UNARY_INPLACE = ("neg_", "abs_", "exp_", "log_", "sqrt_", "sign_", "sigmoid_", "floor_", "ceil_")
+
+
+def methods() -> dict[str, Callable[..., Any]]:
+    """The operator methods of TensorDict, by name (``__add__``, ``mul_``, ``exp``, ...)."""
+    out: dict[str, Callable[..., Any]] = {}
+    for name, (fn, doc) in BINARY.items():
+        out[name] = _documented(_binary(fn), name, doc)
+    for name, (fn, doc) in UNLOCKED_BINARY.items():
+        out[name] = _documented(_binary(fn, lock=False), name, doc)
+    for name, (fn, doc) in REFLECTED.items():
+        out[name] = _documented(_reflected(fn), name, doc)
+    for name, (torch_name, doc) in INPLACE.items():
+        out[name] = _documented(_inplace(torch_name), name, doc)
+    for name, (torch_name, doc) in UNARY.items():
+        out[name] = _documented(_unary(torch_name), name, doc)
+    for name in UNARY_INPLACE:
+        out[name] = _documented(_unary_(name), name, f"``{name[:-1]}`` of every leaf, in place.")
+    return out
+
+
+def clamp(td: TensorDict, min: Any = None, max: Any = None) -> TensorDict:
+    """Every leaf clamped to ``[min, max]`` (scalars, tensors or TensorDicts)."""
+    return map_leaves(
+        td,
+        lambda t, lo, hi: torch.clamp(t, against(lo, t), against(hi, t)),
+        operand(td, min),
+        operand(td, max),
+    )
+
+
+def clamp_min(td: TensorDict, min: Any) -> TensorDict:
+    """Every leaf clamped from below."""
+    return clamp(td, min=min)
+
+
+def clamp_max(td: TensorDict, max: Any) -> TensorDict:
+    """Every leaf clamped from above."""
+    return clamp(td, max=max)
+
+
+def lerp(td: TensorDict, end: Any, weight: Any) -> TensorDict:
+    """``td + weight * (end - td)`` per leaf."""
+    return map_leaves(
+        td,
+        lambda t, e, w: torch.lerp(t, against(e, t), against(w, t)),
+        operand(td, end),
+        operand(td, weight),
+        lock=True,
+    )
+
+
+# ---------------------------------------------------------------------------- casts
+
+
+def _cast(dtype: torch.dtype, name: str) -> Callable[..., TensorDict]:
+    def method(td: TensorDict, *, cast_filter: Callable[..., bool] | None = None) -> TensorDict:
+        if cast_filter is None:
+            return map_leaves(td, lambda t: t.to(dtype), lock=True)
+        return _cast_filtered(td, dtype, cast_filter, ())
+
+    return _documented(
+        method,
+        name,
+        f"Every tensor leaf cast to ``{dtype}`` (a new TensorDict). ``cast_filter(key, leaf)`` "
+        "(key: a tuple) chooses the leaves to cast; the others are kept as they are.",
+    )
+
+
+def _cast_filtered(
+    td: TensorDict, dtype: torch.dtype, keep: Callable[..., bool], prefix: tuple[str, ...]
+) -> TensorDict:
+    out = type(td)._new_unchecked(td._batch_size, td._device)
+    for key in list(td._tensordict):
+        value = td._get_str(key)
+        if isinstance(value, TreeNode):
+            out._tensordict[key] = _cast_filtered(value, dtype, keep, (*prefix, key))  # type: ignore[arg-type]
+        elif type(value) is NonTensorData:
+            out._tensordict[key] = NonTensorData(value.data)
+        else:
+            out._tensordict[key] = value.to(dtype) if keep((*prefix, key), value) else value
+    if td._is_locked:
+        out._lock_tree()
+    return out
+
+
+CASTS = {
+    "float": _cast(torch.float32, "float"),
+    "double": _cast(torch.float64, "double"),
+    "half": _cast(torch.float16, "half"),
+    "bfloat16": _cast(torch.bfloat16, "bfloat16"),
+    "int": _cast(torch.int32, "int"),
+    "long": _cast(torch.int64, "long"),
+    "bool": _cast(torch.bool, "bool"),
+}
+
+
+# ---------------------------------------------------------------------------- in place
+
+
+def zero_(td: TensorDict) -> TensorDict:
+    """Zeros every tensor leaf in place (locked and memory-mapped leaves too); returns ``td``."""
+    for _, _, leaf in list(leaves(td)):
+        leaf.zero_()
+    return td
+
+
+def fill_(td: TensorDict, key: Any, value: float | bool) -> TensorDict:
+    """Fills the entry at ``key`` with ``value`` in place (every leaf of a nested TensorDict)."""
+    entry = td.get(key)
+    if isinstance(entry, TreeNode):
+        for _, _, leaf in list(leaves(entry)):
+            leaf.fill_(value)
+    else:
+        entry.fill_(value)
+    return td
+
+
+def copy_(td: TensorDict, tensordict: Any, non_blocking: bool = False) -> TensorDict:
+    """Copies every leaf of ``tensordict`` into the leaf at the same key of ``td``; returns td."""
+    if not isinstance(tensordict, TreeNode):
+        tensordict = type(td)(dict(tensordict), td.batch_size)
+    for source, target in list(zip_leaves(tensordict, td)):
+        if isinstance(target, TreeNode):
+            raise KeyError("copy_: a leaf of the source is a nested TensorDict in the target")
+        target.copy_(source, non_blocking=non_blocking)
+    return td
+
+
+def set_at_(
+    td: TensorDict, key: Any, value: Any, index: Any, *, non_blocking: bool = False
+) -> TensorDict:
+    """Writes ``value`` into rows ``index`` of the existing entry at ``key``; returns ``td``."""
+    entry = td.get(key)
+    if isinstance(entry, TreeNode):
+        entry[index] = value  # type: ignore[index]
+    elif isinstance(value, torch.Tensor) and value.device != entry.device:
+        entry[index] = value.to(entry.device, non_blocking=non_blocking)
+    else:
+        entry[index] = value
+    return td
+
+
+def update_at_(
+    td: TensorDict,
+    input_dict_or_td: Any,
+    idx: Any,
+    clone: bool = False,
+    *,
+    non_blocking: bool = False,
+    keys_to_update: Sequence[Any] | None = None,
+) -> TensorDict:
+    """Writes every entry of ``input_dict_or_td`` into rows ``idx`` of the existing entries.
+
+    ``keys_to_update`` limits the keys written; ``clone`` copies the values first.
+    """
+    wanted = None if keys_to_update is None else {_key_tuple(k) for k in keys_to_update}
+    for key, value in _flat_items(input_dict_or_td, ()):
+        if wanted is not None and not any(key[: len(w)] == w for w in wanted):
+            continue
+        if clone and isinstance(value, torch.Tensor):
+            value = value.clone()
+        set_at_(td, key, value, idx, non_blocking=non_blocking)
+    return td
+
+
+def _key_tuple(key: Any) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _flat_items(source: Any, prefix: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
+    items = (
+        [(k, source._get_str(k)) for k in list(source._tensordict)]
+        if isinstance(source, TreeNode)
+        else list(source.items())
+    )
+    out: list[tuple[tuple[str, ...], Any]] = []
+    for key, value in items:
+        path = (*prefix, *_key_tuple(key))
+        if isinstance(value, (TreeNode, Mapping)):
+            out.extend(_flat_items(value, path))
+        elif type(value) is not NonTensorData:
+            out.append((path, value))
+    return out
+
+
+def _mask_for(mask: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
+    if mask.device != leaf.device:
+        mask = mask.to(leaf.device)
+    return mask.reshape(*mask.shape, *([1] * (leaf.ndim - mask.ndim))).expand_as(leaf)
+
+
+def masked_fill_(td: TensorDict, mask: torch.Tensor, value: float | bool) -> TensorDict:
+    """Fills, in place, the rows where ``mask`` (over the leading batch dims) is true."""
+    for _, _, leaf in list(leaves(td)):
+        leaf.masked_fill_(_mask_for(mask, leaf), value)
+    return td
+
+
+def masked_fill(td: TensorDict, mask: torch.Tensor, value: float | bool) -> TensorDict:
+    """A new TensorDict with the rows where ``mask`` is true set to ``value``."""
+    return map_leaves(td, lambda t: t.masked_fill(_mask_for(mask, t), value))
+
+
+# ---------------------------------------------------------------------------- copies and views
+
+
+def detach(td: TensorDict) -> TensorDict:
+    """Every leaf detached from autograd (views; locked when ``td`` is)."""
+    return map_leaves(td, lambda t: t.detach(), lock=True)
+
+
+def detach_(td: TensorDict) -> TensorDict:
+    """Detaches every leaf in place; returns ``td``."""
+    for _, _, leaf in list(leaves(td)):
+        leaf.detach_()
+    return td
+
+
+def contiguous(td: TensorDict, *, canonical: bool = False, inplace: bool = False) -> TensorDict:
+    """Every leaf contiguous; a new, unlocked TensorDict (``inplace``: ``td``'s entries replaced).
+
+    Contiguous memory-mapped leaves stay memory-mapped views, as in tensordict.
+    """
+    if inplace:
+        for tree, key, leaf in list(leaves(td)):
+            tree._tensordict[key] = leaf.contiguous()
+        return td
+    return map_leaves(td, lambda t: t.contiguous())
+
+
+def to_tensordict(td: TensorDict, *, retain_none: bool | None = None) -> TensorDict:
+    """A plain TensorDict with copies of every tensor: not memory-mapped, not locked."""
+    return map_leaves(td, lambda t: t.clone().as_subclass(torch.Tensor))
