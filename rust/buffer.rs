@@ -138,10 +138,25 @@ impl Buffer {
         self.region.tree()
     }
 
-    /// Absolute path of the backing file, or None for anonymous memory.
+    /// Absolute path of the backing file, or None for anonymous memory and archive leaves.
     #[getter]
     fn filename(&self) -> Option<String> {
+        if self.region.is_archive() {
+            return None;
+        }
         self.region.path().map(|p| p.to_string_lossy().into_owned())
+    }
+
+    /// For a leaf of a `.tdz` archive: `(path, (device, inode), offset, shared)`, what a pickle
+    /// needs to map the same bytes again; None otherwise.
+    #[getter]
+    fn archive(&self) -> Option<(String, (u64, u64), usize, bool)> {
+        if !self.region.is_archive() {
+            return None;
+        }
+        let path = self.region.path()?.to_string_lossy().into_owned();
+        let shared = self.region.mode() == crate::storage::MapMode::Shared;
+        Some((path, self.region.tree()?, self.offset, shared))
     }
 
     /// Whether writes are allowed through this buffer.

@@ -1,12 +1,14 @@
 //! tensordict-rs native core: memory maps, the memmap directory format, bulk copies.
 //!
-//! `storage`, `dir`, `layout`, `parallel`, `save`, `swap`, `load`, `summary` and
-//! `safetensors_io` are plain Rust (tested by `cargo test`); `buffer` and `api` are the pyo3
-//! boundary; this file only exports.
+//! `storage`, `dir`, `layout`, `parallel`, `save`, `swap`, `load`, `summary`, `safetensors_io`,
+//! `archive` and `archive_write` are plain Rust (tested by `cargo test`); `buffer` and `api` are
+//! the pyo3 boundary; this file only exports.
 
 // The pyo3 boundary is the `python` feature (on by default; off for the Windows tests).
 #[cfg(feature = "python")]
 pub mod api;
+pub mod archive;
+pub mod archive_write;
 #[cfg(feature = "python")]
 pub mod api_gather;
 #[cfg(feature = "python")]
@@ -46,6 +48,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api_gather::gather_rows, m)?)?;
     m.add_function(wrap_pyfunction!(api_gather::copy_packed, m)?)?;
     m.add_function(wrap_pyfunction!(api_gather::packed_arena, m)?)?;
+    m.add_function(wrap_pyfunction!(api::write_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(api::load_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(api::is_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(api::refresh_archive_checksums, m)?)?;
+    m.add_function(wrap_pyfunction!(api::verify_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(api::reopen_archive, m)?)?;
     m.add("TensorDictError", py.get_type::<error::TensorDictError>())?;
     m.add(
         "InvalidDirectoryError",

@@ -30,6 +30,8 @@ pub struct Region {
     path: Option<PathBuf>,
     mode: MapMode,
     tree: Option<(u64, u64)>,
+    /// The whole file of a `.tdz` archive: leaves are parts of it, it is no leaf's own file.
+    archive: bool,
 }
 
 impl std::fmt::Debug for Region {
@@ -75,6 +77,17 @@ impl Region {
         self.tree
     }
 
+    /// Marks the region as the map of a whole `.tdz` archive (see `archive.rs`).
+    pub fn as_archive(mut self) -> Self {
+        self.archive = true;
+        self
+    }
+
+    /// True for the map of a whole `.tdz` archive.
+    pub fn is_archive(&self) -> bool {
+        self.archive
+    }
+
     /// How the region is mapped.
     pub fn mode(&self) -> MapMode {
         self.mode
@@ -118,6 +131,7 @@ pub fn map_file(file: &File, len: usize, path: Option<PathBuf>, mode: MapMode) -
         path,
         mode,
         tree: None,
+        archive: false,
     })
 }
 
@@ -402,6 +416,7 @@ pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
         path: None,
         mode: MapMode::Shared,
         tree: None,
+        archive: false,
     })
 }
 

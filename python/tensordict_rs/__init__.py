@@ -24,6 +24,12 @@ from ._native import (
 from .verify import verify
 
 if TYPE_CHECKING:
+    from ._archive import (
+        is_memmap_archive,
+        pack_memmap,
+        refresh_archive_checksums,
+        unpack_memmap,
+    )
     from ._tree import NonTensorData
     from .memmap import MemoryMappedTensor
     from .tensordict import TensorDict
@@ -39,6 +45,10 @@ __all__ = [
     "TensorDictError",
     "UnsupportedFormatError",
     "__version__",
+    "is_memmap_archive",
+    "pack_memmap",
+    "refresh_archive_checksums",
+    "unpack_memmap",
     "verify",
 ]
 
@@ -46,6 +56,10 @@ _LAZY = {
     "MemoryMappedTensor": ".memmap",
     "NonTensorData": "._tree",
     "TensorDict": ".tensordict",
+    "is_memmap_archive": "._archive",
+    "pack_memmap": "._archive",
+    "refresh_archive_checksums": "._archive",
+    "unpack_memmap": "._archive",
 }
 
 

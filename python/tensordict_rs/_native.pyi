@@ -14,12 +14,18 @@ __all__ = [
     "encode_key",
     "flush_buffers",
     "gather_rows",
+    "is_archive",
+    "load_archive",
     "load_tree",
     "open_file",
     "packed_arena",
     "read_safetensors",
+    "refresh_archive_checksums",
+    "reopen_archive",
     "tree_is_current",
     "tree_summary",
+    "verify_archive",
+    "write_archive",
     "verify_tree",
     "write_file",
     "write_safetensors",
@@ -47,6 +53,8 @@ class Buffer:
     def filename(self) -> str | None: ...
     @property
     def writable(self) -> bool: ...
+    @property
+    def archive(self) -> tuple[str, tuple[int, int], int, bool] | None: ...
     def flush(self) -> None: ...
     def __len__(self) -> int: ...
 
@@ -73,3 +81,24 @@ def gather_rows(
 ) -> None: ...
 def copy_packed(table: Any, buffer_address: int, buffer_len: int, pack: bool) -> None: ...
 def packed_arena(nbytes: int, slices: Any) -> tuple[Buffer, list[Buffer]]: ...
+def write_archive(
+    path: str,
+    tree: Any,
+    *,
+    existsok: bool = True,
+    durable: bool = False,
+    num_threads: int = 0,
+    shared: bool = False,
+    compression: int = 0,
+    level: int = 6,
+    dos_time: tuple[int, int] = (0, 33),
+) -> list[Buffer | None]: ...
+def load_archive(
+    path: str, *, shared: bool = False
+) -> tuple[Any, list[Buffer | None], list[str]]: ...
+def is_archive(path: str) -> bool: ...
+def refresh_archive_checksums(path: str, *, num_threads: int = 0) -> list[str]: ...
+def verify_archive(path: str) -> list[str]: ...
+def reopen_archive(
+    path: str, identity: tuple[int, int], offset: int, nbytes: int, shared: bool
+) -> Buffer: ...

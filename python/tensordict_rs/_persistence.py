@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from . import _native, _tree
+from . import _archive, _native, _tree
 from ._devices import _normalize_device
 from ._tree import NonTensorData, _LazyLeaf
 from .memmap import MemoryMappedTensor
@@ -75,6 +75,8 @@ class MemoryMapped:
         return_early: bool = False,
         existsok: bool = True,
         durable: bool = False,
+        archive: bool | None = None,
+        compression: str | int | None = None,
     ) -> Any:
         """Moves every tensor into memory maps, in place, then locks the keys; returns self.
 
@@ -85,11 +87,17 @@ class MemoryMapped:
         ``num_threads`` sets the writer threads (0: one per CPU). ``existsok=False`` refuses to
         replace an existing tree. A failed save leaves this TensorDict as it was.
         ``return_early=True`` returns a ``concurrent.futures.Future`` of the result.
+        With ``archive=True`` or a prefix ending in ``.tdz`` the tree is one zip archive (see
+        ``_archive``), its leaves views of it; ``compression="deflate"`` compresses them.
         """
         path = Path(prefix).absolute() if prefix is not None else self._memmap_prefix
         if self._is_memmap and path == self._memmap_prefix and prefix is None:
             self.lock_()
             return _maybe_done(cast("TensorDict", self), return_early, lambda: None)
+        if _archive.wanted(path, archive, compression):
+            return _to_archive(
+                self, path, return_early, False, True, compression, existsok, durable, num_threads
+            )
 
         return _save(
             cast("TensorDict", self),
@@ -125,9 +133,27 @@ class MemoryMapped:
         return_early: bool = False,
         existsok: bool = True,
         durable: bool = False,
+        archive: bool | None = None,
+        compression: str | int | None = None,
     ) -> Any:
-        """Like ``memmap_`` but returns a new memory-mapped TensorDict; this one is unchanged."""
+        """Like ``memmap_`` but returns a new memory-mapped TensorDict; this one is unchanged.
+
+        To an archive (``archive=True`` or a ``.tdz`` prefix) the result is what tensordict
+        returns, ``load_memmap(prefix)``: unlocked, its leaves copy-on-write views of the file.
+        """
         path = Path(prefix).absolute() if prefix is not None else None
+        if _archive.wanted(path, archive, compression):
+            return _to_archive(
+                self._structure(),
+                path,
+                return_early,
+                False,
+                False,
+                compression,
+                existsok,
+                durable,
+                num_threads,
+            )
         return _save(
             self._structure(),
             path,
@@ -149,15 +175,31 @@ class MemoryMapped:
         return_early: bool = False,
         existsok: bool = True,
         durable: bool = False,
+        archive: bool | None = None,
     ) -> Any:
         """A new locked TensorDict of zero-filled memory maps with the same keys, shapes and
         dtypes (no values copied; source leaves may be on any device, ``meta`` included).
+        To an archive (``archive=True`` or a ``.tdz`` prefix) the result is unlocked and
+        mapped shared, as tensordict's ``load_memmap(prefix, mode="r+")``: writes reach the
+        file (see ``refresh_archive_checksums``).
 
         With ``prefix`` the directory is written atomically like ``memmap_``; an existing tree
         there is replaced by the new, zero-filled one. ``copy_existing`` is accepted for
         tensordict's signature; since no values are copied it changes nothing.
         """
         path = Path(prefix).absolute() if prefix is not None else None
+        if _archive.wanted(path, archive):
+            return _to_archive(
+                self._structure(),
+                path,
+                return_early,
+                True,
+                False,
+                None,
+                existsok,
+                durable,
+                num_threads,
+            )
         return _save(
             self._structure(),
             path,
@@ -172,7 +214,12 @@ class MemoryMapped:
 
     @classmethod
     def load_memmap(
-        cls, prefix: PathLike, device: Any = None, non_blocking: bool = False
+        cls,
+        prefix: PathLike,
+        device: Any = None,
+        non_blocking: bool = False,
+        *,
+        mode: str | None = None,
     ) -> TensorDict:
         """Loads a directory saved by ``memmap_``/``memmap``/``memmap_like`` here or by tensordict.
 
@@ -181,8 +228,17 @@ class MemoryMapped:
         exception naming the key and path. Leaves are file-backed MemoryMappedTensors (writes
         reach the files); with a non-CPU ``device`` they are copied there instead (with
         ``non_blocking``). The result is not locked, as in tensordict.
+        A file is read as a ``.tdz`` archive: one map, each leaf a view of it, copy-on-write
+        unless ``mode="r+"`` (then writes reach the file).
         """
         target = _normalize_device(device)
+        if os.path.isfile(prefix):
+            return _archive.load(cast("type[TensorDict]", cls), prefix, target, non_blocking, mode)
+        if mode not in (None, "r+"):
+            raise ValueError(
+                f"mode {mode!r}: directories are mapped shared where writable (mode='r+'); "
+                "copy-on-write mode='r' is supported for .tdz archives only"
+            )
         return _tree.load(cast("type[TensorDict]", cls), prefix, target, non_blocking)
 
     load = load_memmap
@@ -204,6 +260,34 @@ def _collect_buffers(td: Any, out: list[_native.Buffer]) -> None:
                 out.append(value._buffer)
         elif isinstance(value, MemoryMapped):
             _collect_buffers(value, out)
+
+
+def _to_archive(
+    target: Any,
+    path: Path,
+    return_early: bool,
+    like: bool,
+    inplace: bool,
+    compression: Any,
+    existsok: bool,
+    durable: bool,
+    num_threads: int,
+) -> Any:
+    """Writes ``target`` as a ``.tdz`` archive at ``path`` (see ``_archive.write``)."""
+    return _maybe_done(
+        target,
+        return_early,
+        lambda: _archive.write(
+            target,
+            path,
+            like=like,
+            inplace=inplace,
+            compression=compression,
+            existsok=existsok,
+            durable=durable,
+            num_threads=num_threads,
+        ),
+    )
 
 
 def _save(
