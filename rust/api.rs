@@ -371,7 +371,7 @@ fn archive_mode(shared: bool) -> storage::MapMode {
 /// tensor leaf in depth-first order (None for empty tensors).
 #[pyfunction]
 #[pyo3(signature = (path, tree, *, existsok = true, durable = false, num_threads = 0, shared = false,
-                    compression = 0, level = 6, dos_time = (0, 33)))]
+                    compression = 0, level = 6, dos_time = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn write_archive(
     py: Python<'_>,
@@ -383,8 +383,10 @@ pub fn write_archive(
     shared: bool,
     compression: u16,
     level: u8,
-    dos_time: (u16, u16),
+    dos_time: Option<(u16, u16)>,
 ) -> PyResult<Vec<Option<Buffer>>> {
+    // (time, date) of 1980-01-01 00:00, zip's epoch, when the caller gives none
+    let dos_time = dos_time.unwrap_or((0, 33));
     let compression = match compression {
         0 => archive::Compression::Stored,
         8 if level <= 10 => archive::Compression::Deflate(level),

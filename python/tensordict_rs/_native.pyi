@@ -25,8 +25,8 @@ __all__ = [
     "tree_is_current",
     "tree_summary",
     "verify_archive",
-    "write_archive",
     "verify_tree",
+    "write_archive",
     "write_file",
     "write_safetensors",
     "write_tree",
@@ -91,7 +91,7 @@ def write_archive(
     shared: bool = False,
     compression: int = 0,
     level: int = 6,
-    dos_time: tuple[int, int] = (0, 33),
+    dos_time: tuple[int, int] | None = None,
 ) -> list[Buffer | None]: ...
 def load_archive(
     path: str, *, shared: bool = False

@@ -264,7 +264,7 @@ def _collect_buffers(td: Any, out: list[_native.Buffer]) -> None:
 
 def _to_archive(
     target: Any,
-    path: Path,
+    path: Path | None,
     return_early: bool,
     like: bool,
     inplace: bool,
@@ -274,6 +274,7 @@ def _to_archive(
     num_threads: int,
 ) -> Any:
     """Writes ``target`` as a ``.tdz`` archive at ``path`` (see ``_archive.write``)."""
+    assert path is not None  # _archive.wanted refuses an archive without a path
     return _maybe_done(
         target,
         return_early,
