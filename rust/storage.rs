@@ -153,7 +153,7 @@ pub fn write_all_at(file: &File, data: &[u8], offset: u64) -> io::Result<()> {
 }
 
 #[cfg(windows)]
-fn write_all_at(file: &File, mut data: &[u8], mut offset: u64) -> io::Result<()> {
+pub fn write_all_at(file: &File, mut data: &[u8], mut offset: u64) -> io::Result<()> {
     use std::os::windows::fs::FileExt;
     while !data.is_empty() {
         let n = file.seek_write(data, offset)?;
