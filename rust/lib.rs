@@ -7,10 +7,10 @@
 // The pyo3 boundary is the `python` feature (on by default; off for the Windows tests).
 #[cfg(feature = "python")]
 pub mod api;
-pub mod archive;
-pub mod archive_write;
 #[cfg(feature = "python")]
 pub mod api_gather;
+pub mod archive;
+pub mod archive_write;
 #[cfg(feature = "python")]
 pub mod buffer;
 pub mod dir;
