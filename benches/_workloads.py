@@ -196,6 +196,39 @@ WORKLOADS: tuple[Workload, ...] = (
         "(context)",
         info=True,
     ),
+    Workload(
+        "tdz_w3_save",
+        ".tdz save W3: 10,000 x 1 KiB leaves in 100 groups, /dev/shm",
+        "us/leaf",
+        "our own directory save (memmap_ to a directory) of the same tree",
+        ">= 20x the reference's .tdz save and faster than our directory save",
+        min_ratio=20.0,
+        min_fraction=1.0,
+    ),
+    Workload(
+        "tdz_w3_load",
+        "load_memmap of a .tdz, W3: 10,000 leaves, /dev/shm",
+        "us/leaf",
+        "one read(2) of the whole archive",
+        ">= 5x",
+        min_ratio=5.0,
+    ),
+    Workload(
+        "tdz_w1_save",
+        ".tdz save W1: 1 GiB in 4 leaves (CRC-32 included), /dev/shm",
+        "GB/s",
+        "write(2) of the same bytes, 2 threads x 2 files",
+        ">= 1.6x",
+        min_ratio=1.6,
+    ),
+    Workload(
+        "tdz_w1_load_read",
+        "load_memmap of a .tdz + first read of every byte, W1 1 GiB, /dev/shm",
+        "GB/s",
+        "reading the resident source tensors",
+        ">= 1.0x",
+        min_ratio=1.0,
+    ),
 )
 
 BY_ID = {w.id: w for w in WORKLOADS}

@@ -144,9 +144,12 @@ impl Buffer {
         self.region.file_id()
     }
 
-    /// Absolute path of the backing file, or None for anonymous memory.
+    /// Absolute path of the backing file, or None for anonymous memory and archive leaves.
     #[getter]
     fn filename(&self) -> Option<String> {
+        if self.region.archive_id().is_some() {
+            return None;
+        }
         self.region.path().map(|p| p.to_string_lossy().into_owned())
     }
 
@@ -171,6 +174,16 @@ impl Buffer {
     #[getter]
     fn region_id(&self) -> usize {
         Arc::as_ptr(&self.region) as usize
+    }
+
+    /// For a leaf of a `.tdz` archive: `(path, (device, inode), offset, shared)`, what a pickle
+    /// needs to map the same bytes again; None otherwise.
+    #[getter]
+    fn archive(&self) -> Option<(String, (u64, u64), usize, bool)> {
+        let identity = self.region.archive_id()?;
+        let path = self.region.path()?.to_string_lossy().into_owned();
+        let shared = self.region.mode() == crate::storage::MapMode::Shared;
+        Some((path, identity, self.offset, shared))
     }
 
     /// Whether writes are allowed through this buffer.

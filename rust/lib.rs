@@ -1,14 +1,16 @@
 //! tensordict-rs native core: memory maps, the memmap directory format, bulk copies.
 //!
-//! `storage`, `shared`, `dir`, `layout`, `parallel`, `save`, `commit`, `load`, `summary` and
-//! `safetensors_io` are plain Rust (tested by `cargo test`); `buffer`, `api` and `api_shared`
-//! are the pyo3 boundary; this file only exports.
+//! `storage`, `shared`, `dir`, `layout`, `parallel`, `save`, `commit`, `load`, `summary`,
+//! `safetensors_io`, `archive` and `archive_write` are plain Rust (tested by `cargo test`);
+//! `buffer`, `api` and `api_shared` are the pyo3 boundary; this file only exports.
 
 // The pyo3 boundary is the `python` feature (on by default; off for the Windows tests).
 #[cfg(feature = "python")]
 pub mod api;
 #[cfg(feature = "python")]
 pub mod api_gather;
+pub mod archive;
+pub mod archive_write;
 #[cfg(feature = "python")]
 pub mod api_shared;
 #[cfg(feature = "python")]
@@ -56,6 +58,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     #[cfg(unix)]
     m.add_function(wrap_pyfunction!(api_shared::group_shared, m)?)?;
     m.add_function(wrap_pyfunction!(api_shared::open_files, m)?)?;
+    m.add_function(wrap_pyfunction!(api::write_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(api::load_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(api::is_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(api::refresh_archive_checksums, m)?)?;
+    m.add_function(wrap_pyfunction!(api::verify_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(api::reopen_archive, m)?)?;
     m.add("TensorDictError", py.get_type::<error::TensorDictError>())?;
     m.add(
         "InvalidDirectoryError",

@@ -34,6 +34,9 @@ pub struct Region {
     /// memory can be handed to another process. `None` for file maps (they travel by path).
     #[cfg(unix)]
     fd: Option<std::os::fd::OwnedFd>,
+    /// Device and inode of a whole `.tdz` archive this region maps: leaves are parts of it, it
+    /// is no leaf's own file (so `file` stays None), and pickles reopen it by this identity.
+    archive: Option<(u64, u64)>,
 }
 
 impl std::fmt::Debug for Region {
@@ -89,6 +92,19 @@ impl Region {
         self.fd.as_ref().map(|fd| fd.as_fd())
     }
 
+    /// Marks the region as the map of the whole `.tdz` archive with this device and inode
+    /// (see `archive.rs`).
+    pub fn as_archive(mut self, identity: (u64, u64)) -> Self {
+        self.file = None;
+        self.archive = Some(identity);
+        self
+    }
+
+    /// Device and inode of the whole `.tdz` archive this region maps, if it maps one.
+    pub fn archive_id(&self) -> Option<(u64, u64)> {
+        self.archive
+    }
+
     /// How the region is mapped.
     pub fn mode(&self) -> MapMode {
         self.mode
@@ -138,6 +154,7 @@ pub fn map_file(file: &File, len: usize, path: Option<PathBuf>, mode: MapMode) -
         file,
         #[cfg(unix)]
         fd: None,
+        archive: None,
     })
 }
 
@@ -423,6 +440,7 @@ pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
         path: None,
         mode: MapMode::Shared,
         file: None,
+        archive: None,
     })
 }
 

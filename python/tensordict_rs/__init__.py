@@ -28,6 +28,12 @@ from .verify import verify
 
 if TYPE_CHECKING:
     from ._persistence import TensorDictFuture
+    from ._archive import (
+        is_memmap_archive,
+        pack_memmap,
+        refresh_archive_checksums,
+        unpack_memmap,
+    )
     from ._tree import NonTensorData
     from .memmap import MemoryMappedTensor
     from .tensordict import TensorDict
@@ -47,6 +53,10 @@ __all__ = [
     "TensorDictFuture",
     "UnsupportedFormatError",
     "__version__",
+    "is_memmap_archive",
+    "pack_memmap",
+    "refresh_archive_checksums",
+    "unpack_memmap",
     "verify",
 ]
 
@@ -55,6 +65,10 @@ _LAZY = {
     "NonTensorData": "._tree",
     "TensorDict": ".tensordict",
     "TensorDictFuture": "._persistence",
+    "is_memmap_archive": "._archive",
+    "pack_memmap": "._archive",
+    "refresh_archive_checksums": "._archive",
+    "unpack_memmap": "._archive",
 }
 
 

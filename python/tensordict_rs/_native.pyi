@@ -18,15 +18,21 @@ __all__ = [
     "flush_buffers",
     "gather_rows",
     "group_shared",
+    "is_archive",
+    "load_archive",
     "load_tree",
     "open_file",
     "open_files",
     "packed_arena",
     "read_safetensors",
     "receive_shared",
+    "refresh_archive_checksums",
+    "reopen_archive",
     "shared_regions",
     "tree_summary",
+    "verify_archive",
     "verify_tree",
+    "write_archive",
     "write_file",
     "write_safetensors",
     "write_tree",
@@ -60,6 +66,8 @@ class Buffer:
     def region_id(self) -> int: ...
     @property
     def writable(self) -> bool: ...
+    @property
+    def archive(self) -> tuple[str, tuple[int, int], int, bool] | None: ...
     def flush(self) -> None: ...
     def __len__(self) -> int: ...
 
@@ -97,3 +105,24 @@ def group_shared(
     buffers: list[Buffer],
 ) -> tuple[list[tuple[int, int, list[tuple[int, int]], list[int]]], list[int]]: ...
 def open_files(files: list[tuple[str, int]]) -> list[Buffer]: ...
+def write_archive(
+    path: str,
+    tree: Any,
+    *,
+    existsok: bool = True,
+    durable: bool = False,
+    num_threads: int = 0,
+    shared: bool = False,
+    compression: int = 0,
+    level: int = 6,
+    dos_time: tuple[int, int] | None = None,
+) -> list[Buffer | None]: ...
+def load_archive(
+    path: str, *, shared: bool = False
+) -> tuple[Any, list[Buffer | None], list[str]]: ...
+def is_archive(path: str) -> bool: ...
+def refresh_archive_checksums(path: str, *, num_threads: int = 0) -> list[str]: ...
+def verify_archive(path: str) -> list[str]: ...
+def reopen_archive(
+    path: str, identity: tuple[int, int], offset: int, nbytes: int, shared: bool
+) -> Buffer: ...

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from . import _native, _tree
+from . import _archive, _native, _tree
 from ._devices import _normalize_device
 from ._tree import NonTensorData, _LazyLeaf
 from .memmap import MemoryMappedTensor
@@ -103,6 +103,8 @@ class MemoryMapped:
         return_early: bool = False,
         existsok: bool = True,
         durable: bool = False,
+        archive: bool | None = None,
+        compression: str | int | None = None,
     ) -> Any:
         """Moves every tensor into memory maps, in place, then locks the keys; returns self.
 
@@ -117,11 +119,17 @@ class MemoryMapped:
         replace an existing tree. A failed save leaves this TensorDict as it was.
         ``return_early=True`` with ``num_threads > 1`` returns a ``TensorDictFuture`` (its
         ``result()`` waits), as tensordict does; otherwise the save finishes first.
+        With ``archive=True`` or a prefix ending in ``.tdz`` the tree is one zip archive (see
+        ``_archive``), its leaves views of it; ``compression="deflate"`` compresses them.
         """
         path = Path(prefix).absolute() if prefix is not None else self._memmap_prefix
         if self._is_memmap and path == self._memmap_prefix and prefix is None:
             self.lock_()
             return _maybe_done(cast("TensorDict", self), return_early, num_threads, lambda: None)
+        if _archive.wanted(path, archive, compression):
+            return _to_archive(
+                self, path, return_early, False, True, compression, existsok, durable, num_threads
+            )
 
         return _save(
             cast("TensorDict", self),
@@ -157,6 +165,8 @@ class MemoryMapped:
         return_early: bool = False,
         existsok: bool = True,
         durable: bool = False,
+        archive: bool | None = None,
+        compression: str | int | None = None,
     ) -> Any:
         """Like ``memmap_`` but returns a new memory-mapped TensorDict; this one is unchanged.
 
@@ -168,6 +178,20 @@ class MemoryMapped:
         same = self._is_memmap and (path is None or path == self._memmap_prefix)
         if same:
             _materialize(self)  # the result shares the tensor objects, not only their memory
+        # To an archive (``archive=True`` or a ``.tdz`` prefix) the result is what tensordict
+        # returns, ``load_memmap(prefix)``: unlocked, its leaves copy-on-write views of the file.
+        if _archive.wanted(path, archive, compression):
+            return _to_archive(
+                self._structure(),
+                path,
+                return_early,
+                False,
+                False,
+                compression,
+                existsok,
+                durable,
+                num_threads,
+            )
         return _save(
             self._structure(),
             path,
@@ -190,9 +214,13 @@ class MemoryMapped:
         existsok: bool = True,
         durable: bool = False,
         reserve: bool = True,
+        archive: bool | None = None,
     ) -> Any:
         """A new locked TensorDict of memory maps with the same keys, shapes and dtypes (no
         values copied; source leaves may be on any device, ``meta`` included).
+        To an archive (``archive=True`` or a ``.tdz`` prefix) the result is unlocked and
+        mapped shared, as tensordict's ``load_memmap(prefix, mode="r+")``: writes reach the
+        file (see ``refresh_archive_checksums``).
 
         New maps are zero-filled. With ``prefix``, a data file already there is mapped as it
         is and keeps its content, as in tensordict (which lets you reopen a buffer); a file
@@ -204,6 +232,18 @@ class MemoryMapped:
         are copied it changes nothing.
         """
         path = Path(prefix).absolute() if prefix is not None else None
+        if _archive.wanted(path, archive):
+            return _to_archive(
+                self._structure(),
+                path,
+                return_early,
+                True,
+                False,
+                None,
+                existsok,
+                durable,
+                num_threads,
+            )
         return _save(
             self._structure(),
             path,
@@ -239,11 +279,20 @@ class MemoryMapped:
         ``non_blocking``). The result is not locked, as in tensordict. ``out`` loads into that
         TensorDict (see ``load_memmap_``). ``num_threads`` is accepted for tensordict's
         signature: the whole tree is already opened in one native call.
+        A file is read as a ``.tdz`` archive: one map, each leaf a view of it, copy-on-write
+        unless ``mode="r+"`` (then writes reach the file).
         """
-        _check_load_options(robust_key, allow_pickle, mode)
+        _check_load_options(robust_key, allow_pickle)
         if out is not None:
             return cast("TensorDict", out.load_memmap_(prefix))
         target = _normalize_device(device)
+        if os.path.isfile(prefix):
+            return _archive.load(cast("type[TensorDict]", cls), prefix, target, non_blocking, mode)
+        if mode not in (None, "r+"):
+            raise ValueError(
+                f"mode {mode!r}: directories are mapped shared where writable (mode='r+'); "
+                "copy-on-write mode='r' is supported for .tdz archives only"
+            )
         return _tree.load(cast("type[TensorDict]", cls), prefix, target, non_blocking)
 
     def save(
@@ -288,7 +337,7 @@ class MemoryMapped:
         the loaded one, keys the directory lacks are removed. A memory-mapped TensorDict stays
         memory-mapped (now at ``prefix``) and locked.
         """
-        _check_load_options(robust_key, allow_pickle, mode)
+        _check_load_options(robust_key, allow_pickle)
         was_memmap = self._is_memmap
         if was_memmap:
             self.unlock_()
@@ -315,17 +364,13 @@ class MemoryMapped:
         _native.flush_buffers(buffers)
 
 
-def _check_load_options(
-    robust_key: bool | None, allow_pickle: bool | None, mode: str | None
-) -> None:
+def _check_load_options(robust_key: bool | None, allow_pickle: bool | None) -> None:
     if robust_key is False:
         raise ValueError("robust_key=False (tensordict's legacy key encoding) is not supported")
     if allow_pickle:
         raise _native.UnsupportedFormatError(
             "allow_pickle=True: tensordict_rs never loads pickled data (it can run code)"
         )
-    if mode is not None:
-        raise ValueError(f"mode={mode!r}: files are always mapped read-write where permitted")
 
 
 def _materialize(td: Any) -> None:
@@ -362,6 +407,36 @@ def _collect_buffers(td: Any, out: list[_native.Buffer]) -> None:
                 out.append(value._buffer)
         elif isinstance(value, MemoryMapped):
             _collect_buffers(value, out)
+
+
+def _to_archive(
+    target: Any,
+    path: Path | None,
+    return_early: bool,
+    like: bool,
+    inplace: bool,
+    compression: Any,
+    existsok: bool,
+    durable: bool,
+    num_threads: int,
+) -> Any:
+    """Writes ``target`` as a ``.tdz`` archive at ``path`` (see ``_archive.write``)."""
+    assert path is not None  # _archive.wanted refuses an archive without a path
+    return _maybe_done(
+        target,
+        return_early,
+        num_threads,
+        lambda: _archive.write(
+            target,
+            path,
+            like=like,
+            inplace=inplace,
+            compression=compression,
+            existsok=existsok,
+            durable=durable,
+            num_threads=num_threads,
+        ),
+    )
 
 
 def _save(

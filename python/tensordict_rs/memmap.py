@@ -160,6 +160,23 @@ def _rebuild_nested_file(
     return _from_buffer(buffer, dtype_from_str(dtype), shape)
 
 
+def _rebuild_archive(
+    path: str,
+    identity: tuple[int, int],
+    offset: int,
+    nbytes: int,
+    shared: bool,
+    dtype: str,
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    storage_offset: int,
+) -> MemoryMappedTensor:
+    # every leaf of one archive shares one map of it in this process
+    buffer = _native.reopen_archive(path, identity, offset, nbytes, shared)
+    base = torch.frombuffer(buffer, dtype=dtype_from_str(dtype))
+    return _wrap(base.as_strided(size, stride, storage_offset), buffer, None)
+
+
 def _rebuild_plain(tensor: torch.Tensor) -> MemoryMappedTensor:
     return _wrap(tensor, None, None)
 
@@ -532,6 +549,24 @@ class MemoryMappedTensor(torch.Tensor):
         if self._filename is None:
             if self._buffer is None:
                 return (_rebuild_plain, (self.as_subclass(torch.Tensor).clone(),))
+            archive = self._buffer.archive
+            if archive is not None:
+                # a leaf of a .tdz archive: the archive's path and where the leaf lies in it
+                path, identity, offset, shared = archive
+                return (
+                    _rebuild_archive,
+                    (
+                        path,
+                        identity,
+                        offset,
+                        self._buffer.nbytes,
+                        shared,
+                        dtype_to_str(self.dtype),
+                        tuple(self.shape),
+                        self.stride(),
+                        self.storage_offset(),
+                    ),
+                )
             raise RuntimeError(
                 "An anonymous MemoryMappedTensor cannot be pickled with plain pickle: its memory "
                 "has no name, only a file descriptor, which a pickle cannot carry. Send it "

@@ -14,4 +14,6 @@ def verify(prefix: str | os.PathLike[str]) -> list[str]:
     data file exists, is a regular file and is long enough, that sub-directories exist, and that
     nothing is reached through a symlink. No data is mapped or read.
     """
+    if os.path.isfile(prefix):  # a .tdz archive: structure, tree and every entry's CRC-32
+        return _native.verify_archive(os.fspath(prefix))
     return _native.verify_tree(os.fspath(prefix))
