@@ -276,3 +276,15 @@ def test_out_of_range_rows_like_the_reference(name: str) -> None:
     with pytest.raises(IndexError) as mine:
         op(ours.TensorDict(source, [3, 2]))
     assert str(mine.value) == str(theirs.value)
+
+
+def test_key_membership_like_the_reference() -> None:
+    for pkg in (ours, ref):
+        td = build(pkg)
+        assert ("a",) in td.keys() and "a" in td.keys()
+        assert ("n", "m", "z") in td.keys(include_nested=True)
+        assert ("n", "z") not in td.keys(include_nested=True)
+        assert ("n", "x") not in td.keys()  # tensordict 0.15.3: False, not an error
+        with pytest.raises(TypeError):
+            42 in td.keys()  # noqa: B015
+        assert td.sorted_keys == ["a", "n", "s"]

@@ -81,6 +81,11 @@ SHAPE_OPS = {
     "unbind1": lambda td: td.unbind(1),
     "iter": lambda td: tuple(td),
     "index_then_expand": lambda td: td[0].expand(7, 3),
+    "swapaxes": lambda td: td.swapaxes(0, 1),
+    "flatten_0d": lambda td: td[0, 0].flatten(),
+    "view_dtype": lambda td: td.view(torch.uint8, batch_size=[]),
+    "flatten_inplace": lambda td: td.unlock_().flatten(0, 1, inplace=True),
+    "unflatten_inplace": lambda td: td.unlock_().unflatten(0, (2, 2), inplace=True),
 }
 
 
@@ -105,6 +110,9 @@ SHAPE_ERRORS = {
     "chunk_zero": lambda td: td.chunk(0),
     "unbind_out_of_range": lambda td: td.unbind(2),
     "unflatten_bad": lambda td: td.unflatten(0, (3, 3)),
+    "permute_repeated": lambda td: td.permute(1, 1),
+    "permute_too_many": lambda td: td.permute(2, 1, 0),
+    "flatten_inplace_locked": lambda td: td.lock_().flatten(0, 1, inplace=True),
 }
 
 
@@ -170,3 +178,9 @@ def test_iterating_a_0d_tensordict_raises_like_the_reference() -> None:
         iter(ref.TensorDict({"a": torch.zeros(())}, []))
     with pytest.raises(TypeError):
         iter(ours.TensorDict({"a": torch.zeros(())}, []))
+
+
+def test_inplace_flatten_is_the_same_object() -> None:
+    td = build(ours)
+    assert td.flatten(0, 1, inplace=True) is td and td.batch_size == torch.Size([12])
+    assert td.unflatten(0, (3, 4), inplace=True) is td and td["n", "x"].shape == (3, 4)

@@ -138,6 +138,24 @@ def leaves(td: TreeNode) -> Iterator[tuple[Any, str, torch.Tensor]]:
             yield td, key, value
 
 
+class KeyList(list[Any]):
+    """The list ``keys()`` returns: ``in`` works as on tensordict's key views (a 1-tuple is
+    its str; anything but str and tuples of str raises TypeError)."""
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, tuple):
+            if not all(isinstance(k, str) for k in key):
+                raise TypeError("TensorDict keys are always strings.")
+            if len(key) == 1:
+                key = key[0]
+        elif not isinstance(key, str):
+            raise TypeError(
+                "TensorDict keys are always strings. Membership checks are only supported for "
+                "strings or non-empty tuples of strings (for nested TensorDicts)"
+            )
+        return list.__contains__(self, key)
+
+
 def walk_items(
     td: TreeNode,
     nested: bool,

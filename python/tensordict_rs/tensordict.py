@@ -17,7 +17,7 @@ from ._persistence import MemoryMapped
 from ._repr import compact_repr
 from ._sharing import Shareable, register
 from ._tree import NonTensorData, TreeNode, _LazyLeaf
-from ._walk import leaves, map_leaves, walk_items, zip_leaves
+from ._walk import KeyList, leaves, map_leaves, walk_items, zip_leaves
 from .distributed import Distributed
 from .ops import apply as _apply
 from .ops import keys as _keys
@@ -84,7 +84,7 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
 
     def __init__(
         self,
-        source: Mapping[Key, Any] | None = None,
+        source: Mapping[Any, Any] | None = None,
         batch_size: Any = None,
         device: Any = None,
         names: Any = None,
@@ -427,7 +427,8 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
 
     def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Key]:
         """Entry keys in insertion order; nested keys are tuples with ``include_nested``."""
-        return [k for k, _ in walk_items(self, include_nested, leaves_only, materialize=False)]
+        keys = (k for k, _ in walk_items(self, include_nested, leaves_only, materialize=False))
+        return KeyList(keys)
 
     def values(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
         """Entry values, in the order of ``keys``."""
@@ -465,7 +466,7 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
     squeeze = _shape.squeeze
     unsqueeze = _shape.unsqueeze
     permute = _shape.permute
-    transpose = _shape.transpose
+    transpose = swapaxes = swapdims = _shape.transpose
     flatten = _shape.flatten
     unflatten = _shape.unflatten
     split = _shape.split
@@ -482,6 +483,12 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
     to_dict = _keys.to_dict
     empty = _keys.empty
     is_empty = _keys.is_empty
+
+    @property
+    def sorted_keys(self) -> list[str]:
+        """The top-level keys, sorted."""
+        return sorted(self._tensordict)
+
     from_dict = classmethod(_keys.from_dict)
     fromkeys = classmethod(_keys.fromkeys)
 

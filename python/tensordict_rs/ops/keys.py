@@ -146,7 +146,10 @@ def _flatten_into(td: TensorDict, out: TensorDict, separator: str, prefix: str) 
             _flatten_into(value, out, separator, name + separator)
             continue
         if name in out._tensordict:
-            raise KeyError(f"flattening the keys makes {name!r} twice")
+            raise KeyError(
+                f"Flattening keys in tensordict causes keys {name!r} to collide (an entry and "
+                "a nested entry both give this name)"
+            )
         out._tensordict[name] = _share(value)
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._locking import LOCK_ERROR
 from .._walk import map_leaves
 
 if TYPE_CHECKING:
@@ -87,12 +88,14 @@ def reshape(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
 
 def view(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
     """Views with the batch dims viewed as ``shape``; ``view(dtype)`` views every leaf's bytes."""
-    if len(args) == 1 and isinstance(args[0], torch.dtype) and not kwargs:
-        dtype = args[0]
-        return _with_batch(td, lambda t: t.view(dtype), td.batch_size)
-    if "dtype" in kwargs and not args:
-        dtype = kwargs.pop("dtype")
-        return _with_batch(td, lambda t: t.view(dtype), td.batch_size)
+    if (len(args) == 1 and isinstance(args[0], torch.dtype)) or ("dtype" in kwargs and not args):
+        dtype = args[0] if args else kwargs.pop("dtype")
+        batch = kwargs.pop("batch_size", None)
+        if kwargs:
+            raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
+        # a dtype of another size changes the last dim: batch_size= says what remains batch
+        new_batch = batch if batch is not None else td.batch_size
+        return _with_batch(td, lambda t: t.view(dtype), new_batch, lock=False)
     batch = _probe(td).view(_shape_args(args, kwargs)).shape
     if batch == td.batch_size:
         return td
@@ -130,9 +133,14 @@ def unsqueeze(td: TensorDict, dim: int) -> TensorDict:
 
 def permute(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
     """The batch dims in the order ``dims`` (every batch dim once)."""
-    dims = [dim_of(td, d) for d in _shape_args(args, kwargs, "dims")]
+    given = _shape_args(args, kwargs, "dims")
+    if len(given) != td.batch_dims:
+        raise ValueError(
+            f"permute needs one dim per batch dim, got {given} for batch size {td.batch_size}"
+        )
+    dims = [dim_of(td, d) for d in given]
     if sorted(dims) != list(range(td.batch_dims)):
-        raise RuntimeError(
+        raise ValueError(
             f"Got incompatible argument permute_dims: {dims} with tensordict "
             f"batch_size {td.batch_size}."
         )
@@ -156,10 +164,27 @@ def transpose(td: TensorDict, dim0: int, dim1: int) -> TensorDict:
     return _with_batch(td, lambda t: t.transpose(dim0, dim1), batch)
 
 
-def flatten(td: TensorDict, start_dim: int = 0, end_dim: int = -1) -> TensorDict:
-    """Batch dims ``start_dim`` to ``end_dim`` (both included) flattened into one."""
+def _in_place(td: TensorDict, result: TensorDict, inplace: bool) -> TensorDict:
+    """``result``, or (``inplace``) ``td`` given ``result``'s entries and batch size."""
+    if not inplace or result is td:
+        return result
+    if td._is_locked:
+        raise RuntimeError(LOCK_ERROR)
+    td._tensordict, td._batch_size = result._tensordict, result._batch_size
+    return td
+
+
+def flatten(
+    td: TensorDict, start_dim: int | None = 0, end_dim: int | None = -1, *, inplace: bool = False
+) -> TensorDict:
+    """Batch dims ``start_dim`` to ``end_dim`` (both included) flattened into one; a TensorDict
+    without batch dims gets one of size 1, as ``torch.flatten`` of a 0-dim tensor."""
+    start_dim = 0 if start_dim is None else start_dim
+    end_dim = -1 if end_dim is None else end_dim
     if td.batch_dims == 0:
-        raise RuntimeError("Cannot flatten a tensordict with no batch dimension.")
+        if start_dim not in (0, -1) or end_dim not in (0, -1):
+            raise IndexError(f"Incompatible dims for tensordict with shape {td.batch_size}.")
+        return _in_place(td, unsqueeze(td, 0), inplace)
     start, end = dim_of(td, start_dim), dim_of(td, end_dim)
     if end < start:
         raise ValueError(
@@ -169,15 +194,17 @@ def flatten(td: TensorDict, start_dim: int = 0, end_dim: int = -1) -> TensorDict
     if start == end:
         return td
     batch = _probe(td).flatten(start, end).shape
-    return _with_batch(td, lambda t: t.flatten(start, end), batch)
+    return _in_place(td, _with_batch(td, lambda t: t.flatten(start, end), batch), inplace)
 
 
-def unflatten(td: TensorDict, dim: int, unflattened_size: Sequence[int]) -> TensorDict:
+def unflatten(
+    td: TensorDict, dim: int, unflattened_size: Sequence[int], *, inplace: bool = False
+) -> TensorDict:
     """Batch dim ``dim`` split into the dims ``unflattened_size`` (one of them may be -1)."""
     dim = dim_of(td, dim)
     sizes = [operator.index(s) for s in unflattened_size]
     batch = _probe(td).unflatten(dim, sizes).shape
-    return _with_batch(td, lambda t: t.unflatten(dim, sizes), batch)
+    return _in_place(td, _with_batch(td, lambda t: t.unflatten(dim, sizes), batch), inplace)
 
 
 def _narrow(td: TensorDict, dim: int, start: int, length: int) -> TensorDict:
