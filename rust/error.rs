@@ -261,9 +261,14 @@ impl From<Error> for PyErr {
                 let path = path.to_string_lossy().into_owned();
                 if source.kind() == io::ErrorKind::AlreadyExists {
                     // tensordict's "The file ... already exists." is a RuntimeError
+                    // (a message of our own, e.g. a foreign file in the way, is kept)
                     let errno = errno_for_kind(io::ErrorKind::AlreadyExists);
+                    let message = match source.raw_os_error() {
+                        Some(_) => "File already exists".to_string(),
+                        None => strerror,
+                    };
                     return Python::attach(|py| match file_exists_runtime_error(py) {
-                        Ok(ty) => PyErr::from_type(ty, (errno, "File already exists", path)),
+                        Ok(ty) => PyErr::from_type(ty, (errno, message, path)),
                         Err(err) => err,
                     });
                 }

@@ -181,7 +181,7 @@ def _spec(node: Any, buffers: list[Any]) -> tuple[list[int], list[tuple[Any, ...
         if tag == _tree.LEAF:
             buffer = buffers[entry[4]]
             address, nbytes = (0, 0) if buffer is None else (buffer.address, buffer.nbytes)
-            out.append((tag, key, entry[2], entry[3], "cpu", address, nbytes))
+            out.append((tag, key, entry[2], entry[3], "cpu", address, nbytes, None))
         elif tag == _tree.NODE:
             out.append((tag, key, _spec(entry[2], buffers)))
         else:

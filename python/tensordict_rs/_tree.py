@@ -157,6 +157,7 @@ class _Plan:
         # tensor: another thread's ``set_`` on the tensor must not free the memory being read)
         self.keep: list[Any] = []
         self.slots: list[tuple[TensorDict, str, torch.dtype, tuple[int, ...]]] = []
+        self.kept: set[int] = set()  # slots whose file the save keeps (see node)
         self.sources: list[tuple[int, int]] = []  # anonymous: (data_ptr, nbytes) per slot
 
     def _pointer(self, value: Any, nbytes: int) -> int:
@@ -227,6 +228,8 @@ class _Plan:
             entries.append(
                 (LEAF, key, dtype_name, shape, device, self._pointer(value, nbytes), nbytes, same)
             )
+            if same is not None:
+                self.kept.add(len(slots))
             slots.append((td, key, dtype, shape))
         return list(td.batch_size), entries
 
@@ -252,7 +255,11 @@ class _Plan:
 
     def place(self, buffers: list[Any]) -> None:
         """Puts the returned buffers into the target tree."""
-        for (td, key, dtype, shape), buffer in zip(self.slots, buffers, strict=True):
+        for i, ((td, key, dtype, shape), buffer) in enumerate(
+            zip(self.slots, buffers, strict=True)
+        ):
+            if i in self.kept:
+                continue  # the save kept this leaf's file: the source map (and object) stays
             td._tensordict[key] = (
                 torch.empty(shape, dtype=dtype)
                 if buffer is None
