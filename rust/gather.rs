@@ -139,6 +139,16 @@ fn pieces(copies: &[Copy], piece: usize) -> Vec<Copy> {
     out
 }
 
+/// The process that first used rayon's pool. Its threads do not survive `fork`: a forked
+/// child (a DataLoader worker, say) that handed work to the inherited pool would wait forever,
+/// so children of that process copy on their own thread instead.
+static POOL_OWNER: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+/// Whether this process may hand work to rayon's pool (see [`POOL_OWNER`]).
+fn pool_usable() -> bool {
+    *POOL_OWNER.get_or_init(std::process::id) == std::process::id()
+}
+
 /// Runs every copy; in parallel when `parallel` and the job is large enough.
 ///
 /// # Safety
@@ -153,7 +163,7 @@ pub unsafe fn run(copies: &[Copy], parallel: bool) {
             unsafe { std::ptr::copy_nonoverlapping(c.src as *const u8, c.dst as *mut u8, c.len) }
         }
     };
-    if !parallel || total < PARALLEL_MIN || rayon::current_num_threads() < 2 {
+    if !parallel || total < PARALLEL_MIN || !pool_usable() || rayon::current_num_threads() < 2 {
         copies.iter().for_each(one);
         return;
     }

@@ -9,10 +9,10 @@
 pub mod api;
 #[cfg(feature = "python")]
 pub mod api_gather;
-pub mod archive;
-pub mod archive_write;
 #[cfg(feature = "python")]
 pub mod api_shared;
+pub mod archive;
+pub mod archive_write;
 #[cfg(feature = "python")]
 pub mod buffer;
 pub mod commit;

@@ -207,3 +207,36 @@ def test_copy_packed_checks_the_table() -> None:
         _native.copy_packed(array("Q", [1, 2]), buffer.data_ptr(), 16, True)
     with pytest.raises(ValueError, match="shares memory"):
         _native.copy_packed(array("Q", [buffer.data_ptr() + 4, 0, 8]), buffer.data_ptr(), 16, True)
+
+
+def _gather_in_child(queue) -> None:  # module level: the fork child runs it
+    torch.set_num_threads(1)  # as DataLoader workers do: torch's own pool is not fork-safe
+    data = TensorDict({"x": torch.arange(4096 * 256, dtype=torch.float32).view(4096, 256)}, [4096])
+    idx = torch.randint(0, 4096, (1024,))
+    queue.put(bool((data[idx]["x"] == data["x"][idx]).all()))
+
+
+def test_gather_in_a_forked_child_after_a_parallel_gather_in_the_parent() -> None:
+    """rayon's threads do not survive fork: a DataLoader worker forked after the parent used
+    the pool must still gather (on its own thread) instead of waiting forever."""
+    import multiprocessing as mp
+
+    data = TensorDict({"x": torch.ones(4096, 256)}, [4096])
+    idx = torch.randint(0, 4096, (1024,))  # 1 MiB of rows: above the parallel threshold
+    assert 1024 * 256 * 4 >= _native_parallel_min()
+    assert bool((data[idx]["x"] == 1).all())  # the parent's pool now runs
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_gather_in_child, args=(queue,))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("the gather in the forked child hung")
+    assert child.exitcode == 0
+    assert queue.get(timeout=10) is True
+
+
+def _native_parallel_min() -> int:
+    return 256 << 10  # rust/gather.rs PARALLEL_MIN

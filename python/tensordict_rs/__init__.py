@@ -27,13 +27,13 @@ from ._native import (
 from .verify import verify
 
 if TYPE_CHECKING:
-    from ._persistence import TensorDictFuture
     from ._archive import (
         is_memmap_archive,
         pack_memmap,
         refresh_archive_checksums,
         unpack_memmap,
     )
+    from ._persistence import TensorDictFuture
     from ._tree import NonTensorData
     from .memmap import MemoryMappedTensor
     from .tensordict import TensorDict
