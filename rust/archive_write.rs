@@ -419,6 +419,7 @@ fn sweep_stale(parent: &Dir, base: &str) {
         let path = parent.child_path(&name);
         let is_file = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
         if is_file && pid != std::process::id() && !process_alive(pid) {
+            // A dead save's own staging file (a regular file, our name): best-effort cleanup.
             let _ = std::fs::remove_file(&path);
         }
     }
@@ -488,6 +489,7 @@ pub fn write_archive(
     let (entries, region) = match result {
         Ok(done) => done,
         Err(e) => {
+            // Our failed staging file beside the target; the target itself is untouched.
             let _ = std::fs::remove_file(&staging_path);
             return Err(e);
         }

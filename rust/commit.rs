@@ -162,6 +162,8 @@ impl Staging {
         for (rel, _, dir) in self.dirs.iter().rev() {
             clean_staging(dir);
             if let Ok(holder) = root.open_rel(rel) {
+                // Only an empty staging dir of our own goes; one that still holds anything
+                // stays for the next save's sweep, so ignoring the error loses nothing.
                 let _ = holder.remove_dir(&staging_name(&self.token));
             }
         }
@@ -187,6 +189,7 @@ fn append(dir: &Dir, name: &str, bytes: &[u8]) -> Result<()> {
     };
     old.extend_from_slice(bytes);
     let tmp = format!("{name}.new");
+    // `{name}.new` is our own scratch name inside a staging dir; if it is not there, fine.
     let _ = dir.remove_file(&tmp);
     let mut file = dir.create_file(&tmp).map_err(|e| Error::io(&path, e))?;
     file.write_all(&old).map_err(|e| Error::io(&path, e))?;
@@ -203,6 +206,7 @@ fn clean_staging(dir: &Dir) {
             || name == OTHER_STAGINGS
             || name == format!("{OTHER_STAGINGS}.new");
         if ours && dir.kind(&name).is_ok_and(|k| k == EntryKind::File) {
+            // A staged file of ours that cannot go stays for the next sweep: nothing is lost.
             let _ = dir.remove_file(&name);
         }
     }
