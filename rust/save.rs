@@ -694,8 +694,13 @@ pub fn write_file(path: &Path, data: Option<&[u8]>, nbytes: usize, existsok: boo
                 dir.rename(&temp, &dir, &name, false).map_err(io_err)?;
             } else {
                 // exclusive: a file created at the name meanwhile is not replaced
-                dir.link(&temp, &dir, &name).map_err(io_err)?;
-                let _ = dir.remove_file(&temp);
+                #[cfg(windows)] // (a mapped file cannot be deleted there, but renamed)
+                dir.rename(&temp, &dir, &name, true).map_err(io_err)?;
+                #[cfg(not(windows))]
+                {
+                    dir.link(&temp, &dir, &name).map_err(io_err)?;
+                    let _ = dir.remove_file(&temp);
+                }
             }
         }
         Ok(region)

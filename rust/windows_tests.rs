@@ -11,7 +11,7 @@ use windows_sys::Win32::System::Threading::{GetCurrentProcess, GetProcessHandleC
 use crate::commit;
 use crate::dir::{self, Dir};
 use crate::load::{self, LoadedEntry};
-use crate::save::{write_tree, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
+use crate::save::{write_file, write_tree, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
 use crate::storage::{self, Region};
 
 fn query(ptr: *const u8) -> MEMORY_BASIC_INFORMATION {
@@ -311,6 +311,26 @@ fn killed_commits_are_finished_at_every_step() {
         assert_new_version(&prefix);
         std::fs::remove_dir_all(&dir).unwrap();
     }
+}
+
+#[test]
+fn single_files_are_written_whole_and_leave_no_temporary_name() {
+    let dir = tmp();
+    let path = dir.join("t.memmap");
+    let region = write_file(&path, Some(&[1, 2, 3]), 3, false).unwrap();
+    assert_eq!(names(&dir), ["t.memmap"]);
+    assert_eq!(std::fs::read(&path).unwrap(), [1, 2, 3]);
+    // exclusive without existsok; with it, the mapped old file cannot be replaced on
+    // Windows: an error, the old file kept, no temporary file left
+    assert!(write_file(&path, Some(&[4, 5, 6]), 3, false).is_err());
+    assert!(write_file(&path, Some(&[4, 5, 6]), 3, true).is_err());
+    assert_eq!(names(&dir), ["t.memmap"]);
+    assert_eq!(bytes(&Some(region)), [1, 2, 3]);
+    let region = write_file(&path, Some(&[4, 5, 6]), 3, true).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), [4, 5, 6]);
+    assert_eq!(names(&dir), ["t.memmap"]);
+    drop(region);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
