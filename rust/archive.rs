@@ -641,7 +641,7 @@ fn walk(ar: &Archive, dir: &str, depth: usize, jobs: &mut Vec<Option<LeafJob>>) 
                 if nbytes == 0 {
                     jobs.push(None);
                 } else {
-                    let encoded = format!("{dir}{}", layout::leaf_file(&key));
+                    let encoded = format!("{dir}{}", layout::portable_leaf_file(&key));
                     let name = match layout::legacy_name(&key) {
                         Some(raw) if ar.entry(&encoded).is_none() => {
                             format!("{dir}{raw}{}", layout::LEAF_SUFFIX)
@@ -680,7 +680,7 @@ fn walk(ar: &Archive, dir: &str, depth: usize, jobs: &mut Vec<Option<LeafJob>>) 
                 ));
             }
             Entry::Collection => {
-                let child = format!("{dir}{}/", layout::encode_key(&key));
+                let child = format!("{dir}{}/", layout::portable_key(&key));
                 let child_meta = format!("{child}{}", layout::META_FILE);
                 if ar.entry(&child_meta).is_none() {
                     let at = entry_path(&ar.path, &child_meta);

@@ -102,7 +102,7 @@ fn plan_node(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Vec<
             EntrySpec::Leaf(i) => {
                 let leaf = &leaves[*i];
                 if leaf.nbytes > 0 {
-                    files.push((layout::leaf_file(key), *i));
+                    files.push((layout::portable_leaf_file(key), *i));
                 }
                 metas.push((
                     key.as_str(),
@@ -114,11 +114,11 @@ fn plan_node(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Vec<
                 ));
             }
             EntrySpec::Node(_) => {
-                dirs.push((layout::encode_key(key), entry));
+                dirs.push((layout::portable_key(key), entry));
                 metas.push((key.as_str(), EntryMeta::TensorDict));
             }
             EntrySpec::NonTensor(_) => {
-                dirs.push((layout::encode_key(key), entry));
+                dirs.push((layout::portable_key(key), entry));
                 metas.push((key.as_str(), EntryMeta::NonTensorData));
             }
         }

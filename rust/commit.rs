@@ -170,6 +170,18 @@ impl Staging {
     }
 }
 
+/// Windows: a staging directory's lock is a file inside it, so the directory can only be
+/// removed once its lock is released, here (and only if it is empty: nothing else goes).
+#[cfg(windows)]
+impl Drop for Staging {
+    fn drop(&mut self) {
+        for (_, _, dir) in self.dirs.iter().rev() {
+            dir.unlock();
+            let _ = std::fs::remove_dir(dir.path());
+        }
+    }
+}
+
 fn lock_own(dir: &Dir) -> Result<()> {
     match dir.lock(true, false) {
         Ok(_) => Ok(()),
@@ -201,7 +213,13 @@ fn append(dir: &Dir, name: &str, bytes: &[u8]) -> Result<()> {
 fn clean_staging(dir: &Dir) {
     let Ok(names) = dir.entry_names() else { return };
     for name in names {
+        // Windows: also the old files moved aside because they were mapped (`move_aside`).
+        let aside = cfg!(windows)
+            && name
+                .strip_prefix('o')
+                .is_some_and(|r| r.len() == 16 && r.bytes().all(|b| b.is_ascii_hexdigit()));
         let ours = valid_staged(&name)
+            || aside
             || name == JOURNAL_DRAFT
             || name == OTHER_STAGINGS
             || name == format!("{OTHER_STAGINGS}.new");
@@ -210,6 +228,9 @@ fn clean_staging(dir: &Dir) {
             let _ = dir.remove_file(&name);
         }
     }
+    // Windows: the lock is a file inside the directory, which can only go without it.
+    #[cfg(windows)]
+    dir.unlock();
 }
 
 /// Writes the journal and moves it into place: the commit point. Fails (changing nothing)
@@ -322,9 +343,17 @@ pub fn apply(root: &Dir, journal: &Journal, durable: bool) -> Result<()> {
                     continue; // already moved
                 }
                 let target = parent_of(to).map_err(|e| Error::io(join(root.path(), to), e))?;
-                staged
-                    .rename(name, &target, &to[to.len() - 1], false)
-                    .map_err(|e| Error::io(join(root.path(), to), e))?;
+                let dest = &to[to.len() - 1];
+                let moved = staged.rename(name, &target, dest, false);
+                #[cfg(windows)]
+                let moved = moved.or_else(|e| {
+                    if !dir::in_use(&e) || target.kind(dest).ok() != Some(EntryKind::File) {
+                        return Err(e);
+                    }
+                    move_aside(&stagings, &target, dest)?;
+                    staged.rename(name, &target, dest, false)
+                });
+                moved.map_err(|e| Error::io(join(root.path(), to), e))?;
                 touched.push(to[..to.len() - 1].to_vec());
             }
             Op::Unlink { path, dev, ino } => {
@@ -332,9 +361,13 @@ pub fn apply(root: &Dir, journal: &Journal, durable: bool) -> Result<()> {
                 let last = &path[path.len() - 1];
                 if let Ok(Some(st)) = parent.stat(last) {
                     if st.kind == EntryKind::File && st.dev == *dev && st.ino == *ino {
-                        parent
-                            .remove_file(last)
-                            .map_err(|e| Error::io(join(root.path(), path), e))?;
+                        let removed = parent.remove_file(last);
+                        #[cfg(windows)]
+                        let removed = removed.or_else(|e| match dir::in_use(&e) {
+                            true => move_aside(&stagings, &parent, last),
+                            false => Err(e),
+                        });
+                        removed.map_err(|e| Error::io(join(root.path(), path), e))?;
                         touched.push(path[..path.len() - 1].to_vec());
                     }
                 }
@@ -373,6 +406,27 @@ pub fn apply(root: &Dir, journal: &Journal, durable: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Windows refuses to delete or replace a file that is mapped (a leaf that some process still
+/// holds), but lets it be renamed: the old file goes into a staging directory of the commit
+/// (as `o<random>`; the first on its volume), where it is deleted now or, once unmapped, by
+/// the sweep of a later save. Its holders keep the old bytes, as on Linux.
+#[cfg(windows)]
+fn move_aside(stagings: &[Option<Dir>], parent: &Dir, name: &str) -> io::Result<()> {
+    let mut last = io::Error::from(io::ErrorKind::NotFound);
+    for staged in stagings.iter().flatten() {
+        let aside = format!("o{}", storage::random_suffix());
+        match parent.rename(name, staged, &aside, true) {
+            Ok(()) => {
+                // Still mapped: it stays in the staging directory for a later sweep.
+                let _ = staged.remove_file(&aside);
+                return Ok(());
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 /// Reads and checks the journal of an interrupted commit.
@@ -594,6 +648,7 @@ mod tests {
         assert_eq!(std::fs::read(p.join("sub/x.memmap")).unwrap(), b"new");
         assert!(!p.join("old.memmap").exists());
         assert_eq!(std::fs::read(p.join("mine.txt")).unwrap(), b"mine");
+        drop(staging); // Windows: its lock is a file in it, which keeps it until released
         let left: Vec<_> = root.entry_names().unwrap();
         assert_eq!(left, vec!["mine.txt".to_string(), "sub".to_string()]);
         std::fs::remove_dir_all(&p).unwrap();

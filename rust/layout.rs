@@ -125,10 +125,64 @@ pub fn nbytes(shape: &[u64], itemsize: usize) -> Option<usize> {
     usize::try_from(n).ok().filter(|&n| n <= isize::MAX as usize)
 }
 
-/// Encodes a key into one safe file-name component, exactly like tensordict's robust keys:
-/// `/ < > : " | ? * \ space NUL %`, control characters and DEL become `%XX`; `""`, `.` and
-/// `..` become `%`, `%2E` and `%2E%2E`.
+/// Encodes a key into one safe file-name component, a sub-directory's name: tensordict's
+/// robust keys (`portable_key`), exactly, except on Windows, where the names Windows refuses
+/// are escaped too (see `windows_safe_name`).
 pub fn encode_key(key: &str) -> String {
+    on_this_system(portable_key(key))
+}
+
+fn on_this_system(name: String) -> String {
+    if cfg!(windows) {
+        windows_safe_name(name)
+    } else {
+        name
+    }
+}
+
+/// A file name as the file system compares it: as is, except on Windows, whose file names are
+/// case-insensitive (there `A.memmap` and `a.memmap` are one file).
+pub fn fold_case(name: &str) -> String {
+    if cfg!(windows) {
+        name.to_lowercase()
+    } else {
+        name.to_string()
+    }
+}
+
+/// True for a name whose part before the first dot is a Windows device name (`CON`, `PRN`,
+/// `AUX`, `NUL`, `COM0`-`COM9`, `LPT0`-`LPT9`, superscript digits too, any case).
+fn is_device_name(name: &str) -> bool {
+    let stem = name.split('.').next().unwrap_or("").to_ascii_uppercase();
+    matches!(stem.as_str(), "CON" | "PRN" | "AUX" | "NUL")
+        || (stem.len() >= 4
+            && (stem.starts_with("COM") || stem.starts_with("LPT"))
+            && stem[3..].chars().count() == 1
+            && stem[3..]
+                .chars()
+                .all(|c| c.is_ascii_digit() || matches!(c, '¹' | '²' | '³')))
+}
+
+/// Windows' reserved names kept out of a file name (applied to the whole name, a leaf's suffix
+/// included), decoding to the same key: a device name (`is_device_name`, with any extension)
+/// gets its first letter as `%XX`, and a trailing dot becomes `%2E` (Windows drops it; a
+/// trailing space is already `%20`, a `:` already `%3A`). Linux keeps tensordict's names, so
+/// directories with such keys written on one system are not found on the other.
+pub fn windows_safe_name(mut name: String) -> String {
+    if is_device_name(&name) {
+        name = format!("%{:02X}{}", name.as_bytes()[0], &name[1..]);
+    }
+    if name.ends_with('.') {
+        name.pop();
+        name.push_str("%2E");
+    }
+    name
+}
+
+/// Encodes a key exactly like tensordict's robust keys: `/ < > : " | ? * \ space NUL %`,
+/// control characters and DEL become `%XX`; `""`, `.` and `..` become `%`, `%2E` and `%2E%2E`.
+/// The names inside archives, on every system.
+pub fn portable_key(key: &str) -> String {
     match key {
         "" => return "%".to_string(),
         "." => return "%2E".to_string(),
@@ -157,13 +211,20 @@ pub fn legacy_name(key: &str) -> Option<&str> {
         || key == "."
         || key == ".."
         || key.contains(['/', '\\', '\0'])
-        || key.as_bytes().get(1) == Some(&b':');
+        || key.as_bytes().get(1) == Some(&b':')
+        // Windows: a device (`CON.memmap` opens the console) or an alternate data stream.
+        || (cfg!(windows) && (is_device_name(key) || key.contains(':')));
     (!unsafe_name).then_some(key)
 }
 
-/// File name of a leaf.
+/// File name of a leaf (on Windows, `windows_safe_name` of the whole name).
 pub fn leaf_file(key: &str) -> String {
-    let mut name = encode_key(key);
+    on_this_system(portable_leaf_file(key))
+}
+
+/// Name of a leaf's file inside an archive (tensordict's, on every system).
+pub fn portable_leaf_file(key: &str) -> String {
+    let mut name = portable_key(key);
     name.push_str(LEAF_SUFFIX);
     name
 }
@@ -479,6 +540,83 @@ mod tests {
                 "{key:?}"
             );
         }
+    }
+
+    /// `%XX` decoding, as tensordict's `_decode_key_from_filesystem` does it.
+    fn decode(name: &str) -> String {
+        if name == "%" {
+            return String::new();
+        }
+        let mut out = Vec::new();
+        let b = name.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            match (b[i], name.get(i + 1..i + 3).map(|h| u8::from_str_radix(h, 16))) {
+                (b'%', Some(Ok(c))) => {
+                    out.push(c);
+                    i += 3;
+                }
+                (c, _) => {
+                    out.push(c);
+                    i += 1;
+                }
+            }
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn windows_names_keep_devices_and_trailing_dots_out() {
+        for (name, safe) in [
+            ("CON", "%43ON"),
+            ("nul", "%6Eul"),
+            ("Com1.txt", "%43om1.txt"),
+            ("LPT\u{b2}", "%4CPT\u{b2}"),
+            ("aux.tar.gz", "%61ux.tar.gz"),
+            ("x.", "x%2E"),
+            ("NUL.", "%4EUL%2E"),
+            ("COM10", "COM10"),
+            ("CONSOLE", "CONSOLE"),
+            ("a%3Ab", "a%3Ab"),
+            ("%2E%2E", "%2E%2E"),
+        ] {
+            assert_eq!(windows_safe_name(name.to_string()), safe, "{name:?}");
+        }
+        for key in [
+            "CON", "nul", "a:b", "x.", "y ", "z. .", "COM1", "lpt9.txt", "..", "",
+        ] {
+            let reference = portable_key(key);
+            let windows = windows_safe_name(reference.clone());
+            assert_eq!(decode(&reference), key);
+            assert_eq!(decode(&windows), key, "{windows:?}");
+            assert!(
+                !windows.ends_with(['.', ' ']) && !windows.contains(':'),
+                "{windows:?}"
+            );
+            let leaf = format!("{reference}{LEAF_SUFFIX}");
+            let windows_leaf = windows_safe_name(leaf.clone());
+            if !key.is_empty() {
+                assert_eq!(decode(&windows_leaf), format!("{key}{LEAF_SUFFIX}"));
+            }
+            let (expected, expected_leaf) = if cfg!(windows) {
+                (windows, windows_leaf)
+            } else {
+                (reference, leaf)
+            };
+            assert_eq!(encode_key(key), expected);
+            assert_eq!(leaf_file(key), expected_leaf);
+            assert_eq!(
+                portable_leaf_file(key),
+                format!("{}{LEAF_SUFFIX}", portable_key(key))
+            );
+        }
+        // A leaf's name is escaped whole: a trailing dot of the key is no trailing dot there.
+        assert_eq!(windows_safe_name("x..memmap".into()), "x..memmap");
+        assert_eq!(windows_safe_name("CON.memmap".into()), "%43ON.memmap");
+        // Windows never opens a raw (legacy) device name or data stream.
+        assert_eq!(legacy_name("CON").is_none(), cfg!(windows));
+        assert_eq!(legacy_name("ab:c").is_none(), cfg!(windows));
+        assert_eq!(legacy_name("CONSOLE"), Some("CONSOLE"));
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub mod save;
 pub mod shared;
 pub mod storage;
 pub mod summary;
+#[cfg(all(test, windows))]
+mod windows_tests;
 
 #[cfg(feature = "python")]
 use pyo3::prelude::*;

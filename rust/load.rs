@@ -473,6 +473,7 @@ mod tests {
             (0..24).collect::<Vec<u8>>()
         );
         assert!(verify_tree(&p).is_empty());
+        drop(regions); // Windows refuses to delete a mapped file.
         std::fs::remove_dir_all(&p).unwrap();
     }
 

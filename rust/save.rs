@@ -92,7 +92,8 @@ fn validate_at(node: &NodeSpec, leaves: &[LeafSpec<'_>], path: &Path, depth: usi
             EntrySpec::Leaf(_) => layout::leaf_file(key),
             _ => layout::encode_key(key),
         };
-        if name == layout::META_FILE || !names.insert(name.clone()) {
+        let folded = layout::fold_case(&name);
+        if folded == layout::META_FILE || !names.insert(folded) {
             return Err(Error::tree(
                 path,
                 format!("key {key:?} would be stored as {name:?}, which another entry uses"),
@@ -158,11 +159,12 @@ pub fn write_tree(
         }
         save_locked(&dir, root, leaves, opts)
     })();
+    // Released first: on Windows the lock is a file inside the directory.
+    drop(lock);
     if result.is_err() && created {
         // We made the directory for this save: leave no empty one behind.
         let _ = std::fs::remove_dir(&target);
     }
-    drop(lock);
     result
 }
 
@@ -692,8 +694,13 @@ pub fn write_file(path: &Path, data: Option<&[u8]>, nbytes: usize, existsok: boo
                 dir.rename(&temp, &dir, &name, false).map_err(io_err)?;
             } else {
                 // exclusive: a file created at the name meanwhile is not replaced
-                dir.link(&temp, &dir, &name).map_err(io_err)?;
-                let _ = dir.remove_file(&temp);
+                #[cfg(windows)] // (a mapped file cannot be deleted there, but renamed)
+                dir.rename(&temp, &dir, &name, true).map_err(io_err)?;
+                #[cfg(not(windows))]
+                {
+                    dir.link(&temp, &dir, &name).map_err(io_err)?;
+                    let _ = dir.remove_file(&temp);
+                }
             }
         }
         Ok(region)

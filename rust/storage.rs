@@ -164,9 +164,9 @@ fn file_identity(file: &File) -> Option<(u64, u64)> {
     file.metadata().ok().map(|md| (md.dev(), md.ino()))
 }
 
-#[cfg(not(unix))]
-fn file_identity(_file: &File) -> Option<(u64, u64)> {
-    None
+#[cfg(windows)]
+fn file_identity(file: &File) -> Option<(u64, u64)> {
+    crate::dir::handle_identity(file).ok()
 }
 
 /// Reserves the blocks of the first `len` bytes of an existing file without changing its
@@ -422,7 +422,7 @@ pub(crate) fn write_parts(
 }
 
 /// Anonymous shared memory on Windows: a pagefile-backed mapping (memmap2 uses
-/// `CreateFileMappingW` with `INVALID_HANDLE_VALUE`). Unverified: no Windows toolchain here.
+/// `CreateFileMappingW` with `INVALID_HANDLE_VALUE`), tested under Wine (`windows_tests.rs`).
 #[cfg(windows)]
 pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
     let name = std::env::temp_dir().join(format!("tdrs-{}-{}", std::process::id(), random_suffix()));
@@ -444,7 +444,7 @@ pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
     })
 }
 
-/// Windows: one pagefile-backed map, parts copied in. Unverified: no Windows toolchain here.
+/// Windows: one pagefile-backed map, parts copied in.
 #[cfg(windows)]
 pub fn anonymous_arena(parts: &[(Option<&[u8]>, usize)]) -> Result<(Region, Vec<usize>)> {
     let (offsets, total) = arena_layout(parts)?;
@@ -480,6 +480,7 @@ mod tests {
         unsafe { *r.as_ptr() = 9 };
         r.flush().unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), vec![9, 2, 3, 4]);
+        drop(r); // Windows refuses to delete a mapped file.
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
