@@ -838,6 +838,37 @@ def crash_server(path: Path, kills: int) -> None:
     print(json.dumps({"leftovers": left}), flush=True)
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is unix-only")
+def test_stale_staging_files_go_by_their_lock_not_their_pid(tmp_path: Path) -> None:
+    """A save removes another save's staging file only when that file's lock is free: a live
+    writer whose pid means nothing here (another machine, another pid namespace) keeps its
+    file; a killed writer's file goes even when its pid now belongs to a live process."""
+    from tensordict_rs import TensorDict
+
+    path = tmp_path / "x.tdz"
+    live = tmp_path / ".x.tdz.tdrs-2147483000-00000000000000aa"  # no such pid
+    dead = tmp_path / f".x.tdz.tdrs-{os.getppid()}-00000000000000bb"  # a live pid
+    mine = tmp_path / ".x.tdz.tdrs-7-0000000000000000x"  # the user's own file: no match
+    for p in (live, dead, mine):
+        p.write_bytes(b"data")
+    code = (
+        "import fcntl, sys; f = open(sys.argv[1], 'rb+'); fcntl.flock(f, fcntl.LOCK_EX);"
+        " print('locked', flush=True); sys.stdin.read()"
+    )
+    argv = [sys.executable, "-c", code, os.fspath(live)]
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+            TensorDict(sample(), [3]).memmap(path)
+            assert live.read_bytes() == b"data" and not dead.exists()
+        finally:
+            holder.kill()  # the writer dies mid-save: the kernel drops its lock
+            holder.wait()
+    TensorDict(sample(), [3]).memmap(path)
+    assert sorted(os.listdir(tmp_path)) == [mine.name, "x.tdz"]
+    assert mine.read_bytes() == b"data"
+
+
 def test_kill_during_archive_save(tmp_path: Path) -> None:
     path = tmp_path / "tree.tdz"
     result = subprocess.run(
