@@ -246,7 +246,7 @@ def test_compression_both_ways(tmp_path: Path) -> None:
         assert zf.testzip() is None
         assert zf.getinfo("obs.memmap").compress_type == zipfile.ZIP_DEFLATED
     assert_same(tensordict.TensorDict.load_memmap(tmp_path / "ours.tdz"), td)
-    with pytest.raises(RuntimeError, match=r"obs\.memmap"):
+    with pytest.raises(RuntimeError, match=r"obs\.memmap' is compressed"):
         TensorDict.load_memmap(tmp_path / "ours.tdz", mode="r+")
 
     tensordict.TensorDict(sample(), [3]).save(tmp_path / "ref.tdz", compression="deflate")
@@ -282,6 +282,14 @@ def test_suffix_rules_and_archive_flag(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="mode"):
         TensorDict.load_memmap(tmp_path / "plain", mode="w")
     assert (tmp_path / "dir.tdz").is_dir()  # failed save: the target is as it was
+    # save() takes tensordict's archive= and compression= too
+    td.save(tmp_path / "weights.bin", archive=True)
+    assert tensordict_rs.is_memmap_archive(tmp_path / "weights.bin")
+    td.save(tmp_path / "c.tdz", compression="deflate")
+    with zipfile.ZipFile(tmp_path / "c.tdz") as zf:
+        assert zf.getinfo("obs.memmap").compress_type == zipfile.ZIP_DEFLATED
+    with pytest.raises(ValueError, match="compression is only supported"):
+        td.save(tmp_path / "plain_dir", compression="deflate")
 
 
 def test_durable_and_return_early(tmp_path: Path) -> None:
@@ -399,7 +407,7 @@ def test_pickled_leaves_share_one_map_in_another_process(tmp_path: Path, run_pyt
     (tmp_path / "blob.pkl").write_bytes(blob)
     run_python(
         """
-        import pickle, torch
+        import os, pickle, sys, torch
         td = pickle.load(open("blob.pkl", "rb"))
         buffers = [td[f"k{i}"]._buffer for i in range(200)]
         assert len({b.archive[0] for b in buffers}) == 1
@@ -408,6 +416,12 @@ def test_pickled_leaves_share_one_map_in_another_process(tmp_path: Path, run_pyt
         assert all(b.address - b.archive[2] == lo for b in buffers)
         for i in range(200):
             assert td[f"k{i}"].eq(float(i)).all()
+        if sys.platform == "linux":  # one map of the archive and at most one fd, 200 leaves
+            maps = [l for l in open("/proc/self/maps") if l.rstrip().endswith("x.tdz")]
+            assert len(maps) == 1, maps
+            fds = [f for f in os.listdir("/proc/self/fd")
+                   if os.path.realpath(f"/proc/self/fd/{f}").endswith("x.tdz")]
+            assert len(fds) <= 1, fds
         td["k3"].fill_(-1.0)  # mode r+: writes reach the archive
         td["k3"].flush()
         """
@@ -561,6 +575,34 @@ def overlapping() -> bytes:
     return outer + cd + eocd(2, len(cd), len(outer))
 
 
+def local_renamed() -> bytes:
+    # the central directory says a.memmap, the local header says b.memmap
+    blob = bytearray(build(good()))
+    at = blob.index(b"a.memmap")  # the first occurrence is the local header's
+    blob[at] = ord("b")
+    return bytes(blob)
+
+
+def local_method_differs() -> bytes:
+    blob = bytearray(build(good()))
+    at = blob.index(b"PK\x03\x04", 1)  # a.memmap's local header
+    blob[at + 8] = 8  # deflate, where the directory says stored
+    return bytes(blob)
+
+
+def stored_past_the_end() -> bytes:
+    # a.memmap's record claims 4096 bytes: its data would run into the central directory
+    first, second = local(b"meta.json", META), local(b"a.memmap", DATA)
+    cd = central(b"meta.json", META, 0) + central(b"a.memmap", b"\0" * 4096, len(first))
+    return first + second + cd + eocd(2, len(cd), len(first) + len(second))
+
+
+def too_many_entries() -> bytes:
+    blob = bytearray(build(good()))
+    struct.pack_into("<2H", blob, len(blob) - 22 + 8, 900, 900)
+    return bytes(blob)
+
+
 def hostile_cases() -> dict[str, tuple[bytes, str]]:
     valid = build(good())
     bomb = deflated(b"\0" * (4 << 20))
@@ -641,6 +683,12 @@ def hostile_cases() -> dict[str, tuple[bytes, str]]:
             ),
             "CRC",
         ),
+        "drive letter name": (build([*good(), {"name": b"C:/evil", "data": b"x"}]), "escape"),
+        "NUL in a name": (build([*good(), {"name": b"a\0.memmap", "data": b"x"}]), "escape"),
+        "local header names another file": (local_renamed(), "names another file"),
+        "local method differs": (local_method_differs(), "method differs"),
+        "stored data past the entries": (stored_past_the_end(), "runs past"),
+        "more entries than the directory holds": (too_many_entries(), "too small"),
         "meta.json not JSON": (
             build([{"name": b"meta.json", "data": b"{nope"}, good()[1]]),
             "JSON",
@@ -691,6 +739,8 @@ def test_the_builder_makes_valid_archives(tmp_path: Path) -> None:
     path = tmp_path / "ok.tdz"
     path.write_bytes(build(good()))
     assert TensorDict.load_memmap(path)["a"].tolist() == [1, 2, 3, 4]  # unaligned: copied
+    with pytest.raises(RuntimeError, match=r"a\.memmap' is not aligned"):
+        TensorDict.load_memmap(path, mode="r+")
     path.write_bytes(
         build(
             [
@@ -700,7 +750,7 @@ def test_the_builder_makes_valid_archives(tmp_path: Path) -> None:
         )
     )
     assert TensorDict.load_memmap(path)["a"].tolist() == [1, 2, 3, 4]
-    with pytest.raises(RuntimeError, match=r"a\.memmap"):
+    with pytest.raises(RuntimeError, match=r"a\.memmap' is compressed"):
         TensorDict.load_memmap(path, mode="r+")
 
 
@@ -836,6 +886,37 @@ def crash_server(path: Path, kills: int) -> None:
     crash_tree(current + 1).memmap(path)  # a finished save sweeps what killed ones left
     left = [n for n in os.listdir(path.parent) if n.startswith(f".{path.name}.tdrs-")]
     print(json.dumps({"leftovers": left}), flush=True)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is unix-only")
+def test_stale_staging_files_go_by_their_lock_not_their_pid(tmp_path: Path) -> None:
+    """A save removes another save's staging file only when that file's lock is free: a live
+    writer whose pid means nothing here (another machine, another pid namespace) keeps its
+    file; a killed writer's file goes even when its pid now belongs to a live process."""
+    from tensordict_rs import TensorDict
+
+    path = tmp_path / "x.tdz"
+    live = tmp_path / ".x.tdz.tdrs-2147483000-00000000000000aa"  # no such pid
+    dead = tmp_path / f".x.tdz.tdrs-{os.getppid()}-00000000000000bb"  # a live pid
+    mine = tmp_path / ".x.tdz.tdrs-7-0000000000000000x"  # the user's own file: no match
+    for p in (live, dead, mine):
+        p.write_bytes(b"data")
+    code = (
+        "import fcntl, sys; f = open(sys.argv[1], 'rb+'); fcntl.flock(f, fcntl.LOCK_EX);"
+        " print('locked', flush=True); sys.stdin.read()"
+    )
+    argv = [sys.executable, "-c", code, os.fspath(live)]
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+            TensorDict(sample(), [3]).memmap(path)
+            assert live.read_bytes() == b"data" and not dead.exists()
+        finally:
+            holder.kill()  # the writer dies mid-save: the kernel drops its lock
+            holder.wait()
+    TensorDict(sample(), [3]).memmap(path)
+    assert sorted(os.listdir(tmp_path)) == [mine.name, "x.tdz"]
+    assert mine.read_bytes() == b"data"
 
 
 def test_kill_during_archive_save(tmp_path: Path) -> None:

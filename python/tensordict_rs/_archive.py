@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -150,9 +151,10 @@ def load(
     node, buffers, copied = _native.load_archive(os.fspath(absolute), shared=mode == "r+")
     if mode == "r+" and copied:
         raise RuntimeError(
-            f"Cannot open {absolute} with mode='r+': entry {copied[0]!r} is compressed or not "
-            "aligned, so it must be copied and in-place writes could not reach the file. "
-            "Re-save the archive without compression to make it writable."
+            f"Cannot open {absolute} with mode='r+': entry {copied[0]!r} "
+            f"{_why_copied(absolute, copied[0])}, so it must be copied and in-place writes "
+            "could not reach the file. Re-save the archive without compression to make it "
+            "writable."
         )
     if device is None:
         device = _tree._device_or_none(node[1])
@@ -170,6 +172,14 @@ def load(
     if device is not None:
         td._device = device
     return td
+
+
+def _why_copied(path: Path, name: str) -> str:
+    """Why an entry the loader copied cannot be a view: its method, else its alignment (the
+    archive was validated by the load that reported it; zipfile only reads its directory)."""
+    with zipfile.ZipFile(path) as zf:
+        compressed = zf.getinfo(name).compress_type != zipfile.ZIP_STORED
+    return "is compressed" if compressed else "is not aligned for its dtype"
 
 
 def _spec(node: Any, buffers: list[Any]) -> tuple[list[int], list[tuple[Any, ...]]]:

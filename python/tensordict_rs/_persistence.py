@@ -304,6 +304,8 @@ class MemoryMapped:
         return_early: bool = False,
         existsok: bool = True,
         durable: bool = False,
+        archive: bool | None = None,
+        compression: str | int | None = None,
     ) -> Any:
         """``memmap(prefix, ...)``, under tensordict's other name: returns the saved TensorDict
         (memory-mapped, locked); this one is unchanged. ``TensorDict.load`` reads it back."""
@@ -314,6 +316,8 @@ class MemoryMapped:
             return_early=return_early,
             existsok=existsok,
             durable=durable,
+            archive=archive,
+            compression=compression,
         )
 
     dumps = save
