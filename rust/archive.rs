@@ -303,7 +303,7 @@ impl Archive {
         unsafe { std::slice::from_raw_parts(self.region.as_ptr(), self.region.len()) }
     }
 
-    fn entry(&self, name: &str) -> Option<&ZipEntry> {
+    pub(crate) fn entry(&self, name: &str) -> Option<&ZipEntry> {
         self.index.get(name).map(|&i| &self.entries[i])
     }
 
@@ -315,7 +315,7 @@ impl Archive {
 
     /// The whole content of an entry, decompressed and checked against its CRC, refusing
     /// entries larger than `limit`.
-    fn read(&self, e: &ZipEntry, limit: u64) -> Result<Vec<u8>> {
+    pub(crate) fn read(&self, e: &ZipEntry, limit: u64) -> Result<Vec<u8>> {
         let at = entry_path(&self.path, &e.name);
         if e.size > limit {
             return Err(bad(
