@@ -6,23 +6,33 @@ It is also run by ``tests/test_typing.py``, so every line here must work, not on
 
 from __future__ import annotations
 
-import concurrent.futures
+import os
 import tempfile
 from pathlib import Path
-from typing import assert_type
+from typing import Any, assert_type
 
 import tensordict_rs
 import torch
+import torch.distributed as dist
 from tensordict_rs import (
+    FileExistsRuntimeError,
     InvalidDirectoryError,
     InvalidTreeError,
+    LockedError,
     MemoryMappedTensor,
     NonTensorData,
+    SymlinkError,
     TensorDict,
     TensorDictError,
+    TensorDictFuture,
     UnsupportedFormatError,
+    is_memmap_archive,
+    pack_memmap,
+    refresh_archive_checksums,
+    unpack_memmap,
     verify,
 )
+from tensordict_rs.cli import main as cli_main
 
 
 def build() -> TensorDict:
@@ -52,23 +62,77 @@ def build() -> TensorDict:
     return td
 
 
+def ops(td: TensorDict) -> None:
+    """The element-wise, key and shape methods."""
+    assert_type(td.exclude("label") + 1, TensorDict)
+    assert_type(td.exclude("label") * td.exclude("label"), TensorDict)
+    num = td.exclude("label")
+    assert_type(-num, TensorDict)
+    assert_type(2 - num, TensorDict)
+    assert_type(num.exp(), TensorDict)
+    assert_type(num.clone().mul_(2), TensorDict)
+    assert_type(td.exclude("label").float(), TensorDict)
+    assert_type(td.abs(), TensorDict)
+    assert_type(td.clamp_min(0.0), TensorDict)
+    assert_type(td.masked_fill(torch.zeros(8, dtype=torch.bool), 0.0), TensorDict)
+    assert_type(td.select("obs"), TensorDict)
+    assert_type(td.exclude("label"), TensorDict)
+    assert_type(td.flatten_keys("."), TensorDict)
+    assert_type(td.update({"extra": torch.zeros(8)}), TensorDict)
+    assert_type(td.named_apply(lambda key, t: t), TensorDict)
+    assert isinstance(td.to_dict(), dict)
+    assert_type(td.is_shared(), bool)
+    assert_type(td.clone().share_memory_(), TensorDict)
+    assert_type(td.clone().zero_(), TensorDict)
+    assert_type(td.select("obs").view(2, 4), TensorDict)
+
+
 def persist(td: TensorDict, root: Path) -> None:
     saved = td.memmap(root / "a", num_threads=2, durable=True, progress=False)
     assert_type(saved, TensorDict)
     assert_type(saved.is_memmap(), bool)
     assert_type(saved.saved_path, Path | None)
-    future = td.memmap_like(root / "b", return_early=True)
-    assert_type(future, concurrent.futures.Future[TensorDict])
-    assert future.result().is_memmap()
-    loaded = TensorDict.load_memmap(root / "a")
+    maybe = td.memmap_like(root / "b", return_early=True, num_threads=2)
+    assert_type(maybe, TensorDict | TensorDictFuture)
+    done = maybe.result() if isinstance(maybe, TensorDictFuture) else maybe
+    assert done.is_memmap()
+    loaded = TensorDict.load_memmap(root / "a", progress=False)
     assert_type(loaded, TensorDict)
     assert_type(TensorDict.load(root / "a", device="cpu"), TensorDict)
+    assert_type(td.save(root / "c"), TensorDict)
+    assert_type(td.clone().memmap_(root / "d"), TensorDict)
     assert_type(verify(root / "a"), list[str])
     assert_type(tensordict_rs.verify(str(root / "a")), list[str])
     loaded.flush()
     td.to_safetensors(root / "a.safetensors", metadata={"format": "pt"})
     back = TensorDict.from_safetensors(root / "a.safetensors", separator=".")
     assert_type(back, TensorDict)
+
+
+def archives(td: TensorDict, root: Path) -> None:
+    """``.tdz`` archives: saved by suffix, packed, unpacked, checked."""
+    td.memmap(root / "t.tdz", compression="deflate")
+    assert_type(is_memmap_archive(root / "t.tdz"), bool)
+    packed = pack_memmap(root / "a", root / "p.tdz")
+    assert_type(packed, Path)
+    assert_type(unpack_memmap(packed, root / "u"), Path)
+    assert_type(refresh_archive_checksums(packed), Path)
+    shared = TensorDict.load_memmap(packed, mode="r+")
+    assert (shared == TensorDict.load_memmap(root / "u")).all()
+    assert_type(cli_main(["verify", "--json", os.fspath(packed)]), int)
+
+
+def distributed(td: TensorDict, root: Path) -> None:
+    """The torch.distributed methods, on a one-process gloo group."""
+    dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=0, world_size=1)
+    try:
+        x = td.select("obs").clone()
+        assert_type(x.broadcast(0), TensorDict)
+        assert_type(x.all_reduce(), list[Any] | None)
+        assert_type(x.all_gather(), list[Any])
+        assert_type(x.gather_and_stack(0), TensorDict | None)
+    finally:
+        dist.destroy_process_group()
 
 
 def tensors(root: Path) -> None:
@@ -88,15 +152,25 @@ def errors() -> list[type[Exception]]:
         InvalidDirectoryError,
         InvalidTreeError,
         UnsupportedFormatError,
+        LockedError,
+        SymlinkError,
     ]
     assert all(issubclass(e, TensorDictError) for e in out)
+    # the OSError of an existing target, a RuntimeError too where tensordict raises one
+    assert issubclass(FileExistsRuntimeError, FileExistsError)
+    assert issubclass(FileExistsRuntimeError, RuntimeError)
+    out.append(FileExistsRuntimeError)
     return out
 
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        persist(build(), root)
+        td = build()
+        ops(td)
+        persist(td, root)
+        archives(td, root)
+        distributed(td, root)
         tensors(root)
         errors()
     print("ok")
