@@ -14,6 +14,7 @@ use crate::buffer::Buffer;
 use crate::error::Error;
 use crate::layout;
 use crate::load::{self, LoadedEntry, LoadedNode};
+use crate::parallel;
 use crate::safetensors_io::{self, TensorBytes};
 use crate::save::{self, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
 use crate::storage::{self, Region};
@@ -264,7 +265,11 @@ fn summary_to_py<'py>(py: Python<'py>, node: summary::SummaryNode) -> PyResult<B
 /// `(0, key, dtype, shape, nbytes)`, `(1, key, subtree)` or `(2, key, json_text)`.
 #[pyfunction]
 pub fn tree_summary<'py>(py: Python<'py>, prefix: PathBuf) -> PyResult<Bound<'py, PyTuple>> {
-    let node = py.detach(|| summary::summarize(&prefix))?;
+    // A file is read as a `.tdz` archive (its meta.json entries; no data entry is read).
+    let node = py.detach(|| match prefix.is_file() {
+        true => summary::summarize_archive(&prefix),
+        false => summary::summarize(&prefix),
+    })?;
     summary_to_py(py, node)
 }
 
@@ -445,4 +450,47 @@ pub fn reopen_archive(
 ) -> PyResult<Buffer> {
     let region = py.detach(|| archive::reopen(&path, identity, offset, nbytes, shared))?;
     Ok(Buffer::slice(&region, offset, nbytes))
+}
+
+/// A byte counter for progress bars. Used as a context manager around native calls on one
+/// thread (`with counter: _native.write_tree(...)`): the calls made inside it advance it from
+/// their worker threads with the GIL released (see `parallel::counting`), and another Python
+/// thread reads `value` to draw a bar. No call takes a parameter for it.
+#[pyclass(frozen, module = "tensordict_rs._native")]
+pub struct ProgressCounter {
+    value: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[pymethods]
+impl ProgressCounter {
+    #[new]
+    fn new() -> Self {
+        ProgressCounter {
+            value: Default::default(),
+        }
+    }
+
+    /// Bytes counted so far.
+    #[getter]
+    fn value(&self) -> u64 {
+        self.value.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Adds `n` bytes (for work done on the Python side).
+    fn add(&self, n: u64) {
+        self.value.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counts the native calls this thread makes until `__exit__`.
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        parallel::set_progress(Some(slf.value.clone()));
+        slf
+    }
+
+    /// Stops counting this thread's calls.
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, PyTuple>) -> bool {
+        parallel::set_progress(None);
+        false
+    }
 }

@@ -42,6 +42,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<buffer::Buffer>()?;
+    m.add_class::<api::ProgressCounter>()?;
     m.add_function(wrap_pyfunction!(api::write_tree, m)?)?;
     m.add_function(wrap_pyfunction!(api::anonymous_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(api::load_tree, m)?)?;

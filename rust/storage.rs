@@ -200,14 +200,27 @@ pub fn fill_file(file: &File, src: Option<&[u8]>, len: usize) -> io::Result<()> 
     }
 }
 
-#[cfg(unix)]
+/// `pwrite` of all of `data` at `offset`. In a counted call (`parallel::counting`, a progress
+/// bar) it writes in `PROGRESS_CHUNK` pieces and advances the counter after each one.
 pub fn write_all_at(file: &File, data: &[u8], offset: u64) -> io::Result<()> {
+    if !crate::parallel::counted() {
+        return pwrite_all(file, data, offset);
+    }
+    for (i, piece) in data.chunks(crate::parallel::PROGRESS_CHUNK).enumerate() {
+        pwrite_all(file, piece, offset + (i * crate::parallel::PROGRESS_CHUNK) as u64)?;
+        crate::parallel::advance(piece.len() as u64);
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn pwrite_all(file: &File, data: &[u8], offset: u64) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
     file.write_all_at(data, offset)
 }
 
 #[cfg(windows)]
-pub fn write_all_at(file: &File, mut data: &[u8], mut offset: u64) -> io::Result<()> {
+fn pwrite_all(file: &File, mut data: &[u8], mut offset: u64) -> io::Result<()> {
     use std::os::windows::fs::FileExt;
     while !data.is_empty() {
         let n = file.seek_write(data, offset)?;

@@ -7,9 +7,11 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::archive::Archive;
 use crate::dir::{Dir, EntryKind};
 use crate::error::{Error, Result};
 use crate::layout::{self, Entry, NodeMeta};
+use crate::storage::MapMode;
 
 /// One entry of a summarized directory.
 #[derive(Debug)]
@@ -43,11 +45,15 @@ fn read_meta(dir: &Dir) -> Result<(NodeMeta, Option<u64>)> {
             }
             _ => Error::io(&path, e),
         })?;
-    let meta = layout::parse_meta(&bytes, &path)?;
+    meta_and_version(&bytes, &path)
+}
+
+fn meta_and_version(bytes: &[u8], path: &Path) -> Result<(NodeMeta, Option<u64>)> {
+    let meta = layout::parse_meta(bytes, path)?;
     // parse_meta validated the JSON; the version is read from the same bytes by a second pass
     // that skips everything else without building values (a fraction of the first pass).
     let version = match &meta {
-        NodeMeta::TensorDict(_) => serde_json::from_slice::<VersionOnly>(&bytes)
+        NodeMeta::TensorDict(_) => serde_json::from_slice::<VersionOnly>(bytes)
             .ok()
             .and_then(|v| v.format_version)
             .and_then(|v| v.as_u64()),
@@ -127,6 +133,70 @@ fn summarize_dir(dir: &Dir, depth: usize) -> Result<SummaryNode> {
 pub fn summarize(prefix: &Path) -> Result<SummaryNode> {
     let root = Dir::open(prefix).map_err(|e| Error::io(prefix, e))?;
     summarize_dir(&root, 0)
+}
+
+/// Summarizes the `.tdz` archive at `path` from its meta.json entries (the archive index is
+/// validated as the loader does; data entries are neither read nor inflated).
+pub fn summarize_archive(path: &Path) -> Result<SummaryNode> {
+    let ar = Archive::open(path, MapMode::ReadOnly)?;
+    summarize_entry(&ar, "", 0)
+}
+
+fn archive_meta(ar: &Archive, dir: &str) -> Result<Option<(NodeMeta, Option<u64>)>> {
+    let name = format!("{dir}{}", layout::META_FILE);
+    let Some(e) = ar.entry(&name) else { return Ok(None) };
+    let bytes = ar.read(e, layout::META_LIMIT)?;
+    meta_and_version(&bytes, &ar.path.join(&name)).map(Some)
+}
+
+fn summarize_entry(ar: &Archive, dir: &str, depth: usize) -> Result<SummaryNode> {
+    let at = ar.path.join(format!("{dir}{}", layout::META_FILE));
+    if depth > layout::MAX_DEPTH {
+        return Err(Error::invalid(&at, "the tree is nested too deeply"));
+    }
+    let meta = match archive_meta(ar, dir)? {
+        None => return Err(Error::invalid(&at, "meta.json is missing")),
+        Some((NodeMeta::TensorDict(m), version)) => (m, version),
+        Some((NodeMeta::NonTensor(_), _)) => {
+            return Err(Error::unsupported(
+                &at,
+                "this archive holds a single non-tensor value, not a TensorDict",
+            ))
+        }
+    };
+    let (meta, format_version) = meta;
+    let mut entries = Vec::with_capacity(meta.entries.len());
+    for (key, entry) in meta.entries {
+        let summary = match entry {
+            Entry::Leaf(leaf) => SummaryEntry::Leaf {
+                dtype: leaf.dtype.name,
+                shape: leaf.shape,
+                nbytes: leaf.nbytes,
+            },
+            Entry::Collection => {
+                let child = format!("{dir}{}/", layout::encode_key(&key));
+                match archive_meta(ar, &child)? {
+                    None => {
+                        return Err(Error::invalid(
+                            ar.path.join(&child),
+                            format!("the sub-directory of key {key:?} is missing"),
+                        ))
+                    }
+                    Some((NodeMeta::NonTensor(value), _)) => SummaryEntry::NonTensor(value),
+                    Some((NodeMeta::TensorDict(_), _)) => {
+                        SummaryEntry::Node(summarize_entry(ar, &child, depth + 1)?)
+                    }
+                }
+            }
+        };
+        entries.push((key, summary));
+    }
+    Ok(SummaryNode {
+        batch: meta.batch,
+        device: meta.device,
+        format_version,
+        entries,
+    })
 }
 
 #[cfg(test)]

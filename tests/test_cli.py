@@ -140,7 +140,7 @@ def test_verify_exit_codes_and_json(tmp_path: Path, saved: Path) -> None:
 
     gone = cli("verify", str(saved), str(tmp_path / "nope"), "--json")
     assert gone.returncode == 2
-    assert json.loads(gone.stdout)["results"][1]["error"] == "no such directory"
+    assert json.loads(gone.stdout)["results"][1]["error"] == "no such file or directory"
     assert cli("verify").returncode == 2  # usage: argparse
 
 

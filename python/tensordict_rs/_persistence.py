@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from . import _archive, _native, _tree
+from . import _archive, _native, _progress, _tree
 from ._devices import _normalize_device
 from ._tree import NonTensorData, _LazyLeaf
 from .memmap import MemoryMappedTensor
@@ -105,6 +105,7 @@ class MemoryMapped:
         durable: bool = False,
         archive: bool | None = None,
         compression: str | int | None = None,
+        progress: bool = False,
     ) -> Any:
         """Moves every tensor into memory maps, in place, then locks the keys; returns self.
 
@@ -121,6 +122,8 @@ class MemoryMapped:
         ``result()`` waits), as tensordict does; otherwise the save finishes first.
         With ``archive=True`` or a prefix ending in ``.tdz`` the tree is one zip archive (see
         ``_archive``), its leaves views of it; ``compression="deflate"`` compresses them.
+        ``progress=True`` draws a ``tqdm`` bar of the bytes written (needs tqdm; off when
+        ``TENSORDICT_RS_NO_PROGRESS=1`` and in DataLoader workers).
         """
         path = Path(prefix).absolute() if prefix is not None else self._memmap_prefix
         if self._is_memmap and path == self._memmap_prefix and prefix is None:
@@ -128,7 +131,16 @@ class MemoryMapped:
             return _maybe_done(cast("TensorDict", self), return_early, num_threads, lambda: None)
         if _archive.wanted(path, archive, compression):
             return _to_archive(
-                self, path, return_early, False, True, compression, existsok, durable, num_threads
+                self,
+                path,
+                return_early,
+                False,
+                True,
+                compression,
+                existsok,
+                durable,
+                num_threads,
+                progress=progress,
             )
 
         return _save(
@@ -141,6 +153,7 @@ class MemoryMapped:
             num_threads=num_threads,
             existsok=existsok,
             durable=durable,
+            progress=progress,
         )
 
     def _structure(self) -> TensorDict:
@@ -167,6 +180,7 @@ class MemoryMapped:
         durable: bool = False,
         archive: bool | None = None,
         compression: str | int | None = None,
+        progress: bool = False,
     ) -> Any:
         """Like ``memmap_`` but returns a new memory-mapped TensorDict; this one is unchanged.
 
@@ -191,6 +205,7 @@ class MemoryMapped:
                 existsok,
                 durable,
                 num_threads,
+                progress=progress,
             )
         return _save(
             self._structure(),
@@ -202,6 +217,7 @@ class MemoryMapped:
             num_threads=num_threads,
             existsok=existsok,
             durable=durable,
+            progress=progress,
         )
 
     def memmap_like(
@@ -215,6 +231,7 @@ class MemoryMapped:
         durable: bool = False,
         reserve: bool = True,
         archive: bool | None = None,
+        progress: bool = False,
     ) -> Any:
         """A new locked TensorDict of memory maps with the same keys, shapes and dtypes (no
         values copied; source leaves may be on any device, ``meta`` included).
@@ -243,6 +260,7 @@ class MemoryMapped:
                 existsok,
                 durable,
                 num_threads,
+                progress=progress,
             )
         return _save(
             self._structure(),
@@ -255,6 +273,7 @@ class MemoryMapped:
             existsok=existsok,
             durable=durable,
             sparse=not reserve,
+            progress=progress,
         )
 
     @classmethod
@@ -269,6 +288,7 @@ class MemoryMapped:
         mode: str | None = None,
         num_threads: int = 0,
         allow_pickle: bool | None = None,
+        progress: bool = False,
     ) -> TensorDict:
         """Loads a directory saved by ``memmap_``/``memmap``/``memmap_like`` here or by tensordict.
 
@@ -280,20 +300,31 @@ class MemoryMapped:
         TensorDict (see ``load_memmap_``). ``num_threads`` is accepted for tensordict's
         signature: the whole tree is already opened in one native call.
         A file is read as a ``.tdz`` archive: one map, each leaf a view of it, copy-on-write
-        unless ``mode="r+"`` (then writes reach the file).
+        unless ``mode="r+"`` (then writes reach the file). ``progress=True`` draws a bar of
+        the bytes mapped or copied (see ``memmap_``).
         """
         _check_load_options(robust_key, allow_pickle)
         if out is not None:
             return cast("TensorDict", out.load_memmap_(prefix))
         target = _normalize_device(device)
         if os.path.isfile(prefix):
-            return _archive.load(cast("type[TensorDict]", cls), prefix, target, non_blocking, mode)
+            return _progress.load(
+                progress,
+                prefix,
+                lambda: _archive.load(
+                    cast("type[TensorDict]", cls), prefix, target, non_blocking, mode
+                ),
+            )
         if mode not in (None, "r+"):
             raise ValueError(
                 f"mode {mode!r}: directories are mapped shared where writable (mode='r+'); "
                 "copy-on-write mode='r' is supported for .tdz archives only"
             )
-        return _tree.load(cast("type[TensorDict]", cls), prefix, target, non_blocking)
+        return _progress.load(
+            progress,
+            prefix,
+            lambda: _tree.load(cast("type[TensorDict]", cls), prefix, target, non_blocking),
+        )
 
     def save(
         self,
@@ -304,6 +335,7 @@ class MemoryMapped:
         return_early: bool = False,
         existsok: bool = True,
         durable: bool = False,
+        progress: bool = False,
         archive: bool | None = None,
         compression: str | int | None = None,
     ) -> Any:
@@ -316,6 +348,7 @@ class MemoryMapped:
             return_early=return_early,
             existsok=existsok,
             durable=durable,
+            progress=progress,
             archive=archive,
             compression=compression,
         )
@@ -423,6 +456,7 @@ def _to_archive(
     existsok: bool,
     durable: bool,
     num_threads: int,
+    progress: bool = False,
 ) -> Any:
     """Writes ``target`` as a ``.tdz`` archive at ``path`` (see ``_archive.write``)."""
     assert path is not None  # _archive.wanted refuses an archive without a path
@@ -430,15 +464,20 @@ def _to_archive(
         target,
         return_early,
         num_threads,
-        lambda: _archive.write(
+        _progress.around(
+            progress,
+            "memmap",
             target,
-            path,
-            like=like,
-            inplace=inplace,
-            compression=compression,
-            existsok=existsok,
-            durable=durable,
-            num_threads=num_threads,
+            lambda: _archive.write(
+                target,
+                path,
+                like=like,
+                inplace=inplace,
+                compression=compression,
+                existsok=existsok,
+                durable=durable,
+                num_threads=num_threads,
+            ),
         ),
     )
 
@@ -455,6 +494,7 @@ def _save(
     existsok: bool,
     durable: bool,
     sparse: bool = False,
+    progress: bool = False,
 ) -> Any:
     """Memory-maps ``target`` in place and locks it (or returns a Future of that)."""
 
@@ -472,4 +512,6 @@ def _save(
         )
         target._lock_tree()
 
-    return _maybe_done(target, return_early, num_threads, work)
+    return _maybe_done(
+        target, return_early, num_threads, _progress.around(progress, "memmap", target, work)
+    )

@@ -17,6 +17,7 @@ from ._persistence import MemoryMapped
 from ._repr import compact_repr
 from ._sharing import Shareable, register
 from ._tree import NonTensorData, TreeNode, _LazyLeaf
+from ._typed_ops import _PointwiseTypes
 from ._walk import KeyList, map_leaves, walk_items, zip_leaves
 from .distributed import Distributed
 from .ops import apply as _apply
@@ -60,7 +61,9 @@ def _as_key(key: Key) -> tuple[str, ...]:
     raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
 
 
-class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Shareable):
+class TensorDict(
+    TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Shareable, _PointwiseTypes
+):
     """A dictionary of tensors with common leading batch dimensions and an optional device.
 
     >>> td = TensorDict({"obs": torch.zeros(8, 3), "next": {"done": torch.zeros(8, 1)}}, [8])

@@ -1,8 +1,9 @@
 """The ``tensordict-rs`` command (also ``python -m tensordict_rs``).
 
-``info`` and ``verify`` read directories without importing torch (the Rust core reads the
-meta.json files); ``copy`` and ``convert`` go through the library's save path and import torch
-only when they run. Exit status: 0 success, 1 problems found (or a directory that cannot be
+Trees are tensordict directories or ``.tdz`` archives (one zip file). ``info`` and ``verify``
+read them without importing torch (the Rust core reads the meta.json files or entries);
+``copy`` and ``convert`` go through the library's save path and import torch only when they
+run. Exit status: 0 success, 1 problems found (or a directory that cannot be
 read as a tree), 2 usage or I/O errors.
 
 >>> main(["verify", "/nonexistent/dir"])
@@ -26,31 +27,47 @@ OK, PROBLEMS, USAGE = 0, 1, 2
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tensordict-rs",
-        description="Inspect, check, copy and convert tensordict memory-mapped directories.",
+        description="Inspect, check, copy and convert tensordict memory-mapped directories "
+        "and .tdz archives.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    info = sub.add_parser("info", help="the tree, dtypes, shapes and byte sizes of a directory")
-    info.add_argument("dir")
+    info = sub.add_parser(
+        "info", help="the tree, dtypes, shapes and byte sizes of a directory or .tdz archive"
+    )
+    info.add_argument("dir", metavar="path")
     info.add_argument("--json", action="store_true", help="print one JSON object")
-    check = sub.add_parser("verify", help="check saved directories without loading them")
-    check.add_argument("dirs", nargs="+", metavar="dir")
+    check = sub.add_parser(
+        "verify", help="check saved directories or .tdz archives without loading them"
+    )
+    check.add_argument("dirs", nargs="+", metavar="path")
     check.add_argument("--json", action="store_true", help="print one JSON object")
     copy = sub.add_parser(
-        "copy", help="re-save a directory atomically (the save path's guarantees)"
+        "copy",
+        help="re-save a tree atomically (the save path's guarantees), between directories "
+        "and .tdz archives either way",
     )
-    copy.add_argument("src")
-    copy.add_argument("dst")
+    copy.add_argument("src", help="a tensordict directory or .tdz archive")
+    copy.add_argument("dst", help="the directory or archive (a .tdz name) to write")
+    copy.add_argument(
+        "--progress", action="store_true", help="show a progress bar in bytes (needs tqdm)"
+    )
     copy.add_argument("--durable", action="store_true", help="fsync everything before returning")
     copy.add_argument("--overwrite", action="store_true", help="replace an existing tree at dst")
     convert = sub.add_parser(
-        "convert", help="between a directory and a .safetensors file (either way)"
+        "convert",
+        help="between a directory, a .tdz archive and a .safetensors file (any way)",
     )
-    convert.add_argument("src", help="a tensordict directory or a .safetensors file")
-    convert.add_argument("dst", help="the .safetensors file or the directory to write")
+    convert.add_argument("src", help="a tensordict directory, .tdz archive or .safetensors file")
+    convert.add_argument(
+        "dst", help="what to write: a .safetensors or .tdz name, anything else a directory"
+    )
     convert.add_argument(
         "--separator", default=".", help="joins nested keys into safetensors names (default '.')"
     )
     convert.add_argument("--overwrite", action="store_true", help="replace an existing dst")
+    convert.add_argument(
+        "--progress", action="store_true", help="show a progress bar in bytes (needs tqdm)"
+    )
     sub.add_parser("demo", help="run the replay-buffer demo (see python -m tensordict_rs.demo -h)")
     return parser
 
@@ -60,7 +77,8 @@ def _error(message: str) -> None:
 
 
 def cmd_info(path: str, as_json: bool) -> int:
-    """Prints what the directory holds; 1 if it is not a readable tree, 2 on I/O errors."""
+    """Prints what the directory or archive holds; 1 if it is not a readable tree, 2 on I/O
+    errors."""
     from .info import format_json, format_text, summarize
 
     try:
@@ -76,18 +94,24 @@ def cmd_info(path: str, as_json: bool) -> int:
 
 
 def cmd_verify(dirs: Sequence[str], as_json: bool) -> int:
-    """Checks each directory; prints every problem. 0 clean, 1 problems, 2 unreadable paths."""
+    """Checks each directory or archive (every CRC of an archive too); prints every problem.
+    0 clean, 1 problems, 2 unreadable paths."""
     status = OK
     results = []
     for d in dirs:
-        if not os.path.isdir(d):
-            why = "no such directory" if not os.path.exists(d) else "not a directory"
+        if not os.path.exists(d) or not (os.path.isdir(d) or os.path.isfile(d)):
+            why = (
+                "no such file or directory" if not os.path.exists(d) else "not a directory or file"
+            )
             results.append({"path": d, "ok": False, "error": why, "problems": []})
             status = USAGE
             if not as_json:
                 _error(f"{d}: {why}")
             continue
-        problems = _native.verify_tree(os.fspath(d))
+        if os.path.isfile(d):
+            problems = _native.verify_archive(os.fspath(d))
+        else:
+            problems = _native.verify_tree(os.fspath(d))
         results.append({"path": d, "ok": not problems, "problems": problems})
         if problems:
             status = max(status, PROBLEMS)
@@ -124,10 +148,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "copy":
-            transfer.copy(args.src, args.dst, durable=args.durable, overwrite=args.overwrite)
+            transfer.copy(
+                args.src,
+                args.dst,
+                progress=args.progress,
+                durable=args.durable,
+                overwrite=args.overwrite,
+            )
         else:
-            transfer.convert(args.src, args.dst, separator=args.separator, overwrite=args.overwrite)
-    except transfer.UsageError as err:
+            transfer.convert(
+                args.src,
+                args.dst,
+                separator=args.separator,
+                overwrite=args.overwrite,
+                progress=args.progress,
+            )
+    except (transfer.UsageError, ImportError) as err:
         _error(str(err))
         return USAGE
     except OSError as err:

@@ -1,0 +1,93 @@
+"""Runnable docs: every docstring example in the package runs as a doctest, and the README's
+"Recipes" run as they are written (Python blocks, then the shell block), in one empty dir."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import inspect
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tensordict_rs
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+MODULES = sorted(
+    m.name
+    for m in pkgutil.walk_packages(tensordict_rs.__path__, "tensordict_rs.")
+    if m.name != "tensordict_rs._native"
+)
+
+
+@pytest.mark.parametrize("name", ["tensordict_rs", *MODULES])
+def test_doctests(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    module = importlib.import_module(name)
+    flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    result = doctest.testmod(module, optionflags=flags, verbose=False, report=True)
+    assert result.failed == 0, f"{result.failed} doctest(s) of {name} failed (see above)"
+
+
+# The public names whose docstrings must show an example (checked: the examples run above).
+EXAMPLES = [
+    "TensorDict",
+    "TensorDict.memmap_",
+    "TensorDict.memmap",
+    "TensorDict.memmap_like",
+    "TensorDict.load_memmap",
+    "TensorDict.from_safetensors",
+    "TensorDict.to_safetensors",
+    "TensorDict.index_select",
+    "MemoryMappedTensor",
+    "NonTensorData",
+    "verify",
+]
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_public_names_have_examples(name: str) -> None:
+    obj: object = tensordict_rs
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    doc = inspect.getdoc(obj) or ""
+    assert ">>> " in doc, f"{name} has no example in its docstring"
+
+
+def test_every_public_method_has_a_docstring() -> None:
+    missing = [
+        name
+        for name, member in inspect.getmembers(tensordict_rs.TensorDict)
+        if not name.startswith("_") and callable(member) and not inspect.getdoc(member)
+    ]
+    assert missing == []
+
+
+def recipes() -> list[tuple[str, str]]:
+    text = README.read_text()
+    start = text.index("\n## Recipes\n")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end != -1 else len(text)]
+    return re.findall(r"```(python|bash)\n(.*?)```", section, flags=re.S)
+
+
+def test_readme_recipes_run(tmp_path: Path) -> None:
+    blocks = recipes()
+    assert [lang for lang, _ in blocks].count("python") >= 3 and blocks[-1][0] == "bash"
+    env = {**os.environ, "TENSORDICT_RS_NO_PROGRESS": "1"}
+    for lang, code in blocks:
+        if lang == "python":
+            cmd = [sys.executable, "-c", code]
+        else:
+            alias = f'tensordict-rs() {{ "{sys.executable}" -m tensordict_rs "$@"; }}\n'
+            cmd = ["bash", "-euo", "pipefail", "-c", alias + code]
+        out = subprocess.run(
+            cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, f"this README recipe failed:\n{code}\n{out.stderr}"
+    assert (tmp_path / "dataset-again" / "meta.json").is_file()
+    assert '"leaves": 4' in (tmp_path / "replay.json").read_text()
