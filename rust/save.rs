@@ -10,18 +10,31 @@
 //! symlinks) is never replaced, moved or followed: a save that would have to replace one
 //! refuses before it changes anything.
 
-use std::collections::HashSet;
+//!
+//! `save_validate.rs` checks a tree before anything is written, `save_plan.rs` walks it against
+//! the old one and stages its files, `save_file.rs` writes single files (`from_tensor`).
+
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 
-use crate::commit::{self, Journal, Op, SaveLock, Staging};
-use crate::dir::{Dir, EntryKind, EntryStat};
+use crate::commit::{self, SaveLock, Staging};
+use crate::dir::{Dir, EntryKind};
 use crate::error::{Error, Result};
-use crate::layout::{self, EntryMeta};
-use crate::parallel;
-use crate::storage::{self, MapMode, Region};
+use crate::layout;
+use crate::storage::Region;
+
+#[path = "save_file.rs"]
+mod file;
+#[path = "save_plan.rs"]
+mod plan;
+#[path = "save_validate.rs"]
+mod validate;
+
+pub use file::write_file;
+use plan::Plan;
+pub use validate::validate;
 
 /// One tensor leaf to save. `data` is `None` for `memmap_like` (an existing file is kept
 /// as it is; a new one is zero-filled).
@@ -61,82 +74,6 @@ pub struct SaveOptions {
     /// New zero-filled files (`memmap_like`) are sparse instead of reserved: faster, but a
     /// full disk then shows as SIGBUS on first write instead of ENOSPC here.
     pub sparse: bool,
-}
-
-/// Checks that the tree can be stored and loaded back: no reserved keys, no two entries on
-/// one file name, sizes consistent with shapes (within the limits the loader enforces),
-/// leaves that start with their node's batch size, no deeper nesting than the loader follows.
-pub fn validate(node: &NodeSpec, leaves: &[LeafSpec<'_>], path: &Path) -> Result<()> {
-    validate_at(node, leaves, path, 0)
-}
-
-fn validate_at(node: &NodeSpec, leaves: &[LeafSpec<'_>], path: &Path, depth: usize) -> Result<()> {
-    if depth > layout::MAX_DEPTH {
-        return Err(Error::tree(
-            path,
-            format!(
-                "the tree is nested more than {} levels deep, which no loader here would read back",
-                layout::MAX_DEPTH
-            ),
-        ));
-    }
-    let mut names: HashSet<String> = HashSet::new();
-    for (key, entry) in &node.entries {
-        if layout::RESERVED_KEYS.contains(&key.as_str()) {
-            return Err(Error::tree(
-                path,
-                format!("key {key:?} is reserved by the meta.json format and would be lost; rename it"),
-            ));
-        }
-        let name = match entry {
-            EntrySpec::Leaf(_) => layout::leaf_file(key),
-            _ => layout::encode_key(key),
-        };
-        let folded = layout::fold_case(&name);
-        if folded == layout::META_FILE || !names.insert(folded) {
-            return Err(Error::tree(
-                path,
-                format!("key {key:?} would be stored as {name:?}, which another entry uses"),
-            ));
-        }
-        match entry {
-            EntrySpec::Leaf(i) => {
-                let leaf = leaves
-                    .get(*i)
-                    .ok_or_else(|| Error::tree(path, format!("key {key:?}: no such leaf")))?;
-                let dt = layout::dtype(&leaf.dtype).ok_or_else(|| {
-                    Error::tree(
-                        path,
-                        format!("key {key:?}: dtype {:?} cannot be stored", leaf.dtype),
-                    )
-                })?;
-                let expect = layout::nbytes(&leaf.shape, dt.itemsize).ok_or_else(|| {
-                    Error::tree(path, format!("key {key:?}: shape {:?} overflows", leaf.shape))
-                })?;
-                if expect != leaf.nbytes || leaf.data.is_some_and(|d| d.len() != expect) {
-                    return Err(Error::tree(
-                        path,
-                        format!(
-                            "key {key:?}: {} bytes given for shape {:?}",
-                            leaf.nbytes, leaf.shape
-                        ),
-                    ));
-                }
-                if !leaf.shape.starts_with(&node.batch) {
-                    return Err(Error::tree(
-                        path,
-                        format!(
-                            "key {key:?}: shape {:?} does not start with the batch size {:?}",
-                            leaf.shape, node.batch
-                        ),
-                    ));
-                }
-            }
-            EntrySpec::Node(child) => validate_at(child, leaves, &path.join(&name), depth + 1)?,
-            EntrySpec::NonTensor(_) => {}
-        }
-    }
-    Ok(())
 }
 
 /// Writes the tree to `prefix` (created if missing) and maps every leaf file.
@@ -188,7 +125,7 @@ fn open_or_create(target: &Path) -> Result<(Dir, bool)> {
     Ok((dir, created))
 }
 
-fn already_exists() -> io::Error {
+pub(crate) fn already_exists() -> io::Error {
     #[cfg(unix)]
     {
         io::Error::from_raw_os_error(libc::EEXIST)
@@ -217,395 +154,6 @@ fn refuse_existing(dir: &Dir, root: &NodeSpec) -> Result<()> {
     Ok(())
 }
 
-/// A data file to write into a staging directory.
-struct FileJob {
-    stage: usize,
-    staged: String,
-    final_path: PathBuf,
-    leaf: usize,
-}
-
-/// Everything one save will do, gathered while walking the new tree against the old one.
-struct Plan {
-    mkdirs: Vec<Op>,
-    data: Vec<Op>,
-    metas: Vec<Op>,
-    removals: Vec<Op>,
-    jobs: Vec<FileJob>,
-    regions: Vec<Option<Region>>,
-    staged_metas: usize,
-}
-
-/// The names a directory of the old tree owns, from its meta.json (read leniently: a damaged
-/// old tree still tells what is its own).
-#[derive(Default)]
-struct OldDir {
-    files: Vec<String>,
-    dirs: Vec<String>,
-}
-
-impl OldDir {
-    fn read(dir: &Dir) -> OldDir {
-        let mut old = OldDir::default();
-        let Ok(bytes) = dir.read_limited(layout::META_FILE, layout::META_LIMIT) else {
-            return old;
-        };
-        let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&bytes) else {
-            return old;
-        };
-        for (key, value) in map {
-            if let Value::Object(entry) = value {
-                if entry.contains_key("type") {
-                    old.dirs.push(layout::encode_key(&key));
-                } else if entry.contains_key("dtype") || entry.contains_key("shape") {
-                    old.files.push(layout::leaf_file(&key));
-                }
-            }
-        }
-        old
-    }
-
-    fn owns_file(&self, name: &str) -> bool {
-        self.files.iter().any(|n| n == name)
-    }
-}
-
-/// True when `dir/meta.json` is absent or a tensordict meta.json (ours to replace).
-fn meta_is_ours(dir: &Dir) -> Result<bool> {
-    let path = dir.child_path(layout::META_FILE);
-    match dir.stat(layout::META_FILE).map_err(|e| Error::io(&path, e))? {
-        None => Ok(true),
-        Some(st) if st.kind == EntryKind::File => {
-            let Ok(bytes) = dir.read_limited(layout::META_FILE, layout::META_LIMIT) else {
-                return Ok(false);
-            };
-            Ok(matches!(
-                serde_json::from_slice::<Value>(&bytes),
-                Ok(Value::Object(map)) if map.contains_key("_type") || map.contains_key("shape")
-            ))
-        }
-        Some(_) => Ok(false),
-    }
-}
-
-fn foreign(path: &Path, what: &str) -> Error {
-    Error::io(
-        path,
-        io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            format!("{what} that the saved tree does not own is in the way; refusing to replace it (move it away first)"),
-        ),
-    )
-}
-
-fn kind_name(kind: EntryKind) -> &'static str {
-    match kind {
-        EntryKind::File => "a file",
-        EntryKind::Dir => "a directory",
-        EntryKind::Symlink => "a symlink",
-        _ => "a special file",
-    }
-}
-
-fn with(rel: &[String], name: &str) -> Vec<String> {
-    let mut path = rel.to_vec();
-    path.push(name.to_string());
-    path
-}
-
-/// Maps an existing file in place (writable files shared, read-only ones copy-on-write).
-fn map_existing(dir: &Dir, name: &str, nbytes: usize) -> Result<Region> {
-    let path = dir.child_path(name);
-    let (file, writable) = dir.open_file(name).map_err(|e| Error::io(&path, e))?;
-    let mode = if writable {
-        MapMode::Shared
-    } else {
-        MapMode::CopyOnWrite
-    };
-    if writable {
-        storage::reserve_existing(&file, nbytes).map_err(|e| Error::io(&path, e))?;
-    }
-    storage::map_file(&file, nbytes, Some(path.clone()), mode).map_err(|e| Error::io(&path, e))
-}
-
-impl Plan {
-    #[allow(clippy::too_many_arguments)]
-    fn node(
-        &mut self,
-        root: &Dir,
-        staging: &mut Staging,
-        rel: &mut Vec<String>,
-        node: &NodeSpec,
-        leaves: &[LeafSpec<'_>],
-        opts: SaveOptions,
-        exists: bool,
-        parent_stage: usize,
-    ) -> Result<()> {
-        let final_path = commit_path(root.path(), rel);
-        let dir = if exists {
-            let dir = root.open_rel(rel).map_err(|e| Error::io(&final_path, e))?;
-            if !meta_is_ours(&dir)? {
-                return Err(foreign(
-                    &final_path.join(layout::META_FILE),
-                    "a meta.json that is not a tensordict's",
-                ));
-            }
-            Some(dir)
-        } else {
-            None
-        };
-        let old = dir.as_ref().map(OldDir::read).unwrap_or_default();
-        let stage = match &dir {
-            Some(d) => {
-                let mount = d.mount().map_err(|e| Error::io(&final_path, e))?;
-                staging.for_mount(d, rel, mount)?
-            }
-            None => parent_stage,
-        };
-        let stat = |name: &str| -> Result<Option<EntryStat>> {
-            match &dir {
-                Some(d) => d.stat(name).map_err(|e| Error::io(final_path.join(name), e)),
-                None => Ok(None),
-            }
-        };
-        let mut written: HashSet<String> = HashSet::new();
-        let mut metas = Vec::with_capacity(node.entries.len());
-        // Sub-trees are walked after this directory's own files, one open directory at a time.
-        let mut children: Vec<(String, &NodeSpec, bool)> = Vec::new();
-        for (key, entry) in &node.entries {
-            match entry {
-                EntrySpec::Leaf(i) => {
-                    let leaf = &leaves[*i];
-                    metas.push((
-                        key.as_str(),
-                        EntryMeta::Leaf {
-                            dtype: &leaf.dtype,
-                            shape: &leaf.shape,
-                            device: &leaf.device,
-                        },
-                    ));
-                    if leaf.nbytes == 0 {
-                        continue;
-                    }
-                    let name = layout::leaf_file(key);
-                    written.insert(name.clone());
-                    let path = final_path.join(&name);
-                    match stat(&name)? {
-                        None => {}
-                        Some(st) if st.kind == EntryKind::File => {
-                            let same = leaf.same_file == Some((st.dev, st.ino));
-                            if (same || leaf.data.is_none()) && st.size >= leaf.nbytes as u64 {
-                                // The source is this very file, or memmap_like reopens it.
-                                let d = dir.as_ref().expect("a file exists, so its directory does");
-                                self.regions[*i] = Some(map_existing(d, &name, leaf.nbytes)?);
-                                continue;
-                            }
-                            if leaf.data.is_none() {
-                                return Err(Error::tree(
-                                    &path,
-                                    format!(
-                                        "key {key:?}: the existing file holds {} bytes and the shape {:?} needs {}; memmap_like maps existing files as they are and does not grow them",
-                                        st.size, leaf.shape, leaf.nbytes
-                                    ),
-                                ));
-                            }
-                            if !old.owns_file(&name) {
-                                return Err(foreign(&path, "a file"));
-                            }
-                        }
-                        Some(st) => return Err(foreign(&path, kind_name(st.kind))),
-                    }
-                    let staged = format!("f{i}");
-                    self.data.push(Op::Rename {
-                        stage,
-                        name: staged.clone(),
-                        to: with(rel, &name),
-                    });
-                    self.jobs.push(FileJob {
-                        stage,
-                        staged,
-                        final_path: path,
-                        leaf: *i,
-                    });
-                }
-                EntrySpec::Node(child) => {
-                    let name = layout::encode_key(key);
-                    written.insert(name.clone());
-                    let present = self.need_dir(&final_path, rel, &name, stat(&name)?)?;
-                    children.push((name, child, present));
-                    metas.push((key.as_str(), EntryMeta::TensorDict));
-                }
-                EntrySpec::NonTensor(value) => {
-                    let name = layout::encode_key(key);
-                    written.insert(name.clone());
-                    let present = self.need_dir(&final_path, rel, &name, stat(&name)?)?;
-                    if present {
-                        let d = dir.as_ref().expect("a child exists, so its directory does");
-                        let sub = d
-                            .open_dir(&name)
-                            .map_err(|e| Error::io(final_path.join(&name), e))?;
-                        if !meta_is_ours(&sub)? {
-                            return Err(foreign(
-                                &final_path.join(&name).join(layout::META_FILE),
-                                "a meta.json that is not a tensordict's",
-                            ));
-                        }
-                    }
-                    let bytes = layout::non_tensor_meta(value);
-                    let to = with(&with(rel, &name), layout::META_FILE);
-                    self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)?;
-                    metas.push((key.as_str(), EntryMeta::NonTensorData));
-                }
-            }
-        }
-        let bytes = layout::tensordict_meta(metas, &node.batch);
-        if let Some(d) = &dir {
-            self.plan_removals(d, rel, &old, &written, 0)?;
-        }
-        drop(dir);
-        for (name, child, present) in children {
-            rel.push(name);
-            let result = self.node(root, staging, rel, child, leaves, opts, present, stage);
-            rel.pop();
-            result?;
-        }
-        // Post-order: a directory's meta.json goes in after its children's, the root's last.
-        let to = with(rel, layout::META_FILE);
-        self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)
-    }
-
-    /// A sub-directory the new tree needs: kept when it is one, created when missing.
-    /// Returns whether it exists now.
-    fn need_dir(&mut self, at: &Path, rel: &[String], name: &str, st: Option<EntryStat>) -> Result<bool> {
-        match st {
-            None => {
-                self.mkdirs.push(Op::Mkdir {
-                    path: with(rel, name),
-                });
-                Ok(false)
-            }
-            Some(st) if st.kind == EntryKind::Dir => Ok(true),
-            Some(st) => Err(foreign(&at.join(name), kind_name(st.kind))),
-        }
-    }
-
-    fn stage_meta(
-        &mut self,
-        staging: &Staging,
-        stage: usize,
-        bytes: &[u8],
-        to: Vec<String>,
-        at: &Path,
-        durable: bool,
-    ) -> Result<()> {
-        let staged = format!("m{}", self.staged_metas);
-        self.staged_metas += 1;
-        staging
-            .dir(stage)
-            .write_new(&staged, bytes, durable)
-            .map_err(|e| Error::io(at.join(layout::META_FILE), e))?;
-        self.metas.push(Op::Rename {
-            stage,
-            name: staged,
-            to,
-        });
-        Ok(())
-    }
-
-    /// Removal steps for what the old tree owned in `dir` and the new one no longer has:
-    /// files (only if still the same file when the step runs) and sub-directories (their
-    /// owned contents, then the directory if nothing foreign is left in it).
-    fn plan_removals(
-        &mut self,
-        dir: &Dir,
-        rel: &[String],
-        old: &OldDir,
-        keep: &HashSet<String>,
-        depth: usize,
-    ) -> Result<()> {
-        for name in old.files.iter().filter(|n| !keep.contains(*n)) {
-            if let Ok(Some(st)) = dir.stat(name) {
-                if st.kind == EntryKind::File {
-                    self.removals.push(Op::Unlink {
-                        path: with(rel, name),
-                        dev: st.dev,
-                        ino: st.ino,
-                    });
-                }
-            }
-        }
-        if depth >= layout::MAX_DEPTH {
-            return Ok(());
-        }
-        for name in old.dirs.iter().filter(|n| !keep.contains(*n)) {
-            if dir.kind(name).ok() != Some(EntryKind::Dir) {
-                continue;
-            }
-            let Ok(sub) = dir.open_dir(name) else { continue };
-            let sub_rel = with(rel, name);
-            let sub_old = OldDir::read(&sub);
-            self.plan_removals(&sub, &sub_rel, &sub_old, &HashSet::new(), depth + 1)?;
-            if let Ok(Some(st)) = sub.stat(layout::META_FILE) {
-                if st.kind == EntryKind::File {
-                    self.removals.push(Op::Unlink {
-                        path: with(&sub_rel, layout::META_FILE),
-                        dev: st.dev,
-                        ino: st.ino,
-                    });
-                }
-            }
-            self.removals.push(Op::Rmdir { path: sub_rel });
-        }
-        Ok(())
-    }
-
-    /// Writes the staged data files (in parallel) and maps them.
-    fn write_data(&mut self, staging: &Staging, leaves: &[LeafSpec<'_>], opts: SaveOptions) -> Result<()> {
-        let workers = parallel::worker_count(opts.num_threads, self.jobs.len());
-        let mapped = parallel::run(
-            &self.jobs,
-            workers,
-            |job| leaves[job.leaf].nbytes,
-            |job| {
-                let leaf = &leaves[job.leaf];
-                let io_err = |e| Error::io(&job.final_path, e);
-                let file = staging.dir(job.stage).create_file(&job.staged).map_err(io_err)?;
-                match leaf.data {
-                    Some(data) => storage::write_all_at(&file, data, 0).map_err(io_err)?,
-                    None if opts.sparse => file.set_len(leaf.nbytes as u64).map_err(io_err)?,
-                    None => storage::reserve(&file, leaf.nbytes).map_err(io_err)?,
-                }
-                if opts.durable {
-                    file.sync_data().map_err(io_err)?;
-                }
-                storage::map_file(&file, leaf.nbytes, Some(job.final_path.clone()), MapMode::Shared)
-                    .map_err(io_err)
-            },
-        )?;
-        for (job, region) in self.jobs.iter().zip(mapped) {
-            self.regions[job.leaf] = Some(region);
-        }
-        Ok(())
-    }
-
-    fn journal(self, staging: &Staging) -> (Journal, Vec<Option<Region>>) {
-        let mut ops = self.mkdirs;
-        ops.extend(self.data);
-        ops.extend(self.metas);
-        ops.extend(self.removals);
-        let journal = Journal {
-            token: staging.token.clone(),
-            stagings: staging.locations(),
-            ops,
-        };
-        (journal, self.regions)
-    }
-}
-
-fn commit_path(root: &Path, rel: &[String]) -> PathBuf {
-    rel.iter().fold(root.to_path_buf(), |p, c| p.join(c))
-}
-
 /// The save itself, under the lock: plan and stage, commit, apply.
 fn save_locked(
     root: &Dir,
@@ -614,15 +162,7 @@ fn save_locked(
     opts: SaveOptions,
 ) -> Result<Vec<Option<Region>>> {
     let mut staging = Staging::new(root)?;
-    let mut plan = Plan {
-        mkdirs: Vec::new(),
-        data: Vec::new(),
-        metas: Vec::new(),
-        removals: Vec::new(),
-        jobs: Vec::new(),
-        regions: std::iter::repeat_with(|| None).take(leaves.len()).collect(),
-        staged_metas: 0,
-    };
+    let mut plan = Plan::new(leaves.len());
     let staged = (|| {
         plan.node(root, &mut staging, &mut Vec::new(), spec, leaves, opts, true, 0)?;
         plan.write_data(&staging, leaves, opts)?;
@@ -654,59 +194,4 @@ fn save_locked(
 fn journal_would_replace(root: &Dir) -> bool {
     root.kind(layout::META_FILE)
         .map_or(true, |k| k != EntryKind::Missing)
-}
-
-/// Writes one data file and maps it, atomically: the file is filled unnamed (`O_TMPFILE`
-/// where the file system has it) and only then linked at its name, so a process killed
-/// meanwhile leaves nothing behind. An existing file is replaced only with `existsok`; maps
-/// of the old file keep their values.
-pub fn write_file(path: &Path, data: Option<&[u8]>, nbytes: usize, existsok: bool) -> Result<Region> {
-    let (dir, name) = crate::load::split_file_path(path)?;
-    let final_path = dir.child_path(&name);
-    let replace = match dir.kind(&name).map_err(|e| Error::io(&final_path, e))? {
-        EntryKind::Missing => false,
-        EntryKind::Symlink => {
-            return Err(Error::symlink(
-                &final_path,
-                "refusing to write a memory-mapped tensor through symlink",
-            ))
-        }
-        EntryKind::File if existsok => true,
-        EntryKind::File => return Err(Error::io(&final_path, already_exists())),
-        _ => return Err(Error::tree(&final_path, "not a regular file")),
-    };
-    let io_err = |e| Error::io(&final_path, e);
-    let temp = format!("{}{}", commit::TEMP_PREFIX, storage::random_suffix());
-    let (file, named) = match dir.create_unnamed().map_err(io_err)? {
-        Some(file) => (file, false),
-        None => (dir.create_file(&temp).map_err(io_err)?, true),
-    };
-    let result = (|| {
-        storage::fill_file(&file, data, nbytes).map_err(io_err)?;
-        let region =
-            storage::map_file(&file, nbytes, Some(final_path.clone()), MapMode::Shared).map_err(io_err)?;
-        if !named {
-            let link_as = if replace { temp.as_str() } else { name.as_str() };
-            dir.link_unnamed(&file, link_as).map_err(io_err)?;
-        }
-        if replace || named {
-            if replace {
-                dir.rename(&temp, &dir, &name, false).map_err(io_err)?;
-            } else {
-                // exclusive: a file created at the name meanwhile is not replaced
-                #[cfg(windows)] // (a mapped file cannot be deleted there, but renamed)
-                dir.rename(&temp, &dir, &name, true).map_err(io_err)?;
-                #[cfg(not(windows))]
-                {
-                    dir.link(&temp, &dir, &name).map_err(io_err)?;
-                    let _ = dir.remove_file(&temp);
-                }
-            }
-        }
-        Ok(region)
-    })();
-    if result.is_err() && (named || replace) {
-        let _ = dir.remove_file(&temp);
-    }
-    result
 }
