@@ -59,16 +59,16 @@ pub(crate) fn walk(
                         }
                         _ => encoded,
                     };
-                    let at = entry_path(&ar.path, &name);
+                    let at = || entry_path(&ar.path, &name);
                     let e = *ar.index.get(&name).ok_or_else(|| {
                         bad(
-                            &at,
+                            &at(),
                             format!("the data of key {key:?} is missing (no entry {name:?})"),
                         )
                     })?;
                     if ar.entries[e].size < nbytes as u64 {
                         return Err(bad(
-                            &at,
+                            &at(),
                             format!(
                                 "the data of key {key:?} is truncated: {} bytes, its shape needs {nbytes}",
                                 ar.entries[e].size

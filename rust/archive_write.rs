@@ -2,11 +2,14 @@
 //!
 //! The entries are planned first (names in tensordict's order, sizes, alignment padding,
 //! deflate if asked), so every offset is known before a byte is written; the file is created
-//! beside the target and reserved at its full size (a full disk fails with ENOSPC before any
-//! write). Then runs of small entries are assembled into buffers and written with one pwrite
-//! each, big leaves are written straight from their source in chunks, all on the writer pool,
-//! each computing its CRC-32 as it goes; the headers of big leaves, the central directory and
-//! the end records come last. The file is renamed over the target (fsynced with `durable`).
+//! beside the target and sized. Then runs of small entries are assembled into buffers and
+//! written with one pwrite each, big leaves are written straight from their source in chunks,
+//! all on the writer pool, each computing its CRC-32 as it goes (piece by piece, while the
+//! piece is still in cache); the headers of big leaves, the central directory and the end
+//! records come last. Written ranges get their blocks from the writes themselves (a full disk
+//! fails a write with ENOSPC, and the staging file goes); the ranges of contentless leaves
+//! (`memmap_like`) are reserved with `fallocate` by their job, so a writable map of the new
+//! archive never meets a hole on a full disk. No serial pass allocates the whole file first. The file is renamed over the target (fsynced with `durable`).
 //!
 //! The staging file is `flock`ed from its creation to the rename: the lock dies with its
 //! process, so a later save removes a killed save's staging file when it can take its lock,
@@ -30,6 +33,9 @@ use crate::storage;
 /// Stored leaves at least this big are written straight from their source, in chunks.
 const BIG_LEAF: u64 = 1 << 20;
 const CHUNK: u64 = 16 << 20;
+/// A chunk is checksummed and written in pieces of this size, each read from memory once
+/// (the write copies it while the checksum left it in cache).
+const PIECE: usize = 1 << 20;
 /// Small entries are gathered into runs of about this many bytes, one pwrite each.
 const RUN_BYTES: u64 = 4 << 20;
 
@@ -346,11 +352,20 @@ fn run_job(
             let crc = match leaf_source(leaves, &e.body) {
                 Some(data) => {
                     let part = &data[from as usize..(from + len) as usize];
-                    storage::write_all_at(file, part, e.data + from).map_err(io_err)?;
-                    crc32(part)
+                    let mut h = crc32fast::Hasher::new();
+                    let mut at = e.data + from;
+                    for piece in part.chunks(PIECE) {
+                        h.update(piece);
+                        storage::write_all_at(file, piece, at).map_err(io_err)?;
+                        at += piece.len() as u64;
+                    }
+                    h.finalize()
                 }
-                // The file was reserved zero-filled: only the checksum is needed.
-                None => zeros_crc(len),
+                // The sized file reads as zeros here: reserve the blocks, checksum the zeros.
+                None => {
+                    reserve_range(file, e.data + from, len).map_err(io_err)?;
+                    zeros_crc(len)
+                }
             };
             Ok(JobOut::Part {
                 entry,
@@ -397,6 +412,24 @@ fn plan_jobs(entries: &[Planned]) -> Vec<Job> {
         });
     }
     jobs
+}
+
+/// Reserves the blocks of `len` bytes at `offset` of a sized file (they read as zeros), so
+/// that writes through a shared map of them cannot fail on a full disk. A no-op where the
+/// file system has no `fallocate` (the range stays a hole, as a sized file's is).
+#[cfg(target_os = "linux")]
+fn reserve_range(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    use rustix::fs::{fallocate, FallocateFlags};
+    match fallocate(file, FallocateFlags::KEEP_SIZE, offset, len) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS | rustix::io::Errno::INVAL) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn reserve_range(_file: &File, _offset: u64, _len: u64) -> io::Result<()> {
+    Ok(())
 }
 
 /// The real file a target names: a symlink given as the target is resolved once.
@@ -648,12 +681,12 @@ fn fill(
     let mut stamp = [0u8; 4];
     stamp[..2].copy_from_slice(&opts.dos_time.to_le_bytes());
     stamp[2..].copy_from_slice(&opts.dos_date.to_le_bytes());
-    // The central directory's size does not depend on the CRCs: reserve the whole file now,
-    // so that a full disk fails here with ENOSPC.
+    // The central directory's size does not depend on the CRCs: the file gets its final size
+    // now (blocks come with the writes, and with `reserve_range` for contentless leaves).
     let tail_len = central_directory(&entries, cd_start, opts.dos_time, opts.dos_date).len() as u64;
     let total =
         usize::try_from(cd_start + tail_len).map_err(|_| Error::tree(path, "the archive is too large"))?;
-    storage::reserve(file, total).map_err(|e| Error::io(path, e))?;
+    file.set_len(total as u64).map_err(|e| Error::io(path, e))?;
     let jobs = plan_jobs(&entries);
     let workers = parallel::worker_count(opts.num_threads, jobs.len());
     let outs = parallel::run(
@@ -779,6 +812,37 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, [link, sub]);
+    }
+
+    /// Contentless leaves (`memmap_like`) are not written, but their blocks are reserved: a
+    /// writable map of them cannot meet a hole on a full disk.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn contentless_leaves_are_reserved_not_holes() {
+        use crate::save::{EntrySpec, LeafSpec, NodeSpec};
+        use std::os::unix::fs::MetadataExt;
+        let n = 8 << 20;
+        let leaves = vec![LeafSpec {
+            dtype: "torch.uint8".into(),
+            shape: vec![n as u64],
+            device: "cpu".into(),
+            data: None,
+            nbytes: n,
+            same_file: None,
+        }];
+        let root = NodeSpec {
+            batch: vec![],
+            entries: vec![("a".into(), EntrySpec::Leaf(0))],
+        };
+        let path = tmp("zeros.tdz");
+        write_archive(&path, &root, &leaves, opts(Compression::Stored)).unwrap();
+        let md = std::fs::metadata(&path).unwrap();
+        assert!(
+            md.blocks() * 512 >= n as u64,
+            "{} blocks for {n} bytes",
+            md.blocks()
+        );
+        assert!(crate::archive::verify_archive(&path).is_empty());
     }
 
     /// While a save runs, its staging file is locked: another open cannot take the lock.

@@ -119,12 +119,7 @@ impl Archive {
         // function holds. Every read below is bounds-checked against this slice, so a file
         // changed by another process gives at worst an error, never a read outside the map.
         let bytes = unsafe { std::slice::from_raw_parts(region.as_ptr(), region.len()) };
-        let (entries, dirs) = index(&path, bytes)?;
-        let index = entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.name.clone(), i))
-            .collect();
+        let (entries, index, dirs) = index(&path, bytes)?;
         Ok(Archive {
             path,
             region,
@@ -224,7 +219,9 @@ impl Archive {
 }
 
 /// Parses and validates the end records, the central directory and every local header.
-fn index(path: &Path, b: &[u8]) -> Result<(Vec<ZipEntry>, HashSet<String>)> {
+type Index = (Vec<ZipEntry>, HashMap<String, usize>, HashSet<String>);
+
+fn index(path: &Path, b: &[u8]) -> Result<Index> {
     let len = b.len() as u64;
     let not_zip = || bad(path, "not a zip archive (no end of central directory record)");
     let lowest = len.saturating_sub((EOCD_LEN + 0xFFFF) as u64);
@@ -295,7 +292,7 @@ fn index(path: &Path, b: &[u8]) -> Result<(Vec<ZipEntry>, HashSet<String>)> {
         ));
     }
     let mut entries = Vec::with_capacity(count as usize);
-    let mut names = HashSet::new();
+    let mut names: HashMap<String, usize> = HashMap::with_capacity(count as usize);
     let mut dirs = HashSet::new();
     let mut p = cd_start;
     for _ in 0..count {
@@ -334,18 +331,19 @@ fn index(path: &Path, b: &[u8]) -> Result<(Vec<ZipEntry>, HashSet<String>)> {
             })?
             .to_string();
         check_name(path, &name)?;
-        let at = entry_path(path, &name);
-        if !names.insert(name.clone()) {
-            return Err(bad(&at, format!("entry {name:?} appears twice in the archive")));
+        // Only errors need the entry's path: made when one is raised.
+        let at = || entry_path(path, &name);
+        if names.contains_key(&name) {
+            return Err(bad(&at(), format!("entry {name:?} appears twice in the archive")));
         }
         if r(34)? != 0 {
             return Err(Error::unsupported(
-                &at,
+                at(),
                 "multi-disk zip archives are not supported",
             ));
         }
         if flags & (FLAG_ENCRYPTED | 0x40) != 0 {
-            return Err(Error::unsupported(&at, format!("entry {name:?} is encrypted")));
+            return Err(Error::unsupported(at(), format!("entry {name:?} is encrypted")));
         }
         let extra =
             bytes_at(b, p + CENTRAL_LEN as u64 + n, m).ok_or_else(|| bad(path, "truncated extra field"))?;
@@ -356,7 +354,7 @@ fn index(path: &Path, b: &[u8]) -> Result<(Vec<ZipEntry>, HashSet<String>)> {
         if wanted > 0 {
             let values = zip64_fields(extra, wanted).ok_or_else(|| {
                 bad(
-                    &at,
+                    &at(),
                     format!("entry {name:?} lacks the zip64 sizes its record announces"),
                 )
             })?;
@@ -375,7 +373,7 @@ fn index(path: &Path, b: &[u8]) -> Result<(Vec<ZipEntry>, HashSet<String>)> {
         p = record_end;
         if let Some(dir) = name.strip_suffix('/') {
             if size != 0 {
-                return Err(bad(&at, format!("directory entry {name:?} has data")));
+                return Err(bad(&at(), format!("directory entry {name:?} has data")));
             }
             dirs.insert(dir.to_string());
             continue;
@@ -386,7 +384,7 @@ fn index(path: &Path, b: &[u8]) -> Result<(Vec<ZipEntry>, HashSet<String>)> {
             || get32(b, header) != Some(LOCAL_SIG)
         {
             return Err(bad(
-                &at,
+                &at(),
                 format!("entry {name:?}: no local header at offset {header}"),
             ));
         }
@@ -394,29 +392,30 @@ fn index(path: &Path, b: &[u8]) -> Result<(Vec<ZipEntry>, HashSet<String>)> {
         let lm = u64::from(get16(b, header + 28).unwrap_or(0));
         if bytes_at(b, header + LOCAL_LEN, ln) != Some(name_bytes) {
             return Err(bad(
-                &at,
+                &at(),
                 format!("entry {name:?}: the local header names another file"),
             ));
         }
         if get16(b, header + 8) != Some(method) {
             return Err(bad(
-                &at,
+                &at(),
                 format!("entry {name:?}: the local header's method differs from the directory's"),
             ));
         }
         let data = header + LOCAL_LEN + ln + lm;
         if data.checked_add(csize).is_none_or(|end| end > cd_start) {
             return Err(bad(
-                &at,
+                &at(),
                 format!("entry {name:?}: its data ({csize} bytes at {data}) runs past the entries"),
             ));
         }
         if method == STORED && csize != size {
             return Err(bad(
-                &at,
+                &at(),
                 format!("entry {name:?} is stored but its sizes differ ({csize} != {size})"),
             ));
         }
+        names.insert(name.clone(), entries.len());
         entries.push(ZipEntry {
             name,
             method,
@@ -444,7 +443,7 @@ fn index(path: &Path, b: &[u8]) -> Result<(Vec<ZipEntry>, HashSet<String>)> {
             ));
         }
     }
-    Ok((entries, dirs))
+    Ok((entries, names, dirs))
 }
 
 #[cfg(test)]
