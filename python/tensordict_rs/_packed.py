@@ -31,7 +31,7 @@ import torch
 
 from . import _native
 from ._dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
-from ._tree import NonTensorData, _gc_paused, _json_text, _LazyLeaf
+from ._tree import NonTensorData, _gc_paused, _json_text, _LazyLeaf, value_nbytes
 from .memmap import MemoryMappedTensor
 
 if TYPE_CHECKING:
@@ -184,22 +184,29 @@ class Plan:
         return self.buffer(fresh)
 
     def pack_range(self, out: torch.Tensor, start: int, end: int) -> None:
-        """Writes bytes ``start:end`` of the packed tree into ``out`` (a ``buffer()``)."""
+        """Writes bytes ``start:end`` of the packed tree into ``out`` (a ``buffer()``).
+
+        Pieces are packed in order; bytes past ``end`` may be written too (the next pieces').
+        """
         if out is self.whole:
             return
         if self.native:
             if self.table is not None:
                 self.table.pack(out.data_ptr(), out.numel(), start, end)
             return
+        # torch copies, leaf by leaf: each leaf is written whole by the piece it starts in
+        # (later pieces go out after it), so non-contiguous leaves need no byte views
         for (td, key, value), off in zip(self.leaves, self.offsets, strict=True):
-            n = value.nbytes
-            if n and off < end and off + n > start:
-                flat = td._get_str(key).reshape(-1).view(torch.uint8)
-                lo, hi = max(off, start), min(off + n, end)
-                out[lo:hi].copy_(flat[lo - off : hi - off])
+            n = value_nbytes(value)
+            if n and start <= off < end:
+                leaf = td._get_str(key)
+                out[off : off + n].view(leaf.dtype).view(leaf.shape).copy_(leaf)
 
     def unpack(self, buffer: torch.Tensor, start: int = 0, end: int | None = None) -> None:
-        """Writes bytes ``start:end`` of ``buffer`` (a ``receive_buffer()``) into the leaves."""
+        """Writes bytes ``start:end`` of ``buffer`` (a ``receive_buffer()``) into the leaves.
+
+        Pieces are unpacked in order; bytes before ``start`` must already be in ``buffer``.
+        """
         end = self.total if end is None else end
         if buffer is self.whole:
             return
@@ -209,16 +216,13 @@ class Plan:
             if self.table is not None:
                 self.table.unpack(buffer.data_ptr(), buffer.numel(), start, end)
             return
+        # torch copies, leaf by leaf: each leaf is read whole once the piece it ends in has
+        # arrived (pieces are waited for in order, so its earlier bytes are there too)
         for (td, key, value), off in zip(self.leaves, self.offsets, strict=True):
-            n = value.nbytes
-            if n and off < end and off + n > start:
+            n = value_nbytes(value)
+            if n and start < off + n <= end:
                 target = td._get_str(key)
-                lo, hi = max(off, start), min(off + n, end)
-                part = buffer[lo:hi]
-                if lo == off and hi == off + n:
-                    target.copy_(part.view(target.dtype).view(target.shape))
-                else:  # a leaf split between two messages: only contiguous ones can be
-                    target.view(-1).view(torch.uint8)[lo - off : hi - off].copy_(part)
+                target.copy_(buffer[off : off + n].view(target.dtype).view(target.shape))
 
     def materialized(self) -> list[torch.Tensor]:
         """The leaves as tensors, in packed order (lazy leaves made into tensors once)."""
