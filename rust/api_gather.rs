@@ -363,55 +363,91 @@ pub fn describe_tree<'py>(py: Python<'py>, node: &Bound<'py, PyTuple>) -> PyResu
     Ok(PyBytes::new(py, &text))
 }
 
-fn parsed_to_py<'py>(py: Python<'py>, node: &ParsedNode, slot: &mut usize) -> PyResult<Bound<'py, PyTuple>> {
-    let entries = PyList::empty(py);
-    for entry in &node.entries {
-        let item = match entry {
-            Parsed::Leaf(key, leaf) => {
-                let index: i64 = if leaf.nbytes > 0 {
-                    *slot += 1;
-                    *slot as i64 - 1
-                } else {
-                    -1
-                };
-                let shape = PyTuple::new(py, &leaf.shape)?;
-                (0u8, key, leaf.dtype, shape, (leaf.offset, leaf.nbytes, index)).into_pyobject(py)?
-            }
-            Parsed::Node(key, sub) => (1u8, key, parsed_to_py(py, sub, slot)?).into_pyobject(py)?,
-            Parsed::Value(key, text) => (2u8, key, text).into_pyobject(py)?,
-        };
-        entries.append(item)?;
-    }
-    (node.batch.clone(), node.device.clone(), entries).into_pyobject(py)
+/// Builds the Python tree of a parsed description (see [`build_packed_tree`]).
+struct TreeBuilder<'py, 'a> {
+    py: Python<'py>,
+    make_node: &'a Bound<'py, PyAny>,
+    make_leaf: &'a Bound<'py, PyAny>,
+    make_empty: &'a Bound<'py, PyAny>,
+    make_value: &'a Bound<'py, PyAny>,
+    dtypes: &'a Bound<'py, PyDict>,
+    cache: Vec<(&'static str, Bound<'py, PyAny>)>,
+    region: Option<Arc<storage::Region>>,
+    nodes: Bound<'py, PyList>,
 }
 
-fn leaf_slices(node: &ParsedNode, out: &mut Vec<(usize, usize)>) {
-    for entry in &node.entries {
-        match entry {
-            Parsed::Leaf(_, leaf) if leaf.nbytes > 0 => out.push((leaf.offset, leaf.nbytes)),
-            Parsed::Node(_, sub) => leaf_slices(sub, out),
-            _ => {}
+impl<'py> TreeBuilder<'py, '_> {
+    fn dtype(&mut self, name: &'static str) -> PyResult<Bound<'py, PyAny>> {
+        if let Some((_, d)) = self.cache.iter().find(|(n, _)| std::ptr::eq(*n, name)) {
+            return Ok(d.clone());
         }
+        let d = self.dtypes.get_item(name)?.ok_or_else(|| {
+            crate::error::InvalidTreeError::new_err(format!(
+                "received tree description: dtype {name:?} does not exist in this torch"
+            ))
+        })?;
+        self.cache.push((name, d.clone()));
+        Ok(d)
+    }
+
+    fn node(&mut self, node: &ParsedNode) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        let made = self.make_node.call1((node.batch.clone(), node.device.clone()))?;
+        let td = made.get_item(0)?;
+        let items = made.get_item(1)?.cast_into::<PyDict>()?;
+        for entry in &node.entries {
+            let (key, value) = match entry {
+                Parsed::Leaf(key, leaf) => {
+                    let dtype = self.dtype(leaf.dtype)?;
+                    let shape = PyTuple::new(py, &leaf.shape)?;
+                    let value = match (&self.region, leaf.nbytes) {
+                        (_, 0) => self.make_empty.call1((shape, dtype))?,
+                        (Some(region), n) => {
+                            let buffer = Bound::new(py, Buffer::slice(region, leaf.offset, n))?;
+                            self.make_leaf.call1((buffer, dtype, shape))?
+                        }
+                        (None, n) => self.make_leaf.call1((leaf.offset, n, dtype, shape))?,
+                    };
+                    (key, value)
+                }
+                Parsed::Node(key, sub) => (key, self.node(sub)?),
+                Parsed::Value(key, text) => (key, self.make_value.call1((text,))?),
+            };
+            items.set_item(key, value)?;
+        }
+        let keys = PyTuple::new(py, items.keys())?;
+        let values = PyTuple::new(py, items.values())?;
+        self.nodes.append((items, keys, values))?;
+        Ok(td)
     }
 }
 
-/// Parses a received description (validated like a directory's meta.json; InvalidTreeError
-/// naming the key otherwise) and returns `(node, total, whole, parts)`.
+/// Builds the tree a received description describes, in one call; returns `(tree, total,
+/// whole, nodes)`.
 ///
-/// `node` is `(batch, device, entries)` with entries `(0, key, dtype, shape, (offset, nbytes,
-/// part))`, `(1, key, node)` or `(2, key, json_text)`, in sorted-key order; `total` is the
-/// packed size of the leaves. With `arena`, `whole` is one anonymous shared map of `capacity`
-/// bytes (at least `total`; None when 0) and `parts[part]` a Buffer of each non-empty leaf in
-/// it, made with the GIL released; without, both are None and empty.
+/// The description is validated like a directory's meta.json (InvalidTreeError naming the
+/// key otherwise). `total` is the packed size of its leaves. `hooks` are Python callables:
+/// `make_node(batch, device_name) -> (td, td._tensordict)` (the root first); `make_leaf(buffer, dtype, shape)` for each
+/// non-empty leaf when `arena` (then `whole` is one anonymous shared map of `capacity` bytes,
+/// at least `total`, populated up front, and each buffer a slice of it), else
+/// `make_leaf(offset, nbytes, dtype, shape)` (and `whole` is None); `make_empty(shape, dtype)`
+/// for leaves without bytes; `make_value(json_text)` for non-tensor values. `dtypes` maps
+/// dtype names to torch dtypes. `nodes` lists `(dict, keys, values)` of every node, for the
+/// tree's copy plan.
 #[pyfunction]
-#[pyo3(signature = (text, capacity = None, arena = true))]
-#[allow(clippy::type_complexity)]
-pub fn parse_description<'py>(
+#[pyo3(signature = (text, capacity, arena, dtypes, make_node, make_leaf, make_empty, make_value))]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn build_packed_tree<'py>(
     py: Python<'py>,
     text: &[u8],
     capacity: Option<usize>,
     arena: bool,
-) -> PyResult<(Bound<'py, PyTuple>, usize, Option<Buffer>, Vec<Buffer>)> {
+    dtypes: &Bound<'py, PyDict>,
+    make_node: &Bound<'py, PyAny>,
+    make_leaf: &Bound<'py, PyAny>,
+    make_empty: &Bound<'py, PyAny>,
+    make_value: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyAny>, usize, Option<Buffer>, Bound<'py, PyList>)> {
     let (node, total) = py
         .detach(|| packed::parse(text))
         .map_err(crate::error::InvalidTreeError::new_err)?;
@@ -421,18 +457,45 @@ pub fn parse_description<'py>(
             "received tree description: its leaves hold {total} bytes, more than {capacity}"
         )));
     }
-    let (whole, parts) = if arena && capacity > 0 {
-        let mut slices = Vec::new();
-        leaf_slices(&node, &mut slices);
-        let region = Arc::new(py.detach(|| storage::anonymous(None, capacity))?);
-        let parts = slices
-            .iter()
-            .map(|&(off, n)| Buffer::slice(&region, off, n))
-            .collect();
-        (Some(Buffer::slice(&region, 0, capacity)), parts)
+    let region = if arena && capacity > 0 {
+        let region = py.detach(|| {
+            let region = storage::anonymous(None, capacity)?;
+            populate(&region);
+            Ok::<_, crate::error::Error>(region)
+        })?;
+        Some(Arc::new(region))
     } else {
-        (None, Vec::new())
+        None
     };
-    let mut slot = 0;
-    Ok((parsed_to_py(py, &node, &mut slot)?, total, whole, parts))
+    let mut builder = TreeBuilder {
+        py,
+        make_node,
+        make_leaf,
+        make_empty,
+        make_value,
+        dtypes,
+        cache: Vec::new(),
+        region,
+        nodes: PyList::empty(py),
+    };
+    let root = builder.node(&node)?;
+    let whole = builder.region.as_ref().map(|r| Buffer::slice(r, 0, capacity));
+    Ok((root, total, whole, builder.nodes))
+}
+
+/// Faults a new map's pages in with one call (a message is about to fill them; page by page,
+/// shared memory costs a fault per 4 KiB). Best effort: kernels before 5.14 lack it.
+fn populate(region: &storage::Region) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: the range is exactly the live mapping `region` owns; MADV_POPULATE_WRITE only
+    // faults its pages in (writable, shared: no content changes).
+    unsafe {
+        let _ = rustix::mm::madvise(
+            region.as_ptr().cast(),
+            region.len(),
+            rustix::mm::Advice::LinuxPopulateWrite,
+        );
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = region;
 }

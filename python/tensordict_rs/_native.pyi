@@ -14,6 +14,7 @@ __all__ = [
     "TensorDictError",
     "UnsupportedFormatError",
     "anonymous_buffers",
+    "build_packed_tree",
     "copy_packed",
     "describe_tree",
     "encode_key",
@@ -25,7 +26,6 @@ __all__ = [
     "load_tree",
     "open_file",
     "open_files",
-    "parse_description",
     "read_safetensors",
     "receive_shared",
     "refresh_archive_checksums",
@@ -114,9 +114,16 @@ class PackedTable:
 
 def same_entries(nodes: list[tuple[dict[str, Any], tuple[Any, ...], tuple[Any, ...]]]) -> bool: ...
 def describe_tree(node: tuple[Any, ...]) -> bytes: ...
-def parse_description(
-    text: bytes, capacity: int | None = None, arena: bool = True
-) -> tuple[tuple[Any, ...], int, Buffer | None, list[Buffer]]: ...
+def build_packed_tree(
+    text: bytes,
+    capacity: int | None,
+    arena: bool,
+    dtypes: dict[str, Any],
+    make_node: Any,
+    make_leaf: Any,
+    make_empty: Any,
+    make_value: Any,
+) -> tuple[Any, int, Buffer | None, list[Any]]: ...
 def receive_shared(fd: int, nbytes: int, slices: list[tuple[int, int]]) -> list[Buffer]: ...
 def shared_regions() -> int: ...
 def group_shared(

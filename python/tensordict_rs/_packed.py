@@ -42,7 +42,7 @@ DESCRIPTION_LIMIT = 64 << 20  # the meta.json limit of the loader
 RESERVED = ("shape", "device", "_type", "_format_version", "_class", "_names")
 _CPU = torch.device("cpu")
 _STRIDED = torch.strided
-LEAF, NODE, VALUE = 0, 1, 2  # entry tags of describe_tree / parse_description
+LEAF, NODE, VALUE = 0, 1, 2  # entry tags of describe_tree
 
 
 def _aligned(n: int) -> int:
@@ -60,7 +60,7 @@ class Plan:
         self,
         td: TensorDict,
         whole: torch.Tensor | None = None,
-        built: tuple[list[Node], list[Leaf], int] | None = None,
+        built: tuple[list[Node], list[Leaf] | None, int] | None = None,
     ) -> None:
         self.root = weakref.ref(td)
         self.keep: list[Any] = []
@@ -72,28 +72,43 @@ class Plan:
         self._tensors: list[torch.Tensor] | None = None
         self._materialized: list[torch.Tensor] | None = None
         self._description: bytes | None = None
+        self._leaves: list[Leaf] | None = None
         if built is not None:  # a tree made by ``build``: its layout is known, no walk
-            self.nodes, self.leaves, self.total = built
+            self.nodes, self._leaves, self.total = built
             self.whole = whole
             if whole is not None:
                 self.device = whole.device
             return
         self.nodes = []
-        self.leaves = []
+        self._leaves = []
         self._collect(td)
         self.total = self._layout()
         self.whole = whole if whole is not None else self._one_buffer()
 
-    def _collect(self, td: TensorDict) -> None:
+    def _collect(self, td: TensorDict, nodes: bool = True) -> None:
+        """Appends the leaves of ``td`` in packed order (and its nodes, with ``nodes``)."""
         items = td._tensordict
-        self.nodes.append((items, tuple(items), tuple(items.values())))
-        leaves = self.leaves
+        if nodes:
+            self.nodes.append((items, tuple(items), tuple(items.values())))
+        leaves = self._leaves
+        assert leaves is not None
         for key in sorted(items):
             value = items[key]
             if type(value) is _LazyLeaf or isinstance(value, torch.Tensor):
                 leaves.append((td, key, value))
             elif type(value) is not NonTensorData:
-                self._collect(value)
+                self._collect(value, nodes)
+
+    @property
+    def leaves(self) -> list[Leaf]:
+        """``(node, key, value)`` of every leaf, in packed order."""
+        if self._leaves is None:
+            root = self.root()
+            if root is None:
+                raise ReferenceError("the tree of this plan is gone")
+            self._leaves = []
+            self._collect(root, nodes=False)
+        return self._leaves
 
     def _layout(self) -> int:
         """Offsets, the copy table and the flags of the collected leaves; returns the total."""
@@ -340,61 +355,47 @@ def build(
     until it is used); on another device, views of one device buffer. ``capacity`` makes the
     buffer that long (a padded collective), the leaves still in its first ``total`` bytes.
     """
-    capacity = total if capacity is None else capacity
     target = None if device is None or device == _CPU else device
-    node, end, arena, parts = _native.parse_description(text, capacity, target is None)
+    device_buffer: list[torch.Tensor] = []  # the device case: made once ``capacity`` is known
+
+    def make_node(batch: list[int], named: str | None) -> tuple[Any, dict[str, Any]]:
+        if not node_device:  # the root: every node on ``device``, or on the CPU when the
+            node_device.append(target or (_CPU if named else None))  # sender's root had one
+        td = cls._new_unchecked(torch.Size(batch), node_device[0])
+        return td, td._tensordict
+
+    def make_view(offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
+        return device_buffer[0][offset : offset + nbytes].view(dtype).view(shape)
+
+    def make_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=target)
+
+    def make_value(text: str) -> NonTensorData:
+        return NonTensorData(json.loads(text))
+
+    node_device: list[torch.device | None] = []
+    if target is not None:
+        device_buffer.append(torch.empty(capacity or total, dtype=torch.uint8, device=target))
+    td, end, arena, nodes = _native.build_packed_tree(
+        text,
+        capacity,
+        target is None,
+        STR_TO_DTYPE,
+        make_node,
+        _LazyLeaf if target is None else make_view,
+        make_empty,
+        make_value,
+    )
     if end != total:
         raise _bad(f"the leaves hold {end} bytes, but the message holds {total}")
     if target is not None:
-        whole = torch.empty(capacity, dtype=torch.uint8, device=target)
+        whole = device_buffer[0]
     elif arena is not None:
         whole = torch.frombuffer(arena, dtype=torch.uint8)
     else:
         whole = torch.empty(0, dtype=torch.uint8)
-    nodes: list[Node] = []
-    leaves: list[Leaf] = []
-    node_device = target or (_CPU if node[1] else None)
-    on_device = whole if target is not None else None
-    td = _build_node(cls, node, node_device, parts, on_device, nodes, leaves)
-    _remember(td, Plan(td, whole=whole[:total], built=(nodes, leaves, total)))
+    _remember(td, Plan(td, whole=whole[:total], built=(nodes, None, total)))
     return td, whole
-
-
-def _build_node(
-    cls: type[Any],
-    node: tuple[Any, ...],
-    device: torch.device | None,
-    parts: list[Any],
-    whole: torch.Tensor | None,
-    nodes: list[Node],
-    leaves: list[Leaf],
-) -> Any:
-    """One node of ``build``: leaves as lazy slices ``parts`` or as views of ``whole``."""
-    batch, _, entries = node
-    td = cls._new_unchecked(torch.Size(batch), device)
-    items = td._tensordict
-    for entry in entries:
-        tag, key = entry[0], entry[1]
-        if tag == LEAF:
-            dtype = STR_TO_DTYPE.get(entry[2])
-            if dtype is None:
-                raise _bad(f"dtype {entry[2]!r} does not exist in this torch")
-            shape = entry[3]
-            offset, nbytes, part = entry[4]
-            if not nbytes:
-                value: Any = torch.empty(shape, dtype=dtype, device=device)
-            elif whole is not None:
-                value = whole[offset : offset + nbytes].view(dtype).view(shape)
-            else:
-                value = _LazyLeaf(parts[part], dtype, shape)
-            items[key] = value
-            leaves.append((td, key, value))
-        elif tag == NODE:
-            items[key] = _build_node(cls, entry[2], device, parts, whole, nodes, leaves)
-        else:
-            items[key] = NonTensorData(json.loads(entry[2]))
-    nodes.append((items, tuple(items), tuple(items.values())))
-    return td
 
 
 def _bad(why: str) -> _native.InvalidTreeError:
