@@ -34,7 +34,7 @@ def entry(
         torch.set_num_threads(1)
         module = importlib.import_module(packages[rank])
         dist.init_process_group(
-            "gloo",
+            "nccl" if job == "nccl" else "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world,
@@ -364,3 +364,58 @@ def sharded_dataset(T: Any, rank: int, world: int, tmp: Path) -> None:
     dist.barrier()
     data = T.TensorDict.load_memmap(prefix)
     assert data["obs"][0, 0].item() == 1000.0
+
+
+def cuda_gloo(T: Any, rank: int, world: int, tmp: Path) -> None:
+    """CUDA trees over gloo (messages staged through the CPU): packed send from and into
+    device trees, first contact onto a device, broadcast onto a device. Needs CUDA."""
+    peer = 1 - rank
+    device = torch.device("cuda", 0)
+    if rank == 0:
+        tree(T, 1).to(device).send(dst=peer, consolidated=True)
+        tree(T, 2).send(dst=peer, consolidated=True)
+        tree(T, 3).to(device).init_remote(dst=peer)
+        tree(T, 4).init_remote(dst=peer)
+        tree(T, 5).to(device).send(dst=peer)  # per leaf, from the device
+    else:
+        out = tree(T, 0)
+        out.recv(src=peer, consolidated=True)
+        same(out, tree(T, 1))
+        out = tree(T, 0).to(device)
+        out.recv(src=peer, consolidated=True)
+        same(out.cpu(), tree(T, 2))
+        same(T.TensorDict.from_remote_init(src=peer).cpu(), tree(T, 3))
+        remote = T.TensorDict.from_remote_init(src=peer, device=device)
+        assert all(t.is_cuda for t in remote.values(True, True) if isinstance(t, torch.Tensor))
+        same(remote.cpu(), tree(T, 4))
+        out = tree(T, 0)
+        out.recv(src=peer)
+        same(out, tree(T, 5))
+    got = (tree(T, 6) if rank == 0 else T.TensorDict()).broadcast(src=0, device=device)
+    same(got.cpu(), tree(T, 6))
+
+
+def nccl(T: Any, rank: int, world: int, tmp: Path) -> None:
+    """NCCL between two GPUs: per-leaf and packed send/recv, first contact, collectives."""
+    peer = 1 - rank
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    numeric = tree(T, 1, text=False)
+    if rank == 0:
+        src = numeric.to(device)
+        src.send(dst=peer)
+        src.send(dst=peer, consolidated=True)
+        src.init_remote(dst=peer)
+    else:
+        out = tree(T, 0, text=False).to(device)
+        out.recv(src=peer)
+        same(out.cpu(), numeric)
+        out = tree(T, 0, text=False).to(device)
+        out.recv(src=peer, consolidated=True)
+        same(out.cpu(), numeric)
+        same(T.TensorDict.from_remote_init(src=peer, device=device).cpu(), numeric)
+    td = T.TensorDict({"w": torch.full((4, 3), rank + 1.0, device=device)}, [4])
+    td.all_reduce()
+    assert td["w"].eq(3).all()
+    everyone = T.TensorDict({"r": torch.full((2,), float(rank), device=device)}, []).all_gather()
+    assert [t["r"][0].item() for t in everyone] == [0.0, 1.0]

@@ -168,3 +168,15 @@ def test_descriptions_of_odd_trees() -> None:
         _packed.build(type(src), deep, 0)
     with pytest.raises(InvalidTreeError, match="not a TensorDict"):
         _packed.build(type(src), b"[1, 2]", 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_trees_over_gloo(tmp_path: Path) -> None:
+    run_job("cuda_gloo", ["tensordict_rs"] * 2, tmp_path)
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2 or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL"
+)
+def test_nccl_two_gpus(tmp_path: Path) -> None:
+    run_job("nccl", ["tensordict_rs"] * 2, tmp_path)

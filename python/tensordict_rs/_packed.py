@@ -273,8 +273,10 @@ class Plan:
 
 
 def _spec(td: TensorDict, path: tuple[str, ...]) -> tuple[Any, ...]:
+    """The ``describe_tree`` form of ``td``: entries in sorted-key order."""
     entries: list[tuple[Any, ...]] = []
     items = td._tensordict
+    names = DTYPE_TO_STR
     for key in sorted(items):
         if key in RESERVED:
             raise _native.InvalidTreeError(
@@ -282,20 +284,20 @@ def _spec(td: TensorDict, path: tuple[str, ...]) -> tuple[Any, ...]:
                 "cannot be sent with its description"
             )
         value = items[key]
-        if type(value) is _LazyLeaf:
-            entries.append((LEAF, key, _dtype_name(value.dtype), value.shape, "cpu"))
-        elif isinstance(value, torch.Tensor):
-            device = "cpu" if value.is_cpu else str(value.device)
-            entries.append((LEAF, key, _dtype_name(value.dtype), value.shape, device))
-        elif type(value) is NonTensorData:
+        kind = type(value)
+        if kind is _LazyLeaf:
+            name = names.get(value.dtype) or dtype_to_str(value.dtype)
+            entries.append((LEAF, key, name, value.shape, "cpu"))
+        elif kind is NonTensorData:
             entries.append((VALUE, key, _json_text(value.data, key)))
+        elif isinstance(value, torch.Tensor):
+            dtype = value.dtype
+            device = "cpu" if value.is_cpu else str(value.device)
+            name = names.get(dtype) or dtype_to_str(dtype)
+            entries.append((LEAF, key, name, value.shape, device))
         else:
             entries.append((NODE, key, _spec(value, (*path, key))))
     return list(td.batch_size), None if td.device is None else str(td.device), entries
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return DTYPE_TO_STR.get(dtype) or dtype_to_str(dtype)
 
 
 _PLANS: dict[int, tuple[weakref.ref[Any], Plan]] = {}
