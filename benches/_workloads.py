@@ -139,6 +139,14 @@ WORKLOADS: tuple[Workload, ...] = (
         min_fraction=0.5,
     ),
     Workload(
+        "dist_init_fresh",
+        "gloo init_remote + from_remote_init W3, a tree never sent before (context)",
+        "us/leaf",
+        "one later send(consolidated=True) into the received tree",
+        "(context: the first contact of a new tree)",
+        info=True,
+    ),
+    Workload(
         "import",
         "import after torch (fresh processes, interleaved)",
         "s",

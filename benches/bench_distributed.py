@@ -7,7 +7,8 @@ every case alike, so the receiver's work counts).
   its receiver keeps a consolidated copy), limit: one tensor of the same bytes.
 * The default per-leaf protocol, W3 shrunk to 200 leaves (each message costs ~0.3-1 ms here).
 * ``init_remote`` + ``from_remote_init`` of W3, limit: one later ``send(consolidated=True)``
-  into the received tree.
+  into the received tree; once with the same sender tree every round (its description
+  cached, as for a tree initialized on several peers), once with a new tree every round.
 """
 
 from __future__ import annotations
@@ -127,6 +128,24 @@ def _init_cases(big):
     }
 
 
+def _fresh_init_cases(big):
+    """init_remote of a tree never sent before (a new structure each round: the walk, the
+    copy plan and the description are all made in the timed call)."""
+    cases = _init_cases(big)
+    ack = torch.empty(1)
+
+    def setup():
+        dist.send(torch.tensor([RS_INIT, 1]), dst=1)
+        return rs_td(big, [])  # new nodes: nothing cached
+
+    def call(tree):
+        tree.init_remote(dst=1)
+        dist.recv(ack, src=1)
+
+    cases[RS] = Case(call=call, setup=setup)
+    return cases
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_send_consolidated(benchmark, case, peer):
     big, total = peer
@@ -146,3 +165,10 @@ def test_init_remote(benchmark, case, peer):
     big, _ = peer
     measure("dist_init_remote", len(list(_leaves(big))), lambda: _init_cases(big))
     replay(benchmark, "dist_init_remote", case)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_init_remote_fresh_tree(benchmark, case, peer):
+    big, _ = peer
+    measure("dist_init_fresh", len(list(_leaves(big))), lambda: _fresh_init_cases(big))
+    replay(benchmark, "dist_init_fresh", case)

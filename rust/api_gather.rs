@@ -7,9 +7,12 @@ use std::sync::Arc;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use serde_json::Value;
 
 use crate::buffer::Buffer;
 use crate::gather::{self, Copy, Overlap};
+use crate::packed::{self, Described, DescribedNode, PackedLayout, Parsed, ParsedNode};
 use crate::storage;
 
 fn refuse_overlap(what: &str) -> PyErr {
@@ -150,37 +153,349 @@ pub fn copy_packed(
     })
 }
 
-/// One anonymous shared-memory map of `nbytes` (zero-filled) and a Buffer for each
-/// `(offset, nbytes)` slice of it (a uint64 buffer of pairs), made with the GIL released.
-/// Returns `(whole, slices)`: a tree received as one message lives in `whole`, and each leaf
-/// is one slice.
-#[pyfunction]
-pub fn packed_arena(
-    py: Python<'_>,
-    nbytes: usize,
-    slices: &Bound<'_, PyAny>,
-) -> PyResult<(Buffer, Vec<Buffer>)> {
-    let table: PyBuffer<u64> = PyBuffer::get(slices)?;
-    let flat = table.to_vec(py)?;
-    if flat.len() % 2 != 0 {
-        return Err(PyValueError::new_err("slices holds (offset, nbytes) pairs"));
-    }
-    for pair in flat.chunks_exact(2) {
-        if pair[0].checked_add(pair[1]).is_none_or(|e| e > nbytes as u64) || pair[1] == 0 {
+// ---------------------------------------------------------------------------------------------
+// One message per tree: a checked copy plan, the JSON description, the receiving arena
+
+/// The copy plan of one tree's packed layout (`packed.rs`), checked once when made: leaves
+/// into one buffer (`pack`) or one buffer into the leaves (`unpack`), whole or a byte range
+/// of it, with the GIL released and in parallel.
+///
+/// `table` is a uint64 buffer of `(leaf_address, offset, nbytes)` triples (an
+/// `array.array("Q")`) for a packed buffer of `total` bytes.
+///
+/// SAFETY contract: every leaf address is the `data_ptr()` of a contiguous CPU tensor (or a
+/// Buffer's address) spanning at least those bytes, kept referenced while this object is
+/// used; every buffer passed to `pack`/`unpack` is a live allocation of at least `total`
+/// bytes (checked against `buffer_len`).
+#[pyclass(frozen, module = "tensordict_rs._native")]
+pub struct PackedTable {
+    layout: PackedLayout,
+}
+
+impl PackedTable {
+    fn copy(
+        &self,
+        py: Python<'_>,
+        buffer: (usize, usize),
+        range: (usize, Option<usize>),
+        pack: bool,
+    ) -> PyResult<()> {
+        let (address, len) = buffer;
+        let total = self.layout.total;
+        if len < total || address == 0 && total > 0 {
             return Err(PyValueError::new_err(format!(
-                "slice of {} bytes at offset {} does not fit {nbytes} bytes",
-                pair[1], pair[0]
+                "a {len}-byte buffer cannot hold a packed tree of {total} bytes"
             )));
         }
+        let end = range.1.unwrap_or(total);
+        if range.0 > end || end > total {
+            return Err(PyValueError::new_err(format!(
+                "bytes {}..{end} are not in a packed tree of {total} bytes",
+                range.0
+            )));
+        }
+        if self.layout.touches_leaves(address + range.0, end - range.0) {
+            return Err(refuse_overlap(if pack { "pack" } else { "unpack" }));
+        }
+        let parallel = pack || !self.layout.leaves_shared();
+        py.detach(|| {
+            let copies = self.layout.copies(address, range.0, end, pack);
+            // SAFETY: the buffer holds `total` bytes (checked above) and does not overlap a
+            // leaf; the leaves are alive by the contract above. Packed ranges are disjoint
+            // (checked in PackedLayout::new), so pack destinations never overlap; leaves that
+            // share bytes are scattered in order on one thread.
+            unsafe { gather::run(&copies, parallel) };
+        });
+        Ok(())
     }
-    if nbytes == 0 {
-        return Err(PyValueError::new_err("an empty arena has no memory map"));
+}
+
+#[pymethods]
+impl PackedTable {
+    #[new]
+    fn new(py: Python<'_>, table: &Bound<'_, PyAny>, total: usize) -> PyResult<Self> {
+        let table: PyBuffer<u64> = PyBuffer::get(table)?;
+        let flat = table.to_vec(py)?;
+        let layout = py
+            .detach(|| PackedLayout::new(&flat, total))
+            .map_err(PyValueError::new_err)?;
+        Ok(PackedTable { layout })
     }
-    let region = Arc::new(py.detach(|| storage::anonymous(None, nbytes))?);
-    let whole = Buffer::slice(&region, 0, nbytes);
-    let parts = flat
-        .chunks_exact(2)
-        .map(|p| Buffer::slice(&region, p[0] as usize, p[1] as usize))
-        .collect();
-    Ok((whole, parts))
+
+    /// Copies the leaves into bytes `start..end` (default: all) of the buffer at `address`.
+    #[pyo3(signature = (address, nbytes, start = 0, end = None))]
+    fn pack(
+        &self,
+        py: Python<'_>,
+        address: usize,
+        nbytes: usize,
+        start: usize,
+        end: Option<usize>,
+    ) -> PyResult<()> {
+        self.copy(py, (address, nbytes), (start, end), true)
+    }
+
+    /// Copies bytes `start..end` (default: all) of the buffer at `address` into the leaves.
+    #[pyo3(signature = (address, nbytes, start = 0, end = None))]
+    fn unpack(
+        &self,
+        py: Python<'_>,
+        address: usize,
+        nbytes: usize,
+        start: usize,
+        end: Option<usize>,
+    ) -> PyResult<()> {
+        self.copy(py, (address, nbytes), (start, end), false)
+    }
+
+    /// Bytes of the packed tree.
+    #[getter]
+    fn total(&self) -> usize {
+        self.layout.total
+    }
+}
+
+/// True when every `(dict, keys, values)` of `nodes` still holds exactly those key and value
+/// objects, in that order (a cached plan of the tree is still valid).
+#[pyfunction]
+pub fn same_entries(nodes: &Bound<'_, PyList>) -> PyResult<bool> {
+    for node in nodes.iter() {
+        let node = node.cast_into::<PyTuple>()?;
+        let items = node.get_item(0)?.cast_into::<PyDict>()?;
+        let keys = node.get_item(1)?.cast_into::<PyTuple>()?;
+        let values = node.get_item(2)?.cast_into::<PyTuple>()?;
+        if items.len() != keys.len() || keys.len() != values.len() {
+            return Ok(false);
+        }
+        for (i, (k, v)) in items.iter().enumerate() {
+            if !k.is(&keys.get_item(i)?) || !v.is(&values.get_item(i)?) {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// An owned [`DescribedNode`] extracted from Python: `(batch, device, entries)` with entries
+/// `(0, key, dtype, shape, device)`, `(1, key, node)` or `(2, key, json_text)`.
+struct DescribedNodeOwned {
+    batch: Vec<u64>,
+    device: Option<String>,
+    entries: Vec<EntryOwned>,
+}
+
+enum EntryOwned {
+    Leaf(String, String, Vec<u64>, String),
+    Node(String, DescribedNodeOwned),
+    Value(String, Value),
+}
+
+impl DescribedNodeOwned {
+    fn extract(node: &Bound<'_, PyTuple>) -> PyResult<Self> {
+        let batch: Vec<u64> = node.get_item(0)?.extract()?;
+        let device: Option<String> = node.get_item(1)?.extract()?;
+        let list = node.get_item(2)?.cast_into::<PyList>()?;
+        let mut entries = Vec::with_capacity(list.len());
+        for entry in list.iter() {
+            let entry = entry.cast_into::<PyTuple>()?;
+            let tag: u8 = entry.get_item(0)?.extract()?;
+            let key: String = entry.get_item(1)?.extract()?;
+            entries.push(match tag {
+                0 => EntryOwned::Leaf(
+                    key,
+                    entry.get_item(2)?.extract()?,
+                    entry.get_item(3)?.extract()?,
+                    entry.get_item(4)?.extract()?,
+                ),
+                1 => EntryOwned::Node(key, Self::extract(&entry.get_item(2)?.cast_into()?)?),
+                _ => {
+                    let text: String = entry.get_item(2)?.extract()?;
+                    let data = serde_json::from_str(&text)
+                        .map_err(|e| PyValueError::new_err(format!("key {key:?}: not JSON ({e})")))?;
+                    EntryOwned::Value(key, data)
+                }
+            });
+        }
+        Ok(DescribedNodeOwned {
+            batch,
+            device,
+            entries,
+        })
+    }
+
+    fn view(&self) -> DescribedNode<'_> {
+        DescribedNode {
+            batch: self.batch.clone(),
+            device: self.device.as_deref(),
+            entries: self
+                .entries
+                .iter()
+                .map(|e| match e {
+                    EntryOwned::Leaf(key, dtype, shape, device) => Described::Leaf {
+                        key,
+                        dtype,
+                        shape,
+                        device,
+                    },
+                    EntryOwned::Node(key, node) => Described::Node {
+                        key,
+                        node: node.view(),
+                    },
+                    EntryOwned::Value(key, data) => Described::Value {
+                        key,
+                        data: data.clone(),
+                    },
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The JSON description of a tree (meta.json entries, nested nodes inlined) as bytes.
+///
+/// `node` is `(batch, device, entries)`, entries in the order to write (sorted keys):
+/// `(0, key, dtype_name, shape, device)` for a leaf, `(1, key, node)` for a nested TensorDict,
+/// `(2, key, json_text)` for a non-tensor value.
+#[pyfunction]
+pub fn describe_tree<'py>(py: Python<'py>, node: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyBytes>> {
+    let owned = DescribedNodeOwned::extract(node)?;
+    let text = py.detach(|| packed::describe(&owned.view()));
+    Ok(PyBytes::new(py, &text))
+}
+
+/// Builds the Python tree of a parsed description (see [`build_packed_tree`]).
+struct TreeBuilder<'py, 'a> {
+    py: Python<'py>,
+    make_node: &'a Bound<'py, PyAny>,
+    make_leaf: &'a Bound<'py, PyAny>,
+    make_empty: &'a Bound<'py, PyAny>,
+    make_value: &'a Bound<'py, PyAny>,
+    dtypes: &'a Bound<'py, PyDict>,
+    cache: Vec<(&'static str, Bound<'py, PyAny>)>,
+    region: Option<Arc<storage::Region>>,
+    nodes: Bound<'py, PyList>,
+}
+
+impl<'py> TreeBuilder<'py, '_> {
+    fn dtype(&mut self, name: &'static str) -> PyResult<Bound<'py, PyAny>> {
+        if let Some((_, d)) = self.cache.iter().find(|(n, _)| std::ptr::eq(*n, name)) {
+            return Ok(d.clone());
+        }
+        let d = self.dtypes.get_item(name)?.ok_or_else(|| {
+            crate::error::InvalidTreeError::new_err(format!(
+                "received tree description: dtype {name:?} does not exist in this torch"
+            ))
+        })?;
+        self.cache.push((name, d.clone()));
+        Ok(d)
+    }
+
+    fn node(&mut self, node: &ParsedNode) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        let made = self.make_node.call1((node.batch.clone(), node.device.clone()))?;
+        let td = made.get_item(0)?;
+        let items = made.get_item(1)?.cast_into::<PyDict>()?;
+        for entry in &node.entries {
+            let (key, value) = match entry {
+                Parsed::Leaf(key, leaf) => {
+                    let dtype = self.dtype(leaf.dtype)?;
+                    let shape = PyTuple::new(py, &leaf.shape)?;
+                    let value = match (&self.region, leaf.nbytes) {
+                        (_, 0) => self.make_empty.call1((shape, dtype))?,
+                        (Some(region), n) => {
+                            let buffer = Bound::new(py, Buffer::slice(region, leaf.offset, n))?;
+                            self.make_leaf.call1((buffer, dtype, shape))?
+                        }
+                        (None, n) => self.make_leaf.call1((leaf.offset, n, dtype, shape))?,
+                    };
+                    (key, value)
+                }
+                Parsed::Node(key, sub) => (key, self.node(sub)?),
+                Parsed::Value(key, text) => (key, self.make_value.call1((text,))?),
+            };
+            items.set_item(key, value)?;
+        }
+        let keys = PyTuple::new(py, items.keys())?;
+        let values = PyTuple::new(py, items.values())?;
+        self.nodes.append((items, keys, values))?;
+        Ok(td)
+    }
+}
+
+/// Builds the tree a received description describes, in one call; returns `(tree, total,
+/// whole, nodes)`.
+///
+/// The description is validated like a directory's meta.json (InvalidTreeError naming the
+/// key otherwise). `total` is the packed size of its leaves. `hooks` are Python callables:
+/// `make_node(batch, device_name) -> (td, td._tensordict)` (the root first); `make_leaf(buffer, dtype, shape)` for each
+/// non-empty leaf when `arena` (then `whole` is one anonymous shared map of `capacity` bytes,
+/// at least `total`, populated up front, and each buffer a slice of it), else
+/// `make_leaf(offset, nbytes, dtype, shape)` (and `whole` is None); `make_empty(shape, dtype)`
+/// for leaves without bytes; `make_value(json_text)` for non-tensor values. `dtypes` maps
+/// dtype names to torch dtypes. `nodes` lists `(dict, keys, values)` of every node, for the
+/// tree's copy plan.
+#[pyfunction]
+#[pyo3(signature = (text, capacity, arena, dtypes, make_node, make_leaf, make_empty, make_value))]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn build_packed_tree<'py>(
+    py: Python<'py>,
+    text: &[u8],
+    capacity: Option<usize>,
+    arena: bool,
+    dtypes: &Bound<'py, PyDict>,
+    make_node: &Bound<'py, PyAny>,
+    make_leaf: &Bound<'py, PyAny>,
+    make_empty: &Bound<'py, PyAny>,
+    make_value: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyAny>, usize, Option<Buffer>, Bound<'py, PyList>)> {
+    let (node, total) = py
+        .detach(|| packed::parse(text))
+        .map_err(crate::error::InvalidTreeError::new_err)?;
+    let capacity = capacity.unwrap_or(total);
+    if capacity < total {
+        return Err(crate::error::InvalidTreeError::new_err(format!(
+            "received tree description: its leaves hold {total} bytes, more than {capacity}"
+        )));
+    }
+    let region = if arena && capacity > 0 {
+        let region = py.detach(|| {
+            let region = storage::anonymous(None, capacity)?;
+            populate(&region);
+            Ok::<_, crate::error::Error>(region)
+        })?;
+        Some(Arc::new(region))
+    } else {
+        None
+    };
+    let mut builder = TreeBuilder {
+        py,
+        make_node,
+        make_leaf,
+        make_empty,
+        make_value,
+        dtypes,
+        cache: Vec::new(),
+        region,
+        nodes: PyList::empty(py),
+    };
+    let root = builder.node(&node)?;
+    let whole = builder.region.as_ref().map(|r| Buffer::slice(r, 0, capacity));
+    Ok((root, total, whole, builder.nodes))
+}
+
+/// Faults a new map's pages in with one call (a message is about to fill them; page by page,
+/// shared memory costs a fault per 4 KiB). Best effort: kernels before 5.14 lack it.
+fn populate(region: &storage::Region) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: the range is exactly the live mapping `region` owns; MADV_POPULATE_WRITE only
+    // faults its pages in (writable, shared: no content changes).
+    unsafe {
+        let _ = rustix::mm::madvise(
+            region.as_ptr().cast(),
+            region.len(),
+            rustix::mm::Advice::LinuxPopulateWrite,
+        );
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = region;
 }

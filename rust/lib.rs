@@ -24,6 +24,7 @@ pub mod error;
 pub mod gather;
 pub mod layout;
 pub mod load;
+pub mod packed;
 pub mod parallel;
 pub mod safetensors_io;
 pub mod save;
@@ -56,7 +57,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::write_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(api_gather::gather_rows, m)?)?;
     m.add_function(wrap_pyfunction!(api_gather::copy_packed, m)?)?;
-    m.add_function(wrap_pyfunction!(api_gather::packed_arena, m)?)?;
+    m.add_class::<api_gather::PackedTable>()?;
+    m.add_function(wrap_pyfunction!(api_gather::same_entries, m)?)?;
+    m.add_function(wrap_pyfunction!(api_gather::describe_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(api_gather::build_packed_tree, m)?)?;
     #[cfg(unix)]
     m.add_function(wrap_pyfunction!(api_shared::receive_shared, m)?)?;
     #[cfg(unix)]

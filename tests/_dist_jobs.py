@@ -34,7 +34,7 @@ def entry(
         torch.set_num_threads(1)
         module = importlib.import_module(packages[rank])
         dist.init_process_group(
-            "gloo",
+            "nccl" if job == "nccl" else "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world,
@@ -110,6 +110,7 @@ def p2p(T: Any, rank: int, world: int, tmp: Path) -> None:
         src.send(dst=peer, consolidated=True)
         group = dist.new_group([0, 1])
         src.send(group=group, group_dst=peer, init_tag=9)
+        _pieces(T, rank, tmp)
         _two_rank_all_reduce(T, rank)
         return
     ref = tree(T, 1)
@@ -149,7 +150,58 @@ def p2p(T: Any, rank: int, world: int, tmp: Path) -> None:
     out = tree(T, 0)
     out.recv(group=group, group_src=peer, init_tag=9)
     same(out, ref)
+    _pieces(T, rank, tmp)
     _two_rank_all_reduce(T, rank)
+
+
+def big_tree(T: Any, fill: int, *, strided: bool = False) -> Any:
+    """A tree of several message pieces (``_dist_wire.PIECE_BYTES``), a leaf across a piece
+    boundary, and with ``strided`` a non-contiguous leaf (torch's copies, not the Rust core)."""
+    from tensordict_rs import _dist_wire
+
+    piece = _dist_wire.PIECE_BYTES
+    gen = torch.Generator().manual_seed(fill)
+    source: dict[str, Any] = {
+        "a": torch.randint(0, 1 << 20, (3, piece // 12 + 5), generator=gen),  # past piece 0
+        "b": {"c": torch.rand(3, piece // 8, generator=gen, dtype=torch.float64)},
+        "d": torch.randint(0, 2, (3, 7), generator=gen).bool(),
+    }
+    if strided:
+        source["t"] = torch.rand(100, 3, generator=gen).t()
+    return T.TensorDict(source, batch_size=[3])
+
+
+def _pieces(T: Any, rank: int, tmp: Path) -> None:
+    """Trees of several pieces, consolidated: plain, memory-mapped, strided receivers."""
+    peer = 1 - rank
+    if rank == 0:
+        src = big_tree(T, 1)
+        src.send(dst=peer, consolidated=True, init_tag=3)
+        src.send(dst=peer, consolidated=True)
+        for w in src.isend(dst=peer, consolidated=True, return_early=True):
+            w.wait()
+        big_tree(T, 2, strided=True).send(dst=peer, consolidated=True)
+        big_tree(T, 3).send(dst=peer, consolidated=True)
+        big_tree(T, 4).init_remote(dst=peer)
+        return
+    out = big_tree(T, 0)
+    out.recv(src=peer, consolidated=True, init_tag=3)
+    same(out, big_tree(T, 1))
+    mapped = big_tree(T, 0).memmap_(tmp / "big")
+    mapped.recv(src=peer, consolidated=True)
+    same(T.TensorDict.load_memmap(tmp / "big"), big_tree(T, 1))
+    out = big_tree(T, 0)
+    pending = out.irecv(src=peer, consolidated=True, return_premature=True)
+    for w in pending:
+        w.wait()
+    same(out, big_tree(T, 1))
+    out = big_tree(T, 0, strided=True)
+    out.recv(src=peer, consolidated=True)
+    same(out, big_tree(T, 2, strided=True))
+    out = big_tree(T, 0)
+    out.recv(src=peer, consolidated=True)
+    same(out, big_tree(T, 3))
+    same(T.TensorDict.from_remote_init(src=peer), big_tree(T, 4))
 
 
 def _two_rank_all_reduce(T: Any, rank: int) -> None:
@@ -249,7 +301,33 @@ def collectives(T: Any, rank: int, world: int, tmp: Path) -> None:
             {"x": torch.full((3,), float(rank)), "y": {"z": torch.tensor(10.0 * rank)}}, []
         )
         assert row.gather_and_stack(dst=0) is None
+    _ring(T, rank, world)
     sharded_dataset(T, rank, world, tmp)
+
+
+def _ring(T: Any, rank: int, world: int) -> None:
+    """Every rank sends to the next and receives from the previous at once: per leaf with
+    isend/irecv, then one packed message, then a first contact."""
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    out = tree(T, 0, text=False)
+    pending = out.irecv(src=prev, init_tag=100, return_premature=True)
+    works = tree(T, 10 + rank, text=False).isend(dst=nxt, init_tag=100, return_early=True)
+    for w in [*pending, *works]:
+        w.wait()
+    same(out, tree(T, 10 + prev, text=False))
+    out = tree(T, 0, text=False)
+    pending = out.irecv(src=prev, consolidated=True, return_premature=True)
+    src = tree(T, 20 + rank, text=False)
+    works = src.isend(dst=nxt, consolidated=True, return_early=True)
+    for w in [*pending, *works]:
+        w.wait()
+    same(out, tree(T, 20 + prev, text=False))
+    if rank % 2 == 0:
+        tree(T, 30 + rank).init_remote(dst=nxt)
+        same(T.TensorDict.from_remote_init(src=prev), tree(T, 30 + prev))
+    else:
+        same(T.TensorDict.from_remote_init(src=prev), tree(T, 30 + prev))
+        tree(T, 30 + rank).init_remote(dst=nxt)
 
 
 def sharded_dataset(T: Any, rank: int, world: int, tmp: Path) -> None:
@@ -268,8 +346,7 @@ def sharded_dataset(T: Any, rank: int, world: int, tmp: Path) -> None:
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
     sampler.set_epoch(1)
     indices = list(sampler)
-    getitems = getattr(data, "__getitems__", None)
-    shard = getitems(indices) if getitems is not None else data[torch.tensor(indices)]
+    shard = data.__getitems__(indices)  # what a DataLoader with this sampler calls
     assert shard["label"].tolist() == indices
     assert torch.equal(shard["obs"], data["obs"][torch.tensor(indices)])
     seen = torch.zeros(rows, dtype=torch.int64)
@@ -287,3 +364,58 @@ def sharded_dataset(T: Any, rank: int, world: int, tmp: Path) -> None:
     dist.barrier()
     data = T.TensorDict.load_memmap(prefix)
     assert data["obs"][0, 0].item() == 1000.0
+
+
+def cuda_gloo(T: Any, rank: int, world: int, tmp: Path) -> None:
+    """CUDA trees over gloo (messages staged through the CPU): packed send from and into
+    device trees, first contact onto a device, broadcast onto a device. Needs CUDA."""
+    peer = 1 - rank
+    device = torch.device("cuda", 0)
+    if rank == 0:
+        tree(T, 1).to(device).send(dst=peer, consolidated=True)
+        tree(T, 2).send(dst=peer, consolidated=True)
+        tree(T, 3).to(device).init_remote(dst=peer)
+        tree(T, 4).init_remote(dst=peer)
+        tree(T, 5).to(device).send(dst=peer)  # per leaf, from the device
+    else:
+        out = tree(T, 0)
+        out.recv(src=peer, consolidated=True)
+        same(out, tree(T, 1))
+        out = tree(T, 0).to(device)
+        out.recv(src=peer, consolidated=True)
+        same(out.cpu(), tree(T, 2))
+        same(T.TensorDict.from_remote_init(src=peer).cpu(), tree(T, 3))
+        remote = T.TensorDict.from_remote_init(src=peer, device=device)
+        assert all(t.is_cuda for t in remote.values(True, True) if isinstance(t, torch.Tensor))
+        same(remote.cpu(), tree(T, 4))
+        out = tree(T, 0)
+        out.recv(src=peer)
+        same(out, tree(T, 5))
+    got = (tree(T, 6) if rank == 0 else T.TensorDict()).broadcast(src=0, device=device)
+    same(got.cpu(), tree(T, 6))
+
+
+def nccl(T: Any, rank: int, world: int, tmp: Path) -> None:
+    """NCCL between two GPUs: per-leaf and packed send/recv, first contact, collectives."""
+    peer = 1 - rank
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    numeric = tree(T, 1, text=False)
+    if rank == 0:
+        src = numeric.to(device)
+        src.send(dst=peer)
+        src.send(dst=peer, consolidated=True)
+        src.init_remote(dst=peer)
+    else:
+        out = tree(T, 0, text=False).to(device)
+        out.recv(src=peer)
+        same(out.cpu(), numeric)
+        out = tree(T, 0, text=False).to(device)
+        out.recv(src=peer, consolidated=True)
+        same(out.cpu(), numeric)
+        same(T.TensorDict.from_remote_init(src=peer, device=device).cpu(), numeric)
+    td = T.TensorDict({"w": torch.full((4, 3), rank + 1.0, device=device)}, [4])
+    td.all_reduce()
+    assert td["w"].eq(3).all()
+    everyone = T.TensorDict({"r": torch.full((2,), float(rank), device=device)}, []).all_gather()
+    assert [t["r"][0].item() for t in everyone] == [0.0, 1.0]

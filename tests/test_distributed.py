@@ -105,3 +105,78 @@ def test_plans_follow_changes_of_the_tree() -> None:
     second = _packed.plan(td)
     assert second is not first
     assert second.pack()[16:].view(torch.float32).tolist() == [2.0] * 8
+
+
+def test_packed_table_releases_gil_and_copies_ranges() -> None:
+    from array import array
+
+    from tensordict_rs import _native
+    from test_gil import MIN_TURNS, probe_thread
+
+    leaves = [torch.full((8 << 20,), float(i)) for i in range(8)]  # 256 MiB
+    table = array("Q")
+    for i, t in enumerate(leaves):
+        table.extend((t.data_ptr(), i * t.nbytes, t.nbytes))
+    total = 8 * leaves[0].nbytes
+    packed = _native.PackedTable(table, total)
+    buffer = torch.empty(total, dtype=torch.uint8)
+    with probe_thread() as probe:
+        probe.watch(packed.pack)(buffer.data_ptr(), buffer.numel())
+    assert probe.turns >= MIN_TURNS, probe.turns
+    for t in leaves:
+        t.zero_()
+    half = leaves[0].nbytes + 6  # a range that ends inside leaf 1
+    packed.unpack(buffer.data_ptr(), buffer.numel(), 0, half)
+    assert leaves[0].eq(0).all() and leaves[1][0].item() == 1.0 and leaves[1][1].item() == 0
+    packed.unpack(buffer.data_ptr(), buffer.numel(), half)
+    assert [t[-1].item() for t in leaves] == [float(i) for i in range(8)]
+    assert leaves[1].eq(1).all()
+    with pytest.raises(ValueError, match="cannot hold"):
+        packed.pack(buffer.data_ptr(), total - 1)
+    with pytest.raises(ValueError, match="shares memory"):
+        packed.unpack(leaves[0].data_ptr() - leaves[0].nbytes, total)
+    with pytest.raises(ValueError, match="overlap"):
+        _native.PackedTable(array("Q", [1, 0, 32, 2, 16, 16]), 64)
+
+
+def test_descriptions_of_odd_trees() -> None:
+    from tensordict_rs import InvalidTreeError, TensorDict, _packed
+
+    # keys named like meta.json fields, non-ASCII and quoted keys, empty nodes and leaves
+    src = TensorDict(
+        {
+            "dtype": {"is_nested": torch.ones(2, 3), "data": torch.arange(2)},
+            'é"q': torch.zeros(2, 0),
+            "empty": {},
+            "z": torch.tensor([True, False]),
+        },
+        [2],
+    )
+    text = _packed.describe(src)
+    plan = _packed.plan(src)
+    built, whole = _packed.build(type(src), text, plan.total)
+    whole.copy_(plan.pack())
+    _dist_jobs.same(built, src)
+    assert built["empty"].batch_size == torch.Size([2])
+    with pytest.raises(InvalidTreeError, match="reserved"):
+        _packed.describe(TensorDict({"n": {"shape": torch.ones(1)}}, []))
+    bad_batch = text.replace(b'"shape": [2], "device"', b'"shape": [3], "device"', 1)
+    with pytest.raises(InvalidTreeError, match="does not start"):
+        _packed.build(type(src), bad_batch, plan.total)
+    deep = b'{"a": ' * 300 + b"{}" + b"}" * 300
+    with pytest.raises(InvalidTreeError, match=r"recursion limit|deeper"):
+        _packed.build(type(src), deep, 0)
+    with pytest.raises(InvalidTreeError, match="not a TensorDict"):
+        _packed.build(type(src), b"[1, 2]", 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_trees_over_gloo(tmp_path: Path) -> None:
+    run_job("cuda_gloo", ["tensordict_rs"] * 2, tmp_path)
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2 or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL"
+)
+def test_nccl_two_gpus(tmp_path: Path) -> None:
+    run_job("nccl", ["tensordict_rs"] * 2, tmp_path)

@@ -9,12 +9,15 @@ __all__ = [
     "InvalidDirectoryError",
     "InvalidTreeError",
     "LockedError",
+    "PackedTable",
     "ProgressCounter",
     "SymlinkError",
     "TensorDictError",
     "UnsupportedFormatError",
     "anonymous_buffers",
+    "build_packed_tree",
     "copy_packed",
+    "describe_tree",
     "encode_key",
     "flush_buffers",
     "gather_rows",
@@ -24,11 +27,11 @@ __all__ = [
     "load_tree",
     "open_file",
     "open_files",
-    "packed_arena",
     "read_safetensors",
     "receive_shared",
     "refresh_archive_checksums",
     "reopen_archive",
+    "same_entries",
     "shared_regions",
     "tree_summary",
     "verify_archive",
@@ -111,7 +114,29 @@ def gather_rows(
     index_address: int, index_len: int, leaves: list[tuple[int, int, int, int]]
 ) -> None: ...
 def copy_packed(table: Any, buffer_address: int, buffer_len: int, pack: bool) -> None: ...
-def packed_arena(nbytes: int, slices: Any) -> tuple[Buffer, list[Buffer]]: ...
+
+@final
+class PackedTable:
+    """The checked copy plan of one tree's packed layout."""
+
+    def __new__(cls, table: Any, total: int) -> PackedTable: ...
+    def pack(self, address: int, nbytes: int, start: int = 0, end: int | None = None) -> None: ...
+    def unpack(self, address: int, nbytes: int, start: int = 0, end: int | None = None) -> None: ...
+    @property
+    def total(self) -> int: ...
+
+def same_entries(nodes: list[tuple[dict[str, Any], tuple[Any, ...], tuple[Any, ...]]]) -> bool: ...
+def describe_tree(node: tuple[Any, ...]) -> bytes: ...
+def build_packed_tree(
+    text: bytes,
+    capacity: int | None,
+    arena: bool,
+    dtypes: dict[str, Any],
+    make_node: Any,
+    make_leaf: Any,
+    make_empty: Any,
+    make_value: Any,
+) -> tuple[Any, int, Buffer | None, list[Any]]: ...
 def receive_shared(fd: int, nbytes: int, slices: list[tuple[int, int]]) -> list[Buffer]: ...
 def shared_regions() -> int: ...
 def group_shared(

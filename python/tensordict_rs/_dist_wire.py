@@ -1,0 +1,218 @@
+"""What travels on the wire for ``distributed.py``: peers, tags, pieces and headers.
+
+Point-to-point messages go straight to the ``ProcessGroup`` object (``group.send([t], rank,
+tag)``, which is what ``dist.isend`` ends in), posted all at once and waited for together:
+the same messages, tags and order as the reference's one-call-per-leaf loop, without paying
+``torch.distributed``'s Python checks and a round trip per leaf.
+
+A tree sent as one message travels in pieces of ``PIECE_BYTES`` (a function of its size only,
+so both sides agree): the sender packs piece ``i + 1`` while piece ``i`` is on the wire, the
+receiver scatters piece ``i`` while piece ``i + 1`` arrives. Piece ``i`` has tag
+``init_tag + i``.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import distributed as dist
+
+from . import _native, _packed
+
+MAGIC = 0x7464_7273_3031  # "tdrs01": a description message of this library
+PIECE_BYTES = 2 << 20
+_CPU = torch.device("cpu")
+
+
+def check_peer(
+    peer: int | None, group_peer: int | None, group: Any, name: str, group_name: str
+) -> None:
+    """The reference's rule: the peer is a global rank or a rank in ``group``, never both."""
+    if group_peer is not None:
+        if group is None:
+            raise ValueError(f"`{group_name}` requires `group` to be passed.")
+        if peer is not None:
+            raise ValueError(f"`{name}` and `{group_name}` are mutually exclusive.")
+    elif peer is None:
+        raise ValueError(f"Exactly one of `{name}` and `{group_name}` must be provided.")
+
+
+class Peer:
+    """The other end of point-to-point messages: a process group and a rank in it."""
+
+    def __init__(
+        self, peer: int | None, group: Any, group_peer: int | None, name: str, group_name: str
+    ) -> None:
+        check_peer(peer, group_peer, group, name, group_name)
+        self.member = group is not dist.GroupMember.NON_GROUP_MEMBER
+        self.group: Any = dist.group.WORLD if group is None else group
+        if not self.member:
+            warnings.warn(
+                f"this rank (global rank {dist.get_rank()}) does not belong to the given "
+                "group: nothing is sent or received",
+                stacklevel=3,
+            )
+            self.rank = -1
+        elif group_peer is not None:
+            self.rank = group_peer
+        else:
+            assert peer is not None
+            self.rank = peer if group is None else dist.get_group_rank(group, peer)
+        self.device = comm_device(group) if self.member else _CPU
+
+    def send(self, tensors: Sequence[torch.Tensor], tags: Sequence[int]) -> list[Any]:
+        """Posts one message per tensor; returns the pending works."""
+        if not self.member:
+            return []
+        pg, rank = self.group, self.rank
+        return [pg.send([t], rank, tag) for t, tag in zip(tensors, tags, strict=True)]
+
+    def recv(self, tensors: Sequence[torch.Tensor], tags: Sequence[int]) -> list[Any]:
+        """Posts one receive per tensor; returns the pending works."""
+        if not self.member:
+            return []
+        pg, rank = self.group, self.rank
+        return [pg.recv([t], rank, tag) for t, tag in zip(tensors, tags, strict=True)]
+
+
+def wait_all(works: Sequence[Any]) -> None:
+    for work in works:
+        work.wait()
+
+
+@functools.lru_cache(maxsize=64)
+def tags(init_tag: int, count: int, pseudo_rand: bool) -> tuple[int, ...]:
+    """The per-leaf tags: ``init_tag, init_tag + 1, ...`` or the reference's pseudo-random
+    chain (each the next of the previous, numpy's ``default_rng``)."""
+    if not pseudo_rand:
+        return tuple(range(init_tag, init_tag + count))
+    out, tag = [], init_tag - 1
+    for _ in range(count):
+        rng = np.random.default_rng(tag + 1)
+        tag = int.from_bytes(rng.bytes(8), "big") % 10_000
+        out.append(tag)
+    return tuple(out)
+
+
+def pieces(total: int) -> list[tuple[int, int]]:
+    """The byte ranges a packed tree of ``total`` bytes travels in."""
+    return [(lo, min(lo + PIECE_BYTES, total)) for lo in range(0, total, PIECE_BYTES)]
+
+
+def comm_device(group: Any) -> torch.device:
+    """Where messages travel: a CUDA device for NCCL, else the CPU."""
+    backend = str(dist.get_backend(group))
+    if "nccl" in backend and ":" not in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return _CPU
+
+
+class Pending:
+    """Receives still in flight; ``wait()`` waits for each, then runs its finishing step."""
+
+    def __init__(self, steps: list[tuple[Any, Callable[[], None] | None]]) -> None:
+        self._steps: list[tuple[Any, Callable[[], None] | None]] | None = steps
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Waits for the messages, then writes them into the leaves (once)."""
+        steps, self._steps = self._steps, None
+        for work, finish in steps or ():
+            if work is not None:
+                work.wait() if timeout is None else work.wait(timeout)
+            if finish is not None:
+                finish()
+        return True
+
+    def is_completed(self) -> bool:
+        """True once the messages arrived and the leaves are written."""
+        return self._steps is None
+
+
+def send_packed(
+    plan: _packed.Plan, peer: Peer, tag: int, fresh: bool
+) -> tuple[list[Any], torch.Tensor | None]:
+    """Posts a packed tree's pieces, each packed just before it goes; returns the works and
+    the buffer they read (keep it alive until they are done)."""
+    if not plan.total:
+        return [], None
+    spans = pieces(plan.total)
+    staged = plan.device != peer.device
+    buffer = plan.pack(fresh=True).to(peer.device) if staged else plan.buffer(fresh)
+    works = []
+    for i, (lo, hi) in enumerate(spans):
+        if not staged:
+            plan.pack_range(buffer, lo, hi)
+        works.extend(peer.send([buffer[lo:hi]], [tag + i]))
+    return works, buffer
+
+
+def recv_packed(plan: _packed.Plan, peer: Peer, tag: int, fresh: bool) -> Pending:
+    """Posts the receives of a packed tree's pieces; waiting scatters each into the leaves."""
+    if not plan.total:
+        return Pending([])
+    spans = pieces(plan.total)
+    target = plan.receive_buffer(fresh)
+    buffer = (
+        target if target.device == peer.device else torch.empty_like(target, device=peer.device)
+    )
+    works = peer.recv([buffer[lo:hi] for lo, hi in spans], [tag + i for i in range(len(spans))])
+    if not works:
+        return Pending([])
+
+    def scatter(lo: int, hi: int) -> None:
+        if buffer is not target:
+            target[lo:hi].copy_(buffer[lo:hi])
+        plan.unpack(target, lo, hi)
+
+    return Pending(
+        [(w, functools.partial(scatter, lo, hi)) for w, (lo, hi) in zip(works, spans, strict=True)]
+    )
+
+
+def header(description: bytes, total: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor([MAGIC, len(description), total], dtype=torch.int64, device=device)
+
+
+def check_header(received: torch.Tensor) -> tuple[int, int]:
+    """(description length, data bytes) of a received header; refuses foreign senders."""
+    magic, length, total = (int(x) for x in received.tolist())
+    if magic != MAGIC:
+        raise _native.TensorDictError(
+            "the sender does not speak this library's description protocol (a tensordict "
+            "rank pickles its metadata; use the per-leaf send/recv between the two packages)"
+        )
+    if not 0 <= length <= _packed.DESCRIPTION_LIMIT or total < 0:
+        raise _native.TensorDictError(
+            f"received a tree description of {length} bytes for {total} data bytes: refused"
+        )
+    return length, total
+
+
+def bytes_tensor(data: bytes, device: torch.device) -> torch.Tensor:
+    if not data:
+        return torch.empty(0, dtype=torch.uint8, device=device)
+    t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return t if device == _CPU else t.to(device)
+
+
+def to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return t if t.device == device else t.to(device)
+
+
+def receive_into(
+    whole: torch.Tensor, comm: torch.device, receive: Callable[[torch.Tensor], Any]
+) -> None:
+    """Receives one message into ``whole``, staged through ``comm`` when it lies elsewhere."""
+    if whole.numel() == 0:
+        return
+    if whole.device == comm:
+        receive(whole)
+        return
+    staged = torch.empty_like(whole, device=comm)
+    receive(staged)
+    whole.copy_(staged)

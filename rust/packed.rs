@@ -1,0 +1,638 @@
+//! A whole tree as one message: the packed layout of its leaves and the JSON description that
+//! lets a rank that knows nothing build the receiving tree. No pyo3 here.
+//!
+//! The packed layout lists the tensor leaves depth-first in sorted-key order, each at an
+//! offset rounded up to [`ALIGN`] bytes. [`PackedLayout`] is the copy plan of one tree (leaf
+//! address, packed offset, size per leaf), checked once when it is made; its copies can be
+//! restricted to a byte range of the packed buffer, so that a message travels in pieces while
+//! the next piece is packed or the previous one scattered.
+//!
+//! The description is the JSON of `meta.json` (the same per-leaf entries and reserved keys),
+//! with each nested TensorDict's own `meta.json` object inlined under its key and non-tensor
+//! values inlined as NonTensorData's `meta.json`. [`describe`] writes it, [`parse`] validates it
+//! like a directory's `meta.json` (bounded size and depth, the dtype table, checked sizes).
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::io::Write;
+
+use serde::de::{self, DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
+
+use crate::gather::{self, Copy, Overlap, Range};
+use crate::layout;
+
+/// Every leaf starts at a multiple of this many bytes (every dtype can be viewed in place).
+pub const ALIGN: usize = 16;
+/// The longest description accepted (the meta.json limit of the loader).
+pub const DESCRIPTION_LIMIT: usize = layout::META_LIMIT as usize;
+
+const TD_TYPE: &str = "<class 'tensordict._td.TensorDict'>";
+const TD_CLASS: &str = "tensordict:TensorDict";
+const NTD_TYPE: &str = "<class 'tensordict.tensorclass.NonTensorData'>";
+
+/// `n` rounded up to [`ALIGN`], or `None` on overflow.
+pub fn aligned(n: usize) -> Option<usize> {
+    n.checked_add(ALIGN - 1).map(|m| m & !(ALIGN - 1))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Description
+
+/// One entry of a node to describe, in the order it is written (sorted keys).
+pub enum Described<'a> {
+    Leaf {
+        key: &'a str,
+        dtype: &'a str,
+        shape: &'a [u64],
+        device: &'a str,
+    },
+    Node {
+        key: &'a str,
+        node: DescribedNode<'a>,
+    },
+    /// A non-tensor value, as JSON.
+    Value {
+        key: &'a str,
+        data: Value,
+    },
+}
+
+/// A TensorDict to describe: batch size, device and entries.
+pub struct DescribedNode<'a> {
+    pub batch: Vec<u64>,
+    pub device: Option<&'a str>,
+    pub entries: Vec<Described<'a>>,
+}
+
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    serde_json::to_writer(&mut *out, s).expect("a str always serializes");
+}
+
+fn json_list(out: &mut Vec<u8>, items: &[u64]) {
+    out.push(b'[');
+    for (i, d) in items.iter().enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b", ");
+        }
+        write!(out, "{d}").expect("writing to a Vec never fails");
+    }
+    out.push(b']');
+}
+
+/// Writes the description of `node` (Python's `json.dumps` separators, UTF-8 as it is).
+pub fn describe(node: &DescribedNode<'_>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + 96 * node.entries.len());
+    write_node(&mut out, node);
+    out
+}
+
+fn write_node(out: &mut Vec<u8>, node: &DescribedNode<'_>) {
+    out.push(b'{');
+    for entry in &node.entries {
+        match entry {
+            Described::Leaf {
+                key,
+                dtype,
+                shape,
+                device,
+            } => {
+                json_str(out, key);
+                out.extend_from_slice(b": {\"device\": ");
+                json_str(out, device);
+                out.extend_from_slice(b", \"shape\": ");
+                json_list(out, shape);
+                out.extend_from_slice(b", \"dtype\": ");
+                json_str(out, dtype);
+                out.extend_from_slice(b", \"is_nested\": false}, ");
+            }
+            Described::Node { key, node } => {
+                json_str(out, key);
+                out.extend_from_slice(b": ");
+                write_node(out, node);
+                out.extend_from_slice(b", ");
+            }
+            Described::Value { key, data } => {
+                json_str(out, key);
+                out.extend_from_slice(b": {\"_type\": ");
+                json_str(out, NTD_TYPE);
+                out.extend_from_slice(b", \"data\": ");
+                serde_json::to_writer(&mut *out, data).expect("a Value always serializes");
+                out.extend_from_slice(b", \"_metadata\": null, \"_is_non_tensor\": true}, ");
+            }
+        }
+    }
+    out.extend_from_slice(b"\"shape\": ");
+    json_list(out, &node.batch);
+    out.extend_from_slice(b", \"device\": ");
+    match node.device {
+        Some(d) => json_str(out, d),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b", \"_type\": ");
+    json_str(out, TD_TYPE);
+    write!(
+        out,
+        ", \"_format_version\": {}, \"_class\": ",
+        layout::FORMAT_VERSION
+    )
+    .expect("writing to a Vec never fails");
+    json_str(out, TD_CLASS);
+    out.push(b'}');
+}
+
+/// A parsed description's leaf: dtype, shape, and where it lies in the packed buffer.
+#[derive(Debug, PartialEq)]
+pub struct ParsedLeaf {
+    pub dtype: &'static str,
+    pub shape: Vec<u64>,
+    pub offset: usize,
+    pub nbytes: usize,
+}
+
+/// A parsed description's entry, in sorted-key order.
+#[derive(Debug, PartialEq)]
+pub enum Parsed {
+    Leaf(String, ParsedLeaf),
+    Node(String, ParsedNode),
+    /// A non-tensor value, as JSON text.
+    Value(String, String),
+}
+
+/// A parsed TensorDict node.
+#[derive(Debug, PartialEq)]
+pub struct ParsedNode {
+    pub batch: Vec<u64>,
+    pub device: Option<String>,
+    pub entries: Vec<Parsed>,
+}
+
+fn bad(path: &[String], why: impl std::fmt::Display) -> String {
+    let at = if path.is_empty() {
+        "<root>".to_string()
+    } else {
+        path.join(".")
+    };
+    format!("received tree description, at {at:?}: {why}")
+}
+
+/// Parses and validates a description; returns the tree and the packed size of its leaves.
+pub fn parse(text: &[u8]) -> Result<(ParsedNode, usize), String> {
+    if text.len() > DESCRIPTION_LIMIT {
+        return Err(bad(&[], format!("{} bytes is over the limit", text.len())));
+    }
+    let path = RefCell::new(Vec::new());
+    let mut de = serde_json::Deserializer::from_slice(text);
+    let field = EntrySeed { path: &path }
+        .deserialize(&mut de)
+        .and_then(|field| de.end().map(|()| field))
+        .map_err(|e| bad(&path.borrow(), format!("not valid JSON: {e}")))?;
+    let Field::Entry(raw) = field else {
+        return Err(bad(&[], "not a TensorDict entry"));
+    };
+    let mut path = Vec::new();
+    let mut end = 0usize;
+    let node = check_node(raw, &[], &mut path, &mut end)?;
+    Ok((node, end))
+}
+
+/// One JSON object of a description before it is checked: leaf, node or non-tensor fields,
+/// and the entries of a node. A field name (`shape`, `dtype`, ...) whose value is an object
+/// is a key of the tree like any other.
+#[derive(Default)]
+struct RawEntry {
+    object: bool,
+    shape: Option<Vec<i64>>,
+    device: Option<Option<String>>,
+    dtype: Option<String>,
+    is_nested: Option<bool>,
+    type_: Option<String>,
+    data: Option<Value>,
+    entries: Vec<(String, RawEntry)>,
+}
+
+/// Any JSON value of a description, as far as the parser needs to know it.
+enum Field {
+    Entry(RawEntry),
+    Dims(Vec<i64>),
+    Str(String),
+    Bool(bool),
+    Null,
+    Other,
+}
+
+/// How serde_json (with `arbitrary_precision`) presents a number to `deserialize_any`.
+const NUMBER_TOKEN: &str = "$serde_json::private::Number";
+
+struct EntrySeed<'p> {
+    path: &'p RefCell<Vec<String>>,
+}
+
+impl<'de> DeserializeSeed<'de> for EntrySeed<'_> {
+    type Value = Field;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Field, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl EntrySeed<'_> {
+    fn child<'de, A: MapAccess<'de>>(&self, map: &mut A, key: Cow<'de, str>) -> Result<Field, A::Error> {
+        self.path.borrow_mut().push(key.into_owned());
+        let field = map.next_value_seed(EntrySeed { path: self.path })?;
+        Ok(field)
+    }
+}
+
+impl<'de> Visitor<'de> for EntrySeed<'_> {
+    type Value = Field;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a meta.json entry")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Field, A::Error> {
+        if self.path.borrow().len() > layout::MAX_DEPTH {
+            return Err(A::Error::custom(format!(
+                "nested deeper than {}",
+                layout::MAX_DEPTH
+            )));
+        }
+        let mut out = RawEntry {
+            object: true,
+            ..RawEntry::default()
+        };
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            let name = key.as_ref();
+            if name == NUMBER_TOKEN {
+                // a number, as serde_json's arbitrary_precision hands it to deserialize_any
+                map.next_value::<IgnoredAny>()?;
+                return Ok(Field::Other);
+            }
+            if matches!(
+                name,
+                "_format_version" | "_class" | "_names" | "_metadata" | "_is_non_tensor"
+            ) {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            if name == "data" && out.type_.as_deref() == Some(NTD_TYPE) {
+                out.data = Some(map.next_value()?);
+                continue;
+            }
+            let field = self.child(&mut map, key)?;
+            let key = self.path.borrow_mut().pop().expect("pushed in child");
+            match (key.as_str(), field) {
+                ("shape", Field::Dims(d)) => out.shape = Some(d),
+                ("device", Field::Str(d)) => out.device = Some(Some(d)),
+                ("device", Field::Null) => out.device = Some(None),
+                ("dtype", Field::Str(d)) => out.dtype = Some(d),
+                ("is_nested", Field::Bool(b)) => out.is_nested = Some(b),
+                ("_type", Field::Str(t)) => out.type_ = Some(t),
+                (_, Field::Entry(entry)) => out.entries.push((key, entry)),
+                (_, _) => out.entries.push((key, RawEntry::default())),
+            }
+        }
+        Ok(Field::Entry(out))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Field, A::Error> {
+        // Lists in a description are shapes (a list of anything else is refused here).
+        let mut dims = Vec::new();
+        while let Some(d) = seq.next_element::<i64>()? {
+            dims.push(d);
+        }
+        Ok(Field::Dims(dims))
+    }
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Field, E> {
+        Ok(Field::Bool(b))
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Field, E> {
+        Ok(Field::Other)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Field, E> {
+        Ok(Field::Other)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Field, E> {
+        Ok(Field::Other)
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Field, E> {
+        Ok(Field::Str(s.to_string()))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Field, E> {
+        Ok(Field::Null)
+    }
+}
+
+fn dims(value: Option<Vec<i64>>, path: &[String], what: &str) -> Result<Vec<u64>, String> {
+    let Some(items) = value else {
+        return Err(bad(path, format!("{what} is missing or not a list")));
+    };
+    items
+        .iter()
+        .map(|&d| u64::try_from(d).ok().filter(|&d| d <= i64::MAX as u64))
+        .collect::<Option<Vec<u64>>>()
+        .ok_or_else(|| {
+            bad(
+                path,
+                format!("{what} {items:?} is not a list of non-negative ints"),
+            )
+        })
+}
+
+fn check_node(
+    raw: RawEntry,
+    parent: &[u64],
+    path: &mut Vec<String>,
+    end: &mut usize,
+) -> Result<ParsedNode, String> {
+    if raw.type_.as_deref() != Some(TD_TYPE) {
+        return Err(bad(path, "not a TensorDict entry"));
+    }
+    let batch = dims(raw.shape, path, "batch size")?;
+    if batch.len() < parent.len() || batch[..parent.len()] != *parent {
+        return Err(bad(
+            path,
+            format!("batch size {batch:?} does not start with {parent:?}"),
+        ));
+    }
+    let mut children = raw.entries;
+    children.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    if children.windows(2).any(|w| w[0].0 == w[1].0) {
+        return Err(bad(path, "a key appears twice"));
+    }
+    let mut entries = Vec::with_capacity(children.len());
+    for (key, entry) in children {
+        path.push(key);
+        let parsed = check_entry(entry, &batch, path, end)?;
+        let key = path.pop().expect("pushed above");
+        entries.push(match parsed {
+            Checked::Leaf(l) => Parsed::Leaf(key, l),
+            Checked::Node(n) => Parsed::Node(key, n),
+            Checked::Value(v) => Parsed::Value(key, v),
+        });
+    }
+    Ok(ParsedNode {
+        batch,
+        device: raw.device.flatten(),
+        entries,
+    })
+}
+
+enum Checked {
+    Leaf(ParsedLeaf),
+    Node(ParsedNode),
+    Value(String),
+}
+
+fn check_entry(
+    raw: RawEntry,
+    batch: &[u64],
+    path: &mut Vec<String>,
+    end: &mut usize,
+) -> Result<Checked, String> {
+    if !raw.object {
+        return Err(bad(path, "entry is not an object"));
+    }
+    if let Some(name) = &raw.dtype {
+        let dtype = layout::dtype(name).ok_or_else(|| bad(path, format!("unknown dtype {name:?}")))?;
+        if raw.is_nested.unwrap_or(false) {
+            return Err(bad(path, "nested tensors are not supported"));
+        }
+        let shape = dims(raw.shape, path, "shape")?;
+        if shape.len() < batch.len() || shape[..batch.len()] != *batch {
+            return Err(bad(
+                path,
+                format!("shape {shape:?} does not start with the batch size {batch:?}"),
+            ));
+        }
+        let overflow = || bad(path, format!("shape {shape:?} overflows"));
+        let nbytes = layout::nbytes(&shape, dtype.itemsize).ok_or_else(overflow)?;
+        let offset = aligned(*end).ok_or_else(overflow)?;
+        *end = offset.checked_add(nbytes).ok_or_else(overflow)?;
+        return Ok(Checked::Leaf(ParsedLeaf {
+            dtype: dtype.name,
+            shape,
+            offset,
+            nbytes,
+        }));
+    }
+    if raw.type_.as_deref() == Some(NTD_TYPE) {
+        let Some(data) = &raw.data else {
+            return Err(bad(path, "non-tensor entry without data"));
+        };
+        return Ok(Checked::Value(data.to_string()));
+    }
+    check_node(raw, batch, path, end).map(Checked::Node)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Copies
+
+/// How a tree's leaves map onto one packed buffer of `total` bytes, checked once.
+#[derive(Debug)]
+pub struct PackedLayout {
+    /// `(leaf address, packed offset, nbytes)`, sorted by offset, none empty.
+    leaves: Vec<(usize, usize, usize)>,
+    /// The leaves' memory, merged into disjoint sorted spans.
+    spans: Vec<Range>,
+    /// Whether two leaves share bytes (the same tensor twice): scatters then run in order.
+    shared: bool,
+    pub total: usize,
+}
+
+impl PackedLayout {
+    /// Checks a table of `(leaf address, packed offset, nbytes)`: every leaf within `total`,
+    /// the packed ranges disjoint.
+    pub fn new(table: &[u64], total: usize) -> Result<Self, String> {
+        if table.len() % 3 != 0 {
+            return Err("the copy table holds (address, offset, nbytes) triples".into());
+        }
+        let mut leaves = Vec::with_capacity(table.len() / 3);
+        for t in table.chunks_exact(3) {
+            let (addr, off, n) = (t[0] as usize, t[1] as usize, t[2] as usize);
+            if off.checked_add(n).is_none_or(|e| e > total) || addr.checked_add(n).is_none() {
+                return Err(format!(
+                    "a leaf of {n} bytes at offset {off} does not fit the {total}-byte buffer"
+                ));
+            }
+            if n > 0 {
+                leaves.push((addr, off, n));
+            }
+        }
+        leaves.sort_unstable_by_key(|l| l.1);
+        if leaves.windows(2).any(|w| w[0].1 + w[0].2 > w[1].1) {
+            return Err("two leaves overlap in the packed buffer".into());
+        }
+        let ranges: Vec<Range> = leaves.iter().map(|l| (l.0, l.2)).collect();
+        let shared = gather::check(&ranges, &[]) == Overlap::Destinations;
+        let mut sorted = ranges;
+        sorted.sort_unstable();
+        let mut spans: Vec<Range> = Vec::with_capacity(sorted.len());
+        for r in sorted {
+            match spans.last_mut() {
+                Some(last) if last.0 + last.1 >= r.0 => last.1 = (last.0 + last.1).max(r.0 + r.1) - last.0,
+                _ => spans.push(r),
+            }
+        }
+        Ok(PackedLayout {
+            leaves,
+            spans,
+            shared,
+            total,
+        })
+    }
+
+    /// Whether `[start, start + len)` shares a byte with some leaf.
+    pub fn touches_leaves(&self, start: usize, len: usize) -> bool {
+        if len == 0 {
+            return false;
+        }
+        let i = self.spans.partition_point(|s| s.0 + s.1 <= start);
+        i < self.spans.len() && self.spans[i].0 < start.saturating_add(len)
+    }
+
+    /// Whether a scatter must run in table order on one thread.
+    pub fn leaves_shared(&self) -> bool {
+        self.shared
+    }
+
+    /// The copies between the leaves and bytes `[start, end)` of the packed buffer at `base`:
+    /// leaves into the buffer with `pack`, else the buffer into the leaves.
+    pub fn copies(&self, base: usize, start: usize, end: usize, pack: bool) -> Vec<Copy> {
+        let first = self.leaves.partition_point(|l| l.1 + l.2 <= start);
+        let mut out = Vec::new();
+        for &(addr, off, n) in &self.leaves[first..] {
+            if off >= end {
+                break;
+            }
+            let lo = off.max(start);
+            let hi = (off + n).min(end);
+            let (leaf, at) = (addr + (lo - off), base + lo);
+            out.push(if pack {
+                Copy {
+                    src: leaf,
+                    dst: at,
+                    len: hi - lo,
+                }
+            } else {
+                Copy {
+                    src: at,
+                    dst: leaf,
+                    len: hi - lo,
+                }
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn description_round_trip() {
+        let node = DescribedNode {
+            batch: vec![2],
+            device: Some("cpu"),
+            entries: vec![
+                Described::Leaf {
+                    key: "a",
+                    dtype: "torch.float32",
+                    shape: &[2, 3],
+                    device: "cpu",
+                },
+                Described::Node {
+                    key: "n\"é",
+                    node: DescribedNode {
+                        batch: vec![2],
+                        device: None,
+                        entries: vec![Described::Leaf {
+                            key: "x",
+                            dtype: "torch.uint8",
+                            shape: &[2],
+                            device: "cpu",
+                        }],
+                    },
+                },
+                Described::Value {
+                    key: "s",
+                    data: Value::String("hi".into()),
+                },
+            ],
+        };
+        let text = describe(&node);
+        let value: Value = serde_json::from_slice(&text).unwrap();
+        assert_eq!(value["a"]["shape"], serde_json::json!([2, 3]));
+        let (parsed, total) = parse(&text).unwrap();
+        assert_eq!(total, 32 + 2, "a: 24 bytes at 0, x: 2 bytes at 32");
+        let Parsed::Leaf(key, leaf) = &parsed.entries[0] else {
+            panic!()
+        };
+        assert_eq!((key.as_str(), leaf.offset, leaf.nbytes), ("a", 0, 24));
+        let Parsed::Node(_, inner) = &parsed.entries[1] else {
+            panic!()
+        };
+        let Parsed::Leaf(_, x) = &inner.entries[0] else {
+            panic!()
+        };
+        assert_eq!(x.offset, 32);
+        assert_eq!(parsed.entries[2], Parsed::Value("s".into(), "\"hi\"".into()));
+    }
+
+    #[test]
+    fn refuses_bad_descriptions() {
+        let ok = describe(&DescribedNode {
+            batch: vec![4],
+            device: None,
+            entries: vec![Described::Leaf {
+                key: "a",
+                dtype: "torch.int64",
+                shape: &[4],
+                device: "cpu",
+            }],
+        });
+        let text = String::from_utf8(ok).unwrap();
+        for (broken, why) in [
+            (text.replace("torch.int64", "torch.int65"), "unknown dtype"),
+            (text.replace("[4], \"dtype", "[3], \"dtype"), "batch size"),
+            (text.replace("[4], \"dtype", "[-1], \"dtype"), "non-negative"),
+            (text[..text.len() - 2].to_string(), "not valid JSON"),
+            (text.replace("_td.TensorDict", "_td.Other"), "not a TensorDict"),
+        ] {
+            let err = parse(broken.as_bytes()).unwrap_err();
+            assert!(err.contains(why), "{err}");
+        }
+        let huge = text.replace("[4], \"dtype", "[4, 4611686018427387904, 4], \"dtype");
+        assert!(parse(huge.as_bytes()).unwrap_err().contains("overflows"));
+    }
+
+    #[test]
+    fn copies_of_a_range() {
+        let table = [1000, 0, 10, 2000, 16, 20, 3000, 48, 4];
+        let layout = PackedLayout::new(&table, 52).unwrap();
+        let c = layout.copies(0, 5, 20, true);
+        assert_eq!(
+            c,
+            vec![
+                Copy {
+                    src: 1005,
+                    dst: 5,
+                    len: 5
+                },
+                Copy {
+                    src: 2000,
+                    dst: 16,
+                    len: 4
+                }
+            ]
+        );
+        assert_eq!(layout.copies(0, 0, 52, false).len(), 3);
+        assert!(layout.touches_leaves(1009, 1) && !layout.touches_leaves(1010, 990));
+        assert!(PackedLayout::new(&[0, 40, 20], 52).is_err());
+        assert!(PackedLayout::new(&[0, 0, 20, 100, 10, 5], 52).is_err());
+        assert!(PackedLayout::new(&[0, 0, 20, 10, 32, 5], 52)
+            .unwrap()
+            .leaves_shared());
+    }
+}
