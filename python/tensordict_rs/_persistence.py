@@ -30,6 +30,13 @@ class TensorDictFuture:
     ``memmap_``, ``memmap``, ``memmap_like`` and ``save`` return one with ``return_early=True``
     and ``num_threads > 1`` (otherwise they finish first and return the TensorDict, as
     tensordict does). ``result()`` waits and returns the TensorDict, or raises the save's error.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.ones(4)}, [4])
+    >>> future = td.memmap("bg", return_early=True, num_threads=2)
+    >>> type(future).__name__, future.result().is_memmap()
+    ('TensorDictFuture', True)
     """
 
     def __init__(
@@ -152,6 +159,14 @@ class MemoryMapped:
         ``_archive``), its leaves views of it; ``compression="deflate"`` compresses them.
         ``progress=True`` draws a ``tqdm`` bar of the bytes written (needs tqdm; off when
         ``TENSORDICT_RS_NO_PROGRESS=1`` and in DataLoader workers).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0)}, [3]).memmap_("saved")
+        >>> td.is_memmap(), td.is_locked, type(td["a"]).__name__
+        (True, True, 'MemoryMappedTensor')
+        >>> sorted(p.name for p in td.saved_path.iterdir())
+        ['a.memmap', 'meta.json']
         """
         path = Path(prefix).absolute() if prefix is not None else self._memmap_prefix
         if self._is_memmap and path == self._memmap_prefix and prefix is None:
@@ -243,6 +258,15 @@ class MemoryMapped:
         Of a TensorDict that is memory-mapped already (without a prefix, or with its own saved
         path) the result holds the same tensors, as in tensordict: ``td.memmap()["a"] is
         td["a"]``; nothing is copied.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0)}, [3])
+        >>> saved = td.memmap("copy")
+        >>> saved.is_memmap(), td.is_memmap(), torch.equal(saved["a"], td["a"])
+        (True, False, True)
+        >>> td.memmap("copy.tdz")["a"]  # one zip file, each leaf a view of its map
+        MemoryMappedTensor([0., 1., 2.])
         """
         path = Path(prefix).absolute() if prefix is not None else None
         same = self._is_memmap and (path is None or path == self._memmap_prefix)
@@ -331,6 +355,15 @@ class MemoryMapped:
         (instant, as tensordict does), at the risk of a SIGBUS when a write later finds the
         disk full. ``copy_existing`` is accepted for tensordict's signature; since no values
         are copied it changes nothing.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> spec = TensorDict({"obs": torch.empty(1000, 3, device="meta")}, [1000])
+        >>> buffer = spec.memmap_like("buffer")  # 12 kB of zeros on disk
+        >>> buffer[0] = TensorDict({"obs": torch.ones(3)}, [])
+        >>> buffer["obs"][:2]
+        MemoryMappedTensor([[1., 1., 1.],
+                            [0., 0., 0.]])
         """
         path = Path(prefix).absolute() if prefix is not None else None
         if _archive.wanted(path, archive):
@@ -386,6 +419,12 @@ class MemoryMapped:
         A file is read as a ``.tdz`` archive: one map, each leaf a view of it, copy-on-write
         unless ``mode="r+"`` (then writes reach the file). ``progress=True`` draws a bar of
         the bytes mapped or copied (see ``memmap_``).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> _ = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3, 2)}}, [3]).memmap("d")
+        >>> TensorDict.load_memmap("d")
+        TensorDict(batch_size=[3], device=cpu, fields={a: f32[], b: {c: f32[2]}})
         """
         _check_load_options(robust_key, allow_pickle)
         if out is not None:
@@ -446,7 +485,14 @@ class MemoryMapped:
         progress: bool = False,
     ) -> Any:
         """``memmap(prefix, ...)``, under tensordict's other name: returns the saved TensorDict
-        (memory-mapped, locked); this one is unchanged. ``TensorDict.load`` reads it back."""
+        (memory-mapped, locked); this one is unchanged. ``TensorDict.load`` reads it back.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> _ = TensorDict({"a": torch.ones(2)}, [2]).save("ckpt")
+        >>> TensorDict.load("ckpt")["a"]
+        MemoryMappedTensor([1., 1.])
+        """
         return self.memmap(
             prefix,
             copy_existing,
@@ -461,7 +507,14 @@ class MemoryMapped:
 
     @classmethod
     def load(cls, prefix: PathLike, *args: Any, **kwargs: Any) -> TensorDict:
-        """``load_memmap(prefix, ...)``, under tensordict's other name."""
+        """``load_memmap(prefix, ...)``, under tensordict's other name.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> _ = TensorDict({"a": torch.ones(2)}, [2]).save("ckpt.tdz")
+        >>> TensorDict.load("ckpt.tdz")["a"]
+        MemoryMappedTensor([1., 1.])
+        """
         return cls.load_memmap(prefix, *args, **kwargs)
 
     def load_memmap_(

@@ -294,6 +294,16 @@ class Shareable:
         its number of leaves. A CUDA TensorDict is left as it is (CUDA tensors are shared
         already) and not locked. A memory-mapped TensorDict raises ``RuntimeError``, as in
         tensordict. ``is_shared()`` is True until ``unlock_()``.
+
+        >>> import multiprocessing as mp, torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"x": torch.zeros(4)}, [4]).share_memory_()
+        >>> td.is_shared(), td.is_locked
+        (True, True)
+        >>> child = mp.get_context("fork").Process(target=td["x"].fill_, args=(7.0,))
+        >>> child.start(); child.join()
+        >>> td["x"]  # the child wrote the same memory
+        MemoryMappedTensor([7., 7., 7., 7.])
         """
         from . import _tree
 
