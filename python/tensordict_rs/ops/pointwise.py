@@ -215,18 +215,42 @@ def methods() -> dict[str, Callable[..., Any]]:
     """The operator methods of TensorDict, by name (``__add__``, ``mul_``, ``exp``, ...)."""
     out: dict[str, Callable[..., Any]] = {}
     for name, (fn, doc) in BINARY.items():
-        out[name] = _documented(_binary(fn), name, doc)
+        out[name] = _documented(_binary(fn), name, doc + _example(name, "y"))
     for name, (fn, doc) in UNLOCKED_BINARY.items():
-        out[name] = _documented(_binary(fn, lock=False), name, doc)
+        out[name] = _documented(_binary(fn, lock=False), name, doc + _example(name, "y"))
     for name, (fn, doc) in REFLECTED.items():
-        out[name] = _documented(_reflected(fn), name, doc)
+        out[name] = _documented(_reflected(fn), name, doc + _example(name, "y"))
     for name, (torch_name, doc) in INPLACE.items():
-        out[name] = _documented(_inplace(torch_name), name, doc)
+        out[name] = _documented(_inplace(torch_name), name, doc + _example(name, "y", True))
     for name, (torch_name, doc) in UNARY.items():
-        out[name] = _documented(_unary(torch_name), name, doc)
+        out[name] = _documented(_unary(torch_name), name, doc + _example(name, ""))
     for name in UNARY_INPLACE:
-        out[name] = _documented(_unary_(name), name, f"``{name[:-1]}`` of every leaf, in place.")
+        doc = f"``{name[:-1]}`` of every leaf, in place." + _example(name, "", True)
+        out[name] = _documented(_unary_(name), name, doc)
     return out
+
+
+_BITWISE = ("and", "or", "xor", "invert")
+
+
+def _example(name: str, arg: str, inplace: bool = False) -> str:
+    """A doctest showing that the method does to each leaf what the tensor method does."""
+    bitwise = any(f"_{b}_" in name or name.endswith(f"{b}__") for b in _BITWISE)
+    if bitwise:
+        values = "x, y = torch.tensor([3, 5]), torch.tensor([1, 4])"
+        if name == "__invert__":
+            values = "x = torch.tensor([True, False])"
+    else:
+        values = "x, y = torch.tensor([1.0, 6.0]), torch.tensor([2.0, 3.0])"
+    if inplace:
+        call = f">>> _ = td.{name}({arg})\n    >>> torch.equal(td['x'], x.clone().{name}({arg}))"
+    else:
+        call = f">>> torch.equal(td.{name}({arg})['x'], x.{name}({arg}))"
+    return (
+        "\n\n    >>> import torch\n    >>> from tensordict_rs import TensorDict\n"
+        f"    >>> {values}\n    >>> td = TensorDict({{'x': x.clone()}}, [2])\n"
+        f"    {call}\n    True\n"
+    )
 
 
 def clamp(td: TensorDict, min: Any = None, max: Any = None) -> TensorDict:
