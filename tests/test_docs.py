@@ -73,6 +73,18 @@ EXAMPLES = [
     "unpack_memmap",
     "refresh_archive_checksums",
     *(f"TensorDict.{name}" for name in pointwise.methods()),
+    *(f"TensorDict.{name}" for name in pointwise.CASTS),
+    # ops/shape, ops/keys, ops/apply and the named element-wise methods
+    *(
+        f"TensorDict.{name}"
+        for name in (
+            "chunk expand expand_as flatten permute reshape split squeeze transpose unbind "
+            "unflatten unsqueeze view empty exclude flatten_keys from_dict fromkeys is_empty "
+            "rename_key_ select to_dict unflatten_keys apply apply_ named_apply add add_ sub "
+            "sub_ clamp clamp_min clamp_max lerp masked_fill masked_fill_ fill_ zero_ copy_ "
+            "set_at_ update_at_ detach detach_ contiguous to_tensordict"
+        ).split()
+    ),
 ]
 
 
