@@ -82,7 +82,9 @@ EXAMPLES = [
             "unflatten unsqueeze view empty exclude flatten_keys from_dict fromkeys is_empty "
             "rename_key_ select to_dict unflatten_keys apply apply_ named_apply add add_ sub "
             "sub_ clamp clamp_min clamp_max lerp masked_fill masked_fill_ fill_ zero_ copy_ "
-            "set_at_ update_at_ detach detach_ contiguous to_tensordict"
+            "set_at_ update_at_ detach detach_ contiguous to_tensordict to cpu clear_device_ "
+            "is_locked lock_ unlock_ is_memmap load_memmap_ memmap_refresh_ flush is_shared "
+            "where"
         ).split()
     ),
 ]

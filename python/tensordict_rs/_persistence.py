@@ -89,7 +89,14 @@ class MemoryMapped:
     _memmap_prefix: Path | None
 
     def is_memmap(self) -> bool:
-        """True after ``memmap_``, ``memmap`` or ``memmap_like`` (until ``unlock_``)."""
+        """True after ``memmap_``, ``memmap`` or ``memmap_like`` (until ``unlock_``).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> td.is_memmap(), td.memmap().is_memmap()
+        (False, True)
+        """
         return self._is_memmap
 
     @property
@@ -530,6 +537,14 @@ class MemoryMapped:
         As in tensordict: nested TensorDicts are kept (same objects), every leaf is replaced by
         the loaded one, keys the directory lacks are removed. A memory-mapped TensorDict stays
         memory-mapped (now at ``prefix``) and locked.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> _ = td.memmap("saved")
+        >>> fresh = TensorDict({"a": torch.zeros(3), "b": {}}, [3])
+        >>> fresh.load_memmap_("saved")["b", "c"]
+        MemoryMappedTensor([1., 1., 1.])
         """
         _check_load_options(robust_key, allow_pickle)
         was_memmap = self._is_memmap
@@ -544,7 +559,17 @@ class MemoryMapped:
 
     def memmap_refresh_(self, *, allow_pickle: bool | None = None) -> Any:
         """Loads this memory-mapped TensorDict again from its ``saved_path`` (entries another
-        process added or removed show up); returns it."""
+        process added or removed show up); returns it.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> saved = td.memmap("saved")
+        >>> other = TensorDict.load_memmap("saved")
+        >>> other["a"][0] = 9.0
+        >>> saved.memmap_refresh_()["a"][0]
+        MemoryMappedTensor(9.)
+        """
         if not self._is_memmap or self._memmap_prefix is None:
             raise RuntimeError(
                 "Cannot refresh a TensorDict that is not memory mapped or has no path associated."
@@ -552,7 +577,17 @@ class MemoryMapped:
         return self.load_memmap_(self._memmap_prefix, allow_pickle=allow_pickle)
 
     def flush(self) -> None:
-        """Writes the dirty pages of every file-backed leaf to disk and waits (one native call)."""
+        """Writes the dirty pages of every file-backed leaf to disk and waits (one native call).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> saved = td.memmap("saved")
+        >>> saved["a"][0] = 5.0
+        >>> saved.flush()  # on disk now, for other processes and after a crash
+        >>> TensorDict.load_memmap("saved")["a"][0]
+        MemoryMappedTensor(5.)
+        """
         buffers: list[_native.Buffer] = []
         _collect_buffers(self, buffers)
         _native.flush_buffers(buffers)

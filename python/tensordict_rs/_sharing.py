@@ -336,6 +336,12 @@ class Shareable:
 
         A memory-mapped TensorDict reports False (``is_memmap()`` is True), as in tensordict,
         though its memory is shared too.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> td.is_shared(), td.share_memory_().is_shared()
+        (False, True)
         """
         return self._is_shared
 
