@@ -205,6 +205,12 @@ def is_memmap_archive(path: PathLike) -> bool:
     An archive is a valid zip file with a top-level ``meta.json`` entry, as written by
     :func:`pack_memmap` or by ``save``/``memmap`` with a ``".tdz"`` path (here or by
     tensordict). A directory, a missing path or another file gives ``False``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> _ = TensorDict({"a": torch.zeros(3)}, [3]).memmap("one.tdz")
+    >>> is_memmap_archive("one.tdz"), is_memmap_archive("nowhere")
+    (True, False)
     """
     return _native.is_archive(os.fspath(path))
 
@@ -225,6 +231,14 @@ def pack_memmap(
     decompressed when loaded. The archive is written beside ``archive_path`` and renamed over
     it. Raises ``ValueError`` when ``prefix`` has no ``meta.json`` or the archive would be
     inside ``prefix``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> _ = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3]).memmap("tree")
+    >>> pack_memmap("tree", "tree.tdz").name
+    'tree.tdz'
+    >>> TensorDict.load_memmap("tree.tdz")["a"]
+    MemoryMappedTensor([0., 1., 2.])
     """
     prefix = Path(prefix)
     archive_path = Path(archive_path)
@@ -259,6 +273,12 @@ def unpack_memmap(archive_path: PathLike, prefix: PathLike) -> Path:
     ``prefix`` is replaced as a whole (files you put there are kept). Raises ``ValueError``
     when ``archive_path`` is not an archive (see :func:`is_memmap_archive`), and
     ``InvalidDirectoryError`` when it is damaged.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> _ = TensorDict({"a": torch.arange(3.0)}, [3]).memmap("packed.tdz")
+    >>> sorted(p.name for p in unpack_memmap("packed.tdz", "unpacked").iterdir())
+    ['a.memmap', 'meta.json']
     """
     archive_path = Path(archive_path)
     prefix = Path(prefix)
@@ -281,6 +301,16 @@ def refresh_archive_checksums(archive_path: PathLike) -> Path:
     tensordict; ``tensordict_rs.verify`` does), but ``unzip``, :mod:`zipfile` and
     :func:`unpack_memmap` refuse a stale one: call this first. The archive is patched in
     place (only CRC fields change). Raises ``ValueError`` when it is not an archive.
+
+    >>> import torch, tensordict_rs
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.zeros(3)}, [3]).memmap_like("buf.tdz")  # writes reach the file
+    >>> td["a"][0] = 1.0
+    >>> any("CRC" in p for p in tensordict_rs.verify("buf.tdz"))  # the stored CRC is stale
+    True
+    >>> _ = refresh_archive_checksums("buf.tdz")
+    >>> tensordict_rs.verify("buf.tdz")
+    []
     """
     archive_path = Path(archive_path)
     if not is_memmap_archive(archive_path):

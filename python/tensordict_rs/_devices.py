@@ -36,6 +36,12 @@ class DeviceMoves:
         new TensorDict on the target device (locked if this one is). ``inplace=True`` changes
         this TensorDict instead. ``batch_size=`` alone sets this TensorDict's batch size and
         returns it, as tensordict does; with a device or dtype the new TensorDict gets it.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> td.to(torch.float64)["a"].dtype, td.to("cpu").device
+        (torch.float64, device(type='cpu'))
         """
         device, dtype, non_blocking, inplace, batch_size = _parse_to(args, kwargs)
         device = _normalize_device(device)
@@ -91,11 +97,24 @@ class DeviceMoves:
         )
 
     def cpu(self, **kwargs: Any) -> Self:
-        """``to("cpu")``."""
+        """``to("cpu")``.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> td.cpu().device
+        device(type='cpu')
+        """
         return self.to("cpu", **kwargs)
 
     def clear_device_(self) -> Self:
-        """Removes the device of this TensorDict and its nested ones; no data moves."""
+        """Removes the device of this TensorDict and its nested ones; no data moves.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> TensorDict({"a": torch.zeros(2)}, [2], device="cpu").clear_device_().device is None
+        True
+        """
         self._set_device_tree(None)
         return self
 

@@ -36,7 +36,14 @@ class Lockable:
 
     @property
     def is_locked(self) -> bool:
-        """True when keys cannot be added, removed or replaced (values can still be written)."""
+        """True when keys cannot be added, removed or replaced (values can still be written).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> td.is_locked, td.lock_().is_locked
+        (False, True)
+        """
         return self._is_locked
 
     @is_locked.setter
@@ -52,7 +59,17 @@ class Lockable:
                 yield value  # type: ignore[misc]
 
     def lock_(self) -> Self:
-        """Locks this TensorDict and every nested one; returns self (also a context manager)."""
+        """Locks this TensorDict and every nested one; returns self (also a context manager).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> try:
+        ...     td.lock_()["new"] = torch.zeros(3)
+        ... except RuntimeError as err:
+        ...     type(err).__name__
+        'LockedError'
+        """
         changed = not self._is_locked
         self._lock_tree()
         self._lock_ops.append(True if changed else None)
@@ -69,6 +86,12 @@ class Lockable:
         """Unlocks this TensorDict and its nested ones; also ends ``is_memmap()``, as in tensordict.
 
         A nested TensorDict cannot be unlocked while a locked TensorDict holds it.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> td.lock_().unlock_().is_locked
+        False
         """
         for ref in self._lock_parents:
             parent = ref()

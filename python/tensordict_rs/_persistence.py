@@ -30,6 +30,13 @@ class TensorDictFuture:
     ``memmap_``, ``memmap``, ``memmap_like`` and ``save`` return one with ``return_early=True``
     and ``num_threads > 1`` (otherwise they finish first and return the TensorDict, as
     tensordict does). ``result()`` waits and returns the TensorDict, or raises the save's error.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.ones(4)}, [4])
+    >>> future = td.memmap("bg", return_early=True, num_threads=2)
+    >>> type(future).__name__, future.result().is_memmap()
+    ('TensorDictFuture', True)
     """
 
     def __init__(
@@ -82,7 +89,14 @@ class MemoryMapped:
     _memmap_prefix: Path | None
 
     def is_memmap(self) -> bool:
-        """True after ``memmap_``, ``memmap`` or ``memmap_like`` (until ``unlock_``)."""
+        """True after ``memmap_``, ``memmap`` or ``memmap_like`` (until ``unlock_``).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> td.is_memmap(), td.memmap().is_memmap()
+        (False, True)
+        """
         return self._is_memmap
 
     @property
@@ -124,6 +138,14 @@ class MemoryMapped:
         ``_archive``), its leaves views of it; ``compression="deflate"`` compresses them.
         ``progress=True`` draws a ``tqdm`` bar of the bytes written (needs tqdm; off when
         ``TENSORDICT_RS_NO_PROGRESS=1`` and in DataLoader workers).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0)}, [3]).memmap_("saved")
+        >>> td.is_memmap(), td.is_locked, type(td["a"]).__name__
+        (True, True, 'MemoryMappedTensor')
+        >>> sorted(p.name for p in td.saved_path.iterdir())
+        ['a.memmap', 'meta.json']
         """
         path = Path(prefix).absolute() if prefix is not None else self._memmap_prefix
         if self._is_memmap and path == self._memmap_prefix and prefix is None:
@@ -187,6 +209,15 @@ class MemoryMapped:
         Of a TensorDict that is memory-mapped already (without a prefix, or with its own saved
         path) the result holds the same tensors, as in tensordict: ``td.memmap()["a"] is
         td["a"]``; nothing is copied.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0)}, [3])
+        >>> saved = td.memmap("copy")
+        >>> saved.is_memmap(), td.is_memmap(), torch.equal(saved["a"], td["a"])
+        (True, False, True)
+        >>> td.memmap("copy.tdz")["a"]  # one zip file, each leaf a view of its map
+        MemoryMappedTensor([0., 1., 2.])
         """
         path = Path(prefix).absolute() if prefix is not None else None
         same = self._is_memmap and (path is None or path == self._memmap_prefix)
@@ -247,6 +278,15 @@ class MemoryMapped:
         (instant, as tensordict does), at the risk of a SIGBUS when a write later finds the
         disk full. ``copy_existing`` is accepted for tensordict's signature; since no values
         are copied it changes nothing.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> spec = TensorDict({"obs": torch.empty(1000, 3, device="meta")}, [1000])
+        >>> buffer = spec.memmap_like("buffer")  # 12 kB of zeros on disk
+        >>> buffer[0] = TensorDict({"obs": torch.ones(3)}, [])
+        >>> buffer["obs"][:2]
+        MemoryMappedTensor([[1., 1., 1.],
+                            [0., 0., 0.]])
         """
         path = Path(prefix).absolute() if prefix is not None else None
         if _archive.wanted(path, archive):
@@ -302,6 +342,12 @@ class MemoryMapped:
         A file is read as a ``.tdz`` archive: one map, each leaf a view of it, copy-on-write
         unless ``mode="r+"`` (then writes reach the file). ``progress=True`` draws a bar of
         the bytes mapped or copied (see ``memmap_``).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> _ = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3, 2)}}, [3]).memmap("d")
+        >>> TensorDict.load_memmap("d")
+        TensorDict(batch_size=[3], device=cpu, fields={a: f32[], b: {c: f32[2]}})
         """
         _check_load_options(robust_key, allow_pickle)
         if out is not None:
@@ -340,7 +386,14 @@ class MemoryMapped:
         compression: str | int | None = None,
     ) -> Any:
         """``memmap(prefix, ...)``, under tensordict's other name: returns the saved TensorDict
-        (memory-mapped, locked); this one is unchanged. ``TensorDict.load`` reads it back."""
+        (memory-mapped, locked); this one is unchanged. ``TensorDict.load`` reads it back.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> _ = TensorDict({"a": torch.ones(2)}, [2]).save("ckpt")
+        >>> TensorDict.load("ckpt")["a"]
+        MemoryMappedTensor([1., 1.])
+        """
         return self.memmap(
             prefix,
             copy_existing,
@@ -357,7 +410,14 @@ class MemoryMapped:
 
     @classmethod
     def load(cls, prefix: PathLike, *args: Any, **kwargs: Any) -> TensorDict:
-        """``load_memmap(prefix, ...)``, under tensordict's other name."""
+        """``load_memmap(prefix, ...)``, under tensordict's other name.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> _ = TensorDict({"a": torch.ones(2)}, [2]).save("ckpt.tdz")
+        >>> TensorDict.load("ckpt.tdz")["a"]
+        MemoryMappedTensor([1., 1.])
+        """
         return cls.load_memmap(prefix, *args, **kwargs)
 
     def load_memmap_(
@@ -373,6 +433,14 @@ class MemoryMapped:
         As in tensordict: nested TensorDicts are kept (same objects), every leaf is replaced by
         the loaded one, keys the directory lacks are removed. A memory-mapped TensorDict stays
         memory-mapped (now at ``prefix``) and locked.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> _ = td.memmap("saved")
+        >>> fresh = TensorDict({"a": torch.zeros(3), "b": {}}, [3])
+        >>> fresh.load_memmap_("saved")["b", "c"]
+        MemoryMappedTensor([1., 1., 1.])
         """
         _check_load_options(robust_key, allow_pickle)
         was_memmap = self._is_memmap
@@ -387,7 +455,17 @@ class MemoryMapped:
 
     def memmap_refresh_(self, *, allow_pickle: bool | None = None) -> Any:
         """Loads this memory-mapped TensorDict again from its ``saved_path`` (entries another
-        process added or removed show up); returns it."""
+        process added or removed show up); returns it.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> saved = td.memmap("saved")
+        >>> other = TensorDict.load_memmap("saved")
+        >>> other["a"][0] = 9.0
+        >>> saved.memmap_refresh_()["a"][0]
+        MemoryMappedTensor(9.)
+        """
         if not self._is_memmap or self._memmap_prefix is None:
             raise RuntimeError(
                 "Cannot refresh a TensorDict that is not memory mapped or has no path associated."
@@ -395,7 +473,17 @@ class MemoryMapped:
         return self.load_memmap_(self._memmap_prefix, allow_pickle=allow_pickle)
 
     def flush(self) -> None:
-        """Writes the dirty pages of every file-backed leaf to disk and waits (one native call)."""
+        """Writes the dirty pages of every file-backed leaf to disk and waits (one native call).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> saved = td.memmap("saved")
+        >>> saved["a"][0] = 5.0
+        >>> saved.flush()  # on disk now, for other processes and after a crash
+        >>> TensorDict.load_memmap("saved")["a"][0]
+        MemoryMappedTensor(5.)
+        """
         buffers: list[_native.Buffer] = []
         _collect_buffers(self, buffers)
         _native.flush_buffers(buffers)

@@ -175,6 +175,13 @@ def to_safetensors(
     Nested keys are joined with ``separator``; batch sizes and JSON non-tensor values go
     into ``__metadata__`` (``tensordict_rs.*`` keys) beside the user's ``metadata``. Any
     reader of the format (``safetensors.torch.load_file``) opens the file.
+
+    >>> import safetensors.torch, torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"w": torch.ones(2), "sub": {"b": torch.zeros(1)}}, [])
+    >>> td.to_safetensors("weights.safetensors", metadata={"format": "pt"})
+    >>> sorted(safetensors.torch.load_file("weights.safetensors"))
+    ['sub.b', 'w']
     """
     if not separator:
         raise ValueError("separator must be a non-empty string")

@@ -294,6 +294,16 @@ class Shareable:
         its number of leaves. A CUDA TensorDict is left as it is (CUDA tensors are shared
         already) and not locked. A memory-mapped TensorDict raises ``RuntimeError``, as in
         tensordict. ``is_shared()`` is True until ``unlock_()``.
+
+        >>> import multiprocessing as mp, torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"x": torch.zeros(4)}, [4]).share_memory_()
+        >>> td.is_shared(), td.is_locked
+        (True, True)
+        >>> child = mp.get_context("fork").Process(target=td["x"].fill_, args=(7.0,))
+        >>> child.start(); child.join()
+        >>> td["x"]  # the child wrote the same memory
+        MemoryMappedTensor([7., 7., 7., 7.])
         """
         from . import _tree
 
@@ -326,6 +336,12 @@ class Shareable:
 
         A memory-mapped TensorDict reports False (``is_memmap()`` is True), as in tensordict,
         though its memory is shared too.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> td.is_shared(), td.share_memory_().is_shared()
+        (False, True)
         """
         return self._is_shared
 

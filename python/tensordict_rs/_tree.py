@@ -59,7 +59,14 @@ class TreeNode:
 
 
 class NonTensorData:
-    """A non-tensor value stored in a TensorDict (a string, number, list or dict)."""
+    """A non-tensor value stored in a TensorDict (a string, number, list or dict).
+
+    Saved as JSON (never pickled); ``td[key]`` returns the value itself, ``td.get(key)`` this
+    wrapper.
+
+    >>> NonTensorData({"step": 3}).data
+    {'step': 3}
+    """
 
     __slots__ = ("batch_size", "data", "device")
 

@@ -155,7 +155,22 @@ def _announce(td: Any, comm: torch.device, transmit: Callable[[torch.Tensor], An
 
 
 class Distributed:
-    """The torch.distributed methods of TensorDict (mixed into the class)."""
+    """The torch.distributed methods of TensorDict (mixed into the class).
+
+    Every rank calls the collective; here a one-process group shows the calls:
+
+    >>> import tempfile, torch, torch.distributed as dist
+    >>> from tensordict_rs import TensorDict
+    >>> store = tempfile.NamedTemporaryFile(delete=False).name
+    >>> dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    >>> td = TensorDict({"w": torch.ones(3), "b": {"c": torch.zeros(1)}}, [])
+    >>> td.all_reduce()  # sums every leaf over the ranks, in place
+    >>> td.broadcast(0)["w"]
+    tensor([1., 1., 1.])
+    >>> [t["w"].sum().item() for t in td.all_gather()]
+    [3.0]
+    >>> dist.destroy_process_group()
+    """
 
     if TYPE_CHECKING:
 

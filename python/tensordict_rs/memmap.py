@@ -189,6 +189,13 @@ class MemoryMappedTensor(torch.Tensor):
     because their results are views of the same map. File-backed tensors pickle by path and
     can be opened in any process; anonymous ones cross processes through multiprocessing
     (any start method) as one file descriptor of their shared memory, never as a copy.
+
+    >>> import pickle
+    >>> t = MemoryMappedTensor.from_tensor(torch.arange(4), filename="t.memmap")
+    >>> t.filename.endswith("t.memmap"), t[1:].filename == t.filename
+    (True, True)
+    >>> pickle.loads(pickle.dumps(t))  # by path: the same file, opened again
+    MemoryMappedTensor([0, 1, 2, 3])
     """
 
     _buffer: _native.Buffer | None

@@ -44,6 +44,12 @@ def apply(
     nested TensorDicts to ``fn`` whole; ``out`` receives the results in place;
     ``propagate_lock`` locks the result when ``td`` is locked; ``inplace`` writes the results
     into ``td``'s leaves and returns ``td``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.apply(lambda t: t * 2)["a"][1]
+    tensor([ 6.,  8., 10.])
     """
     return _apply(
         td, fn, others, batch_size, device, names, inplace, default, filter_empty,
@@ -71,6 +77,12 @@ def named_apply(
 
     The key is the entry's own name, or with ``nested_keys`` its full key (a str at the top
     level, a tuple below), as in tensordict.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.named_apply(lambda key, t: t.new_full(t.shape, len(key)))["a"][0]
+    tensor([1., 1., 1.])
     """
     return _apply(
         td, fn, others, batch_size, device, names, inplace, default, filter_empty,
@@ -80,7 +92,14 @@ def named_apply(
 
 
 def apply_(td: TensorDict, fn: Callable[..., Any], *others: Any, **kwargs: Any) -> TensorDict:
-    """``apply(fn, *others, inplace=True)``: results are copied into ``td``'s leaves."""
+    """``apply(fn, *others, inplace=True)``: results are copied into ``td``'s leaves.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.apply_(lambda t: t + 1)["b", "c"]
+    tensor([2., 2.])
+    """
     return apply(td, fn, *others, inplace=True, **kwargs)
 
 

@@ -79,7 +79,14 @@ def _flat_keys(keys: tuple[Any, ...]) -> list[Any]:
 
 def select(td: TensorDict, *keys: Key, inplace: bool = False, strict: bool = True) -> TensorDict:
     """A TensorDict of only ``keys`` (nested keys keep their parents); ``strict``: KeyError for
-    a missing key. ``inplace`` drops the other entries from ``td`` itself."""
+    a missing key. ``inplace`` drops the other entries from ``td`` itself.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.select("a")
+    TensorDict(batch_size=[2], fields={a: f32[3]})
+    """
     result = _prune(td, _key_tree(_flat_keys(keys)), strict)
     if not inplace:
         return result
@@ -91,7 +98,14 @@ def select(td: TensorDict, *keys: Key, inplace: bool = False, strict: bool = Tru
 
 def exclude(td: TensorDict, *keys: Key, inplace: bool = False) -> TensorDict:
     """A TensorDict without ``keys`` (missing keys are ignored); ``inplace`` removes them from
-    ``td`` itself."""
+    ``td`` itself.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.exclude(("b", "c"))
+    TensorDict(batch_size=[2], fields={a: f32[3], b: {}})
+    """
     target = td if inplace else copy_tree(td)
     if inplace and td._is_locked:
         raise locked_error()
@@ -109,7 +123,14 @@ def exclude(td: TensorDict, *keys: Key, inplace: bool = False) -> TensorDict:
 
 def rename_key_(td: TensorDict, old_key: Key, new_key: Key, safe: bool = False) -> TensorDict:
     """Moves the entry at ``old_key`` to ``new_key``, in place; ``safe``: KeyError when
-    ``new_key`` exists. Nested keys may move between nested TensorDicts."""
+    ``new_key`` exists. Nested keys may move between nested TensorDicts.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> sorted(td.rename_key_("a", "obs").keys())
+    ['b', 'obs']
+    """
     if td._is_locked:
         raise locked_error()
     old, new = _path(old_key), _path(new_key)
@@ -126,7 +147,14 @@ def rename_key_(td: TensorDict, old_key: Key, new_key: Key, safe: bool = False) 
 def flatten_keys(
     td: TensorDict, separator: str = ".", inplace: bool = False, is_leaf: Any = None
 ) -> TensorDict:
-    """Nested entries as top-level keys joined by ``separator`` (``("a", "b")`` -> ``"a.b"``)."""
+    """Nested entries as top-level keys joined by ``separator`` (``("a", "b")`` -> ``"a.b"``).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> sorted(td.flatten_keys("/").keys())
+    ['a', 'b/c']
+    """
     out = type(td)._new_unchecked(td.batch_size, td.device)
     _flatten_into(td, out, separator, "")
     if not inplace:
@@ -154,7 +182,13 @@ def _flatten_into(td: TensorDict, out: TensorDict, separator: str, prefix: str) 
 
 
 def unflatten_keys(td: TensorDict, separator: str = ".", inplace: bool = False) -> TensorDict:
-    """Top-level keys that hold ``separator`` become nested entries (``"a.b"``: ``a``, ``b``)."""
+    """Top-level keys that hold ``separator`` become nested entries (``"a.b"``: ``a``, ``b``).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> TensorDict({"b.c": torch.ones(2)}, [2]).unflatten_keys(".")["b", "c"]
+    tensor([1., 1.])
+    """
     out = type(td)._new_unchecked(td.batch_size, td.device)
     for key, value in td._tensordict.items():
         parts = tuple(key.split(separator)) if separator in key else (key,)
@@ -170,7 +204,14 @@ def unflatten_keys(td: TensorDict, separator: str = ".", inplace: bool = False) 
 
 def to_dict(td: TensorDict, *, retain_none: bool = True, convert_tensors: bool = False) -> dict:
     """Nested plain dicts: tensors as they are (or lists with ``convert_tensors``), non-tensor
-    entries as their data (``None`` dropped unless ``retain_none``)."""
+    entries as their data (``None`` dropped unless ``retain_none``).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.to_dict()["b"]
+    {'c': tensor([1., 1.])}
+    """
     out: dict[str, Any] = {}
     for key in list(td._tensordict):
         value = td._get_str(key)
@@ -218,7 +259,13 @@ def from_dict(
     """A TensorDict from a (nested) mapping. Without ``batch_size`` the batch size is ``[]``,
     or with ``auto_batch_size=True`` / ``batch_dims`` the longest leading shape the entries of
     each (nested) TensorDict share (cut to ``batch_dims``). With a batch size, a Python scalar
-    is kept as non-tensor data, as tensordict does."""
+    is kept as non-tensor data, as tensordict does.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> TensorDict.from_dict({"a": torch.zeros(3, 2), "b": {"c": torch.ones(3)}})
+    TensorDict(batch_size=[], fields={a: f32[3,2], b: {c: f32[3]}})
+    """
     if is_tree(input_dict):
         return input_dict  # type: ignore[no-any-return]
     if batch_dims is not None and batch_size is not None:
@@ -238,7 +285,12 @@ def from_dict(
 
 
 def fromkeys(cls: type[TensorDict], keys: Iterable[Key], value: Any = 0) -> TensorDict:
-    """A TensorDict (batch size ``[]``) with ``value`` (a 0-dim tensor) at every key."""
+    """A TensorDict (batch size ``[]``) with ``value`` (a 0-dim tensor) at every key.
+
+    >>> from tensordict_rs import TensorDict
+    >>> TensorDict.fromkeys(["a", "b"], 0)["a"]
+    tensor(0)
+    """
     td = cls({}, [])
     for key in keys:
         td.set(key, value)
@@ -249,7 +301,14 @@ def empty(
     td: TensorDict, recurse: bool = False, *, batch_size: Any = None, device: Any = KEEP
 ) -> TensorDict:
     """A TensorDict with the batch size and device of ``td`` and no entries (with ``recurse``:
-    empty nested TensorDicts and the non-tensor entries are kept)."""
+    empty nested TensorDicts and the non-tensor entries are kept).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.empty(recurse=True)
+    TensorDict(batch_size=[2], fields={b: {}})
+    """
     batch = td.batch_size if batch_size is None else torch.Size(batch_size)
     out = type(td)._new_unchecked(batch, td.device if device is KEEP else device)
     if recurse:
@@ -262,7 +321,14 @@ def empty(
 
 
 def is_empty(td: TensorDict) -> bool:
-    """True when no entry (at any depth) is a tensor or non-tensor value."""
+    """True when no entry (at any depth) is a tensor or non-tensor value.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.is_empty(), td.empty().is_empty()
+    (False, True)
+    """
     for value in td._tensordict.values():
         if not is_tree(value) or not is_empty(value):
             return False

@@ -118,28 +118,56 @@ def _documented(fn: Callable[..., Any], name: str, doc: str) -> Callable[..., An
 
 
 def add(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict:
-    """``td + alpha * other`` per leaf (a new TensorDict)."""
+    """``td + alpha * other`` per leaf (a new TensorDict).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.add(td, alpha=2)["a"][0]
+    tensor([0., 3., 6.])
+    """
     if alpha is None:
         return _binary(operator.add)(td, other)
     return _binary(lambda t, o: torch.add(t, o, alpha=alpha))(td, other)
 
 
 def sub(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict:
-    """``td - alpha * other`` per leaf (a new TensorDict)."""
+    """``td - alpha * other`` per leaf (a new TensorDict).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.sub(td)["a"].abs().sum().item()
+    0.0
+    """
     if alpha is None:
         return _binary(operator.sub)(td, other)
     return _binary(lambda t, o: torch.sub(t, o, alpha=alpha))(td, other)
 
 
 def add_(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict:
-    """Adds ``alpha * other`` into every leaf, in place; returns ``td``."""
+    """Adds ``alpha * other`` into every leaf, in place; returns ``td``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.add_(1)["b", "c"]
+    tensor([2., 2.])
+    """
     return (
         _inplace("add_")(td, other) if alpha is None else _inplace("add_")(td, other, alpha=alpha)
     )
 
 
 def sub_(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict:
-    """Subtracts ``alpha * other`` from every leaf, in place; returns ``td``."""
+    """Subtracts ``alpha * other`` from every leaf, in place; returns ``td``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.sub_(1)["b", "c"]
+    tensor([0., 0.])
+    """
     return (
         _inplace("sub_")(td, other) if alpha is None else _inplace("sub_")(td, other, alpha=alpha)
     )
@@ -215,22 +243,53 @@ def methods() -> dict[str, Callable[..., Any]]:
     """The operator methods of TensorDict, by name (``__add__``, ``mul_``, ``exp``, ...)."""
     out: dict[str, Callable[..., Any]] = {}
     for name, (fn, doc) in BINARY.items():
-        out[name] = _documented(_binary(fn), name, doc)
+        out[name] = _documented(_binary(fn), name, doc + _example(name, "y"))
     for name, (fn, doc) in UNLOCKED_BINARY.items():
-        out[name] = _documented(_binary(fn, lock=False), name, doc)
+        out[name] = _documented(_binary(fn, lock=False), name, doc + _example(name, "y"))
     for name, (fn, doc) in REFLECTED.items():
-        out[name] = _documented(_reflected(fn), name, doc)
+        out[name] = _documented(_reflected(fn), name, doc + _example(name, "y"))
     for name, (torch_name, doc) in INPLACE.items():
-        out[name] = _documented(_inplace(torch_name), name, doc)
+        out[name] = _documented(_inplace(torch_name), name, doc + _example(name, "y", True))
     for name, (torch_name, doc) in UNARY.items():
-        out[name] = _documented(_unary(torch_name), name, doc)
+        out[name] = _documented(_unary(torch_name), name, doc + _example(name, ""))
     for name in UNARY_INPLACE:
-        out[name] = _documented(_unary_(name), name, f"``{name[:-1]}`` of every leaf, in place.")
+        doc = f"``{name[:-1]}`` of every leaf, in place." + _example(name, "", True)
+        out[name] = _documented(_unary_(name), name, doc)
     return out
 
 
+_BITWISE = ("and", "or", "xor", "invert")
+
+
+def _example(name: str, arg: str, inplace: bool = False) -> str:
+    """A doctest showing that the method does to each leaf what the tensor method does."""
+    bitwise = any(f"_{b}_" in name or name.endswith(f"{b}__") for b in _BITWISE)
+    if bitwise:
+        values = "x, y = torch.tensor([3, 5]), torch.tensor([1, 4])"
+        if name == "__invert__":
+            values = "x = torch.tensor([True, False])"
+    else:
+        values = "x, y = torch.tensor([1.0, 6.0]), torch.tensor([2.0, 3.0])"
+    if inplace:
+        call = f">>> _ = td.{name}({arg})\n    >>> torch.equal(td['x'], x.clone().{name}({arg}))"
+    else:
+        call = f">>> torch.equal(td.{name}({arg})['x'], x.{name}({arg}))"
+    return (
+        "\n\n    >>> import torch\n    >>> from tensordict_rs import TensorDict\n"
+        f"    >>> {values}\n    >>> td = TensorDict({{'x': x.clone()}}, [2])\n"
+        f"    {call}\n    True\n"
+    )
+
+
 def clamp(td: TensorDict, min: Any = None, max: Any = None) -> TensorDict:
-    """Every leaf clamped to ``[min, max]`` (scalars, tensors or TensorDicts)."""
+    """Every leaf clamped to ``[min, max]`` (scalars, tensors or TensorDicts).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.clamp(1, 4)["a"][0]
+    tensor([1., 1., 2.])
+    """
     return map_leaves(
         td,
         lambda t, lo, hi: torch.clamp(t, against(lo, t), against(hi, t)),
@@ -240,17 +299,38 @@ def clamp(td: TensorDict, min: Any = None, max: Any = None) -> TensorDict:
 
 
 def clamp_min(td: TensorDict, min: Any) -> TensorDict:
-    """Every leaf clamped from below."""
+    """Every leaf clamped from below.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.clamp_min(2)["a"][0]
+    tensor([2., 2., 2.])
+    """
     return clamp(td, min=min)
 
 
 def clamp_max(td: TensorDict, max: Any) -> TensorDict:
-    """Every leaf clamped from above."""
+    """Every leaf clamped from above.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.clamp_max(1)["a"][1]
+    tensor([1., 1., 1.])
+    """
     return clamp(td, max=max)
 
 
 def lerp(td: TensorDict, end: Any, weight: Any) -> TensorDict:
-    """``td + weight * (end - td)`` per leaf."""
+    """``td + weight * (end - td)`` per leaf.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.lerp(td * 3, 0.5)["a"][0]
+    tensor([0., 2., 4.])
+    """
     return map_leaves(
         td,
         lambda t, e, w: torch.lerp(t, against(e, t), against(w, t)),
@@ -273,7 +353,10 @@ def _cast(dtype: torch.dtype, name: str) -> Callable[..., TensorDict]:
         method,
         name,
         f"Every tensor leaf cast to ``{dtype}`` (a new TensorDict). ``cast_filter(key, leaf)`` "
-        "(key: a tuple) chooses the leaves to cast; the others are kept as they are.",
+        "(key: a tuple) chooses the leaves to cast; the others are kept as they are.\n\n"
+        "    >>> import torch\n    >>> from tensordict_rs import TensorDict\n"
+        "    >>> td = TensorDict({'x': torch.tensor([1.5, 2.0])}, [2])\n"
+        f"    >>> td.{name}()['x'].dtype\n    {dtype}\n",
     )
 
 
@@ -309,14 +392,28 @@ CASTS = {
 
 
 def zero_(td: TensorDict) -> TensorDict:
-    """Zeros every tensor leaf in place (locked and memory-mapped leaves too); returns ``td``."""
+    """Zeros every tensor leaf in place (locked and memory-mapped leaves too); returns ``td``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.zero_()["b", "c"]
+    tensor([0., 0.])
+    """
     for _, _, leaf in list(leaves(td)):
         leaf.zero_()
     return td
 
 
 def fill_(td: TensorDict, key: Any, value: float | bool) -> TensorDict:
-    """Fills the entry at ``key`` with ``value`` in place (every leaf of a nested TensorDict)."""
+    """Fills the entry at ``key`` with ``value`` in place (every leaf of a nested TensorDict).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.fill_("a", 7.0)["a"][0]
+    tensor([7., 7., 7.])
+    """
     entry = td.get(key)
     if isinstance(entry, TreeNode):
         for _, _, leaf in list(leaves(entry)):
@@ -327,7 +424,14 @@ def fill_(td: TensorDict, key: Any, value: float | bool) -> TensorDict:
 
 
 def copy_(td: TensorDict, tensordict: Any, non_blocking: bool = False) -> TensorDict:
-    """Copies every leaf of ``tensordict`` into the leaf at the same key of ``td``; returns td."""
+    """Copies every leaf of ``tensordict`` into the leaf at the same key of ``td``; returns td.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.copy_(td * 0)["a"].sum().item()
+    0.0
+    """
     if not isinstance(tensordict, TreeNode):
         tensordict = type(td)(dict(tensordict), td.batch_size)
     for source, target in list(zip_leaves(tensordict, td)):
@@ -340,7 +444,14 @@ def copy_(td: TensorDict, tensordict: Any, non_blocking: bool = False) -> Tensor
 def set_at_(
     td: TensorDict, key: Any, value: Any, index: Any, *, non_blocking: bool = False
 ) -> TensorDict:
-    """Writes ``value`` into rows ``index`` of the existing entry at ``key``; returns ``td``."""
+    """Writes ``value`` into rows ``index`` of the existing entry at ``key``; returns ``td``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.set_at_("a", torch.full((3,), 9.0), 0)["a"][0]
+    tensor([9., 9., 9.])
+    """
     entry = td.get(key)
     if isinstance(entry, TreeNode):
         entry[index] = value  # type: ignore[index]
@@ -363,6 +474,12 @@ def update_at_(
     """Writes every entry of ``input_dict_or_td`` into rows ``idx`` of the existing entries.
 
     ``keys_to_update`` limits the keys written; ``clone`` copies the values first.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.update_at_({"a": torch.full((3,), 5.0)}, 1)["a"][1]
+    tensor([5., 5., 5.])
     """
     wanted = None if keys_to_update is None else {_key_tuple(k) for k in keys_to_update}
     for key, value in _flat_items(input_dict_or_td, ()):
@@ -401,14 +518,29 @@ def _mask_for(mask: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
 
 
 def masked_fill_(td: TensorDict, mask: torch.Tensor, value: float | bool) -> TensorDict:
-    """Fills, in place, the rows where ``mask`` (over the leading batch dims) is true."""
+    """Fills, in place, the rows where ``mask`` (over the leading batch dims) is true.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.masked_fill_(torch.tensor([False, True]), 0.0)["b", "c"]
+    tensor([1., 0.])
+    """
     for _, _, leaf in list(leaves(td)):
         leaf.masked_fill_(_mask_for(mask, leaf), value)
     return td
 
 
 def masked_fill(td: TensorDict, mask: torch.Tensor, value: float | bool) -> TensorDict:
-    """A new TensorDict with the rows where ``mask`` is true set to ``value``."""
+    """A new TensorDict with the rows where ``mask`` is true set to ``value``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.masked_fill(torch.tensor([True, False]), -1.0)["a"]
+    tensor([[-1., -1., -1.],
+            [ 3.,  4.,  5.]])
+    """
     return map_leaves(td, lambda t: t.masked_fill(_mask_for(mask, t), value))
 
 
@@ -416,12 +548,26 @@ def masked_fill(td: TensorDict, mask: torch.Tensor, value: float | bool) -> Tens
 
 
 def detach(td: TensorDict) -> TensorDict:
-    """Every leaf detached from autograd (views; locked when ``td`` is)."""
+    """Every leaf detached from autograd (views; locked when ``td`` is).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.detach()["a"].requires_grad
+    False
+    """
     return map_leaves(td, lambda t: t.detach(), lock=True)
 
 
 def detach_(td: TensorDict) -> TensorDict:
-    """Detaches every leaf in place; returns ``td``."""
+    """Detaches every leaf in place; returns ``td``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.zeros(3, requires_grad=True) * 2}, [3])
+    >>> td.detach_()["a"].requires_grad
+    False
+    """
     for _, _, leaf in list(leaves(td)):
         leaf.detach_()
     return td
@@ -431,6 +577,12 @@ def contiguous(td: TensorDict, *, canonical: bool = False, inplace: bool = False
     """Every leaf contiguous; a new, unlocked TensorDict (``inplace``: ``td``'s entries replaced).
 
     Contiguous memory-mapped leaves stay memory-mapped views, as in tensordict.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.transpose(0, 0).contiguous()["a"].is_contiguous()
+    True
     """
     if inplace:
         for tree, key, leaf in list(leaves(td)):
@@ -440,7 +592,14 @@ def contiguous(td: TensorDict, *, canonical: bool = False, inplace: bool = False
 
 
 def to_tensordict(td: TensorDict, *, retain_none: bool | None = None) -> TensorDict:
-    """A plain TensorDict with copies of every tensor: not memory-mapped, not locked."""
+    """A plain TensorDict with copies of every tensor: not memory-mapped, not locked.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.memmap_().to_tensordict().is_memmap()
+    False
+    """
     return map_leaves(td, lambda t: t.clone().as_subclass(torch.Tensor))
 
 

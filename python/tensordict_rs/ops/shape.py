@@ -55,7 +55,14 @@ def _with_batch(td: TensorDict, leaf_fn: Any, batch: Any, lock: bool = True) -> 
 
 
 def expand(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
-    """Views whose batch dims are expanded to ``shape`` (leading dims may be added; -1 keeps)."""
+    """Views whose batch dims are expanded to ``shape`` (leading dims may be added; -1 keeps).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.expand(4, 2).batch_size, td.expand(4, 2)["a"].shape
+    (torch.Size([4, 2]), torch.Size([4, 2, 3]))
+    """
     shape = _shape_args(args, kwargs)
     if len(shape) < td.batch_dims:
         raise RuntimeError(
@@ -75,19 +82,40 @@ def expand(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
 
 
 def expand_as(td: TensorDict, other: Any) -> TensorDict:
-    """``expand(other.shape)`` (``other`` a tensor or a TensorDict)."""
+    """``expand(other.shape)`` (``other`` a tensor or a TensorDict).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.expand_as(torch.zeros(5, 2)).batch_size
+    torch.Size([5, 2])
+    """
     return expand(td, other.shape)
 
 
 def reshape(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
-    """The batch dims reshaped to ``shape`` (views when torch can, copies otherwise)."""
+    """The batch dims reshaped to ``shape`` (views when torch can, copies otherwise).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.reshape(2, 1)["a"].shape
+    torch.Size([2, 1, 3])
+    """
     batch = _probe(td).reshape(_shape_args(args, kwargs)).shape
     dims = td.batch_dims
     return _with_batch(td, lambda t: t.reshape(*batch, *t.shape[dims:]), batch)
 
 
 def view(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
-    """Views with the batch dims viewed as ``shape``; ``view(dtype)`` views every leaf's bytes."""
+    """Views with the batch dims viewed as ``shape``; ``view(dtype)`` views every leaf's bytes.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.view(1, 2)["a"].shape
+    torch.Size([1, 2, 3])
+    """
     if (len(args) == 1 and isinstance(args[0], torch.dtype)) or ("dtype" in kwargs and not args):
         dtype = args[0] if args else kwargs.pop("dtype")
         batch = kwargs.pop("batch_size", None)
@@ -104,7 +132,14 @@ def view(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
 
 
 def squeeze(td: TensorDict, dim: int | None = None) -> TensorDict:
-    """Without the batch dims of size 1 (or only ``dim``; ``td`` itself if that is not 1)."""
+    """Without the batch dims of size 1 (or only ``dim``; ``td`` itself if that is not 1).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.unsqueeze(0).squeeze(0).batch_size
+    torch.Size([2])
+    """
     if dim is None:
         drop = tuple(i for i, size in enumerate(td.batch_size) if size == 1)
         if not drop:
@@ -119,7 +154,14 @@ def squeeze(td: TensorDict, dim: int | None = None) -> TensorDict:
 
 
 def unsqueeze(td: TensorDict, dim: int) -> TensorDict:
-    """With a new batch dim of size 1 at ``dim`` (in ``[-batch_dims - 1, batch_dims]``)."""
+    """With a new batch dim of size 1 at ``dim`` (in ``[-batch_dims - 1, batch_dims]``).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.unsqueeze(0).batch_size, td.unsqueeze(0)["a"].shape
+    (torch.Size([1, 2]), torch.Size([1, 2, 3]))
+    """
     new = td.batch_dims + dim + 1 if dim < 0 else dim
     if not 0 <= new <= td.batch_dims:
         raise RuntimeError(
@@ -132,7 +174,14 @@ def unsqueeze(td: TensorDict, dim: int) -> TensorDict:
 
 
 def permute(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
-    """The batch dims in the order ``dims`` (every batch dim once)."""
+    """The batch dims in the order ``dims`` (every batch dim once).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.zeros(2, 3, 4)}, [2, 3])
+    >>> td.permute(1, 0)["a"].shape
+    torch.Size([3, 2, 4])
+    """
     given = _shape_args(args, kwargs, "dims")
     if len(given) != td.batch_dims:
         raise ValueError(
@@ -152,7 +201,14 @@ def permute(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
 
 
 def transpose(td: TensorDict, dim0: int, dim1: int) -> TensorDict:
-    """Batch dims ``dim0`` and ``dim1`` swapped."""
+    """Batch dims ``dim0`` and ``dim1`` swapped.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.zeros(2, 3, 5)}, [2, 3])
+    >>> td.transpose(0, 1)["a"].shape
+    torch.Size([3, 2, 5])
+    """
     n = td.batch_dims
     dim0, dim1 = (d + n if d < 0 else d for d in (dim0, dim1))
     if not (0 <= dim0 < n and 0 <= dim1 < n):
@@ -178,7 +234,14 @@ def flatten(
     td: TensorDict, start_dim: int | None = 0, end_dim: int | None = -1, *, inplace: bool = False
 ) -> TensorDict:
     """Batch dims ``start_dim`` to ``end_dim`` (both included) flattened into one; a TensorDict
-    without batch dims gets one of size 1, as ``torch.flatten`` of a 0-dim tensor."""
+    without batch dims gets one of size 1, as ``torch.flatten`` of a 0-dim tensor.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.zeros(2, 3, 4)}, [2, 3])
+    >>> td.flatten(0, 1).batch_size, td.flatten(0, 1)["a"].shape
+    (torch.Size([6]), torch.Size([6, 4]))
+    """
     start_dim = 0 if start_dim is None else start_dim
     end_dim = -1 if end_dim is None else end_dim
     if td.batch_dims == 0:
@@ -200,7 +263,14 @@ def flatten(
 def unflatten(
     td: TensorDict, dim: int, unflattened_size: Sequence[int], *, inplace: bool = False
 ) -> TensorDict:
-    """Batch dim ``dim`` split into the dims ``unflattened_size`` (one of them may be -1)."""
+    """Batch dim ``dim`` split into the dims ``unflattened_size`` (one of them may be -1).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.zeros(6, 2)}, [6])
+    >>> td.unflatten(0, (2, 3)).batch_size
+    torch.Size([2, 3])
+    """
     dim = dim_of(td, dim)
     sizes = [operator.index(s) for s in unflattened_size]
     batch = _probe(td).unflatten(dim, sizes).shape
@@ -217,7 +287,14 @@ def _narrow(td: TensorDict, dim: int, start: int, length: int) -> TensorDict:
 
 def split(td: TensorDict, split_size: int | Sequence[int], dim: int = 0) -> tuple[TensorDict, ...]:
     """Pieces along batch dim ``dim``, as ``torch.split``: of ``split_size`` rows each (the last
-    may be shorter), or of the sizes of a list that must add up to the dim."""
+    may be shorter), or of the sizes of a list that must add up to the dim.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> [t["a"].shape for t in td.split([1, 1])]
+    [torch.Size([1, 3]), torch.Size([1, 3])]
+    """
     dim = dim_of(td, dim)
     total = td.batch_size[dim]
     if isinstance(split_size, int):
@@ -246,7 +323,14 @@ def split(td: TensorDict, split_size: int | Sequence[int], dim: int = 0) -> tupl
 
 
 def chunk(td: TensorDict, chunks: int, dim: int = 0) -> tuple[TensorDict, ...]:
-    """``chunks`` pieces (or fewer) along batch dim ``dim``, as ``torch.chunk``."""
+    """``chunks`` pieces (or fewer) along batch dim ``dim``, as ``torch.chunk``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> [t.batch_size for t in td.chunk(2)]
+    [torch.Size([1]), torch.Size([1])]
+    """
     chunks = operator.index(chunks)
     if chunks < 1:
         raise ValueError(f"chunks must be a strictly positive integer, got {chunks}.")
@@ -258,7 +342,14 @@ def chunk(td: TensorDict, chunks: int, dim: int = 0) -> tuple[TensorDict, ...]:
 
 
 def unbind(td: TensorDict, dim: int = 0) -> tuple[TensorDict, ...]:
-    """The TensorDicts along batch dim ``dim`` (views, unlocked, as tensordict's)."""
+    """The TensorDicts along batch dim ``dim`` (views, unlocked, as tensordict's).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
+    >>> [t["a"] for t in td.unbind(0)]
+    [tensor([0., 1., 2.]), tensor([3., 4., 5.])]
+    """
     dim = dim_of(td, dim)
     before = (slice(None),) * dim
     return tuple(td[(*before, i)] for i in range(td.batch_size[dim]))

@@ -215,6 +215,12 @@ def where(
     side has takes ``pad`` on the other side (``KeyError`` without ``pad``).
 
     ``out`` receives the result in place (into its existing leaves, memory maps included).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+    >>> td.where(torch.tensor([True, False, True]), 0.0)["a"]
+    tensor([0., 0., 2.])
     """
     if is_tree(other):
         result = _where_trees(td, condition, other, pad)
