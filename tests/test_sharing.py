@@ -197,7 +197,8 @@ def test_process_queue_and_pool(method: str, tmp_path: Path) -> None:
         assert settles(open_fds, start), (start, open_fds())
         inbox.put(None)
         child_start, child_end, child_memfds = outbox.get(timeout=WAIT)
-        assert child_end == child_start, (child_start, child_end)
+        # fewer at the end is fine (transients of the mark closed since); more would be a leak
+        assert child_end <= child_start, (child_start, child_end)
         # the trees it was started with (its Process object keeps its arguments), plus at most
         # the payload's arena: the round trips added nothing
         assert child_memfds <= report["memfds"] + 1, (report["memfds"], child_memfds)

@@ -11,7 +11,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from . import _archive, _native, _progress, _tree
 from ._devices import _normalize_device
@@ -108,6 +108,34 @@ class MemoryMapped:
             )
         return self._memmap_prefix
 
+    @overload
+    def memmap_(
+        self,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: Literal[False] = False,
+        existsok: bool = True,
+        durable: bool = False,
+        archive: bool | None = None,
+        compression: str | int | None = None,
+        progress: bool = False,
+    ) -> TensorDict: ...
+    @overload
+    def memmap_(
+        self,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: bool,
+        existsok: bool = True,
+        durable: bool = False,
+        archive: bool | None = None,
+        compression: str | int | None = None,
+        progress: bool = False,
+    ) -> TensorDict | TensorDictFuture: ...
     def memmap_(
         self,
         prefix: PathLike | None = None,
@@ -191,6 +219,34 @@ class MemoryMapped:
                 out._tensordict[key] = value
         return out
 
+    @overload
+    def memmap(
+        self,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: Literal[False] = False,
+        existsok: bool = True,
+        durable: bool = False,
+        archive: bool | None = None,
+        compression: str | int | None = None,
+        progress: bool = False,
+    ) -> TensorDict: ...
+    @overload
+    def memmap(
+        self,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: bool,
+        existsok: bool = True,
+        durable: bool = False,
+        archive: bool | None = None,
+        compression: str | int | None = None,
+        progress: bool = False,
+    ) -> TensorDict | TensorDictFuture: ...
     def memmap(
         self,
         prefix: PathLike | None = None,
@@ -251,6 +307,34 @@ class MemoryMapped:
             progress=progress,
         )
 
+    @overload
+    def memmap_like(
+        self,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: Literal[False] = False,
+        existsok: bool = True,
+        durable: bool = False,
+        reserve: bool = True,
+        archive: bool | None = None,
+        progress: bool = False,
+    ) -> TensorDict: ...
+    @overload
+    def memmap_like(
+        self,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: bool,
+        existsok: bool = True,
+        durable: bool = False,
+        reserve: bool = True,
+        archive: bool | None = None,
+        progress: bool = False,
+    ) -> TensorDict | TensorDictFuture: ...
     def memmap_like(
         self,
         prefix: PathLike | None = None,
@@ -372,6 +456,34 @@ class MemoryMapped:
             lambda: _tree.load(cast("type[TensorDict]", cls), prefix, target, non_blocking),
         )
 
+    @overload
+    def save(
+        self,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: Literal[False] = False,
+        existsok: bool = True,
+        durable: bool = False,
+        archive: bool | None = None,
+        compression: str | int | None = None,
+        progress: bool = False,
+    ) -> TensorDict: ...
+    @overload
+    def save(
+        self,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: bool,
+        existsok: bool = True,
+        durable: bool = False,
+        archive: bool | None = None,
+        compression: str | int | None = None,
+        progress: bool = False,
+    ) -> TensorDict | TensorDictFuture: ...
     def save(
         self,
         prefix: PathLike | None = None,
@@ -381,9 +493,9 @@ class MemoryMapped:
         return_early: bool = False,
         existsok: bool = True,
         durable: bool = False,
-        progress: bool = False,
         archive: bool | None = None,
         compression: str | int | None = None,
+        progress: bool = False,
     ) -> Any:
         """``memmap(prefix, ...)``, under tensordict's other name: returns the saved TensorDict
         (memory-mapped, locked); this one is unchanged. ``TensorDict.load`` reads it back.
@@ -401,9 +513,9 @@ class MemoryMapped:
             return_early=return_early,
             existsok=existsok,
             durable=durable,
-            progress=progress,
             archive=archive,
             compression=compression,
+            progress=progress,
         )
 
     dumps = save
