@@ -399,6 +399,10 @@ pub fn apply(root: &Dir, journal: &Journal, durable: bool) -> Result<()> {
     }
     for (rel, staged) in journal.stagings.iter().zip(stagings).rev() {
         if let Some(staged) = staged {
+            // Windows: a dead save's lock file is in it; taken, it goes with the lock (a live
+            // save, ours, keeps its own and removes the directory when it drops it).
+            #[cfg(windows)]
+            let _ = staged.lock(true, false);
             clean_staging(&staged);
         }
         if let Ok(holder) = root.open_rel(rel) {

@@ -298,16 +298,15 @@ fn killed_commits_are_finished_at_every_step() {
         if step % 3 == 0 {
             save_crash_tree(&prefix, true);
         }
+        // finished by that save or by this load; nothing of the commit (journal, staging
+        // directories, the dead processes' lock files) is left, the user's file is kept
         assert_new_version(&prefix);
-        // Nothing of the commit is left, the user's file is kept; a later save sweeps a
-        // staging directory that a load could not remove (its dead owner's lock file).
-        save_crash_tree(&prefix, true);
-        assert_eq!(
-            names(&prefix),
-            ["meta.json", "notes.txt", "sub", "x.memmap", "z.memmap"],
-            "step {step}"
-        );
+        let left = ["meta.json", "notes.txt", "sub", "x.memmap", "z.memmap"];
+        assert_eq!(names(&prefix), left, "step {step}");
+        assert_eq!(names(&prefix.join("sub")), ["meta.json", "y.memmap"]);
         assert_eq!(std::fs::read(prefix.join("notes.txt")).unwrap(), b"mine");
+        save_crash_tree(&prefix, true);
+        assert_eq!(names(&prefix), left, "step {step}");
         assert_new_version(&prefix);
         std::fs::remove_dir_all(&dir).unwrap();
     }
