@@ -198,3 +198,16 @@ def test_counter_sees_the_native_writes(tmp_path: Path) -> None:
         assert total <= counter.value <= total + 4096  # archive headers and meta.json entries
         td.memmap(tmp_path / (name + "2"))
         assert counter.value <= total + 4096
+
+
+def test_return_early_draws_from_the_writing_thread(tmp_path: Path, bars: list[FakeBar]) -> None:
+    """With ``return_early`` the save (and its counter) runs on a background thread."""
+    from tensordict_rs import TensorDictFuture
+
+    td = tree(4)
+    future = td.memmap(tmp_path / "a", return_early=True, num_threads=2, progress=True)
+    assert isinstance(future, TensorDictFuture)
+    saved = future.result()
+    (bar,) = bars
+    assert bar.n == bar.total == nbytes(td) and bar.closed
+    assert (saved == td).all()
