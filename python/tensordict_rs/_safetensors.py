@@ -83,7 +83,20 @@ def _build(
 def from_safetensors(
     cls: type[TensorDict], path: PathLike, separator: str | None = ".", batch_size: Any = None
 ) -> TensorDict:
-    """Reads a ``.safetensors`` file into a TensorDict; see ``TensorDict.from_safetensors``."""
+    """Reads a ``.safetensors`` file, memory-mapped (copy-on-write: the file never changes).
+
+    Names are split on ``separator`` into nested keys (``None``: flat keys). The batch
+    sizes and non-tensor values that ``to_safetensors`` stored come back; ``batch_size``
+    overrides them for every level. A damaged file raises ``InvalidDirectoryError``.
+
+    >>> import tempfile, torch
+    >>> from tensordict_rs import TensorDict
+    >>> path = tempfile.mkdtemp() + "/model.safetensors"
+    >>> td = TensorDict({"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}, [2])
+    >>> td.to_safetensors(path)
+    >>> TensorDict.from_safetensors(path)
+    TensorDict(batch_size=[2], fields={b: {x: f32[]}, w: f32[3]})
+    """
     name = os.fspath(path)
     entries, metadata = _native.read_safetensors(name)
     try:
@@ -157,7 +170,12 @@ def to_safetensors(
     separator: str = ".",
     metadata: dict[str, str] | None = None,
 ) -> None:
-    """Writes ``td`` to a ``.safetensors`` file; see ``TensorDict.to_safetensors``."""
+    """Writes every tensor to a ``.safetensors`` file, atomically (beside it, then renamed).
+
+    Nested keys are joined with ``separator``; batch sizes and JSON non-tensor values go
+    into ``__metadata__`` (``tensordict_rs.*`` keys) beside the user's ``metadata``. Any
+    reader of the format (``safetensors.torch.load_file``) opens the file.
+    """
     if not separator:
         raise ValueError("separator must be a non-empty string")
     out: dict[str, Any] = {"rows": [], "sizes": {}, "values": {}, "keep": []}

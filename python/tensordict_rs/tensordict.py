@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from ._persistence import MemoryMapped
 from ._repr import compact_repr
 from ._sharing import Shareable, register
 from ._tree import NonTensorData, TreeNode, _LazyLeaf
-from ._walk import KeyList, leaves, map_leaves, walk_items, zip_leaves
+from ._walk import KeyList, map_leaves, walk_items, zip_leaves
 from .distributed import Distributed
 from .ops import apply as _apply
 from .ops import keys as _keys
@@ -565,40 +565,14 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
             )
         return out
 
-    # ------------------------------------------------------------------ comparisons
+    # ------------------------------------------------------------------ comparisons (ops/pointwise)
 
-    def _compare(self, other: Any, op: Callable[[Any, Any], torch.Tensor]) -> TensorDict:
-        batch = self._batch_size
-
-        def non_tensor(value: NonTensorData, other_value: Any) -> torch.Tensor:
-            data = other_value.data if isinstance(other_value, NonTensorData) else other_value
-            return torch.tensor(op(value.data, data)).expand(batch)
-
-        other = _pointwise.operand(self, other)  # a tensor broadcasts over the batch dims
-        return map_leaves(
-            self, lambda t, o: op(t, _pointwise.against(o, t)), other, non_tensor=non_tensor
-        )
-
-    def __eq__(self, other: object) -> TensorDict:  # type: ignore[override]
-        return self._compare(other, lambda a, b: a == b)
-
-    def __ne__(self, other: object) -> TensorDict:  # type: ignore[override]
-        return self._compare(other, lambda a, b: a != b)
-
+    __eq__ = _pointwise.eq  # type: ignore[assignment]
+    __ne__ = _pointwise.ne  # type: ignore[assignment]
     __hash__ = None  # type: ignore[assignment]
-
-    def __bool__(self) -> bool:
-        raise RuntimeError(
-            "Converting a tensordict to boolean value is not permitted; use .all() or .any()."
-        )
-
-    def all(self) -> bool:
-        """True when every element of every leaf is true."""
-        return all(bool(leaf.all()) for _, _, leaf in leaves(self))
-
-    def any(self) -> bool:
-        """True when some element of some leaf is true."""
-        return any(bool(leaf.any()) for _, _, leaf in leaves(self))
+    __bool__ = _pointwise.no_bool
+    all = _pointwise.all_true
+    any = _pointwise.any_true
 
     # ------------------------------------------------------------------ ops/apply, ops/pointwise
 
@@ -632,37 +606,10 @@ class TensorDict(TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Sha
             return map_leaves(self, lambda t: t.clone().as_subclass(torch.Tensor))
         return map_leaves(self, lambda t: t)
 
-    # ------------------------------------------------------------------ repr and pickling
+    # ------------------------------------------------------------------ safetensors, repr, pickling
 
-    @classmethod
-    def from_safetensors(
-        cls, path: PathLike, separator: str | None = ".", batch_size: Any = None
-    ) -> TensorDict:
-        """Reads a ``.safetensors`` file, memory-mapped (copy-on-write: the file never changes).
-
-        Names are split on ``separator`` into nested keys (``None``: flat keys). The batch
-        sizes and non-tensor values that ``to_safetensors`` stored come back; ``batch_size``
-        overrides them for every level. A damaged file raises ``InvalidDirectoryError``.
-
-        >>> import tempfile, torch
-        >>> path = tempfile.mkdtemp() + "/model.safetensors"
-        >>> td = TensorDict({"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}, [2])
-        >>> td.to_safetensors(path)
-        >>> TensorDict.from_safetensors(path)
-        TensorDict(batch_size=[2], fields={b: {x: f32[]}, w: f32[3]})
-        """
-        return _safetensors.from_safetensors(cls, path, separator, batch_size)
-
-    def to_safetensors(
-        self, path: PathLike, separator: str = ".", metadata: dict[str, str] | None = None
-    ) -> None:
-        """Writes every tensor to a ``.safetensors`` file, atomically (beside it, then renamed).
-
-        Nested keys are joined with ``separator``; batch sizes and JSON non-tensor values go
-        into ``__metadata__`` (``tensordict_rs.*`` keys) beside the user's ``metadata``. Any
-        reader of the format (``safetensors.torch.load_file``) opens the file.
-        """
-        _safetensors.to_safetensors(self, path, separator, metadata)
+    from_safetensors = classmethod(_safetensors.from_safetensors)
+    to_safetensors = _safetensors.to_safetensors
 
     def __repr__(self) -> str:
         return compact_repr(self)

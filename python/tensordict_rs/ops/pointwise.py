@@ -442,3 +442,44 @@ def contiguous(td: TensorDict, *, canonical: bool = False, inplace: bool = False
 def to_tensordict(td: TensorDict, *, retain_none: bool | None = None) -> TensorDict:
     """A plain TensorDict with copies of every tensor: not memory-mapped, not locked."""
     return map_leaves(td, lambda t: t.clone().as_subclass(torch.Tensor))
+
+
+# ---------------------------------------------------------------------------- comparisons
+
+
+def _compare(td: TensorDict, other: Any, op: Callable[[Any, Any], torch.Tensor]) -> TensorDict:
+    batch = td.batch_size
+
+    def non_tensor(value: NonTensorData, other_value: Any) -> torch.Tensor:
+        data = other_value.data if isinstance(other_value, NonTensorData) else other_value
+        return torch.tensor(op(value.data, data)).expand(batch)
+
+    other = operand(td, other)  # a tensor broadcasts over the batch dims
+    return map_leaves(td, lambda t, o: op(t, against(o, t)), other, non_tensor=non_tensor)
+
+
+def eq(td: TensorDict, other: object) -> TensorDict:
+    """Element-wise ``==``: a TensorDict of boolean leaves (``other`` as for ``add``)."""
+    return _compare(td, other, lambda a, b: a == b)
+
+
+def ne(td: TensorDict, other: object) -> TensorDict:
+    """Element-wise ``!=``: a TensorDict of boolean leaves (``other`` as for ``add``)."""
+    return _compare(td, other, lambda a, b: a != b)
+
+
+def no_bool(td: TensorDict) -> bool:
+    """Refuses ``bool(td)`` as tensordict does: the truth of many tensors is ambiguous."""
+    raise RuntimeError(
+        "Converting a tensordict to boolean value is not permitted; use .all() or .any()."
+    )
+
+
+def all_true(td: TensorDict) -> bool:
+    """True when every element of every leaf is true."""
+    return all(bool(leaf.all()) for _, _, leaf in leaves(td))
+
+
+def any_true(td: TensorDict) -> bool:
+    """True when some element of some leaf is true."""
+    return any(bool(leaf.any()) for _, _, leaf in leaves(td))
