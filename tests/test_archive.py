@@ -754,6 +754,34 @@ def test_the_builder_makes_valid_archives(tmp_path: Path) -> None:
         TensorDict.load_memmap(path, mode="r+")
 
 
+def test_meta_json_parsed_ahead_fails_only_where_the_tree_reaches(tmp_path: Path) -> None:
+    # with many meta.json entries the loader parses them ahead, in parallel: a bad one the
+    # tree reaches still fails naming it; a stray one it never reaches does not matter
+    import tensordict_rs
+    from tensordict_rs import TensorDict
+
+    td = TensorDict({f"g{i}": {"x": torch.full((2,), float(i))} for i in range(24)}, [2])
+    td.memmap(tmp_path / "dir")
+
+    def pack(name: str, extra: dict[str, bytes]) -> Path:
+        out = tmp_path / name
+        with zipfile.ZipFile(out, "w") as zf:
+            for f in sorted((tmp_path / "dir").rglob("*")):
+                if f.is_file():
+                    rel = f.relative_to(tmp_path / "dir").as_posix()
+                    zf.writestr(rel, extra.get(rel, f.read_bytes()))
+            for rel, data in extra.items():
+                if not (tmp_path / "dir" / rel).exists():
+                    zf.writestr(rel, data)
+        return out
+
+    stray = pack("stray.zip", {"stray/meta.json": b"{nope"})
+    assert TensorDict.load_memmap(stray)["g23", "x"].tolist() == [23.0, 23.0]
+    bad = pack("bad.zip", {"g7/meta.json": b"{nope"})
+    with pytest.raises(tensordict_rs.InvalidDirectoryError, match=r"bad\.zip::g7/meta\.json"):
+        TensorDict.load_memmap(bad)
+
+
 def test_encrypted_entries_are_unsupported(tmp_path: Path) -> None:
     import tensordict_rs
     from tensordict_rs import TensorDict
