@@ -384,6 +384,29 @@ def test_pack_unpack_and_unzip(tmp_path: Path) -> None:
         tensordict_rs.refresh_archive_checksums(tmp_path / "dir")
 
 
+@pytest.mark.parametrize("archive", [True, False], ids=["tdz", "dir"])
+def test_load_subpath_like_the_reference(archive: bool, tmp_path: Path) -> None:
+    import tensordict
+    from tensordict_rs import TensorDict
+
+    td = TensorDict({"x": torch.arange(4.0), "a": {"b": {"y": torch.ones(4, 2)}}}, [4])
+    prefix = tmp_path / ("t.tdz" if archive else "t")
+    td.memmap(prefix)
+    for subpath in ("a/b", ("a", "b"), ("a", ("b",))):
+        ours = TensorDict.load_memmap(prefix, subpath=subpath)
+        ref = tensordict.TensorDict.load_memmap(prefix, subpath=subpath)
+        assert ours.batch_size == ref.batch_size == (4,)
+        assert_same(ours, ref)
+    assert_same(TensorDict.load_memmap(prefix, subpath=""), td)
+    for missing in ("a/nope", ("x",), "a/b/y"):
+        with pytest.raises(ValueError, match="No tensordict found under subpath"):
+            TensorDict.load_memmap(prefix, subpath=missing)
+        with pytest.raises(ValueError, match="No tensordict found under subpath"):
+            tensordict.TensorDict.load_memmap(prefix, subpath=missing)
+    with pytest.raises(ValueError, match="subpath must be"):
+        TensorDict.load_memmap(prefix, subpath=())
+
+
 def test_exports_match_the_reference() -> None:
     import tensordict
     import tensordict_rs

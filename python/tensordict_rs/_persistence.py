@@ -266,6 +266,7 @@ class MemoryMapped:
         *,
         out: TensorDict | None = None,
         robust_key: bool | None = True,
+        subpath: Any = None,
         mode: str | None = None,
         num_threads: int = 0,
         allow_pickle: bool | None = None,
@@ -280,20 +281,25 @@ class MemoryMapped:
         TensorDict (see ``load_memmap_``). ``num_threads`` is accepted for tensordict's
         signature: the whole tree is already opened in one native call.
         A file is read as a ``.tdz`` archive: one map, each leaf a view of it, copy-on-write
-        unless ``mode="r+"`` (then writes reach the file).
+        unless ``mode="r+"`` (then writes reach the file). ``subpath`` (``"a/b"``, ``("a",
+        "b")``) returns the nested TensorDict there, as tensordict does (the whole tree is
+        validated and mapped; ``ValueError`` when no TensorDict is there).
         """
         _check_load_options(robust_key, allow_pickle)
         if out is not None:
             return cast("TensorDict", out.load_memmap_(prefix))
         target = _normalize_device(device)
         if os.path.isfile(prefix):
-            return _archive.load(cast("type[TensorDict]", cls), prefix, target, non_blocking, mode)
+            kind = cast("type[TensorDict]", cls)
+            loaded = _archive.load(kind, prefix, target, non_blocking, mode)
+            return loaded if subpath is None else _archive.subtree(loaded, subpath, prefix)
         if mode not in (None, "r+"):
             raise ValueError(
                 f"mode {mode!r}: directories are mapped shared where writable (mode='r+'); "
                 "copy-on-write mode='r' is supported for .tdz archives only"
             )
-        return _tree.load(cast("type[TensorDict]", cls), prefix, target, non_blocking)
+        loaded = _tree.load(cast("type[TensorDict]", cls), prefix, target, non_blocking)
+        return loaded if subpath is None else _archive.subtree(loaded, subpath, prefix)
 
     def save(
         self,
