@@ -247,7 +247,7 @@ pub fn verify_archive(path: &Path) -> Vec<String> {
     };
     let mut jobs = Vec::new();
     let mut problems = Vec::new();
-    if let Err(e) = walk(&ar, "", 0, &mut jobs) {
+    if let Err(e) = walk(&ar, &mut Default::default(), "", 0, &mut jobs) {
         problems.push(e.to_string());
     }
     for e in &ar.entries {

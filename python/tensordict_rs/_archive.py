@@ -13,7 +13,7 @@ import os
 import time
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -172,6 +172,40 @@ def load(
     if device is not None:
         td._device = device
     return td
+
+
+def _subpath_parts(subpath: Any) -> tuple[str, ...]:
+    if isinstance(subpath, str):
+        return tuple(part for part in subpath.split("/") if part)
+    parts: list[str] = []
+    stack = [subpath]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            parts.append(item)
+        elif isinstance(item, tuple):
+            stack.extend(reversed(item))
+        else:
+            raise ValueError("subpath must be a string path or a (nested) tuple of strings.")
+    if not parts:
+        raise ValueError("subpath must be a string path or a (nested) tuple of strings.")
+    return tuple(parts)
+
+
+def subtree(td: TensorDict, subpath: Any, prefix: PathLike) -> TensorDict:
+    """The nested TensorDict of a loaded tree at ``subpath`` (``load_memmap(subpath=)``):
+    ``"a/b"``, ``("a", "b")`` or nested tuples of keys, as tensordict spells them; a
+    ``ValueError`` when no TensorDict is there."""
+    parts = _subpath_parts(subpath)
+    node: Any = td
+    for part in parts:
+        value = node._tensordict.get(part)
+        if not isinstance(value, type(td)):
+            raise ValueError(
+                f"No tensordict found under subpath {'/'.join(parts)!r} (in {prefix})."
+            )
+        node = value
+    return cast("TensorDict", node)
 
 
 def _why_copied(path: Path, name: str) -> str:

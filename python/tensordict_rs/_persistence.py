@@ -409,6 +409,7 @@ class MemoryMapped:
         *,
         out: TensorDict | None = None,
         robust_key: bool | None = True,
+        subpath: Any = None,
         mode: str | None = None,
         num_threads: int = 0,
         allow_pickle: bool | None = None,
@@ -424,8 +425,10 @@ class MemoryMapped:
         TensorDict (see ``load_memmap_``). ``num_threads`` is accepted for tensordict's
         signature: the whole tree is already opened in one native call.
         A file is read as a ``.tdz`` archive: one map, each leaf a view of it, copy-on-write
-        unless ``mode="r+"`` (then writes reach the file). ``progress=True`` draws a bar of
-        the bytes mapped or copied (see ``memmap_``).
+        unless ``mode="r+"`` (then writes reach the file). ``subpath`` (``"a/b"``, ``("a",
+        "b")``) returns the nested TensorDict there, as tensordict does (the whole tree is
+        validated and mapped; ``ValueError`` when no TensorDict is there). ``progress=True``
+        draws a bar of the bytes mapped or copied (see ``memmap_``).
 
         >>> import torch
         >>> from tensordict_rs import TensorDict
@@ -438,23 +441,22 @@ class MemoryMapped:
             return cast("TensorDict", out.load_memmap_(prefix))
         target = _normalize_device(device)
         if os.path.isfile(prefix):
-            return _progress.load(
-                progress,
-                prefix,
-                lambda: _archive.load(
-                    cast("type[TensorDict]", cls), prefix, target, non_blocking, mode
-                ),
+            kind = cast("type[TensorDict]", cls)
+            loaded = _progress.load(
+                progress, prefix, lambda: _archive.load(kind, prefix, target, non_blocking, mode)
             )
+            return loaded if subpath is None else _archive.subtree(loaded, subpath, prefix)
         if mode not in (None, "r+"):
             raise ValueError(
                 f"mode {mode!r}: directories are mapped shared where writable (mode='r+'); "
                 "copy-on-write mode='r' is supported for .tdz archives only"
             )
-        return _progress.load(
+        loaded = _progress.load(
             progress,
             prefix,
             lambda: _tree.load(cast("type[TensorDict]", cls), prefix, target, non_blocking),
         )
+        return loaded if subpath is None else _archive.subtree(loaded, subpath, prefix)
 
     @overload
     def save(
