@@ -247,7 +247,7 @@ fn leaf_name(dir: &Dir, key: &str) -> Result<String> {
 }
 
 /// Opens a leaf file (never blocking), checks it is a regular file long enough for its shape.
-fn check_leaf(dir: &Dir, job: &LeafJob) -> Result<(std::fs::File, bool)> {
+fn check_leaf(dir: &Dir, job: &LeafJob) -> Result<(std::fs::File, bool, std::fs::Metadata)> {
     let path = dir.child_path(&job.name);
     let what = &job.label;
     let (file, writable) = dir.open_file(&job.name).map_err(|e| match e.raw_os_error() {
@@ -273,27 +273,44 @@ fn check_leaf(dir: &Dir, job: &LeafJob) -> Result<(std::fs::File, bool)> {
             ),
         ));
     }
-    Ok((file, writable))
+    Ok((file, writable, md))
 }
 
 /// Maps a checked leaf file: writable files shared (their space reserved first, so a full
 /// disk is ENOSPC now and not SIGBUS on a later write), read-only files copy-on-write.
-fn map_checked(file: &std::fs::File, writable: bool, nbytes: usize, path: &Path) -> Result<Region> {
+/// A file whose blocks already cover `nbytes` has nothing to reserve (the common case: files
+/// written by a save), which spares a fallocate per leaf.
+fn map_checked(
+    file: &std::fs::File,
+    writable: bool,
+    md: &std::fs::Metadata,
+    nbytes: usize,
+    path: &Path,
+) -> Result<Region> {
     let mode = if writable {
-        storage::reserve_existing(file, nbytes).map_err(|e| Error::io(path, e))?;
+        if !storage::fully_allocated(md, nbytes) {
+            storage::reserve_existing(file, nbytes).map_err(|e| Error::io(path, e))?;
+        }
         MapMode::Shared
     } else {
         MapMode::CopyOnWrite
     };
-    storage::map_file(file, nbytes, Some(path.to_path_buf()), mode).map_err(|e| Error::io(path, e))
+    storage::map_file_as(
+        file,
+        nbytes,
+        Some(path.to_path_buf()),
+        mode,
+        storage::identity_of(md),
+    )
+    .map_err(|e| Error::io(path, e))
 }
 
 fn map_leaf(dir: &Dir, job: &LeafJob) -> Result<Option<Region>> {
     if job.nbytes == 0 {
         return Ok(None);
     }
-    let (file, writable) = check_leaf(dir, job)?;
-    map_checked(&file, writable, job.nbytes, &dir.child_path(&job.name)).map(Some)
+    let (file, writable, md) = check_leaf(dir, job)?;
+    map_checked(&file, writable, &md, job.nbytes, &dir.child_path(&job.name)).map(Some)
 }
 
 /// Opens and maps one existing data file of at least `nbytes` bytes (read-only files are
@@ -305,8 +322,8 @@ pub fn open_file(path: &Path, nbytes: usize) -> Result<Region> {
         label: "this tensor".into(),
         nbytes,
     };
-    let (file, writable) = check_leaf(&dir, &job)?;
-    map_checked(&file, writable, nbytes, &dir.child_path(&job.name))
+    let (file, writable, md) = check_leaf(&dir, &job)?;
+    map_checked(&file, writable, &md, nbytes, &dir.child_path(&job.name))
 }
 
 /// The open parent directory of a file path and the file's name.
