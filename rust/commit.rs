@@ -686,7 +686,10 @@ mod tests {
         let staging = Staging::new(&root).unwrap();
         staging.dir(0).create_dir("d0").unwrap();
         staging.dir(0).create_dir("d0/inner").unwrap();
-        staging.dir(0).write_new("d0/inner/x.memmap", b"new", false).unwrap();
+        staging
+            .dir(0)
+            .write_new("d0/inner/x.memmap", b"new", false)
+            .unwrap();
         let journal = Journal {
             token: staging.token.clone(),
             stagings: staging.locations(),

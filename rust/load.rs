@@ -92,9 +92,39 @@ fn meta_identity(root: &Dir) -> Option<(u64, u64)> {
         .map(|st| (st.dev, st.ino))
 }
 
+/// Leaves mapped per claim of the worker pool: one directory open per claim.
+const MAP_GROUP: usize = 128;
+
+/// The leaf files of one directory (at most `MAP_GROUP` of them), to map together.
+struct MapGroup {
+    rel: Vec<String>,
+    jobs: Vec<LeafJob>,
+}
+
 fn load_from(root: &Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
-    let mut regions = Vec::new();
-    let node = walk(root, &mut Vec::new(), 0, &[], &mut regions)?;
+    let mut groups = Vec::new();
+    let mut count = 0;
+    let node = walk(root, &mut Vec::new(), 0, &[], &mut groups, &mut count)?;
+    // Every directory's meta.json is read first; then the files are mapped in parallel, a
+    // group at a time (each worker holds one directory open while it maps its group).
+    let leaves: usize = groups.iter().map(|g: &MapGroup| g.jobs.len()).sum();
+    let workers = parallel::worker_count(0, leaves / 256);
+    let mapped = parallel::run(
+        &groups,
+        workers,
+        |g| g.jobs.len(),
+        |group| {
+            let path = group.rel.iter().fold(root.path().to_path_buf(), |p, c| p.join(c));
+            let dir = root.open_rel(&group.rel).map_err(|e| Error::io(&path, e))?;
+            group
+                .jobs
+                .iter()
+                .map(|job| map_leaf(&dir, job))
+                .collect::<Result<Vec<_>>>()
+        },
+    )?;
+    let regions: Vec<Option<Region>> = mapped.into_iter().flatten().collect();
+    debug_assert_eq!(regions.len(), count);
     Ok((node, regions))
 }
 
@@ -140,7 +170,8 @@ fn walk(
     rel: &mut Vec<String>,
     depth: usize,
     parent_batch: &[u64],
-    regions: &mut Vec<Option<Region>>,
+    groups: &mut Vec<MapGroup>,
+    count: &mut usize,
 ) -> Result<LoadedNode> {
     let path = rel.iter().fold(root.path().to_path_buf(), |p, c| p.join(c));
     if depth > layout::MAX_DEPTH {
@@ -172,7 +203,7 @@ fn walk(
         match entry {
             Entry::Leaf(leaf) => {
                 let LeafMeta { dtype, shape, nbytes } = leaf;
-                let index = regions.len() + jobs.len();
+                let index = *count + jobs.len();
                 let name = if nbytes > 0 {
                     leaf_name(&dir, &key)?
                 } else {
@@ -204,14 +235,18 @@ fn walk(
             }
         }
     }
-    // Mapping costs a few microseconds a file: spread only directories with many leaves.
-    let workers = parallel::worker_count(0, jobs.len() / 256);
-    let mapped = parallel::run(&jobs, workers, |j| j.nbytes, |job| map_leaf(&dir, job))?;
-    regions.extend(mapped);
+    *count += jobs.len();
+    let mut jobs = jobs.into_iter().peekable();
+    while jobs.peek().is_some() {
+        groups.push(MapGroup {
+            rel: rel.clone(),
+            jobs: jobs.by_ref().take(MAP_GROUP).collect(),
+        });
+    }
     drop(dir);
     for (at, name) in children {
         rel.push(name);
-        let node = walk(root, rel, depth + 1, &meta.batch, regions);
+        let node = walk(root, rel, depth + 1, &meta.batch, groups, count);
         rel.pop();
         entries[at].1 = Some(LoadedEntry::Node(node?));
     }
