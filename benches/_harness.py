@@ -96,9 +96,9 @@ def build_w3(last: int | None = None) -> dict[str, Any]:
     return out
 
 
-def build_w4() -> dict[str, Any]:
+def build_w4(rows: int | None = None) -> dict[str, Any]:
     """W4: a replay-buffer dataset, 12,322 bytes per row (2.3 GiB at full scale)."""
-    n = w4_rows()
+    n = w4_rows() if rows is None else rows
     gen = torch.Generator().manual_seed(0)
     return {
         "obs": torch.rand(n, 3, 32, 32, generator=gen),

@@ -128,6 +128,42 @@ def test_w1_load_first_read(benchmark, case, w1, w1_saved):
     replay(benchmark, "w1_load_read", case)
 
 
+def _like_cases(src: dict, reserve: bool) -> dict[str, Case]:
+    batch = [w1_rows()]
+    ref_src, rs_src = ref_td(src, batch), rs_td(src, batch)
+    leaves = list(src.values())
+
+    def drop(state, result):
+        if state is not None:
+            remove(state[1])
+
+    return {
+        REF: Case(
+            setup=lambda: (ref_copy(ref_src), fresh_dir(SHM_BASE)),
+            call=lambda state: state[0].memmap_like(state[1]),
+            cleanup=drop,
+        ),
+        RS: Case(
+            setup=lambda: (rs_copy(rs_src), fresh_dir(SHM_BASE)),
+            call=lambda state: state[0].memmap_like(state[1], reserve=reserve),
+            cleanup=drop,
+        ),
+        LIMIT: Case(call=lambda _: [torch.empty_like(t) for t in leaves]),
+    }
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_w1_memmap_like_sparse(benchmark, case, w1):
+    measure("w1_like_sparse", nbytes(w1.values()), lambda: _like_cases(w1, reserve=False))
+    replay(benchmark, "w1_like_sparse", case)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_w1_memmap_like_reserved(benchmark, case, w1):
+    measure("w1_like_reserved", nbytes(w1.values()), lambda: _like_cases(w1, reserve=True))
+    replay(benchmark, "w1_like_reserved", case)
+
+
 def _memcpy_cases(src: dict) -> dict[str, Case]:
     sources = [v.numpy() for v in src.values()]
     targets = [np.ones_like(s) for s in sources]  # resident, already faulted

@@ -44,6 +44,22 @@ def w3():
     gc.collect()
 
 
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """The same leaves as W3 in one flat TensorDict (keys joined with '_')."""
+    out: dict = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}_"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+@pytest.fixture(scope="module")
+def w3_flat(w3):
+    return _flat(w3)
+
+
 def _save_cases(src: dict, base, sync: bool, done: list | None = None) -> dict[str, Case]:
     """The three save cases. With ``done`` (a list) output directories are not deleted after
     each call but collected there, for the caller to delete after all rounds: on ext4
@@ -107,6 +123,34 @@ def test_w3_save_tmp(benchmark, case, w3):
         for path in done:
             remove(path)
     replay(benchmark, "w3_save_tmp", case)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_w3_flat_save_shm(benchmark, case, w3_flat):
+    measure("w3f_save_shm", len(w3_flat), lambda: _save_cases(w3_flat, SHM_BASE, sync=False))
+    replay(benchmark, "w3f_save_shm", case)
+
+
+@pytest.fixture(scope="module")
+def w3_flat_saved(w3_flat):
+    """Flat W3 saved once by the reference under /dev/shm."""
+    path = fresh_dir(SHM_BASE)
+    ref_td(w3_flat, []).memmap_(path)
+    gc.collect()
+    yield path
+    remove(path)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_w3_flat_load(benchmark, case, w3_flat, w3_flat_saved):
+    measure("w3f_load", len(w3_flat), lambda: _load_cases(w3_flat_saved, get_leaves=False))
+    replay(benchmark, "w3f_load", case)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_w3_flat_memmap_like(benchmark, case, w3_flat):
+    measure("w3f_like", len(w3_flat), lambda: _like_cases(w3_flat))
+    replay(benchmark, "w3f_like", case)
 
 
 @pytest.fixture(scope="module")

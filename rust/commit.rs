@@ -85,10 +85,11 @@ fn valid_path(path: &[String]) -> bool {
     path.len() <= layout::MAX_DEPTH + 2 && path.iter().all(|c| valid_component(c))
 }
 
-/// A staged file's name: `f<n>` (data) or `m<n>` (meta.json).
+/// A staged entry's name: `f<n>` (data), `m<n>` (meta.json) or `d<n>` (a whole new
+/// sub-directory, built inside the staging directory and moved with one rename).
 fn valid_staged(name: &str) -> bool {
     let mut chars = name.chars();
-    matches!(chars.next(), Some('f' | 'm')) && {
+    matches!(chars.next(), Some('f' | 'm' | 'd')) && {
         let rest = chars.as_str();
         !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit())
     }
@@ -209,10 +210,36 @@ fn append(dir: &Dir, name: &str, bytes: &[u8]) -> Result<()> {
         .map_err(|e| Error::io(&path, e))
 }
 
+/// Removes what a staged sub-directory holds (made by this save inside its own 0700 staging
+/// directory, so all of it is the save's), then the directory. Links are removed, not followed.
+fn remove_staged_tree(parent: &Dir, name: &str, depth: usize) {
+    if depth <= layout::MAX_DEPTH + 1 {
+        if let Ok(sub) = parent.open_dir(name) {
+            for entry in sub.entry_names().unwrap_or_default() {
+                match sub.kind(&entry) {
+                    Ok(EntryKind::Dir) => remove_staged_tree(&sub, &entry, depth + 1),
+                    // A file that cannot go stays for the next sweep: nothing is lost.
+                    Ok(_) => {
+                        let _ = sub.remove_file(&entry);
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+    let _ = parent.remove_dir(name);
+}
+
 /// Removes the files a save puts in its staging directory (and nothing else).
 fn clean_staging(dir: &Dir) {
     let Ok(names) = dir.entry_names() else { return };
     for name in names {
+        if name.starts_with('d') && valid_staged(&name) {
+            if dir.kind(&name).is_ok_and(|k| k == EntryKind::Dir) {
+                remove_staged_tree(dir, &name, 0);
+            }
+            continue;
+        }
         // Windows: also the old files moved aside because they were mapped (`move_aside`).
         let aside = cfg!(windows)
             && name
@@ -294,6 +321,25 @@ fn kill_point(step: usize) {
     }
 }
 
+/// The parent directory of the last path a step used, kept open for the next step (the steps
+/// of one directory come one after another).
+struct Parents<'a> {
+    root: &'a Dir,
+    open: Option<(Vec<String>, Dir)>,
+}
+
+impl Parents<'_> {
+    fn get(&mut self, path: &[String]) -> io::Result<&Dir> {
+        let parent = &path[..path.len() - 1];
+        let hit = matches!(&self.open, Some((rel, _)) if rel.as_slice() == parent);
+        if !hit {
+            let dir = self.root.open_rel(parent)?;
+            self.open = Some((parent.to_vec(), dir));
+        }
+        Ok(&self.open.as_ref().expect("just opened").1)
+    }
+}
+
 /// Carries out every step of `journal` (idempotently), then removes the journal and the
 /// staging directories. `durable` fsyncs the directories it changed first.
 pub fn apply(root: &Dir, journal: &Journal, durable: bool) -> Result<()> {
@@ -303,24 +349,15 @@ pub fn apply(root: &Dir, journal: &Journal, durable: bool) -> Result<()> {
         .iter()
         .map(|rel| root.open_rel(rel).and_then(|d| d.open_dir(&name)).ok())
         .collect();
-    let mut cache: Option<(Vec<String>, Dir)> = None;
+    let mut parents = Parents { root, open: None };
     let mut touched: Vec<Vec<String>> = Vec::new();
-    let mut parent_of = |path: &[String]| -> io::Result<Dir> {
-        let parent = &path[..path.len() - 1];
-        if let Some((rel, dir)) = &cache {
-            if rel.as_slice() == parent {
-                return dir.reopen();
-            }
-        }
-        let dir = root.open_rel(parent)?;
-        cache = Some((parent.to_vec(), dir.reopen()?));
-        Ok(dir)
-    };
     for (step, op) in journal.ops.iter().enumerate() {
         kill_point(step);
         match op {
             Op::Mkdir { path } => {
-                let parent = parent_of(path).map_err(|e| Error::io(join(root.path(), path), e))?;
+                let parent = parents
+                    .get(path)
+                    .map_err(|e| Error::io(join(root.path(), path), e))?;
                 let last = &path[path.len() - 1];
                 match parent.create_dir(last) {
                     Ok(_) => touched.push(path[..path.len() - 1].to_vec()),
@@ -339,25 +376,35 @@ pub fn apply(root: &Dir, journal: &Journal, durable: bool) -> Result<()> {
                 let Some(Some(staged)) = stagings.get(*stage) else {
                     continue;
                 };
-                if staged.kind(name).ok() != Some(EntryKind::File) {
-                    continue; // already moved
-                }
-                let target = parent_of(to).map_err(|e| Error::io(join(root.path(), to), e))?;
-                let dest = &to[to.len() - 1];
-                let moved = staged.rename(name, &target, dest, false);
+                let target = parents.get(to).map_err(|e| Error::io(join(root.path(), to), e))?;
+                // One syscall in the common case: the rename itself. It fails with ENOENT
+                // when the staged file is gone, i.e. an earlier run already moved it.
+                // A staged directory never replaces anything (rename(2) would replace an empty
+                // directory); files replace the old tree's files, as planned.
+                let dir = name.starts_with('d');
+                let last = &to[to.len() - 1];
+                let moved = match staged.rename(name, target, last, dir) {
+                    Err(e) if dir && is_einval(&e) => staged.rename(name, target, last, false),
+                    other => other,
+                };
+                // Windows refuses to replace a file that is still mapped, but lets it be
+                // renamed: the old file goes aside into the staging directory first.
                 #[cfg(windows)]
                 let moved = moved.or_else(|e| {
-                    if !dir::in_use(&e) || target.kind(dest).ok() != Some(EntryKind::File) {
+                    if !dir::in_use(&e) || target.kind(last).ok() != Some(EntryKind::File) {
                         return Err(e);
                     }
-                    move_aside(&stagings, &target, dest)?;
-                    staged.rename(name, &target, dest, false)
+                    move_aside(&stagings, target, last)?;
+                    staged.rename(name, target, last, false)
                 });
-                moved.map_err(|e| Error::io(join(root.path(), to), e))?;
-                touched.push(to[..to.len() - 1].to_vec());
+                match moved {
+                    Ok(()) => touched.push(to[..to.len() - 1].to_vec()),
+                    Err(_) if staged.kind(name).ok() == Some(EntryKind::Missing) => {}
+                    Err(e) => return Err(Error::io(join(root.path(), to), e)),
+                }
             }
             Op::Unlink { path, dev, ino } => {
-                let Ok(parent) = parent_of(path) else { continue };
+                let Ok(parent) = parents.get(path) else { continue };
                 let last = &path[path.len() - 1];
                 if let Ok(Some(st)) = parent.stat(last) {
                     if st.kind == EntryKind::File && st.dev == *dev && st.ino == *ino {
@@ -373,7 +420,7 @@ pub fn apply(root: &Dir, journal: &Journal, durable: bool) -> Result<()> {
                 }
             }
             Op::Rmdir { path } => {
-                let Ok(parent) = parent_of(path) else { continue };
+                let Ok(parent) = parents.get(path) else { continue };
                 let last = &path[path.len() - 1];
                 if parent.kind(last).ok() == Some(EntryKind::Dir) && parent.remove_dir(last).is_ok() {
                     touched.push(path[..path.len() - 1].to_vec());
@@ -382,7 +429,7 @@ pub fn apply(root: &Dir, journal: &Journal, durable: bool) -> Result<()> {
         }
     }
     kill_point(journal.ops.len());
-    drop(cache);
+    drop(parents);
     if durable {
         touched.sort();
         touched.dedup();
@@ -691,6 +738,52 @@ mod tests {
         assert!(!dead.join("f0").exists());
         assert_eq!(std::fs::read(dead.join("user-notes")).unwrap(), b"mine");
         live.remove(&root);
+        std::fs::remove_dir_all(&p).unwrap();
+    }
+
+    #[test]
+    fn staged_directories_move_once_and_dead_ones_are_swept() {
+        let (p, root) = tmp();
+        let staging = Staging::new(&root).unwrap();
+        staging.dir(0).create_dir("d0").unwrap();
+        staging.dir(0).create_dir("d0/inner").unwrap();
+        staging
+            .dir(0)
+            .write_new("d0/inner/x.memmap", b"new", false)
+            .unwrap();
+        let journal = Journal {
+            token: staging.token.clone(),
+            stagings: staging.locations(),
+            ops: vec![Op::Rename {
+                stage: 0,
+                name: "d0".into(),
+                to: vec!["sub".into()],
+            }],
+        };
+        write_journal(&root, &staging, &journal, false).unwrap();
+        assert!(recover(&root).unwrap());
+        assert_eq!(std::fs::read(p.join("sub/inner/x.memmap")).unwrap(), b"new");
+        // a staged directory never replaces one that appeared at its name
+        let staging = Staging::new(&root).unwrap();
+        staging.dir(0).create_dir("d0").unwrap();
+        let journal = Journal {
+            token: staging.token.clone(),
+            stagings: staging.locations(),
+            ops: vec![Op::Rename {
+                stage: 0,
+                name: "d0".into(),
+                to: vec!["sub".into()],
+            }],
+        };
+        assert!(apply(&root, &journal, false).is_err());
+        assert!(p.join("sub/inner/x.memmap").exists());
+        // a dead save's staged tree goes with its staging directory
+        let dead = p.join(format!("{STAGING_PREFIX}dead"));
+        std::fs::create_dir_all(dead.join("d3/a/b")).unwrap();
+        std::fs::write(dead.join("d3/a/b/y.memmap"), b"x").unwrap();
+        std::fs::write(dead.join("d3/meta.json"), b"{}").unwrap();
+        sweep(&root);
+        assert!(!dead.exists());
         std::fs::remove_dir_all(&p).unwrap();
     }
 }

@@ -92,9 +92,39 @@ fn meta_identity(root: &Dir) -> Option<(u64, u64)> {
         .map(|st| (st.dev, st.ino))
 }
 
+/// Leaves mapped per claim of the worker pool: one directory open per claim.
+const MAP_GROUP: usize = 128;
+
+/// The leaf files of one directory (at most `MAP_GROUP` of them), to map together.
+struct MapGroup {
+    rel: Vec<String>,
+    jobs: Vec<LeafJob>,
+}
+
 fn load_from(root: &Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
-    let mut regions = Vec::new();
-    let node = walk(root, &mut Vec::new(), 0, &[], &mut regions)?;
+    let mut groups = Vec::new();
+    let mut count = 0;
+    let node = walk(root, &mut Vec::new(), 0, &[], &mut groups, &mut count)?;
+    // Every directory's meta.json is read first; then the files are mapped in parallel, a
+    // group at a time (each worker holds one directory open while it maps its group).
+    let leaves: usize = groups.iter().map(|g: &MapGroup| g.jobs.len()).sum();
+    let workers = parallel::worker_count(0, leaves / 256);
+    let mapped = parallel::run(
+        &groups,
+        workers,
+        |g| g.jobs.len(),
+        |group| {
+            let path = group.rel.iter().fold(root.path().to_path_buf(), |p, c| p.join(c));
+            let dir = root.open_rel(&group.rel).map_err(|e| Error::io(&path, e))?;
+            group
+                .jobs
+                .iter()
+                .map(|job| map_leaf(&dir, job))
+                .collect::<Result<Vec<_>>>()
+        },
+    )?;
+    let regions: Vec<Option<Region>> = mapped.into_iter().flatten().collect();
+    debug_assert_eq!(regions.len(), count);
     Ok((node, regions))
 }
 
@@ -140,7 +170,8 @@ fn walk(
     rel: &mut Vec<String>,
     depth: usize,
     parent_batch: &[u64],
-    regions: &mut Vec<Option<Region>>,
+    groups: &mut Vec<MapGroup>,
+    count: &mut usize,
 ) -> Result<LoadedNode> {
     let path = rel.iter().fold(root.path().to_path_buf(), |p, c| p.join(c));
     if depth > layout::MAX_DEPTH {
@@ -172,7 +203,7 @@ fn walk(
         match entry {
             Entry::Leaf(leaf) => {
                 let LeafMeta { dtype, shape, nbytes } = leaf;
-                let index = regions.len() + jobs.len();
+                let index = *count + jobs.len();
                 let name = if nbytes > 0 {
                     leaf_name(&dir, &key)?
                 } else {
@@ -204,14 +235,18 @@ fn walk(
             }
         }
     }
-    // Mapping costs a few microseconds a file: spread only directories with many leaves.
-    let workers = parallel::worker_count(0, jobs.len() / 256);
-    let mapped = parallel::run(&jobs, workers, |j| j.nbytes, |job| map_leaf(&dir, job))?;
-    regions.extend(mapped);
+    *count += jobs.len();
+    let mut jobs = jobs.into_iter().peekable();
+    while jobs.peek().is_some() {
+        groups.push(MapGroup {
+            rel: rel.clone(),
+            jobs: jobs.by_ref().take(MAP_GROUP).collect(),
+        });
+    }
     drop(dir);
     for (at, name) in children {
         rel.push(name);
-        let node = walk(root, rel, depth + 1, &meta.batch, regions);
+        let node = walk(root, rel, depth + 1, &meta.batch, groups, count);
         rel.pop();
         entries[at].1 = Some(LoadedEntry::Node(node?));
     }
@@ -247,7 +282,7 @@ fn leaf_name(dir: &Dir, key: &str) -> Result<String> {
 }
 
 /// Opens a leaf file (never blocking), checks it is a regular file long enough for its shape.
-fn check_leaf(dir: &Dir, job: &LeafJob) -> Result<(std::fs::File, bool)> {
+fn check_leaf(dir: &Dir, job: &LeafJob) -> Result<(std::fs::File, bool, std::fs::Metadata)> {
     let path = dir.child_path(&job.name);
     let what = &job.label;
     let (file, writable) = dir.open_file(&job.name).map_err(|e| match e.raw_os_error() {
@@ -273,27 +308,44 @@ fn check_leaf(dir: &Dir, job: &LeafJob) -> Result<(std::fs::File, bool)> {
             ),
         ));
     }
-    Ok((file, writable))
+    Ok((file, writable, md))
 }
 
 /// Maps a checked leaf file: writable files shared (their space reserved first, so a full
 /// disk is ENOSPC now and not SIGBUS on a later write), read-only files copy-on-write.
-fn map_checked(file: &std::fs::File, writable: bool, nbytes: usize, path: &Path) -> Result<Region> {
+/// A file whose blocks already cover `nbytes` has nothing to reserve (the common case: files
+/// written by a save), which spares a fallocate per leaf.
+fn map_checked(
+    file: &std::fs::File,
+    writable: bool,
+    md: &std::fs::Metadata,
+    nbytes: usize,
+    path: &Path,
+) -> Result<Region> {
     let mode = if writable {
-        storage::reserve_existing(file, nbytes).map_err(|e| Error::io(path, e))?;
+        if !storage::fully_allocated(md, nbytes) {
+            storage::reserve_existing(file, nbytes).map_err(|e| Error::io(path, e))?;
+        }
         MapMode::Shared
     } else {
         MapMode::CopyOnWrite
     };
-    storage::map_file(file, nbytes, Some(path.to_path_buf()), mode).map_err(|e| Error::io(path, e))
+    storage::map_file_as(
+        file,
+        nbytes,
+        Some(path.to_path_buf()),
+        mode,
+        storage::identity_of(md),
+    )
+    .map_err(|e| Error::io(path, e))
 }
 
 fn map_leaf(dir: &Dir, job: &LeafJob) -> Result<Option<Region>> {
     if job.nbytes == 0 {
         return Ok(None);
     }
-    let (file, writable) = check_leaf(dir, job)?;
-    map_checked(&file, writable, job.nbytes, &dir.child_path(&job.name)).map(Some)
+    let (file, writable, md) = check_leaf(dir, job)?;
+    map_checked(&file, writable, &md, job.nbytes, &dir.child_path(&job.name)).map(Some)
 }
 
 /// Opens and maps one existing data file of at least `nbytes` bytes (read-only files are
@@ -305,8 +357,8 @@ pub fn open_file(path: &Path, nbytes: usize) -> Result<Region> {
         label: "this tensor".into(),
         nbytes,
     };
-    let (file, writable) = check_leaf(&dir, &job)?;
-    map_checked(&file, writable, nbytes, &dir.child_path(&job.name))
+    let (file, writable, md) = check_leaf(&dir, &job)?;
+    map_checked(&file, writable, &md, nbytes, &dir.child_path(&job.name))
 }
 
 /// The open parent directory of a file path and the file's name.

@@ -164,9 +164,20 @@ fn save_locked(
     let mut staging = Staging::new(root)?;
     let mut plan = Plan::new(leaves.len());
     let staged = (|| {
-        plan.node(root, &mut staging, &mut Vec::new(), spec, leaves, opts, true, 0)?;
+        plan.node(
+            root,
+            &mut staging,
+            &mut Vec::new(),
+            spec,
+            leaves,
+            opts,
+            true,
+            0,
+            None,
+        )?;
         plan.write_data(&staging, leaves, opts)?;
         if opts.durable {
+            plan.sync_staged_dirs(&staging)?;
             staging.sync()?;
         }
         let (journal, regions) = plan.journal(&staging);

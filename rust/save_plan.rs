@@ -31,6 +31,10 @@ pub(super) struct Plan {
     jobs: Vec<FileJob>,
     regions: Vec<Option<Region>>,
     staged_metas: usize,
+    /// Sub-trees the target lacks, staged whole as `d<n>` (one rename each at the commit).
+    staged_dirs: usize,
+    /// Every directory made inside the staging directories (stage, path in it).
+    synced_dirs: Vec<(usize, String)>,
 }
 
 /// The names a directory of the old tree owns, from its meta.json (read leniently: a damaged
@@ -85,6 +89,16 @@ fn meta_is_ours(dir: &Dir) -> Result<bool> {
     }
 }
 
+/// Whether a sub-directory the new tree needs is there: missing is fine, a directory is kept,
+/// anything else is in the way.
+fn dir_present(at: &Path, name: &str, st: Option<EntryStat>) -> Result<bool> {
+    match st {
+        None => Ok(false),
+        Some(st) if st.kind == EntryKind::Dir => Ok(true),
+        Some(st) => Err(foreign(&at.join(name), kind_name(st.kind))),
+    }
+}
+
 fn foreign(path: &Path, what: &str) -> Error {
     Error::io(
         path,
@@ -136,6 +150,8 @@ impl Plan {
             jobs: Vec::new(),
             regions: std::iter::repeat_with(|| None).take(leaves).collect(),
             staged_metas: 0,
+            staged_dirs: 0,
+            synced_dirs: Vec::new(),
         }
     }
 
@@ -150,6 +166,7 @@ impl Plan {
         opts: SaveOptions,
         exists: bool,
         parent_stage: usize,
+        parent_staged: Option<&str>,
     ) -> Result<()> {
         let final_path = commit_path(root.path(), rel);
         let dir = if exists {
@@ -171,6 +188,32 @@ impl Plan {
                 staging.for_mount(d, rel, mount)?
             }
             None => parent_stage,
+        };
+        // A directory the target lacks is built whole inside the staging directory (files at
+        // their final names) and goes into place with one rename: `staged` is where it is.
+        let staged: Option<String> = if exists {
+            None
+        } else {
+            let name = rel.last().expect("only the root exists for sure, and it exists");
+            let at = match parent_staged {
+                Some(parent) => format!("{parent}/{name}"),
+                None => {
+                    let top = format!("d{}", self.staged_dirs);
+                    self.staged_dirs += 1;
+                    self.data.push(Op::Rename {
+                        stage,
+                        name: top.clone(),
+                        to: rel.clone(),
+                    });
+                    top
+                }
+            };
+            staging
+                .dir(stage)
+                .create_dir(&at)
+                .map_err(|e| Error::io(&final_path, e))?;
+            self.synced_dirs.push((stage, at.clone()));
+            Some(at)
         };
         let stat = |name: &str| -> Result<Option<EntryStat>> {
             match &dir {
@@ -225,12 +268,18 @@ impl Plan {
                         }
                         Some(st) => return Err(foreign(&path, kind_name(st.kind))),
                     }
-                    let staged = format!("f{i}");
-                    self.data.push(Op::Rename {
-                        stage,
-                        name: staged.clone(),
-                        to: with(rel, &name),
-                    });
+                    let staged = match &staged {
+                        Some(at) => format!("{at}/{name}"),
+                        None => {
+                            let staged = format!("f{i}");
+                            self.data.push(Op::Rename {
+                                stage,
+                                name: staged.clone(),
+                                to: with(rel, &name),
+                            });
+                            staged
+                        }
+                    };
                     self.jobs.push(FileJob {
                         stage,
                         staged,
@@ -241,13 +290,28 @@ impl Plan {
                 EntrySpec::Node(child) => {
                     let name = layout::encode_key(key);
                     written.insert(name.clone());
-                    let present = self.need_dir(&final_path, rel, &name, stat(&name)?)?;
+                    // a missing sub-tree is staged whole (see `staged`), not made with a mkdir step
+                    let present = dir_present(&final_path, &name, stat(&name)?)?;
                     children.push((name, child, present));
                     metas.push((key.as_str(), EntryMeta::TensorDict));
                 }
                 EntrySpec::NonTensor(value) => {
                     let name = layout::encode_key(key);
                     written.insert(name.clone());
+                    let bytes = layout::non_tensor_meta(value);
+                    if let Some(at) = &staged {
+                        let sub = format!("{at}/{name}");
+                        let sub_meta = format!("{sub}/{}", layout::META_FILE);
+                        let io_err = |e| Error::io(final_path.join(&name), e);
+                        staging.dir(stage).create_dir(&sub).map_err(io_err)?;
+                        self.synced_dirs.push((stage, sub));
+                        staging
+                            .dir(stage)
+                            .write_new(&sub_meta, &bytes, opts.durable)
+                            .map_err(io_err)?;
+                        metas.push((key.as_str(), EntryMeta::NonTensorData));
+                        continue;
+                    }
                     let present = self.need_dir(&final_path, rel, &name, stat(&name)?)?;
                     if present {
                         let d = dir.as_ref().expect("a child exists, so its directory does");
@@ -261,7 +325,6 @@ impl Plan {
                             ));
                         }
                     }
-                    let bytes = layout::non_tensor_meta(value);
                     let to = with(&with(rel, &name), layout::META_FILE);
                     self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)?;
                     metas.push((key.as_str(), EntryMeta::NonTensorData));
@@ -275,9 +338,26 @@ impl Plan {
         drop(dir);
         for (name, child, present) in children {
             rel.push(name);
-            let result = self.node(root, staging, rel, child, leaves, opts, present, stage);
+            let result = self.node(
+                root,
+                staging,
+                rel,
+                child,
+                leaves,
+                opts,
+                present,
+                stage,
+                staged.as_deref(),
+            );
             rel.pop();
             result?;
+        }
+        if let Some(at) = &staged {
+            // inside a staged sub-tree: meta.json is written at its final name
+            return staging
+                .dir(stage)
+                .write_new(&format!("{at}/{}", layout::META_FILE), &bytes, opts.durable)
+                .map_err(|e| Error::io(final_path.join(layout::META_FILE), e));
         }
         // Post-order: a directory's meta.json goes in after its children's, the root's last.
         let to = with(rel, layout::META_FILE);
@@ -287,16 +367,25 @@ impl Plan {
     /// A sub-directory the new tree needs: kept when it is one, created when missing.
     /// Returns whether it exists now.
     fn need_dir(&mut self, at: &Path, rel: &[String], name: &str, st: Option<EntryStat>) -> Result<bool> {
-        match st {
-            None => {
-                self.mkdirs.push(Op::Mkdir {
-                    path: with(rel, name),
-                });
-                Ok(false)
-            }
-            Some(st) if st.kind == EntryKind::Dir => Ok(true),
-            Some(st) => Err(foreign(&at.join(name), kind_name(st.kind))),
+        let present = dir_present(at, name, st)?;
+        if !present {
+            self.mkdirs.push(Op::Mkdir {
+                path: with(rel, name),
+            });
         }
+        Ok(present)
+    }
+
+    /// Fsyncs the directories staged whole (their entries' names), for durable saves.
+    pub(super) fn sync_staged_dirs(&self, staging: &Staging) -> Result<()> {
+        for (stage, at) in &self.synced_dirs {
+            let parts: Vec<String> = at.split('/').map(str::to_string).collect();
+            let dir = staging.dir(*stage);
+            let path = dir.path().join(at);
+            let sub = dir.open_rel(&parts).map_err(|e| Error::io(&path, e))?;
+            sub.sync().map_err(|e| Error::io(&path, e))?;
+        }
+        Ok(())
     }
 
     fn stage_meta(

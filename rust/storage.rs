@@ -134,6 +134,22 @@ impl Region {
 
 /// Maps the first `len` bytes of an open file.
 pub fn map_file(file: &File, len: usize, path: Option<PathBuf>, mode: MapMode) -> io::Result<Region> {
+    let identity = match (mode, &path) {
+        (MapMode::Shared, Some(_)) => file_identity(file),
+        _ => None,
+    };
+    map_file_as(file, len, path, mode, identity)
+}
+
+/// `map_file` for a file whose (device, inode) the caller already has from its own `fstat`
+/// (recorded for shared maps with a path, as `map_file` does): one system call less.
+pub fn map_file_as(
+    file: &File,
+    len: usize,
+    path: Option<PathBuf>,
+    mode: MapMode,
+    identity: Option<(u64, u64)>,
+) -> io::Result<Region> {
     let mut opts = MmapOptions::new();
     opts.len(len);
     let map = match mode {
@@ -144,7 +160,7 @@ pub fn map_file(file: &File, len: usize, path: Option<PathBuf>, mode: MapMode) -
         MapMode::CopyOnWrite => MmapRaw::from(unsafe { opts.map_copy(file)? }),
     };
     let file = match (mode, &path) {
-        (MapMode::Shared, Some(_)) => file_identity(file),
+        (MapMode::Shared, Some(_)) => identity,
         _ => None,
     };
     Ok(Region {
@@ -167,6 +183,32 @@ fn file_identity(file: &File) -> Option<(u64, u64)> {
 #[cfg(windows)]
 fn file_identity(file: &File) -> Option<(u64, u64)> {
     crate::dir::handle_identity(file).ok()
+}
+
+/// The (device, inode) of a file from its metadata.
+#[cfg(unix)]
+pub fn identity_of(md: &std::fs::Metadata) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    Some((md.dev(), md.ino()))
+}
+
+#[cfg(not(unix))]
+pub fn identity_of(_md: &std::fs::Metadata) -> Option<(u64, u64)> {
+    None
+}
+
+/// True when the file has no hole: its allocated blocks cover its whole size (which is at
+/// least `len`). Files written by a save are; a sparse one (tensordict's `memmap_like`) is not
+/// and gets its space reserved before it is mapped shared.
+#[cfg(unix)]
+pub fn fully_allocated(md: &std::fs::Metadata, len: usize) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    md.size() >= len as u64 && md.blocks().saturating_mul(512) >= md.size()
+}
+
+#[cfg(not(unix))]
+pub fn fully_allocated(_md: &std::fs::Metadata, _len: usize) -> bool {
+    false
 }
 
 /// Reserves the blocks of the first `len` bytes of an existing file without changing its

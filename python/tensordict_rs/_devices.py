@@ -65,7 +65,14 @@ class DeviceMoves:
             if batch_size is not None:
                 self.batch_size = batch_size
             return self
-        out = map_leaves(tree, move, device=target, check=True)
+        out = None
+        if dtype is None and self._is_memmap and target is not None and target.type == "cuda":
+            # a memory-mapped tree: one device allocation, streamed (see _stream)
+            from ._stream import stream_tree
+
+            out = stream_tree(self, target)
+        if out is None:
+            out = map_leaves(tree, move, device=target, check=True)
         if (
             non_blocking
             and target is not None

@@ -25,8 +25,9 @@ from ._tree import NonTensorData, _LazyLeaf
 if TYPE_CHECKING:
     from .tensordict import TensorDict
 
-# Below this many gathered bytes torch's per-leaf path is as fast (see benches/bench_gather.py:
-# both take a few microseconds per leaf there, and the native call has a fixed cost).
+# Below this many gathered bytes torch's per-leaf path is as fast: re-measured with
+# benches/gather_crossover.py (W4 rows of 12,322 B, 2026-12-01): a tie at 1 row (12 KB), the
+# native call ahead from 2 rows (24 KB) on, so the crossover lies between 12 and 24 KiB.
 MIN_BYTES = 16 << 10
 
 _CPU = torch.device("cpu")

@@ -370,6 +370,13 @@ def load(
                     f"{path / 'meta.json'} was saved for device {device}, which is not available "
                     f"here ({err}); pass device='cpu' to load_memmap to load it on the CPU"
                 ) from None
+    if device is not None and device.type == "cuda":
+        # one device allocation for the whole tree, streamed through pinned staging buffers
+        from ._stream import stream_tree
+
+        moved = stream_tree(_build(cls, node, buffers, path, None, False), device)
+        if moved is not None:
+            return moved  # type: ignore[no-any-return]
     return _build(cls, node, buffers, path, device, non_blocking)
 
 
