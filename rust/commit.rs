@@ -411,7 +411,7 @@ pub fn apply(root: &Dir, journal: &Journal, durable: bool) -> Result<()> {
                         let removed = parent.remove_file(last);
                         #[cfg(windows)]
                         let removed = removed.or_else(|e| match dir::in_use(&e) {
-                            true => move_aside(&stagings, &parent, last),
+                            true => move_aside(&stagings, parent, last),
                             false => Err(e),
                         });
                         removed.map_err(|e| Error::io(join(root.path(), path), e))?;
@@ -764,6 +764,7 @@ mod tests {
         assert!(recover(&root).unwrap());
         assert_eq!(std::fs::read(p.join("sub/inner/x.memmap")).unwrap(), b"new");
         // a staged directory never replaces one that appeared at its name
+        let first = staging;
         let staging = Staging::new(&root).unwrap();
         staging.dir(0).create_dir("d0").unwrap();
         let journal = Journal {
@@ -784,6 +785,8 @@ mod tests {
         std::fs::write(dead.join("d3/meta.json"), b"{}").unwrap();
         sweep(&root);
         assert!(!dead.exists());
+        // both stagings go first: on Windows their lock files live inside them until then
+        drop((first, staging, root));
         std::fs::remove_dir_all(&p).unwrap();
     }
 }

@@ -5,19 +5,29 @@
 //! workers mostly create files in different directories (creates in one directory serialize
 //! on its lock) and do not contend on the counter.
 
-use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::Result;
 
-thread_local! {
-    /// The progress counter of the call this thread works for (see `counting`).
-    static PROGRESS: RefCell<Option<Arc<AtomicU64>>> = const { RefCell::new(None) };
-    /// Bytes this thread has added to its counter, so that `run` credits a job only the part
-    /// of its size that its writes did not already count.
-    static STREAMED: Cell<u64> = const { Cell::new(0) };
+// PROGRESS: the progress counter of the call this thread works for (see `counting`).
+// STREAMED: bytes this thread has added to its counter, so that `run` credits a job only the
+// part of its size that its writes did not already count.
+mod tls {
+    // Clippy 1.96 for the Windows target flags these `const` initializers as missing `const`
+    // (its std expands thread_local! differently there); a module attribute reaches the
+    // expansion, an attribute on the macro call does not.
+    #![cfg_attr(windows, allow(clippy::missing_const_for_thread_local))]
+    use std::cell::{Cell, RefCell};
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+
+    thread_local! {
+        pub(super) static PROGRESS: RefCell<Option<Arc<AtomicU64>>> = const { RefCell::new(None) };
+        pub(super) static STREAMED: Cell<u64> = const { Cell::new(0) };
+    }
 }
+use tls::{PROGRESS, STREAMED};
 
 /// Counted writes go out in pieces of this size: an update every few milliseconds at GB/s,
 /// still several a second on a 30 MB/s disk, for one more `pwrite` per 4 MiB.
