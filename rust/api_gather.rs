@@ -268,7 +268,7 @@ pub fn same_entries(nodes: &Bound<'_, PyList>) -> PyResult<bool> {
             return Ok(false);
         }
         for (i, (k, v)) in items.iter().enumerate() {
-            if !k.is(&keys.get_item(i)?) || !v.is(&values.get_item(i)?) {
+            if !k.is(keys.get_borrowed_item(i)?) || !v.is(values.get_borrowed_item(i)?) {
                 return Ok(false);
             }
         }
