@@ -390,7 +390,7 @@ impl<'py> TreeBuilder<'py, '_> {
         Ok(d)
     }
 
-    fn node(&mut self, node: &ParsedNode) -> PyResult<Bound<'py, PyAny>> {
+    fn node(&mut self, node: &ParsedNode<'_>) -> PyResult<Bound<'py, PyAny>> {
         let py = self.py;
         let made = self.make_node.call1((node.batch.clone(), node.device.clone()))?;
         let td = made.get_item(0)?;
@@ -413,7 +413,7 @@ impl<'py> TreeBuilder<'py, '_> {
                 Parsed::Node(key, sub) => (key, self.node(sub)?),
                 Parsed::Value(key, text) => (key, self.make_value.call1((text,))?),
             };
-            items.set_item(key, value)?;
+            items.set_item(key.as_ref(), value)?;
         }
         let keys = PyTuple::new(py, items.keys())?;
         let values = PyTuple::new(py, items.values())?;
