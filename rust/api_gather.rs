@@ -268,7 +268,7 @@ pub fn same_entries(nodes: &Bound<'_, PyList>) -> PyResult<bool> {
             return Ok(false);
         }
         for (i, (k, v)) in items.iter().enumerate() {
-            if !k.is(&keys.get_item(i)?) || !v.is(&values.get_item(i)?) {
+            if !k.is(keys.get_borrowed_item(i)?) || !v.is(values.get_borrowed_item(i)?) {
                 return Ok(false);
             }
         }
@@ -390,7 +390,7 @@ impl<'py> TreeBuilder<'py, '_> {
         Ok(d)
     }
 
-    fn node(&mut self, node: &ParsedNode) -> PyResult<Bound<'py, PyAny>> {
+    fn node(&mut self, node: &ParsedNode<'_>) -> PyResult<Bound<'py, PyAny>> {
         let py = self.py;
         let made = self.make_node.call1((node.batch.clone(), node.device.clone()))?;
         let td = made.get_item(0)?;
@@ -413,7 +413,7 @@ impl<'py> TreeBuilder<'py, '_> {
                 Parsed::Node(key, sub) => (key, self.node(sub)?),
                 Parsed::Value(key, text) => (key, self.make_value.call1((text,))?),
             };
-            items.set_item(key, value)?;
+            items.set_item(key.as_ref(), value)?;
         }
         let keys = PyTuple::new(py, items.keys())?;
         let values = PyTuple::new(py, items.values())?;
@@ -432,10 +432,11 @@ impl<'py> TreeBuilder<'py, '_> {
 /// at least `total`, populated up front, and each buffer a slice of it), else
 /// `make_leaf(offset, nbytes, dtype, shape)` (and `whole` is None); `make_empty(shape, dtype)`
 /// for leaves without bytes; `make_value(json_text)` for non-tensor values. `dtypes` maps
-/// dtype names to torch dtypes. `nodes` lists `(dict, keys, values)` of every node, for the
-/// tree's copy plan.
+/// dtype names to torch dtypes. `on_buffer(whole, total)`, if given, is called as soon as
+/// `whole` exists, before the tree is built (so that the data can be arriving meanwhile).
+/// `nodes` lists `(dict, keys, values)` of every node, for the tree's copy plan.
 #[pyfunction]
-#[pyo3(signature = (text, capacity, arena, dtypes, make_node, make_leaf, make_empty, make_value))]
+#[pyo3(signature = (text, capacity, arena, dtypes, make_node, make_leaf, make_empty, make_value, on_buffer = None))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn build_packed_tree<'py>(
     py: Python<'py>,
@@ -447,7 +448,13 @@ pub fn build_packed_tree<'py>(
     make_leaf: &Bound<'py, PyAny>,
     make_empty: &Bound<'py, PyAny>,
     make_value: &Bound<'py, PyAny>,
-) -> PyResult<(Bound<'py, PyAny>, usize, Option<Buffer>, Bound<'py, PyList>)> {
+    on_buffer: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(
+    Bound<'py, PyAny>,
+    usize,
+    Option<Bound<'py, Buffer>>,
+    Bound<'py, PyList>,
+)> {
     let (node, total) = py
         .detach(|| packed::parse(text))
         .map_err(crate::error::InvalidTreeError::new_err)?;
@@ -467,6 +474,13 @@ pub fn build_packed_tree<'py>(
     } else {
         None
     };
+    let whole = match &region {
+        Some(r) => Some(Bound::new(py, Buffer::slice(r, 0, capacity))?),
+        None => None,
+    };
+    if let (Some(hook), Some(whole)) = (on_buffer, &whole) {
+        hook.call1((whole, total))?; // a receive can start while the tree is built
+    }
     let mut builder = TreeBuilder {
         py,
         make_node,
@@ -479,7 +493,6 @@ pub fn build_packed_tree<'py>(
         nodes: PyList::empty(py),
     };
     let root = builder.node(&node)?;
-    let whole = builder.region.as_ref().map(|r| Buffer::slice(r, 0, capacity));
     Ok((root, total, whole, builder.nodes))
 }
 

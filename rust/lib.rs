@@ -1,8 +1,8 @@
 //! tensordict-rs native core: memory maps, the memmap directory format, bulk copies.
 //!
 //! `storage`, `shared`, `dir`, `layout`, `parallel`, `save`, `commit`, `load`, `summary`,
-//! `safetensors_io`, `archive`, `archive_zip`, `archive_tree`, `archive_staging` and
-//! `archive_write` are plain Rust (tested by `cargo test`);
+//! `safetensors_io`, `archive`, `archive_zip`, `archive_tree`, `archive_staging`,
+//! `archive_write` and `packed` are plain Rust (tested by `cargo test`);
 //! `buffer`, `api` and `api_shared` are the pyo3 boundary; this file only exports.
 
 // The pyo3 boundary is the `python` feature (on by default; off for the Windows tests).

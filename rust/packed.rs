@@ -152,34 +152,37 @@ pub struct ParsedLeaf {
 
 /// A parsed description's entry, in sorted-key order.
 #[derive(Debug, PartialEq)]
-pub enum Parsed {
-    Leaf(String, ParsedLeaf),
-    Node(String, ParsedNode),
+pub enum Parsed<'a> {
+    Leaf(Cow<'a, str>, ParsedLeaf),
+    Node(Cow<'a, str>, ParsedNode<'a>),
     /// A non-tensor value, as JSON text.
-    Value(String, String),
+    Value(Cow<'a, str>, String),
 }
 
 /// A parsed TensorDict node.
 #[derive(Debug, PartialEq)]
-pub struct ParsedNode {
+pub struct ParsedNode<'a> {
     pub batch: Vec<u64>,
     pub device: Option<String>,
-    pub entries: Vec<Parsed>,
+    pub entries: Vec<Parsed<'a>>,
 }
 
-fn bad(path: &[String], why: impl std::fmt::Display) -> String {
+fn bad<S: AsRef<str>>(path: &[S], why: impl std::fmt::Display) -> String {
     let at = if path.is_empty() {
         "<root>".to_string()
     } else {
-        path.join(".")
+        path.iter().map(AsRef::as_ref).collect::<Vec<&str>>().join(".")
     };
     format!("received tree description, at {at:?}: {why}")
 }
 
 /// Parses and validates a description; returns the tree and the packed size of its leaves.
-pub fn parse(text: &[u8]) -> Result<(ParsedNode, usize), String> {
+pub fn parse(text: &[u8]) -> Result<(ParsedNode<'_>, usize), String> {
     if text.len() > DESCRIPTION_LIMIT {
-        return Err(bad(&[], format!("{} bytes is over the limit", text.len())));
+        return Err(bad::<&str>(
+            &[],
+            format!("{} bytes is over the limit", text.len()),
+        ));
     }
     let path = RefCell::new(Vec::new());
     let mut de = serde_json::Deserializer::from_slice(text);
@@ -188,7 +191,7 @@ pub fn parse(text: &[u8]) -> Result<(ParsedNode, usize), String> {
         .and_then(|field| de.end().map(|()| field))
         .map_err(|e| bad(&path.borrow(), format!("not valid JSON: {e}")))?;
     let Field::Entry(raw) = field else {
-        return Err(bad(&[], "not a TensorDict entry"));
+        return Err(bad::<&str>(&[], "not a TensorDict entry"));
     };
     let mut path = Vec::new();
     let mut end = 0usize;
@@ -200,57 +203,83 @@ pub fn parse(text: &[u8]) -> Result<(ParsedNode, usize), String> {
 /// and the entries of a node. A field name (`shape`, `dtype`, ...) whose value is an object
 /// is a key of the tree like any other.
 #[derive(Default)]
-struct RawEntry {
+struct RawEntry<'de> {
     object: bool,
     shape: Option<Vec<i64>>,
-    device: Option<Option<String>>,
-    dtype: Option<String>,
+    device: Option<Option<Cow<'de, str>>>,
+    dtype: Option<Cow<'de, str>>,
     is_nested: Option<bool>,
-    type_: Option<String>,
+    type_: Option<Cow<'de, str>>,
     data: Option<Value>,
-    entries: Vec<(String, RawEntry)>,
+    entries: Vec<(Cow<'de, str>, RawEntry<'de>)>,
 }
 
 /// Any JSON value of a description, as far as the parser needs to know it.
-enum Field {
-    Entry(RawEntry),
+enum Field<'de> {
+    Entry(RawEntry<'de>),
     Dims(Vec<i64>),
-    Str(String),
+    Str(Cow<'de, str>),
     Bool(bool),
     Null,
     Other,
 }
 
+/// A key of a description, borrowed from the text unless it had escapes.
+struct KeySeed;
+
+impl<'de> DeserializeSeed<'de> for KeySeed {
+    type Value = Cow<'de, str>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Cow<'de, str>, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed {
+    type Value = Cow<'de, str>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Borrowed(s))
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Owned(s.to_string()))
+    }
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Owned(s))
+    }
+}
+
 /// How serde_json (with `arbitrary_precision`) presents a number to `deserialize_any`.
 const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 
-struct EntrySeed<'p> {
-    path: &'p RefCell<Vec<String>>,
+struct EntrySeed<'p, 'de> {
+    path: &'p RefCell<Vec<Cow<'de, str>>>,
 }
 
-impl<'de> DeserializeSeed<'de> for EntrySeed<'_> {
-    type Value = Field;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Field, D::Error> {
+impl<'de> DeserializeSeed<'de> for EntrySeed<'_, 'de> {
+    type Value = Field<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Field<'de>, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl EntrySeed<'_> {
-    fn child<'de, A: MapAccess<'de>>(&self, map: &mut A, key: Cow<'de, str>) -> Result<Field, A::Error> {
-        self.path.borrow_mut().push(key.into_owned());
+impl<'de> EntrySeed<'_, 'de> {
+    fn child<A: MapAccess<'de>>(&self, map: &mut A, key: Cow<'de, str>) -> Result<Field<'de>, A::Error> {
+        self.path.borrow_mut().push(key);
         let field = map.next_value_seed(EntrySeed { path: self.path })?;
         Ok(field)
     }
 }
 
-impl<'de> Visitor<'de> for EntrySeed<'_> {
-    type Value = Field;
+impl<'de> Visitor<'de> for EntrySeed<'_, 'de> {
+    type Value = Field<'de>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a meta.json entry")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Field, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Field<'de>, A::Error> {
         if self.path.borrow().len() > layout::MAX_DEPTH {
             return Err(A::Error::custom(format!(
                 "nested deeper than {}",
@@ -261,7 +290,7 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
             object: true,
             ..RawEntry::default()
         };
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(key) = map.next_key_seed(KeySeed)? {
             let name = key.as_ref();
             if name == NUMBER_TOKEN {
                 // a number, as serde_json's arbitrary_precision hands it to deserialize_any
@@ -281,7 +310,7 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
             }
             let field = self.child(&mut map, key)?;
             let key = self.path.borrow_mut().pop().expect("pushed in child");
-            match (key.as_str(), field) {
+            match (key.as_ref(), field) {
                 ("shape", Field::Dims(d)) => out.shape = Some(d),
                 ("device", Field::Str(d)) => out.device = Some(Some(d)),
                 ("device", Field::Null) => out.device = Some(None),
@@ -295,7 +324,7 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
         Ok(Field::Entry(out))
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Field, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Field<'de>, A::Error> {
         // Lists in a description are shapes (a list of anything else is refused here).
         let mut dims = Vec::new();
         while let Some(d) = seq.next_element::<i64>()? {
@@ -303,27 +332,33 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
         }
         Ok(Field::Dims(dims))
     }
-    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Field, E> {
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Field<'de>, E> {
         Ok(Field::Bool(b))
     }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Field, E> {
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Field<'de>, E> {
         Ok(Field::Other)
     }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Field, E> {
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Field<'de>, E> {
         Ok(Field::Other)
     }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Field, E> {
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Field<'de>, E> {
         Ok(Field::Other)
     }
-    fn visit_str<E: de::Error>(self, s: &str) -> Result<Field, E> {
-        Ok(Field::Str(s.to_string()))
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Field<'de>, E> {
+        Ok(Field::Str(Cow::Owned(s.to_string())))
     }
-    fn visit_unit<E: de::Error>(self) -> Result<Field, E> {
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Field<'de>, E> {
+        Ok(Field::Str(Cow::Borrowed(s)))
+    }
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Field<'de>, E> {
+        Ok(Field::Str(Cow::Owned(s)))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Field<'de>, E> {
         Ok(Field::Null)
     }
 }
 
-fn dims(value: Option<Vec<i64>>, path: &[String], what: &str) -> Result<Vec<u64>, String> {
+fn dims(value: Option<Vec<i64>>, path: &[Cow<'_, str>], what: &str) -> Result<Vec<u64>, String> {
     let Some(items) = value else {
         return Err(bad(path, format!("{what} is missing or not a list")));
     };
@@ -339,12 +374,12 @@ fn dims(value: Option<Vec<i64>>, path: &[String], what: &str) -> Result<Vec<u64>
         })
 }
 
-fn check_node(
-    raw: RawEntry,
+fn check_node<'a>(
+    raw: RawEntry<'a>,
     parent: &[u64],
-    path: &mut Vec<String>,
+    path: &mut Vec<Cow<'a, str>>,
     end: &mut usize,
-) -> Result<ParsedNode, String> {
+) -> Result<ParsedNode<'a>, String> {
     if raw.type_.as_deref() != Some(TD_TYPE) {
         return Err(bad(path, "not a TensorDict entry"));
     }
@@ -373,23 +408,23 @@ fn check_node(
     }
     Ok(ParsedNode {
         batch,
-        device: raw.device.flatten(),
+        device: raw.device.flatten().map(Cow::into_owned),
         entries,
     })
 }
 
-enum Checked {
+enum Checked<'a> {
     Leaf(ParsedLeaf),
-    Node(ParsedNode),
+    Node(ParsedNode<'a>),
     Value(String),
 }
 
-fn check_entry(
-    raw: RawEntry,
+fn check_entry<'a>(
+    raw: RawEntry<'a>,
     batch: &[u64],
-    path: &mut Vec<String>,
+    path: &mut Vec<Cow<'a, str>>,
     end: &mut usize,
-) -> Result<Checked, String> {
+) -> Result<Checked<'a>, String> {
     if !raw.object {
         return Err(bad(path, "entry is not an object"));
     }
@@ -569,7 +604,7 @@ mod tests {
         let Parsed::Leaf(key, leaf) = &parsed.entries[0] else {
             panic!()
         };
-        assert_eq!((key.as_str(), leaf.offset, leaf.nbytes), ("a", 0, 24));
+        assert_eq!((key.as_ref(), leaf.offset, leaf.nbytes), ("a", 0, 24));
         let Parsed::Node(_, inner) = &parsed.entries[1] else {
             panic!()
         };

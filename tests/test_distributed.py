@@ -180,3 +180,23 @@ def test_cuda_trees_over_gloo(tmp_path: Path) -> None:
 )
 def test_nccl_two_gpus(tmp_path: Path) -> None:
     run_job("nccl", ["tensordict_rs"] * 2, tmp_path)
+
+
+def test_description_built_on_another_device() -> None:
+    # The device branch of build (views of one device buffer, no map), on the meta device.
+    from tensordict_rs import _packed
+
+    src = _dist_jobs.tree(__import__("tensordict_rs"), 2)
+    plan = _packed.plan(src)
+    seen = []
+    built, whole = _packed.build(
+        type(src), _packed.describe(src), plan.total, torch.device("meta"), on_buffer=seen.append
+    )
+    assert seen == [whole] and whole.device.type == "meta" and whole.numel() == plan.total
+    for key in src.keys(include_nested=True, leaves_only=True):
+        a, b = src[key], built[key]
+        if isinstance(a, torch.Tensor):
+            assert b.device.type == "meta" and (b.dtype, b.shape) == (a.dtype, a.shape), key
+        else:
+            assert a == b, key
+    assert built.device.type == "meta"

@@ -174,6 +174,25 @@ def recv_packed(plan: _packed.Plan, peer: Peer, tag: int, fresh: bool) -> Pendin
     )
 
 
+def recv_whole(buffer: torch.Tensor, peer: Peer, tag: int) -> Pending:
+    """Posts the receives of a packed tree's pieces straight into ``buffer`` (staged through
+    the peer's device when it lies elsewhere)."""
+    spans = pieces(buffer.numel())
+    if not spans:
+        return Pending([])
+    staged = buffer
+    if buffer.device != peer.device:
+        staged = torch.empty_like(buffer, device=peer.device)
+    works = peer.recv([staged[lo:hi] for lo, hi in spans], [tag + i for i in range(len(spans))])
+    if staged is buffer or not works:
+        return Pending([(w, None) for w in works])
+
+    def unstage() -> None:
+        buffer.copy_(staged)
+
+    return Pending([*((w, None) for w in works), (None, unstage)])
+
+
 def header(description: bytes, total: int, device: torch.device) -> torch.Tensor:
     return torch.tensor([MAGIC, len(description), total], dtype=torch.int64, device=device)
 

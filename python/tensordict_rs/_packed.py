@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import weakref
 from array import array
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -350,8 +351,12 @@ def build(
     total: int,
     device: torch.device | None = None,
     capacity: int | None = None,
+    on_buffer: Callable[[torch.Tensor], Any] | None = None,
 ) -> tuple[Any, torch.Tensor]:
     """A new tree from a description, and the one buffer to receive its ``total`` bytes into.
+
+    ``on_buffer(buffer)`` is called with that buffer as soon as it exists, before the tree is
+    built, with the description already validated (so that a receive can run meanwhile).
 
     On the CPU the leaves are lazy slices of one anonymous map (no tensor is made per leaf
     until it is used); on another device, views of one device buffer. ``capacity`` makes the
@@ -378,7 +383,14 @@ def build(
     node_device: list[torch.device | None] = []
     if target is not None:
         device_buffer.append(torch.empty(capacity or total, dtype=torch.uint8, device=target))
-    td, end, arena, nodes = _native.build_packed_tree(
+    early: list[torch.Tensor] = []
+
+    def arrived(arena: Any, end: int) -> None:
+        early.append(torch.frombuffer(arena, dtype=torch.uint8))
+        if on_buffer is not None and end == total:
+            on_buffer(early[0])
+
+    td, end, _, nodes = _native.build_packed_tree(
         text,
         capacity,
         target is None,
@@ -387,13 +399,16 @@ def build(
         _LazyLeaf if target is None else make_view,
         make_empty,
         make_value,
+        None if target is not None else arrived,
     )
     if end != total:
         raise _bad(f"the leaves hold {end} bytes, but the message holds {total}")
     if target is not None:
-        whole = device_buffer[0]
-    elif arena is not None:
-        whole = torch.frombuffer(arena, dtype=torch.uint8)
+        early.append(device_buffer[0])
+        if on_buffer is not None:
+            on_buffer(early[0])
+    if early:
+        whole = early[0]
     else:
         whole = torch.empty(0, dtype=torch.uint8)
     _remember(td, Plan(td, whole=whole[:total], built=(nodes, None, total)))

@@ -133,16 +133,21 @@ def _reduce_leaves(
 
 
 def _learn(
-    cls: type[Any], comm: torch.device, transmit: Callable[[torch.Tensor], Any], device: Any
+    cls: type[Any],
+    comm: torch.device,
+    transmit: Callable[[torch.Tensor], Any],
+    device: Any,
+    on_buffer: Callable[[torch.Tensor], Any] | None = None,
 ) -> tuple[Any, torch.Tensor]:
-    """The receiving side of a description: header, JSON, then the new tree and its buffer."""
+    """The receiving side of a description: header, JSON, then the new tree and its buffer
+    (``on_buffer`` is called with it before the tree is built: see ``_packed.build``)."""
     received = torch.empty(3, dtype=torch.int64, device=comm)
     transmit(received)
     length, total = wire.check_header(received)
     text = torch.empty(length, dtype=torch.uint8, device=comm)
     transmit(text)
     target = None if device is None else torch.device(device)
-    return _packed.build(cls, text.cpu().numpy().tobytes(), total, target)
+    return _packed.build(cls, text.cpu().numpy().tobytes(), total, target, on_buffer=on_buffer)
 
 
 def _announce(td: Any, comm: torch.device, transmit: Callable[[torch.Tensor], Any]) -> _packed.Plan:
@@ -310,8 +315,17 @@ class Distributed:
         peer = Peer(src, group, None, "src", "group_src")
         if device is not None:
             peer.device = torch.device(device)
-        td, _ = _learn(cls, peer.device, lambda t: dist.recv(t, src=src, group=group), device)
-        wire.recv_packed(_packed.plan(td), peer, 0, fresh=False).wait()
+        pending: list[Pending] = []
+
+        def receive(whole: torch.Tensor) -> None:  # the data arrives while the tree is built
+            pending.append(wire.recv_whole(whole, peer, 0))
+
+        def transmit(t: torch.Tensor) -> Any:
+            return dist.recv(t, src=src, group=group)
+
+        td, _ = _learn(cls, peer.device, transmit, device, receive)
+        for p in pending:
+            p.wait()
         return td  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ collectives
@@ -332,8 +346,17 @@ class Distributed:
             if plan.total:
                 transmit(wire.to(plan.pack(), comm))
             return self
-        td, whole = _learn(type(self), comm, transmit, device)
-        wire.receive_into(whole, comm, transmit)
+        works: list[Any] = []
+
+        def receive(whole: torch.Tensor) -> None:  # the data arrives while the tree is built
+            if whole.device == comm:
+                works.append(dist.broadcast(whole, src=src, group=group, async_op=True))
+
+        td, whole = _learn(type(self), comm, transmit, device, receive)
+        if works:
+            wire.wait_all(works)
+        else:
+            wire.receive_into(whole, comm, transmit)
         return td  # type: ignore[no-any-return]
 
     def all_reduce(
