@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import _gather, _index, _safetensors
+from . import _index, _safetensors
 from ._devices import DeviceMoves, _normalize_device
 from ._locking import Lockable, locked_error
 from ._persistence import MemoryMapped
@@ -18,9 +18,10 @@ from ._repr import compact_repr
 from ._sharing import Shareable, register
 from ._tree import NonTensorData, TreeNode, _LazyLeaf
 from ._typed_ops import _PointwiseTypes
-from ._walk import KeyList, map_leaves, walk_items, zip_leaves
+from ._walk import KeyList, map_leaves, walk_items
 from .distributed import Distributed
 from .ops import apply as _apply
+from .ops import indexing as _indexing
 from .ops import keys as _keys
 from .ops import pointwise as _pointwise
 from .ops import shape as _shape
@@ -373,43 +374,10 @@ class TensorDict(
         ):
             self.set(index, value)
             return
-        items = _index.normalize(index, self.batch_dims)
-        _index.indexed_batch_size(self._batch_size, items)  # out-of-range rows: IndexError
-        if isinstance(value, (TensorDict, Mapping)):
-            for key, sub_value in _pairs(value):
-                if key not in self._tensordict:
-                    self._preallocate(key, sub_value, items)
-                target = self._get_str(key)
-                if isinstance(target, TensorDict):
-                    target[items] = sub_value
-                elif isinstance(target, NonTensorData):
-                    continue
-                else:
-                    target[items] = sub_value
-            return
-        for key in list(self._tensordict):
-            target = self._get_str(key)
-            if not isinstance(target, NonTensorData):
-                target[items] = value
+        self._set_rows(index, value)
 
-    def _preallocate(self, key: str, value: Any, items: tuple[Any, ...]) -> None:
-        """A new zero-filled entry for ``td[items] = {key: value}`` (tensordict's lazy
-        preallocation): the batch size of ``self``, then ``value``'s own dims and dtype."""
-        if self._is_locked:
-            raise locked_error()
-        rows = len(_index.indexed_batch_size(self._batch_size, items))
-        if isinstance(value, (TensorDict, Mapping)):
-            extra = value.batch_size[rows:] if isinstance(value, TensorDict) else ()
-            batch = torch.Size([*self._batch_size, *extra])
-            self._tensordict[key] = TensorDict._new_unchecked(batch, self._device)
-            return
-        leaf = _keys.leaf_value(value)
-        if isinstance(leaf, NonTensorData):
-            self._tensordict[key] = NonTensorData(leaf.data)
-            return
-        device = self._device if self._device is not None else leaf.device
-        shape = (*self._batch_size, *leaf.shape[rows:])
-        self._tensordict[key] = torch.zeros(shape, dtype=leaf.dtype, device=device)
+    _set_rows = _indexing.set_rows
+    _preallocate = _indexing.preallocate
 
     def __delitem__(self, key: Key) -> None:
         if self._is_locked:
@@ -513,60 +481,8 @@ class TensorDict(
 
     # ------------------------------------------------------------------ batch indexing
 
-    def _index(self, index: Any) -> TensorDict:
-        rows = _index.row_index(index)
-        if rows is not None and self.batch_dims >= 1:
-            gathered = _gather.gather(self, rows)  # one native call for CPU trees
-            if gathered is not None:
-                return gathered
-            # index_select refuses negative rows; wrap them like tensor indexing does.
-            size = self._batch_size[0]
-            if rows.numel():
-                low, high = (int(v) for v in torch.aminmax(rows))
-                if low < -size or high >= size:
-                    bad = high if high >= size else low
-                    raise IndexError(
-                        f"index {bad} is out of bounds for dimension 0 with size {size}"
-                    )
-            rows = torch.where(rows < 0, rows + size, rows)
-            batch = torch.Size([rows.numel(), *self._batch_size[1:]])
-            return map_leaves(
-                self, lambda t: torch.index_select(t, 0, rows.to(t.device)), batch_size=batch
-            )
-        # A view of rows is a new, unlocked tree, never a saved one (as tensordict's td[1:]).
-        items = _index.normalize(index, self.batch_dims)
-        batch = _index.indexed_batch_size(self._batch_size, items)
-        out = map_leaves(self, lambda t: t[items], batch_size=batch)
-        if self._is_shared and all(i is None or isinstance(i, (int, slice)) for i in items):
-            out._mark_shared()  # a view of shared memory is shared (tensordict's td[0], td[1:])
-        return out
-
-    def index_select(
-        self, dim: int, index: torch.Tensor, *, out: TensorDict | None = None
-    ) -> TensorDict:
-        """Gathers rows ``index`` of batch dim ``dim`` from every leaf with ``torch.index_select``.
-
-        With ``out`` (a TensorDict of the result's shape, e.g. from a previous call) the rows are
-        written into its tensors and no memory is allocated: the training-loop form.
-        """
-        index = index if index.dtype == torch.int64 else index.long()
-        if dim < 0:
-            dim += self.batch_dims
-        if dim == 0:
-            gathered = _gather.gather(self, index, out)  # one native call for CPU trees
-            if gathered is not None:
-                return gathered
-        if out is None:
-            batch = list(self._batch_size)
-            batch[dim] = index.numel()
-            return map_leaves(
-                self, lambda t: torch.index_select(t, dim, index.to(t.device)), batch_size=batch
-            )
-        for leaf, target in zip_leaves(self, out):
-            torch.index_select(
-                leaf, dim, index if leaf.is_cpu else index.to(leaf.device), out=target
-            )
-        return out
+    _index = _indexing.index
+    index_select = _indexing.index_select
 
     # ------------------------------------------------------------------ comparisons (ops/pointwise)
 
@@ -646,10 +562,4 @@ for _name, _method in {**_pointwise.methods(), **_pointwise.CASTS}.items():
     setattr(TensorDict, _name, _method)
 
 
-def _pairs(source: Mapping[str, Any] | TensorDict) -> Iterator[tuple[str, Any]]:
-    if isinstance(source, TensorDict):
-        for key in list(source._tensordict):
-            value = source._get_str(key)
-            yield key, value
-    else:
-        yield from source.items()
+_pairs = _indexing.pairs

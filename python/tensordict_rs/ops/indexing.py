@@ -1,0 +1,137 @@
+"""Batch indexing: ``td[rows]``, ``td[rows] = value`` and ``index_select`` (bound onto
+TensorDict as ``_index``, ``_set_rows``, ``_preallocate`` and ``index_select``).
+
+Row gathers of CPU trees are one native call (``_gather``); other indexes go leaf by leaf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import _gather
+from .. import _index as _items
+from .._locking import locked_error
+from .._tree import NonTensorData
+from .._walk import is_tree, map_leaves, zip_leaves
+from . import keys as _keys
+
+if TYPE_CHECKING:
+    from ..tensordict import TensorDict
+
+
+def pairs(source: Any) -> Iterator[tuple[str, Any]]:
+    """The top-level ``(key, value)`` pairs of a TensorDict (lazy leaves made) or a mapping."""
+    if is_tree(source):
+        for key in list(source._tensordict):
+            value = source._get_str(key)
+            yield key, value
+    else:
+        yield from source.items()
+
+
+def index(td: TensorDict, index: Any) -> TensorDict:
+    """``td[index]`` for a batch index (see ``TensorDict.__getitem__``)."""
+    rows = _items.row_index(index)
+    if rows is not None and td.batch_dims >= 1:
+        gathered = _gather.gather(td, rows)  # one native call for CPU trees
+        if gathered is not None:
+            return gathered
+        # index_select refuses negative rows; wrap them like tensor indexing does.
+        size = td._batch_size[0]
+        if rows.numel():
+            low, high = (int(v) for v in torch.aminmax(rows))
+            if low < -size or high >= size:
+                bad = high if high >= size else low
+                raise IndexError(f"index {bad} is out of bounds for dimension 0 with size {size}")
+        rows = torch.where(rows < 0, rows + size, rows)
+        batch = torch.Size([rows.numel(), *td._batch_size[1:]])
+        return map_leaves(
+            td, lambda t: torch.index_select(t, 0, rows.to(t.device)), batch_size=batch
+        )
+    # A view of rows is a new, unlocked tree, never a saved one (as tensordict's td[1:]).
+    items = _items.normalize(index, td.batch_dims)
+    batch = _items.indexed_batch_size(td._batch_size, items)
+    out = map_leaves(td, lambda t: t[items], batch_size=batch)
+    if td._is_shared and all(i is None or isinstance(i, (int, slice)) for i in items):
+        out._mark_shared()  # a view of shared memory is shared (tensordict's td[0], td[1:])
+    return out
+
+
+def set_rows(td: TensorDict, index: Any, value: Any) -> None:
+    """``td[index] = value`` for a batch index (see ``TensorDict.__setitem__``)."""
+    items = _items.normalize(index, td.batch_dims)
+    _items.indexed_batch_size(td._batch_size, items)  # out-of-range rows: IndexError
+    if is_tree(value) or isinstance(value, Mapping):
+        for key, sub_value in pairs(value):
+            if key not in td._tensordict:
+                td._preallocate(key, sub_value, items)
+            target = td._get_str(key)
+            if is_tree(target):
+                target[items] = sub_value
+            elif isinstance(target, NonTensorData):
+                continue
+            else:
+                target[items] = sub_value
+        return
+    for key in list(td._tensordict):
+        target = td._get_str(key)
+        if not isinstance(target, NonTensorData):
+            target[items] = value
+
+
+def preallocate(td: TensorDict, key: str, value: Any, items: tuple[Any, ...]) -> None:
+    """A new zero-filled entry for ``td[items] = {key: value}`` (tensordict's lazy
+    preallocation): the batch size of ``td``, then ``value``'s own dims and dtype."""
+    if td._is_locked:
+        raise locked_error()
+    rows = len(_items.indexed_batch_size(td._batch_size, items))
+    if is_tree(value) or isinstance(value, Mapping):
+        extra = value.batch_size[rows:] if is_tree(value) else ()
+        batch = torch.Size([*td._batch_size, *extra])
+        td._tensordict[key] = type(td)._new_unchecked(batch, td._device)
+        return
+    leaf = _keys.leaf_value(value)
+    if isinstance(leaf, NonTensorData):
+        td._tensordict[key] = NonTensorData(leaf.data)
+        return
+    device = td._device if td._device is not None else leaf.device
+    shape = (*td._batch_size, *leaf.shape[rows:])
+    td._tensordict[key] = torch.zeros(shape, dtype=leaf.dtype, device=device)
+
+
+def index_select(
+    td: TensorDict, dim: int, index: torch.Tensor, *, out: TensorDict | None = None
+) -> TensorDict:
+    """Gathers rows ``index`` of batch dim ``dim`` from every leaf with ``torch.index_select``.
+
+    With ``out`` (a TensorDict of the result's shape, e.g. from a previous call) the rows are
+    written into its tensors and no memory is allocated: the training-loop form.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(8).reshape(4, 2), "b": {"c": torch.arange(4)}}, [4])
+    >>> rows = td.index_select(0, torch.tensor([3, 0]))
+    >>> rows["a"].tolist(), rows["b", "c"].tolist()
+    ([[6, 7], [0, 1]], [3, 0])
+    >>> td.index_select(0, torch.tensor([1, 2]), out=rows)["b", "c"].tolist()  # no allocation
+    [1, 2]
+    """
+    index = index if index.dtype == torch.int64 else index.long()
+    if dim < 0:
+        dim += td.batch_dims
+    if dim == 0:
+        gathered = _gather.gather(td, index, out)  # one native call for CPU trees
+        if gathered is not None:
+            return gathered
+    if out is None:
+        batch = list(td._batch_size)
+        batch[dim] = index.numel()
+        return map_leaves(
+            td, lambda t: torch.index_select(t, dim, index.to(t.device)), batch_size=batch
+        )
+    for leaf, target in zip_leaves(td, out):
+        torch.index_select(leaf, dim, index if leaf.is_cpu else index.to(leaf.device), out=target)
+    return out
