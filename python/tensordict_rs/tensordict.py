@@ -131,7 +131,14 @@ class TensorDict(
 
     @property
     def batch_size(self) -> torch.Size:
-        """The leading dimensions shared by every entry."""
+        """The leading dimensions shared by every entry.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2, 3)}, [2, 3])
+        >>> td.batch_size = [2]  # any leading dims of every entry
+        >>> td.batch_size
+        torch.Size([2])
+        """
         return self._batch_size
 
     @batch_size.setter
@@ -147,23 +154,44 @@ class TensorDict(
 
     @property
     def shape(self) -> torch.Size:
-        """Same as ``batch_size``."""
+        """Same as ``batch_size``.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> TensorDict({"a": torch.zeros(2, 3)}, [2]).shape
+        torch.Size([2])
+        """
         return self._batch_size
 
     @property
     def batch_dims(self) -> int:
-        """Number of batch dimensions."""
+        """Number of batch dimensions.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2, 3)}, [2, 3])
+        >>> td.batch_dims, td.ndim
+        (2, 2)
+        """
         return len(self._batch_size)
 
     ndim = batch_dims
 
     def dim(self) -> int:
-        """Number of batch dimensions (same as ``batch_dims``)."""
+        """Number of batch dimensions (same as ``batch_dims``).
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> TensorDict({"a": torch.zeros(2, 3)}, [2, 3]).dim()
+        2
+        """
         return len(self._batch_size)
 
     @property
     def names(self) -> list[None]:
-        """Names of the batch dims: always None here (tensordict-rs does not name dims)."""
+        """Names of the batch dims: always None here (tensordict-rs does not name dims).
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> TensorDict({"a": torch.zeros(2, 3)}, [2, 3]).names
+        [None, None]
+        """
         return [None] * len(self._batch_size)
 
     @names.setter
@@ -174,12 +202,24 @@ class TensorDict(
             )
 
     def numel(self) -> int:
-        """Number of elements of the batch (product of ``batch_size``)."""
+        """Number of elements of the batch (product of ``batch_size``).
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> TensorDict({"a": torch.zeros(2, 3)}, [2, 3]).numel()
+        6
+        """
         return self._batch_size.numel()
 
     @property
     def device(self) -> torch.device | None:
-        """The device of every entry, or None when entries may be on different devices."""
+        """The device of every entry, or None when entries may be on different devices.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> TensorDict({"a": torch.zeros(2)}, [2], device="cpu").device
+        device(type='cpu')
+        >>> TensorDict({"a": torch.zeros(2)}, [2]).device is None
+        True
+        """
         return self._device
 
     @device.setter
@@ -188,12 +228,22 @@ class TensorDict(
 
     @property
     def is_cuda(self) -> bool:
-        """True when the TensorDict's device is a CUDA device."""
+        """True when the TensorDict's device is a CUDA device.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> TensorDict({}, [], device="cpu").is_cuda
+        False
+        """
         return self._device is not None and self._device.type == "cuda"
 
     @property
     def is_cpu(self) -> bool:
-        """True when the TensorDict's device is the CPU."""
+        """True when the TensorDict's device is the CPU.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> TensorDict({}, [], device="cpu").is_cpu, TensorDict({}, []).is_cpu
+        (True, False)
+        """
         return self._device is not None and self._device.type == "cpu"
 
     # ------------------------------------------------------------------ entries
@@ -280,7 +330,13 @@ class TensorDict(
 
     def get(self, key: Key, default: Any = _NO_DEFAULT) -> Any:
         """The entry at ``key`` (a str or a tuple of str for nested entries); a non-tensor entry
-        comes as its ``NonTensorData`` (``td[key]`` gives the value itself)."""
+        comes as its ``NonTensorData`` (``td[key]`` gives the value itself).
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
+        >>> td.get(("b", "c")), td.get("missing", "default")
+        (tensor([1., 1.]), 'default')
+        """
         path = _as_key(key)
         try:
             td = self._sub(path[:-1], create=False)
@@ -302,6 +358,11 @@ class TensorDict(
 
         On a locked TensorDict only ``inplace=True`` on an existing key works: it copies into
         the existing tensor (and so into its memory map).
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({}, [2]).set(("b", "c"), torch.ones(2))  # makes td["b"]
+        >>> td.lock_().set(("b", "c"), torch.zeros(2), inplace=True)["b", "c"]
+        tensor([0., 0.])
         """
         path = _as_key(key)
         td = self._sub(path[:-1], create=True)  # a missing parent on a locked td: lock error
@@ -312,7 +373,14 @@ class TensorDict(
         return self
 
     def set_(self, key: Key, value: Any) -> TensorDict:
-        """Copies ``value`` into the existing entry at ``key``; works on locked TensorDicts."""
+        """Copies ``value`` into the existing entry at ``key``; works on locked TensorDicts.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2)}, [2], lock=True)
+        >>> a = td["a"]
+        >>> td.set_("a", torch.ones(2))["a"] is a, a
+        (True, tensor([1., 1.]))
+        """
         path = _as_key(key)
         td = self._sub(path[:-1], create=False)
         if path[-1] not in td._tensordict:
@@ -342,7 +410,13 @@ class TensorDict(
         clone: bool = False,
         inplace: bool = False,
     ) -> TensorDict:
-        """Sets every entry of ``input_dict`` (nested mappings update nested TensorDicts)."""
+        """Sets every entry of ``input_dict`` (nested mappings update nested TensorDicts).
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.zeros(2)}}, [2])
+        >>> td.update({"b": {"d": torch.ones(2)}}).keys(include_nested=True)
+        ['a', ('b', 'c'), ('b', 'd'), 'b']
+        """
         for key, value in _pairs(input_dict):
             if isinstance(value, (Mapping, TensorDict)) and isinstance(
                 self._tensordict.get(key), TensorDict
@@ -355,12 +429,26 @@ class TensorDict(
         return self
 
     def update_(self, input_dict: Mapping[str, Any] | TensorDict) -> TensorDict:
-        """Copies every entry of ``input_dict`` into the existing entries (works when locked)."""
+        """Copies every entry of ``input_dict`` into the existing entries (works when locked).
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2)}, [2], lock=True)
+        >>> td.update_({"a": torch.ones(2)})["a"]
+        tensor([1., 1.])
+        """
         for key, value in _pairs(input_dict):
             self.set_(key, value)
         return self
 
     def __getitem__(self, index: Any) -> Any:
+        """An entry (a str or tuple of str key) or the rows of a batch index (int, slice,
+        tensor, ...); a non-tensor entry comes as its value.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(4), "b": {"c": torch.arange(4) * 10}}, [4])
+        >>> td["b", "c"], td[1:3]["a"], td[torch.tensor([3, 0])]["a"]
+        (tensor([ 0, 10, 20, 30]), tensor([1, 2]), tensor([3, 0]))
+        """
         if isinstance(index, str) or (
             isinstance(index, tuple) and not _index.is_batch_index(index)
         ):
@@ -369,6 +457,17 @@ class TensorDict(
         return self._index(index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
+        """Sets an entry (a key) or writes into the rows of a batch index (a value for every
+        leaf, or a mapping / TensorDict of entries, new ones zero-filled elsewhere).
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(3)}, [3])
+        >>> td["b"] = torch.ones(3)
+        >>> td[1:] = 2.0
+        >>> td[0] = {"a": 5.0}
+        >>> td["a"], td["b"]
+        (tensor([5., 2., 2.]), tensor([1., 2., 2.]))
+        """
         if isinstance(index, str) or (
             isinstance(index, tuple) and not _index.is_batch_index(index)
         ):
@@ -386,7 +485,13 @@ class TensorDict(
         del self._sub(path[:-1], create=False)._tensordict[path[-1]]
 
     def pop(self, key: Key, default: Any = _NO_DEFAULT) -> Any:
-        """Removes ``key`` and returns its value (``default`` when missing and given)."""
+        """Removes ``key`` and returns its value (``default`` when missing and given).
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2), "b": torch.ones(2)}, [2])
+        >>> td.pop("b"), td.pop("x", None), td.keys()
+        (tensor([1., 1.]), None, ['a'])
+        """
         try:
             value = self.get(key)
         except KeyError:
@@ -397,18 +502,36 @@ class TensorDict(
         return value
 
     def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Key]:
-        """Entry keys in insertion order; nested keys are tuples with ``include_nested``."""
+        """Entry keys in insertion order; nested keys are tuples with ``include_nested``.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
+        >>> td.keys(), td.keys(include_nested=True, leaves_only=True)
+        (['a', 'b'], ['a', ('b', 'c')])
+        """
         keys = (k for k, _ in walk_items(self, include_nested, leaves_only, materialize=False))
         return KeyList(keys)
 
     def values(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
-        """Entry values, in the order of ``keys``."""
+        """Entry values, in the order of ``keys``.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
+        >>> td.values(include_nested=True, leaves_only=True)
+        [tensor([0., 0.]), tensor([1., 1.])]
+        """
         return [v for _, v in walk_items(self, include_nested, leaves_only)]
 
     def items(
         self, include_nested: bool = False, leaves_only: bool = False
     ) -> list[tuple[Key, Any]]:
-        """``(key, value)`` pairs, in the order of ``keys``."""
+        """``(key, value)`` pairs, in the order of ``keys``.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
+        >>> [(key, value.tolist()) for key, value in td.items(True, leaves_only=True)]
+        [('a', [0.0, 0.0]), (('b', 'c'), [1.0, 1.0])]
+        """
         return list(walk_items(self, include_nested, leaves_only))
 
     def __contains__(self, key: object) -> bool:
@@ -457,7 +580,12 @@ class TensorDict(
 
     @property
     def sorted_keys(self) -> list[str]:
-        """The top-level keys, sorted."""
+        """The top-level keys, sorted.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> TensorDict({"b": torch.zeros(2), "a": torch.ones(2)}, [2]).sorted_keys
+        ['a', 'b']
+        """
         return sorted(self._tensordict)
 
     from_dict = classmethod(_keys.from_dict)
@@ -520,7 +648,13 @@ class TensorDict(
     # operators (+, +=, -, <, ~, ...) and the casts float(), int(), bool(), ...: set below
 
     def clone(self, recurse: bool = True) -> TensorDict:
-        """A copy; with ``recurse`` (default) every tensor is copied too (to plain tensors)."""
+        """A copy; with ``recurse`` (default) every tensor is copied too (to plain tensors).
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2)}, [2])
+        >>> td.clone()["a"] is td["a"], td.clone(recurse=False)["a"] is td["a"]
+        (False, True)
+        """
         if recurse:
             return map_leaves(self, lambda t: t.clone().as_subclass(torch.Tensor))
         return map_leaves(self, lambda t: t)
