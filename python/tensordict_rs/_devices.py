@@ -93,7 +93,15 @@ class DeviceMoves:
                 value._set_device_tree(device)
 
     def cuda(self, device: Any = None, **kwargs: Any) -> Self:
-        """``to("cuda")`` (or ``to(f"cuda:{device}")``)."""
+        """``to("cuda")`` (or ``to(f"cuda:{device}")``).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2)}, [2])
+        >>> moved = td.cuda(0) if torch.cuda.is_available() else None  # needs a CUDA device
+        >>> moved is None or (moved.device, moved["a"].device) == (torch.device("cuda", 0),) * 2
+        True
+        """
         return self.to(
             torch.device("cuda")
             if device is None

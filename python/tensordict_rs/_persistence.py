@@ -101,7 +101,14 @@ class MemoryMapped:
 
     @property
     def saved_path(self) -> Path | None:
-        """The directory of a memory-mapped TensorDict (None when anonymous)."""
+        """The directory of a memory-mapped TensorDict (None when anonymous).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2)}, [2])
+        >>> td.memmap_(prefix="saved").saved_path.name, td.memmap().saved_path
+        ('saved', None)
+        """
         if not self._is_memmap:
             raise AttributeError(
                 f"The tensordict has no saved path (memmap=False, path={self._memmap_prefix})."

@@ -354,7 +354,15 @@ class Shareable:
     def pin_memory(self, num_threads: int | None = None, inplace: bool = False) -> Any:
         """A copy with every tensor in pinned (page-locked) memory, for fast, asynchronous
         copies to an accelerator; ``inplace=True`` replaces the leaves of self instead.
-        ``num_threads`` is accepted for tensordict's signature."""
+        ``num_threads`` is accepted for tensordict's signature.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
+        >>> pinned = td.pin_memory() if torch.cuda.is_available() else None  # needs CUDA
+        >>> pinned is None or (pinned["a"].is_pinned() and pinned["b", "c"].is_pinned())
+        True
+        """
         del num_threads
         if not inplace:
             return self.apply(lambda t: t.pin_memory())

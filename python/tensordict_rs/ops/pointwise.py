@@ -635,10 +635,24 @@ def no_bool(td: TensorDict) -> bool:
 
 
 def all_true(td: TensorDict) -> bool:
-    """True when every element of every leaf is true."""
+    """True when every element of every leaf is true.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.tensor([True, False]), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.all(), td.select("b").all()
+    (False, True)
+    """
     return all(bool(leaf.all()) for _, _, leaf in leaves(td))
 
 
 def any_true(td: TensorDict) -> bool:
-    """True when some element of some leaf is true."""
+    """True when some element of some leaf is true.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.tensor([True, False]), "b": {"c": torch.zeros(2)}}, [2])
+    >>> td.any(), td.select("b").any()
+    (True, False)
+    """
     return any(bool(leaf.any()) for _, _, leaf in leaves(td))
