@@ -199,6 +199,13 @@ class Distributed:
         ``consolidated=True`` the whole tree is one packed message (leaves gathered by the
         Rust core, no ``consolidate()`` needed); the receiver passes ``consolidated=True``
         too. ``group_dst`` is a rank in ``group`` instead of a global rank.
+
+        Not run here: a point-to-point call needs a second rank (the README's torch.distributed
+        recipe runs one).
+
+        >>> td = TensorDict(w=torch.ones(3), b={"c": torch.zeros(1)})  # doctest: +SKIP
+        >>> td.send(1)  # on rank 0; rank 1 calls out.recv(0)  # doctest: +SKIP
+        >>> td.send(1, consolidated=True)  # rank 1: recv(0, consolidated=True)  # doctest: +SKIP
         """
         peer = Peer(dst, group, group_dst, "dst", "group_dst")
         works, _ = _send(self, peer, init_tag, pseudo_rand, consolidated, fresh=False)
@@ -217,6 +224,15 @@ class Distributed:
         """Receives what ``send`` sends, written into this tree's leaves (and memory maps).
 
         Returns the tag of the last leaf, or None with ``consolidated=True``.
+
+        Not run here: a point-to-point call needs a second rank (the README's torch.distributed
+        recipe runs one).
+
+        >>> out = TensorDict(w=torch.zeros(3), b={"c": torch.zeros(1)})  # doctest: +SKIP
+        >>> out.recv(0)  # on rank 1, while rank 0 calls td.send(1)  # doctest: +SKIP
+        1
+        >>> out["w"]  # doctest: +SKIP
+        tensor([1., 1., 1.])
         """
         peer = Peer(src, group, group_src, "src", "group_src")
         works, tag = _recv(self, peer, init_tag, pseudo_rand, consolidated, fresh=False)
@@ -238,6 +254,13 @@ class Distributed:
 
         Waits for them unless ``return_early`` (then returns the ``Work`` objects: wait on
         each before changing the tree). Returns the last tag, or None with ``consolidated``.
+
+        Not run here: a point-to-point call needs a second rank (the README's torch.distributed
+        recipe runs one).
+
+        >>> td = TensorDict(w=torch.ones(3), b={"c": torch.zeros(1)})  # doctest: +SKIP
+        >>> works = td.isend(1, return_early=True)  # rank 1: out.irecv(0)  # doctest: +SKIP
+        >>> for work in works: work.wait()  # doctest: +SKIP
         """
         peer = Peer(dst, group, group_dst, "dst", "group_dst")
         works, tag = _send(self, peer, init_tag, pseudo_rand, consolidated, fresh=return_early)
@@ -261,6 +284,15 @@ class Distributed:
 
         Waits for them unless ``return_premature`` (then returns objects to ``wait()`` on
         before reading the tree).
+
+        Not run here: a point-to-point call needs a second rank (the README's torch.distributed
+        recipe runs one).
+
+        >>> out = TensorDict(w=torch.zeros(3), b={"c": torch.zeros(1)})  # doctest: +SKIP
+        >>> pending = out.irecv(0, return_premature=True)  # rank 0: td.isend(1)  # doctest: +SKIP
+        >>> for p in pending: p.wait()  # doctest: +SKIP
+        >>> out["w"]  # doctest: +SKIP
+        tensor([1., 1., 1.])
         """
         peer = Peer(src, group, group_src, "src", "group_src")
         fresh = return_premature
@@ -284,6 +316,13 @@ class Distributed:
         The structure travels as the JSON description of meta.json (no pickle), the values
         as one packed message. Later batches go with ``send(consolidated=True)`` into the
         tree that ``from_remote_init`` returned. ``use_broadcast=True`` calls ``broadcast``.
+
+        Not run here: a point-to-point call needs a second rank (the README's torch.distributed
+        recipe runs one).
+
+        >>> td = TensorDict(w=torch.ones(3), b={"c": torch.zeros(1)})  # doctest: +SKIP
+        >>> td.init_remote(dst=1)  # rank 1: TensorDict.from_remote_init(src=0)  # doctest: +SKIP
+        >>> td.send(1, consolidated=True)  # later batches, into that tree  # doctest: +SKIP
         """
         if use_broadcast:
             self.broadcast(src=dist.get_rank(group=group), group=group, device=device)
@@ -309,6 +348,14 @@ class Distributed:
 
         Its leaves lie in one buffer (lazy slices of one anonymous map on the CPU), so
         ``recv(consolidated=True)`` into it writes that buffer directly, with no copy.
+
+        Not run here: a point-to-point call needs a second rank (the README's torch.distributed
+        recipe runs one).
+
+        >>> out = TensorDict.from_remote_init(src=0)  # rank 0: init_remote(1)  # doctest: +SKIP
+        >>> out["w"]  # slices of one anonymous map  # doctest: +SKIP
+        MemoryMappedTensor([1., 1., 1.])
+        >>> out.recv(0, consolidated=True)  # the next batches, no copy  # doctest: +SKIP
         """
         if use_broadcast:
             return cls().broadcast(src=src, group=group, device=device)  # type: ignore[no-any-return]
@@ -395,6 +442,16 @@ class Distributed:
 
         Other ranks' values are undefined afterwards. With ``async_op`` and
         ``return_premature`` the pending objects are returned.
+
+        >>> import tempfile, torch, torch.distributed as dist
+        >>> from tensordict_rs import TensorDict
+        >>> store = tempfile.NamedTemporaryFile(delete=False).name
+        >>> dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        >>> td = TensorDict({"w": torch.ones(3), "b": {"c": torch.zeros(1)}}, [])
+        >>> td.reduce(0)  # the sum over the ranks (here one), into rank 0's tree
+        >>> td["w"]
+        tensor([1., 1., 1.])
+        >>> dist.destroy_process_group()
         """
         op = dist.ReduceOp.SUM if op is None else op
 
@@ -447,6 +504,15 @@ class Distributed:
 
         Every rank calls it; rank ``dst``'s tree has one row per other rank. Returns
         ``self`` on ``dst``, None elsewhere.
+
+        >>> import tempfile, torch, torch.distributed as dist
+        >>> from tensordict_rs import TensorDict
+        >>> store = tempfile.NamedTemporaryFile(delete=False).name
+        >>> dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        >>> rows = TensorDict({"w": torch.zeros(0, 3)}, [0])  # one row per other rank: none
+        >>> rows.gather_and_stack(0) is rows
+        True
+        >>> dist.destroy_process_group()
         """
         comm = wire.comm_device(group)
         world = dist.get_world_size(group=group)
