@@ -87,6 +87,24 @@ EXAMPLES = [
             "where"
         ).split()
     ),
+    # entries, shape and device, indexing (tensordict.py, ops/indexing), devices, sharing
+    *(
+        f"TensorDict.{name}"
+        for name in (
+            "keys values items get set set_ update update_ pop clone numel dim batch_size "
+            "batch_dims ndim shape names device is_cuda is_cpu sorted_keys index_select "
+            "__getitem__ __setitem__ cuda swapaxes swapdims all any pin_memory saved_path"
+        ).split()
+    ),
+    # torch.distributed: point to point (shown, not run: they need a second rank), reduce,
+    # gather_and_stack; all_gather and broadcast are shown by the group's class docstring
+    *(
+        f"TensorDict.{name}"
+        for name in (
+            "send recv isend irecv init_remote from_remote_init reduce gather_and_stack "
+            "all_gather broadcast"
+        ).split()
+    ),
 ]
 
 
