@@ -268,6 +268,40 @@ def reduce_memmap_tensor(t: MemoryMappedTensor) -> tuple[Any, ...]:
     )
 
 
+def getstate(td: TensorDict) -> dict[str, Any]:
+    """TensorDict's pickled state (``__getstate__``): the entries (lazy leaves made), batch
+    size, device, lock and memory-map flags; the leaves pickle themselves (see ``register``)."""
+    items = {}
+    for key in list(td._tensordict):
+        items[key] = td._get_str(key)
+    return {
+        "items": items,
+        "batch_size": td._batch_size,
+        "device": td._device,
+        "is_locked": td._is_locked,
+        "is_memmap": td._is_memmap,
+        "prefix": td._memmap_prefix,
+    }
+
+
+def setstate(td: TensorDict, state: dict[str, Any]) -> None:
+    """``__setstate__``: a TensorDict again from what ``getstate`` gave.
+
+    >>> import pickle, torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(3), "b": {"c": torch.ones(3)}}, [3], lock=True)
+    >>> again = pickle.loads(pickle.dumps(td))
+    >>> again["a"].tolist(), again.batch_size, again.is_locked
+    ([0, 1, 2], torch.Size([3]), True)
+    """
+    td._init(state["batch_size"], state["device"])
+    td._tensordict = state["items"]
+    td._is_memmap = state["is_memmap"]
+    td._memmap_prefix = state["prefix"]
+    if state["is_locked"]:
+        td._lock_tree()
+
+
 def register(tensordict_cls: type) -> None:
     """Registers the reducers with multiprocessing's ForkingPickler (torch's Queues too)."""
     reduction.ForkingPickler.register(tensordict_cls, reduce_tensordict)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import _index, _safetensors
+from . import _index, _safetensors, _sharing
 from ._devices import DeviceMoves, _normalize_device
 from ._locking import Lockable, locked_error
 from ._persistence import MemoryMapped
@@ -667,26 +667,8 @@ class TensorDict(
     def __repr__(self) -> str:
         return compact_repr(self)
 
-    def __getstate__(self) -> dict[str, Any]:
-        items = {}
-        for key in list(self._tensordict):
-            items[key] = self._get_str(key)
-        return {
-            "items": items,
-            "batch_size": self._batch_size,
-            "device": self._device,
-            "is_locked": self._is_locked,
-            "is_memmap": self._is_memmap,
-            "prefix": self._memmap_prefix,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._init(state["batch_size"], state["device"])
-        self._tensordict = state["items"]
-        self._is_memmap = state["is_memmap"]
-        self._memmap_prefix = state["prefix"]
-        if state["is_locked"]:
-            self._lock_tree()
+    __getstate__ = _sharing.getstate
+    __setstate__ = _sharing.setstate
 
 
 register(TensorDict)
