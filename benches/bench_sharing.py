@@ -178,4 +178,9 @@ def test_spawn_child_receives_10k_leaves(benchmark, case):
                     child.kill()
             _SPAWN["children"].clear()
         RESULTS["spawn_10k"]["fds"] = dict(_SPAWN["fds"])
+    error = RESULTS["spawn_10k"]["cases"][case]["error"]
+    if case == REF and error is not None and "Errno 24" in error:
+        # The reference keeps 2 descriptors per anonymous leaf: past the fd limit it fails,
+        # which is the outcome this row records (ours must still work: no xfail for it).
+        pytest.xfail(f"tensordict fails past the fd limit: {error}")
     replay(benchmark, "spawn_10k", case)
