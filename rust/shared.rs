@@ -233,9 +233,13 @@ pub fn receive(fd: OwnedFd, len: usize) -> Result<Arc<Region>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
-    fn open_fds() -> usize {
-        std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+    /// Whether descriptor number `raw` still refers to the object `id` (`st_dev`, `st_ino`):
+    /// a closed number may be free or reused by another test's file, never that object.
+    fn still_open(raw: i32, id: Identity) -> bool {
+        // SAFETY: the number is only fstat-ed while borrowed, never closed or kept.
+        identity(unsafe { BorrowedFd::borrow_raw(raw) }).is_ok_and(|(now, _)| now == id)
     }
 
     #[test]
@@ -275,26 +279,41 @@ mod tests {
 
     #[test]
     fn zeroed_arena_and_one_descriptor_per_arena() {
-        let before = open_fds();
         let regions: Vec<_> = (0..16)
             .map(|_| create(&[(None, 10_000), (None, 3)], 1).unwrap())
             .collect();
         assert!(regions.iter().all(|(r, _)| r.to_vec().iter().all(|&b| b == 0)));
-        assert!(regions.iter().all(|(r, _)| r.fd().is_some()));
-        let during = open_fds();
-        assert!(during <= before + 16 + 4, "{before} -> {during}");
+        // One object per arena, each held by its one descriptor; all of them closed with the
+        // regions. Checked by identity, not by counting the process's descriptors: tests run
+        // in parallel and open their own meanwhile.
+        let held: Vec<_> = regions
+            .iter()
+            .map(|(r, _)| {
+                let fd = r.fd().expect("an arena keeps its descriptor");
+                (fd.as_raw_fd(), identity(fd).unwrap().0)
+            })
+            .collect();
+        let mut objects: Vec<_> = held.iter().map(|&(_, id)| id).collect();
+        objects.sort_unstable();
+        objects.dedup();
+        assert_eq!(objects.len(), 16);
         drop(regions);
-        assert!(open_fds() <= before + 4);
+        for (raw, id) in held {
+            assert!(!still_open(raw, id), "descriptor {raw} outlived its region");
+        }
     }
 
     #[test]
     fn receiving_the_same_object_maps_it_once() {
         let (region, _) = create(&[(Some(&[1, 2, 3, 4][..]), 4)], 1).unwrap();
         let dup = region.fd().unwrap().try_clone_to_owned().unwrap();
-        let before = open_fds();
+        let raw = dup.as_raw_fd();
+        let ours = identity(region.fd().unwrap()).unwrap().0;
         let again = receive(dup, 4).unwrap();
         assert!(Arc::ptr_eq(&region, &again));
-        assert!(open_fds() < before, "the received descriptor was closed");
+        // Closed: the number is free now, or reused by another test's file (tests run in
+        // parallel, so counting the process's descriptors would race), never still our memfd.
+        assert!(!still_open(raw, ours), "the received descriptor was closed");
         // SAFETY: the region spans 4 writable bytes and nothing else touches it meanwhile.
         unsafe { *again.as_ptr() = 9 };
         assert_eq!(region.to_vec(), vec![9, 2, 3, 4]);
