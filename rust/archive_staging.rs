@@ -80,6 +80,8 @@ pub(crate) fn create_staging(parent: &Dir, base: &str) -> Result<(String, File)>
                 return Ok((name, file));
             }
             Err(e) => {
+                // The file we just created under our own unique staging name, still empty:
+                // if it cannot go, the next save's sweep removes it; nothing of the user's.
                 let _ = parent.remove_file(&name);
                 return Err(Error::io(parent.child_path(&name), e));
             }
@@ -114,7 +116,9 @@ pub(crate) fn sweep_stale(parent: &Dir, base: &str) {
             continue; // a live save holds it, or there is no way to tell
         }
         if still_named(parent, &name, &file) {
-            // A dead save's own staging file: best-effort cleanup.
+            // A dead save's own staging file (locked by us and still at that name): if the
+            // removal fails it stays for a later sweep; it never held the user's data (the
+            // archive itself is only ever replaced by a rename).
             let _ = parent.remove_file(&name);
         }
     }

@@ -502,7 +502,8 @@ pub fn write_archive(
     let (entries, region) = match result {
         Ok(done) => done,
         Err(e) => {
-            // Our failed staging file beside the target; the target itself is untouched.
+            // Our failed staging file beside the target; the target itself is untouched. If
+            // the removal fails, the file (locked name, ours) is swept by the next save.
             let _ = parent.remove_file(&staging);
             return Err(e);
         }

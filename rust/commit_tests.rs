@@ -1,0 +1,142 @@
+//! Tests of `commit.rs` (kept beside it so that the module itself stays readable).
+
+use super::*;
+
+fn tmp() -> (PathBuf, Dir) {
+    let p = std::env::temp_dir().join(format!("tdrs-commit-{}", storage::random_suffix()));
+    std::fs::create_dir(&p).unwrap();
+    let d = Dir::open(&p).unwrap();
+    (p, d)
+}
+
+#[test]
+fn replay_is_idempotent_and_touches_only_what_it_names() {
+    let (p, root) = tmp();
+    std::fs::write(p.join("old.memmap"), b"old").unwrap();
+    std::fs::write(p.join("mine.txt"), b"mine").unwrap();
+    let staging = Staging::new(&root).unwrap();
+    staging.dir(0).write_new("f0", b"new", false).unwrap();
+    let st = root.stat("old.memmap").unwrap().unwrap();
+    let journal = Journal {
+        token: staging.token.clone(),
+        stagings: staging.locations(),
+        ops: vec![
+            Op::Mkdir {
+                path: vec!["sub".into()],
+            },
+            Op::Rename {
+                stage: 0,
+                name: "f0".into(),
+                to: vec!["sub".into(), "x.memmap".into()],
+            },
+            Op::Unlink {
+                path: vec!["old.memmap".into()],
+                dev: st.dev,
+                ino: st.ino,
+            },
+            // a file that is not the one the journal recorded is left alone
+            Op::Unlink {
+                path: vec!["mine.txt".into()],
+                dev: st.dev,
+                ino: 0,
+            },
+        ],
+    };
+    write_journal(&root, &staging, &journal, false).unwrap();
+    // a second commit cannot get in while this journal is there
+    assert!(write_journal(&root, &staging, &journal, false).is_err());
+    assert!(recover(&root).unwrap());
+    assert!(!recover(&root).unwrap());
+    assert_eq!(std::fs::read(p.join("sub/x.memmap")).unwrap(), b"new");
+    assert!(!p.join("old.memmap").exists());
+    assert_eq!(std::fs::read(p.join("mine.txt")).unwrap(), b"mine");
+    drop(staging); // Windows: its lock is a file in it, which keeps it until released
+    let left: Vec<_> = root.entry_names().unwrap();
+    assert_eq!(left, vec!["mine.txt".to_string(), "sub".to_string()]);
+    std::fs::remove_dir_all(&p).unwrap();
+}
+
+#[test]
+fn hostile_journals_are_refused() {
+    let (p, root) = tmp();
+    for ops in [
+        r#"[{"op":"rename","stage":0,"name":"f0","to":["..","x"]}]"#,
+        r#"[{"op":"rename","stage":0,"name":"../f0","to":["x"]}]"#,
+        r#"[{"op":"rmdir","path":["a/b"]}]"#,
+        r#"[{"op":"mkdir","path":[]}]"#,
+        r#"[{"op":"rename","stage":3,"name":"f0","to":["x"]}]"#,
+    ] {
+        let text = format!(r#"{{"token":"t","stagings":[[]],"ops":{ops}}}"#);
+        std::fs::write(p.join(JOURNAL), text).unwrap();
+        let err = recover(&root).unwrap_err().to_string();
+        assert!(err.contains("outside the tree"), "{ops}: {err}");
+    }
+    std::fs::remove_dir_all(&p).unwrap();
+}
+
+#[test]
+fn sweep_removes_dead_staging_only() {
+    let (p, root) = tmp();
+    let live = Staging::new(&root).unwrap();
+    live.dir(0).write_new("f1", b"x", false).unwrap();
+    let dead = p.join(format!("{STAGING_PREFIX}dead"));
+    std::fs::create_dir(&dead).unwrap();
+    std::fs::write(dead.join("f0"), b"x").unwrap();
+    std::fs::write(dead.join("user-notes"), b"mine").unwrap();
+    sweep(&root);
+    assert!(live.dir(0).kind("f1").unwrap() == EntryKind::File);
+    // only the names a save stages are removed; a foreign file keeps the directory
+    assert!(!dead.join("f0").exists());
+    assert_eq!(std::fs::read(dead.join("user-notes")).unwrap(), b"mine");
+    live.remove(&root);
+    std::fs::remove_dir_all(&p).unwrap();
+}
+
+#[test]
+fn staged_directories_move_once_and_dead_ones_are_swept() {
+    let (p, root) = tmp();
+    let staging = Staging::new(&root).unwrap();
+    staging.dir(0).create_dir("d0").unwrap();
+    staging.dir(0).create_dir("d0/inner").unwrap();
+    staging
+        .dir(0)
+        .write_new("d0/inner/x.memmap", b"new", false)
+        .unwrap();
+    let journal = Journal {
+        token: staging.token.clone(),
+        stagings: staging.locations(),
+        ops: vec![Op::Rename {
+            stage: 0,
+            name: "d0".into(),
+            to: vec!["sub".into()],
+        }],
+    };
+    write_journal(&root, &staging, &journal, false).unwrap();
+    assert!(recover(&root).unwrap());
+    assert_eq!(std::fs::read(p.join("sub/inner/x.memmap")).unwrap(), b"new");
+    // a staged directory never replaces one that appeared at its name
+    let first = staging;
+    let staging = Staging::new(&root).unwrap();
+    staging.dir(0).create_dir("d0").unwrap();
+    let journal = Journal {
+        token: staging.token.clone(),
+        stagings: staging.locations(),
+        ops: vec![Op::Rename {
+            stage: 0,
+            name: "d0".into(),
+            to: vec!["sub".into()],
+        }],
+    };
+    assert!(apply(&root, &journal, false).is_err());
+    assert!(p.join("sub/inner/x.memmap").exists());
+    // a dead save's staged tree goes with its staging directory
+    let dead = p.join(format!("{STAGING_PREFIX}dead"));
+    std::fs::create_dir_all(dead.join("d3/a/b")).unwrap();
+    std::fs::write(dead.join("d3/a/b/y.memmap"), b"x").unwrap();
+    std::fs::write(dead.join("d3/meta.json"), b"{}").unwrap();
+    sweep(&root);
+    assert!(!dead.exists());
+    // both stagings go first: on Windows their lock files live inside them until then
+    drop((first, staging, root));
+    std::fs::remove_dir_all(&p).unwrap();
+}
