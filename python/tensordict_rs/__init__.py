@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         refresh_archive_checksums,
         unpack_memmap,
     )
-    from ._persistence import TensorDictFuture
+    from ._saving import TensorDictFuture
     from ._tree import NonTensorData
     from .memmap import MemoryMappedTensor
     from .tensordict import TensorDict
@@ -64,7 +64,7 @@ _LAZY = {
     "MemoryMappedTensor": ".memmap",
     "NonTensorData": "._tree",
     "TensorDict": ".tensordict",
-    "TensorDictFuture": "._persistence",
+    "TensorDictFuture": "._saving",
     "is_memmap_archive": "._archive",
     "pack_memmap": "._archive",
     "refresh_archive_checksums": "._archive",

@@ -1,0 +1,143 @@
+"""How a save call runs: now or in a background thread (``TensorDictFuture``), to a directory
+(``_tree.save``) or to a ``.tdz`` archive (``_archive.write``), with an optional progress bar.
+
+``_persistence`` is the TensorDict-facing API; this module is what its save methods call.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import _archive, _progress, _tree
+
+if TYPE_CHECKING:
+    from .tensordict import TensorDict
+
+
+class TensorDictFuture:
+    """A TensorDict still being written by a background thread, as tensordict returns it.
+
+    ``memmap_``, ``memmap``, ``memmap_like`` and ``save`` return one with ``return_early=True``
+    and ``num_threads > 1`` (otherwise they finish first and return the TensorDict, as
+    tensordict does). ``result()`` waits and returns the TensorDict, or raises the save's error.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.ones(4)}, [4])
+    >>> future = td.memmap("bg", return_early=True, num_threads=2)
+    >>> type(future).__name__, future.result().is_memmap()
+    ('TensorDictFuture', True)
+    """
+
+    def __init__(
+        self, futures: list[concurrent.futures.Future[None]], resulting_td: TensorDict
+    ) -> None:
+        """Wraps the writes to wait for and the TensorDict that ``result()`` returns."""
+        self.futures = futures
+        self.resulting_td = resulting_td
+
+    def result(self) -> TensorDict:
+        """Waits for the writes to finish and returns the TensorDict (or raises their error)."""
+        for future in self.futures:
+            future.result()
+        return self.resulting_td
+
+    def done(self) -> bool:
+        """True once every write has finished."""
+        return all(f.done() for f in self.futures)
+
+
+def _maybe_done(
+    future_result: TensorDict, return_early: bool, num_threads: int, work: Callable[[], None]
+) -> Any:
+    """Runs ``work`` now, or in a thread returning a TensorDictFuture (as tensordict does)."""
+    if not (return_early and num_threads > 1):
+        work()
+        return future_result
+    future: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as err:  # handed to the caller through the future
+            future.set_exception(err)
+        else:
+            future.set_result(None)
+
+    threading.Thread(target=run, daemon=True).start()
+    return TensorDictFuture([future], future_result)
+
+
+def _to_archive(
+    target: Any,
+    path: Path | None,
+    return_early: bool,
+    like: bool,
+    inplace: bool,
+    compression: Any,
+    existsok: bool,
+    durable: bool,
+    num_threads: int,
+    progress: bool = False,
+) -> Any:
+    """Writes ``target`` as a ``.tdz`` archive at ``path`` (see ``_archive.write``)."""
+    assert path is not None  # _archive.wanted refuses an archive without a path
+    return _maybe_done(
+        target,
+        return_early,
+        num_threads,
+        _progress.around(
+            progress,
+            "memmap",
+            target,
+            lambda: _archive.write(
+                target,
+                path,
+                like=like,
+                inplace=inplace,
+                compression=compression,
+                existsok=existsok,
+                durable=durable,
+                num_threads=num_threads,
+            ),
+        ),
+    )
+
+
+def _save(
+    target: TensorDict,
+    path: Path | None,
+    *,
+    like: bool,
+    reuse_maps: bool,
+    copy_existing: bool,
+    return_early: bool,
+    num_threads: int,
+    existsok: bool,
+    durable: bool,
+    sparse: bool = False,
+    progress: bool = False,
+) -> Any:
+    """Memory-maps ``target`` in place and locks it (or returns a Future of that)."""
+
+    def work() -> None:
+        _tree.save(
+            target,
+            path,
+            like=like,
+            reuse_maps=reuse_maps,
+            copy_existing=copy_existing,
+            existsok=existsok,
+            durable=durable,
+            num_threads=num_threads,
+            sparse=sparse,
+        )
+        target._lock_tree()
+
+    return _maybe_done(
+        target, return_early, num_threads, _progress.around(progress, "memmap", target, work)
+    )
