@@ -118,6 +118,7 @@ ERRORS = {
     "cat_dim_out_of_range": lambda a, b: torch.cat([a, b], 2),
     "cat_keys_mismatch": lambda a, b: torch.cat([a, b.exclude("i")]),
     "logdet_not_handled": lambda a, b: torch.logdet(a),
+    "where_tensordict_condition": lambda a, b: a.where(b, 0.0),
 }
 
 

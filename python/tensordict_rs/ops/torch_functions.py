@@ -222,6 +222,11 @@ def where(
     >>> td.where(torch.tensor([True, False, True]), 0.0)["a"]
     tensor([0., 0., 2.])
     """
+    if not isinstance(condition, torch.Tensor):
+        # torch.where's own argument check raises TypeError here, and so does the reference.
+        raise TypeError(
+            f"where() takes a boolean tensor as condition, got {type(condition).__name__}"
+        )
     if is_tree(other):
         result = _where_trees(td, condition, other, pad)
     else:
