@@ -14,32 +14,8 @@ import pytest
 import safetensors.torch
 import tensordict
 import torch
+from _cli_helpers import cli, sample
 from tensordict_rs import TensorDict
-
-
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python -m tensordict_rs ARGS`` in a new interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "tensordict_rs", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def sample() -> TensorDict:
-    return TensorDict(
-        {
-            "obs": torch.arange(40, dtype=torch.float32).reshape(10, 4),
-            "next": {
-                "done": torch.zeros(10, 1, dtype=torch.bool),
-                "deep": TensorDict({"x": torch.ones(10, 3, 2, dtype=torch.int16)}, [10, 3]),
-            },
-            "label": "hello",
-            "empty": torch.zeros(10, 0),
-        },
-        [10],
-    )
 
 
 @pytest.fixture
