@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::commit;
 use crate::dir::{self, Dir, EntryKind};
 use crate::error::{Error, Result};
-use crate::layout::{self, Entry, LeafMeta, NodeMeta};
+use crate::layout::{self, Entry, LeafMeta, NodeMeta, TensorDictMeta};
 use crate::parallel;
 use crate::storage::{self, MapMode, Region};
 
@@ -104,7 +104,16 @@ struct MapGroup {
 fn load_from(root: &Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
     let mut groups = Vec::new();
     let mut count = 0;
-    let node = walk(root, &mut Vec::new(), 0, &[], &mut groups, &mut count)?;
+    let meta = match read_meta(root)? {
+        NodeMeta::TensorDict(m) => m,
+        NodeMeta::NonTensor(_) => {
+            return Err(Error::unsupported(
+                root.path(),
+                "this directory holds a single non-tensor value, not a TensorDict",
+            ))
+        }
+    };
+    let node = walk(root, &mut Vec::new(), 0, &[], meta, &mut groups, &mut count)?;
     // Every directory's meta.json is read first; then the files are mapped in parallel, a
     // group at a time (each worker holds one directory open while it maps its group).
     let leaves: usize = groups.iter().map(|g: &MapGroup| g.jobs.len()).sum();
@@ -162,14 +171,16 @@ fn open_child_dir(parent: &Dir, key: &str) -> Result<Dir> {
     }
 }
 
-/// Loads the directory at `rel` below `root`. Only this directory is open while its files
-/// are mapped; sub-trees are opened afresh from the root afterwards, so the descriptors in
+/// Loads the directory at `rel` below `root`, whose meta.json (`meta`) its parent read
+/// (each meta.json is read and parsed once). Only this directory is open while its entries
+/// are walked; sub-trees are opened afresh from the root afterwards, so the descriptors in
 /// use stay a small constant whatever the shape of the tree.
 fn walk(
     root: &Dir,
     rel: &mut Vec<String>,
     depth: usize,
     parent_batch: &[u64],
+    meta: TensorDictMeta,
     groups: &mut Vec<MapGroup>,
     count: &mut usize,
 ) -> Result<LoadedNode> {
@@ -178,15 +189,6 @@ fn walk(
         return Err(Error::invalid(&path, "the tree is nested too deeply"));
     }
     let dir = root.open_rel(rel).map_err(|e| Error::io(&path, e))?;
-    let meta = match read_meta(&dir)? {
-        NodeMeta::TensorDict(m) => m,
-        NodeMeta::NonTensor(_) => {
-            return Err(Error::unsupported(
-                &path,
-                "this directory holds a single non-tensor value, not a TensorDict",
-            ))
-        }
-    };
     if !meta.batch.starts_with(parent_batch) {
         return Err(Error::invalid(
             &path,
@@ -227,8 +229,8 @@ fn walk(
                 let child = open_child_dir(&dir, &key)?;
                 match read_meta(&child)? {
                     NodeMeta::NonTensor(value) => entries.push((key, Some(LoadedEntry::NonTensor(value)))),
-                    NodeMeta::TensorDict(_) => {
-                        children.push((entries.len(), layout::encode_key(&key)));
+                    NodeMeta::TensorDict(sub) => {
+                        children.push((entries.len(), layout::encode_key(&key), sub));
                         entries.push((key, None));
                     }
                 }
@@ -244,9 +246,9 @@ fn walk(
         });
     }
     drop(dir);
-    for (at, name) in children {
+    for (at, name, sub) in children {
         rel.push(name);
-        let node = walk(root, rel, depth + 1, &meta.batch, groups, count);
+        let node = walk(root, rel, depth + 1, &meta.batch, sub, groups, count);
         rel.pop();
         entries[at].1 = Some(LoadedEntry::Node(node?));
     }
@@ -389,14 +391,22 @@ pub fn verify_tree(prefix: &Path) -> Vec<String> {
                     .to_string(),
                 );
             }
-            verify_dir(&root, &mut Vec::new(), 0, &mut problems)
+            verify_dir(&root, &mut Vec::new(), 0, None, &mut problems)
         }
         Err(e) => problems.push(Error::io(prefix, e).to_string()),
     }
     problems
 }
 
-fn verify_dir(root: &Dir, rel: &mut Vec<String>, depth: usize, problems: &mut Vec<String>) {
+/// Verifies the directory at `rel` below `root`; `known` is its meta.json when its parent
+/// already read it (each meta.json is read and parsed once).
+fn verify_dir(
+    root: &Dir,
+    rel: &mut Vec<String>,
+    depth: usize,
+    known: Option<TensorDictMeta>,
+    problems: &mut Vec<String>,
+) {
     let path = rel.iter().fold(root.path().to_path_buf(), |p, c| p.join(c));
     if depth > layout::MAX_DEPTH {
         problems.push(Error::invalid(&path, "the tree is nested too deeply").to_string());
@@ -409,7 +419,10 @@ fn verify_dir(root: &Dir, rel: &mut Vec<String>, depth: usize, problems: &mut Ve
             return;
         }
     };
-    let meta = match read_meta(&dir) {
+    let meta = match known
+        .map(NodeMeta::TensorDict)
+        .map_or_else(|| read_meta(&dir), Ok)
+    {
         Ok(NodeMeta::TensorDict(m)) => m,
         Ok(NodeMeta::NonTensor(_)) => {
             problems
@@ -453,7 +466,7 @@ fn verify_dir(root: &Dir, rel: &mut Vec<String>, depth: usize, problems: &mut Ve
                         )
                         .to_string(),
                     ),
-                    Ok(NodeMeta::TensorDict(_)) => children.push(layout::encode_key(&key)),
+                    Ok(NodeMeta::TensorDict(sub)) => children.push((layout::encode_key(&key), sub)),
                     Err(e) => problems.push(e.to_string()),
                 },
                 Err(e) => problems.push(e.to_string()),
@@ -461,9 +474,9 @@ fn verify_dir(root: &Dir, rel: &mut Vec<String>, depth: usize, problems: &mut Ve
         }
     }
     drop(dir);
-    for name in children {
+    for (name, sub) in children {
         rel.push(name);
-        verify_dir(root, rel, depth + 1, problems);
+        verify_dir(root, rel, depth + 1, Some(sub), problems);
         rel.pop();
     }
 }

@@ -79,17 +79,17 @@ def _error(message: str) -> None:
 def cmd_info(path: str, as_json: bool) -> int:
     """Prints what the directory or archive holds; 1 if it is not a readable tree, 2 on I/O
     errors."""
-    from .info import format_json, format_text, summarize
+    from .info import report
 
     try:
-        summary = summarize(path)
+        text = report(path, as_json)
     except OSError as err:
         _error(str(err))
         return USAGE
     except _native.TensorDictError as err:
         _error(str(err))
         return PROBLEMS
-    print(format_json(path, summary) if as_json else format_text(path, summary))
+    print(text)
     return OK
 
 
