@@ -7,6 +7,7 @@
 //! in 80 columns, widths in code points as Python counts them), the totals, then one row per
 //! entry in file order. The JSON is what `json.dumps` writes (`", "` and `": "`, UTF-8).
 
+use std::cmp::Ordering;
 use std::fmt::Write as _;
 
 use serde_json::Value;
@@ -140,8 +141,9 @@ impl ReprNode {
     }
 
     fn tree(prefix: String, mut entries: Vec<(String, ReprNode)>) -> ReprNode {
-        // `_repr.sort_entries`: by the entry's flat text `key: value`
-        entries.sort_by(|a, b| sort_text(a).cmp(sort_text(b)));
+        // `_repr.sort_entries`: by the entry's flat text `key: value` (Python compares str by
+        // code point, and UTF-8 bytes sort the same way)
+        entries.sort_by(sort_order);
         let mut flat = prefix.clone();
         flat.push('{');
         for (i, (key, value)) in entries.iter().enumerate() {
@@ -163,9 +165,22 @@ impl ReprNode {
     }
 }
 
-/// The bytes of `key: flat` (Python compares str by code point: UTF-8 bytes sort the same).
-fn sort_text<'a>((key, value): &'a (String, ReprNode)) -> impl Iterator<Item = u8> + 'a {
-    key.bytes().chain(*b": ").chain(value.flat().bytes())
+/// The order of two entries' flat texts `key: value`, without building them: keys that differ
+/// before either ends decide alone; equal keys leave it to the values.
+fn sort_order(a: &(String, ReprNode), b: &(String, ReprNode)) -> Ordering {
+    let (ka, kb) = (a.0.as_bytes(), b.0.as_bytes());
+    let n = ka.len().min(kb.len());
+    match ka[..n].cmp(&kb[..n]) {
+        Ordering::Equal if ka.len() == kb.len() => a.1.flat().cmp(b.1.flat()),
+        Ordering::Equal => {
+            let text = |(key, value): &(String, ReprNode)| {
+                let bytes: Vec<u8> = key.bytes().chain(*b": ").chain(value.flat().bytes()).collect();
+                bytes
+            };
+            text(a).cmp(&text(b))
+        }
+        order => order,
+    }
 }
 
 fn repr_entries(node: &SummaryNode) -> Vec<(String, ReprNode)> {
@@ -314,36 +329,69 @@ impl serde_json::ser::Formatter for PyJsonFormatter {
     }
 }
 
-/// One text row: size, kind, shape, name.
-type Row = (String, String, String, String);
+/// One text row: size (`None`: `-`), kind, shape, name.
+struct Row<'a> {
+    size: Option<u128>,
+    kind: &'a str,
+    shape: String,
+    name: String,
+}
 
-fn rows(node: &SummaryNode, totals: &Totals, path: &str, out: &mut Vec<Row>) {
+/// `human_bytes` of each size met (a tree has few distinct sizes; formatting a float is not
+/// cheap), as Python's `lru_cache` did.
+#[derive(Default)]
+struct Sizes(std::collections::HashMap<u128, String>);
+
+impl Sizes {
+    fn get(&mut self, n: u128) -> &str {
+        self.0.entry(n).or_insert_with(|| human_bytes(n))
+    }
+}
+
+fn rows<'a>(node: &'a SummaryNode, totals: &Totals, path: &str, out: &mut Vec<Row<'a>>) {
     let mut children = totals.children.iter();
     for (key, entry) in &node.entries {
-        let name = format!("{path}{key}");
+        let mut name = String::with_capacity(path.len() + key.len() + 16);
+        name.push_str(path);
+        name.push_str(key);
         match entry {
             SummaryEntry::Leaf { dtype, shape, nbytes } => {
-                let kind = dtype.strip_prefix("torch.").unwrap_or(dtype);
                 let mut text = String::new();
                 dims(&mut text, shape, ", ");
-                out.push((human_bytes(*nbytes as u128), kind.to_string(), text, name));
+                out.push(Row {
+                    size: Some(*nbytes as u128),
+                    kind: dtype.strip_prefix("torch.").unwrap_or(dtype),
+                    shape: text,
+                    name,
+                });
             }
             SummaryEntry::Node(sub) => {
                 let t = children.next().expect("one total per sub-tree");
                 let mut text = String::new();
                 dims(&mut text, &sub.batch, ", ");
+                let inner = format!("{name}/");
                 let leaves = if t.leaves == 1 { "leaf" } else { "leaves" };
-                let label = format!("{name}/  ({} {leaves})", t.leaves);
-                out.push((human_bytes(t.nbytes), "tensordict".into(), text, label));
-                rows(sub, t, &format!("{name}/"), out);
+                let _ = write!(name, "/  ({} {leaves})", t.leaves);
+                out.push(Row {
+                    size: Some(t.nbytes),
+                    kind: "tensordict",
+                    shape: text,
+                    name,
+                });
+                rows(sub, t, &inner, out);
             }
             SummaryEntry::NonTensor(value) => {
                 let mut text = json_value(value);
                 if width(&text) > VALUE_WIDTH {
                     text = text.chars().take(VALUE_WIDTH - 3).collect::<String>() + "...";
                 }
-                let kind = python_type(value).to_string();
-                out.push(("-".into(), kind, String::new(), format!("{name} = {text}")));
+                let _ = write!(name, " = {text}");
+                out.push(Row {
+                    size: None,
+                    kind: python_type(value),
+                    shape: String::new(),
+                    name,
+                });
             }
         }
     }
@@ -366,14 +414,27 @@ pub fn text_report(shown: &str, node: &SummaryNode) -> String {
     );
     let mut table = Vec::new();
     rows(node, &t, "", &mut table);
-    if !table.is_empty() {
-        let w0 = table.iter().map(|r| width(&r.0)).max().unwrap_or(0);
-        let w1 = table.iter().map(|r| width(&r.1)).max().unwrap_or(0);
-        let w2 = table.iter().map(|r| width(&r.2)).max().unwrap_or(0);
-        out.push('\n');
-        for (a, b, c, d) in &table {
-            let _ = write!(out, "\n  {a:>w0$}  {b:<w1$}  {c:<w2$}  {d}");
-        }
+    if table.is_empty() {
+        return out;
+    }
+    let mut sizes = Sizes::default();
+    let (mut w0, mut w1, mut w2) = (0, 0, 0);
+    for row in &table {
+        w0 = w0.max(row.size.map_or(1, |n| width(sizes.get(n))));
+        w1 = w1.max(width(row.kind));
+        w2 = w2.max(width(&row.shape));
+    }
+    out.reserve(table.iter().map(|r| w0 + w1 + w2 + r.name.len() + 9).sum());
+    out.push('\n');
+    for row in &table {
+        let size = row.size.map_or("-", |n| sizes.get(n));
+        let _ = write!(
+            out,
+            "\n  {size:>w0$}  {kind:<w1$}  {shape:<w2$}  {name}",
+            kind = row.kind,
+            shape = row.shape,
+            name = row.name
+        );
     }
     out
 }

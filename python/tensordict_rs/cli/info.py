@@ -10,12 +10,13 @@ compact repr and totals.
 from __future__ import annotations
 
 import functools
-import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _native
-from .._repr import Node, render, short_name, sort_entries
+
+if TYPE_CHECKING:
+    from .._repr import Node
 
 LEAF, NODE, NON_TENSOR = 0, 1, 2
 
@@ -38,6 +39,8 @@ class Summary:
     )
 
     def __init__(self, node: Any) -> None:
+        import json
+
         batch, self.device, self.format_version, raw = node
         self.batch_size: list[int] = list(batch)
         self.entries: list[tuple[Any, ...]] = []
@@ -105,10 +108,22 @@ def summarize(prefix: str | os.PathLike[str]) -> Summary:
     return Summary(_native.tree_summary(os.fspath(prefix)))
 
 
-_short = functools.lru_cache(maxsize=None)(short_name)
+_SHORT: dict[str, str] = {}
+
+
+def _short(dtype: str) -> str:
+    """``short_name`` of a dtype string, cached (a tree has few dtypes and many leaves)."""
+    name = _SHORT.get(dtype)
+    if name is None:
+        from .._repr import short_name
+
+        name = _SHORT[dtype] = short_name(dtype)
+    return name
 
 
 def _repr_node(node: Summary) -> list[tuple[str, Node]]:
+    from .._repr import sort_entries
+
     dims = len(node.batch_size)
     body: list[tuple[str, Node]] = []
     for entry in node.entries:
@@ -134,6 +149,8 @@ def compact_repr(summary: Summary) -> str:
     >>> compact_repr(summarize(d + "/td"))
     'TensorDict(batch_size=[4], device=cpu, fields={a: f32[3], b: {c: f32[]}})'
     """
+    from .._repr import render
+
     return render("TensorDict", summary.batch_size, summary.device, _repr_node(summary))
 
 
