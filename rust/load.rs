@@ -41,9 +41,19 @@ pub struct LoadedNode {
 /// A leaf file to open and map, found while walking.
 struct LeafJob {
     name: String,
-    /// How messages name the leaf, e.g. `key "obs"`.
-    label: String,
+    /// The leaf's key (None: a single file, see `open_file`), for messages only.
+    key: Option<String>,
     nbytes: usize,
+}
+
+impl LeafJob {
+    /// How messages name the leaf, e.g. `key "obs"` (made only when a message is).
+    fn label(&self) -> String {
+        match &self.key {
+            Some(key) => format!("key {key:?}"),
+            None => "this tensor".into(),
+        }
+    }
 }
 
 /// How many times a load starts again when a save commits into the tree under it.
@@ -213,7 +223,7 @@ fn walk(
                 };
                 jobs.push(LeafJob {
                     name,
-                    label: format!("key {key:?}"),
+                    key: Some(key.clone()),
                     nbytes,
                 });
                 entries.push((
@@ -266,12 +276,15 @@ fn walk(
 fn leaf_name(dir: &Dir, key: &str) -> Result<String> {
     let encoded = layout::leaf_file(key);
     if let Some(raw) = layout::legacy_name(key) {
+        // (most keys encode to themselves: then there is no other name to look for)
+        if encoded.strip_suffix(layout::LEAF_SUFFIX) == Some(raw) {
+            return Ok(encoded);
+        }
         let legacy = format!("{raw}{}", layout::LEAF_SUFFIX);
-        if legacy != encoded
-            && dir
-                .kind(&encoded)
-                .map_err(|e| Error::io(dir.child_path(&encoded), e))?
-                == EntryKind::Missing
+        if dir
+            .kind(&encoded)
+            .map_err(|e| Error::io(dir.child_path(&encoded), e))?
+            == EntryKind::Missing
             && dir
                 .kind(&legacy)
                 .map_err(|e| Error::io(dir.child_path(&legacy), e))?
@@ -284,27 +297,30 @@ fn leaf_name(dir: &Dir, key: &str) -> Result<String> {
 }
 
 /// Opens a leaf file (never blocking), checks it is a regular file long enough for its shape.
-fn check_leaf(dir: &Dir, job: &LeafJob) -> Result<(std::fs::File, bool, std::fs::Metadata)> {
-    let path = dir.child_path(&job.name);
-    let what = &job.label;
+/// `path` is the file's path (`dir.child_path(&job.name)`), for messages.
+fn check_leaf(dir: &Dir, job: &LeafJob, path: &Path) -> Result<(std::fs::File, bool, std::fs::Metadata)> {
     let (file, writable) = dir.open_file(&job.name).map_err(|e| match e.raw_os_error() {
         #[cfg(unix)]
         Some(libc::ELOOP) => Error::symlink(
-            &path,
-            format!("the data file of {what} is a symlink; refusing to follow it"),
+            path,
+            format!(
+                "the data file of {} is a symlink; refusing to follow it",
+                job.label()
+            ),
         ),
         _ if e.kind() == io::ErrorKind::NotFound => {
-            Error::invalid(&path, format!("the data file of {what} is missing"))
+            Error::invalid(path, format!("the data file of {} is missing", job.label()))
         }
-        _ if dir::is_not_regular(&e) => Error::invalid(&path, format!("the data of {what} is {e}")),
-        _ => Error::io(&path, e),
+        _ if dir::is_not_regular(&e) => Error::invalid(path, format!("the data of {} is {e}", job.label())),
+        _ => Error::io(path, e),
     })?;
-    let md = file.metadata().map_err(|e| Error::io(&path, e))?;
+    let md = file.metadata().map_err(|e| Error::io(path, e))?;
     if md.len() < job.nbytes as u64 {
         return Err(Error::invalid(
-            &path,
+            path,
             format!(
-                "the data file of {what} is truncated: {} bytes, its shape needs {}",
+                "the data file of {} is truncated: {} bytes, its shape needs {}",
+                job.label(),
                 md.len(),
                 job.nbytes
             ),
@@ -346,8 +362,9 @@ fn map_leaf(dir: &Dir, job: &LeafJob) -> Result<Option<Region>> {
     if job.nbytes == 0 {
         return Ok(None);
     }
-    let (file, writable, md) = check_leaf(dir, job)?;
-    map_checked(&file, writable, &md, job.nbytes, &dir.child_path(&job.name)).map(Some)
+    let path = dir.child_path(&job.name);
+    let (file, writable, md) = check_leaf(dir, job, &path)?;
+    map_checked(&file, writable, &md, job.nbytes, &path).map(Some)
 }
 
 /// Opens and maps one existing data file of at least `nbytes` bytes (read-only files are
@@ -356,11 +373,12 @@ pub fn open_file(path: &Path, nbytes: usize) -> Result<Region> {
     let (dir, name) = split_file_path(path)?;
     let job = LeafJob {
         name,
-        label: "this tensor".into(),
+        key: None,
         nbytes,
     };
-    let (file, writable, md) = check_leaf(&dir, &job)?;
-    map_checked(&file, writable, &md, nbytes, &dir.child_path(&job.name))
+    let path = dir.child_path(&job.name);
+    let (file, writable, md) = check_leaf(&dir, &job, &path)?;
+    map_checked(&file, writable, &md, nbytes, &path)
 }
 
 /// The open parent directory of a file path and the file's name.
@@ -440,14 +458,13 @@ fn verify_dir(
             Entry::Leaf(leaf) if leaf.nbytes == 0 => {}
             Entry::Leaf(leaf) => {
                 let checked = leaf_name(&dir, &key).and_then(|name| {
-                    check_leaf(
-                        &dir,
-                        &LeafJob {
-                            name,
-                            label: format!("key {key:?}"),
-                            nbytes: leaf.nbytes,
-                        },
-                    )
+                    let path = dir.child_path(&name);
+                    let job = LeafJob {
+                        name,
+                        key: Some(key.clone()),
+                        nbytes: leaf.nbytes,
+                    };
+                    check_leaf(&dir, &job, &path)
                 });
                 if let Err(e) = checked {
                     problems.push(e.to_string());
