@@ -20,7 +20,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::path::Path;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use crate::layout::{self, DType, Entry, LeafMeta, NodeMeta, TensorDictMeta};
@@ -206,6 +206,52 @@ impl<'de> Visitor<'de> for DtypeSeed {
     }
 }
 
+/// A non-negative integer written without a sign: serde_json hands those to `visit_u64`
+/// (`-0` comes as a float, and a negative number as an i64: the generic parser refuses both,
+/// so this path gives up on anything but `visit_u64`).
+struct Dim;
+
+impl<'de> DeserializeSeed<'de> for Dim {
+    type Value = u64;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+        d.deserialize_u64(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Dim {
+    type Value = u64;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a non-negative integer")
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
+        Ok(v)
+    }
+}
+
+/// A list of `Dim`s (a shape).
+struct Dims;
+
+impl<'de> DeserializeSeed<'de> for Dims {
+    type Value = Vec<u64>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<u64>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Dims {
+    type Value = Vec<u64>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a shape")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u64>, A::Error> {
+        let mut dims = Vec::with_capacity(seq.size_hint().unwrap_or(4));
+        while let Some(d) = seq.next_element_seed(Dim)? {
+            dims.push(d);
+        }
+        Ok(dims)
+    }
+}
+
 struct TopVisitor;
 
 impl<'de> Visitor<'de> for TopVisitor {
@@ -217,10 +263,10 @@ impl<'de> Visitor<'de> for TopVisitor {
         let mut top = Top::default();
         while let Some(key) = map.next_key_seed(Str)? {
             match key.as_ref() {
-                "_format_version" => set_once(&mut top.format_version, map.next_value::<u64>()?)?,
+                "_format_version" => set_once(&mut top.format_version, map.next_value_seed(Dim)?)?,
                 "_class" => set_once(&mut top.class, map.next_value_seed(Str)?)?,
                 "_type" => set_once(&mut top.type_, map.next_value_seed(Str)?)?,
-                "shape" => set_once(&mut top.batch, map.next_value::<Vec<u64>>()?)?,
+                "shape" => set_once(&mut top.batch, map.next_value_seed(Dims)?)?,
                 "device" => set_once(&mut top.device, map.next_value_seed(OptStr)?)?,
                 "_names" => {
                     map.next_value::<IgnoredAny>()?;
@@ -270,7 +316,7 @@ impl<'de> Visitor<'de> for EntrySeed {
                     collection = true;
                 }
                 "dtype" => set_once(&mut dtype, map.next_value_seed(DtypeSeed)?)?,
-                "shape" => set_once(&mut shape, map.next_value::<Vec<u64>>()?)?,
+                "shape" => set_once(&mut shape, map.next_value_seed(Dims)?)?,
                 "is_nested" => set_once(&mut nested, map.next_value::<bool>()?)?,
                 _ => {
                     map.next_value::<IgnoredAny>()?;

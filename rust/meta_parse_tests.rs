@@ -236,6 +236,20 @@ fn damaged_files_raise_the_generic_error_naming_the_file() {
             format!(r#"{{"x": {}, "shape": [2], {TD}}}"#, leaf("torch.int8", "[3]")),
             "batch size",
         ),
+        // `-0` is 0 to Python, but the generic parser refuses a signed dimension: so does this path
+        (
+            format!(
+                r#"{{"x": {}, "shape": [2], {TD}}}"#,
+                leaf("torch.int8", "[2, -0]")
+            ),
+            "non-negative",
+        ),
+        (format!(r#"{{"shape": [-0], {TD}}}"#), "non-negative"),
+        (
+            r#"{"shape": [], "_type": "<class 'tensordict._td.TensorDict'>", "_format_version": -0}"#
+                .to_string(),
+            "_format_version",
+        ),
         (
             format!(r#"{{"x": {{"dtype": "torch.int8"}}, "shape": [2], {TD}}}"#),
             "shape is missing",
