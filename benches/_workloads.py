@@ -204,6 +204,15 @@ WORKLOADS: tuple[Workload, ...] = (
         max_value=0.1,
     ),
     Workload(
+        "cli_info",
+        "tensordict-rs info of W3: 10,000 leaves in 100 sub-trees, whole command (fresh "
+        "processes; reference: load_memmap + print)",
+        "s",
+        "python -c pass (interpreter start-up alone)",
+        "<= 0.1 s, interpreter start included",
+        max_value=0.1,
+    ),
+    Workload(
         "fd_limit",
         "anonymous memmap_ of 10,000 leaves, RLIMIT_NOFILE 1,024",
         "outcome",

@@ -19,6 +19,7 @@ use crate::safetensors_io::{self, TensorBytes};
 use crate::save::{self, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
 use crate::storage::{self, Region};
 use crate::summary;
+use crate::summary_render;
 
 const LEAF: u8 = 0;
 const NODE: u8 = 1;
@@ -271,6 +272,25 @@ pub fn tree_summary<'py>(py: Python<'py>, prefix: PathBuf) -> PyResult<Bound<'py
         false => summary::summarize(&prefix),
     })?;
     summary_to_py(py, node)
+}
+
+/// The command line's `info` report of the tree at `prefix` (a directory, or a `.tdz` archive
+/// when `prefix` is a file), read from its meta.json files alone, as text or JSON, with `shown`
+/// as the path it names. Walk and rendering run with the GIL released.
+#[pyfunction]
+#[pyo3(signature = (prefix, shown, *, json = false))]
+pub fn tree_report(py: Python<'_>, prefix: PathBuf, shown: &str, json: bool) -> PyResult<String> {
+    let report = py.detach(|| {
+        let node = match prefix.is_file() {
+            true => summary::summarize_archive(&prefix),
+            false => summary::summarize(&prefix),
+        }?;
+        Ok::<_, crate::error::Error>(match json {
+            true => summary_render::json_report(shown, &node),
+            false => summary_render::text_report(shown, &node),
+        })
+    })?;
+    Ok(report)
 }
 
 /// One tensor of a read `.safetensors` file: name, torch dtype, shape, bytes (None: empty).

@@ -158,7 +158,9 @@ pub(crate) fn walk(
                 }
                 match take_meta(ar, parsed, &child_meta)? {
                     NodeMeta::NonTensor(value) => entries.push((key, LoadedEntry::NonTensor(value))),
-                    NodeMeta::TensorDict(_) => {
+                    sub @ NodeMeta::TensorDict(_) => {
+                        // handed to the child's walk, which would otherwise parse it again
+                        parsed.insert(child_meta.clone(), Ok(sub));
                         let node = walk(ar, parsed, &child, depth + 1, jobs)?;
                         if !node.batch.starts_with(&meta.batch) {
                             return Err(bad(

@@ -340,6 +340,8 @@ pub enum Entry {
 pub struct TensorDictMeta {
     pub batch: Vec<u64>,
     pub device: Option<String>,
+    /// `_format_version` as the file records it (absent in old trees).
+    pub format_version: Option<u64>,
     pub entries: Vec<(String, Entry)>,
 }
 
@@ -350,8 +352,18 @@ pub enum NodeMeta {
     NonTensor(Value),
 }
 
-/// Parses and validates a meta.json read from `path`.
+/// Parses and validates a meta.json read from `path`: the typed fast path (`meta_parse`) for
+/// the files it fully understands, else the generic parser below, which words every error.
 pub fn parse_meta(bytes: &[u8], path: &Path) -> Result<NodeMeta> {
+    match crate::meta_parse::parse(bytes) {
+        Some(meta) => Ok(meta),
+        None => parse_meta_generic(bytes, path),
+    }
+}
+
+/// The generic parser: the whole file into a `serde_json::Value`, then checked. It defines
+/// what a meta.json means (`meta_parse` must agree with it) and words the errors.
+pub fn parse_meta_generic(bytes: &[u8], path: &Path) -> Result<NodeMeta> {
     let value: Value = serde_json::from_slice(bytes)
         .map_err(|e| Error::invalid(path, format!("meta.json is not valid JSON: {e}")))?;
     let Value::Object(map) = value else {
@@ -373,7 +385,10 @@ pub fn parse_meta(bytes: &[u8], path: &Path) -> Result<NodeMeta> {
         .map(|c| c.rsplit(':').next().unwrap_or(c))
         .or_else(|| type_.map(|t| t.trim_end_matches("'>").rsplit('.').next().unwrap_or(t)));
     match kind {
-        Some("TensorDict") => parse_tensordict(&map, path).map(NodeMeta::TensorDict),
+        Some("TensorDict") => {
+            let version = map.get("_format_version").and_then(Value::as_u64);
+            parse_tensordict(&map, version, path).map(NodeMeta::TensorDict)
+        }
         Some("NonTensorData") => match map.get("data") {
             Some(data) => Ok(NodeMeta::NonTensor(data.clone())),
             None => Err(Error::unsupported(
@@ -414,7 +429,7 @@ fn parse_shape(value: Option<&Value>, what: &str, path: &Path) -> Result<Vec<u64
 }
 
 /// `type` or `type:index`, with a device type torch knows.
-fn valid_device(s: &str) -> bool {
+pub(crate) fn valid_device(s: &str) -> bool {
     const TYPES: &[&str] = &[
         "cpu",
         "cuda",
@@ -445,7 +460,11 @@ fn valid_device(s: &str) -> bool {
         && index.is_none_or(|i| !i.is_empty() && i.len() < 10 && i.bytes().all(|b| b.is_ascii_digit()))
 }
 
-fn parse_tensordict(map: &Map<String, Value>, path: &Path) -> Result<TensorDictMeta> {
+fn parse_tensordict(
+    map: &Map<String, Value>,
+    format_version: Option<u64>,
+    path: &Path,
+) -> Result<TensorDictMeta> {
     let batch = match map.get("shape") {
         None => Vec::new(),
         some => parse_shape(some, "batch size", path)?,
@@ -462,55 +481,59 @@ fn parse_tensordict(map: &Map<String, Value>, path: &Path) -> Result<TensorDictM
         if RESERVED_KEYS.contains(&key.as_str()) {
             continue;
         }
-        let Value::Object(entry) = value else {
-            if key.starts_with('_') {
-                continue; // metadata of a newer writer (e.g. `_names`), not a leaf
-            }
-            return Err(Error::invalid(
-                path,
-                format!("entry for key {key:?} is not an object"),
-            ));
-        };
-        if entry.contains_key("type") {
-            entries.push((key.clone(), Entry::Collection));
-            continue;
+        if let Some(entry) = parse_entry(key, value, &batch, path)? {
+            entries.push((key.clone(), entry));
         }
-        let what = format!("key {key:?}");
-        if entry.get("is_nested").and_then(Value::as_bool).unwrap_or(false) {
-            return Err(Error::unsupported(
-                path,
-                format!("{what}: nested (jagged) tensors are not supported"),
-            ));
-        }
-        let dtype_name = entry
-            .get("dtype")
-            .and_then(Value::as_str)
-            .ok_or_else(|| Error::invalid(path, format!("{what}: dtype is missing or not a string")))?;
-        let dt = dtype(dtype_name)
-            .ok_or_else(|| Error::invalid(path, format!("{what}: unknown dtype {dtype_name:?}")))?;
-        let shape = parse_shape(entry.get("shape"), &what, path)?;
-        let nb = nbytes(&shape, dt.itemsize)
-            .ok_or_else(|| Error::invalid(path, format!("{what}: shape {shape:?} overflows")))?;
-        if shape.len() < batch.len() || shape[..batch.len()] != batch[..] {
-            return Err(Error::invalid(
-                path,
-                format!("{what}: shape {shape:?} does not start with the batch size {batch:?}"),
-            ));
-        }
-        entries.push((
-            key.clone(),
-            Entry::Leaf(LeafMeta {
-                dtype: dt,
-                shape,
-                nbytes: nb,
-            }),
-        ));
     }
     Ok(TensorDictMeta {
         batch,
         device,
+        format_version,
         entries,
     })
+}
+
+/// Checks one (non-reserved) entry of a TensorDict meta.json; `None` for metadata to skip.
+pub(crate) fn parse_entry(key: &str, value: &Value, batch: &[u64], path: &Path) -> Result<Option<Entry>> {
+    let Value::Object(entry) = value else {
+        if key.starts_with('_') {
+            return Ok(None); // metadata of a newer writer (e.g. `_names`), not a leaf
+        }
+        return Err(Error::invalid(
+            path,
+            format!("entry for key {key:?} is not an object"),
+        ));
+    };
+    if entry.contains_key("type") {
+        return Ok(Some(Entry::Collection));
+    }
+    let what = format!("key {key:?}");
+    if entry.get("is_nested").and_then(Value::as_bool).unwrap_or(false) {
+        return Err(Error::unsupported(
+            path,
+            format!("{what}: nested (jagged) tensors are not supported"),
+        ));
+    }
+    let dtype_name = entry
+        .get("dtype")
+        .and_then(Value::as_str)
+        .ok_or_else(|| Error::invalid(path, format!("{what}: dtype is missing or not a string")))?;
+    let dt = dtype(dtype_name)
+        .ok_or_else(|| Error::invalid(path, format!("{what}: unknown dtype {dtype_name:?}")))?;
+    let shape = parse_shape(entry.get("shape"), &what, path)?;
+    let nb = nbytes(&shape, dt.itemsize)
+        .ok_or_else(|| Error::invalid(path, format!("{what}: shape {shape:?} overflows")))?;
+    if shape.len() < batch.len() || shape[..batch.len()] != batch[..] {
+        return Err(Error::invalid(
+            path,
+            format!("{what}: shape {shape:?} does not start with the batch size {batch:?}"),
+        ));
+    }
+    Ok(Some(Entry::Leaf(LeafMeta {
+        dtype: dt,
+        shape,
+        nbytes: nb,
+    })))
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ pub mod error;
 pub mod gather;
 pub mod layout;
 pub mod load;
+pub mod meta_parse;
 pub mod packed;
 pub mod parallel;
 pub mod safetensors_io;
@@ -33,6 +34,7 @@ pub mod save;
 pub mod shared;
 pub mod storage;
 pub mod summary;
+pub mod summary_render;
 #[cfg(all(test, windows))]
 mod windows_tests;
 
@@ -54,6 +56,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::flush_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(api::encode_key, m)?)?;
     m.add_function(wrap_pyfunction!(api::tree_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(api::tree_report, m)?)?;
     m.add_function(wrap_pyfunction!(api::read_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(api::write_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(api_gather::gather_rows, m)?)?;

@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::commit;
 use crate::dir::{self, Dir, EntryKind};
 use crate::error::{Error, Result};
-use crate::layout::{self, Entry, LeafMeta, NodeMeta};
+use crate::layout::{self, Entry, LeafMeta, NodeMeta, TensorDictMeta};
 use crate::parallel;
 use crate::storage::{self, MapMode, Region};
 
@@ -41,9 +41,19 @@ pub struct LoadedNode {
 /// A leaf file to open and map, found while walking.
 struct LeafJob {
     name: String,
-    /// How messages name the leaf, e.g. `key "obs"`.
-    label: String,
+    /// The leaf's key (None: a single file, see `open_file`), for messages only.
+    key: Option<String>,
     nbytes: usize,
+}
+
+impl LeafJob {
+    /// How messages name the leaf, e.g. `key "obs"` (made only when a message is).
+    fn label(&self) -> String {
+        match &self.key {
+            Some(key) => format!("key {key:?}"),
+            None => "this tensor".into(),
+        }
+    }
 }
 
 /// How many times a load starts again when a save commits into the tree under it.
@@ -104,7 +114,16 @@ struct MapGroup {
 fn load_from(root: &Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
     let mut groups = Vec::new();
     let mut count = 0;
-    let node = walk(root, &mut Vec::new(), 0, &[], &mut groups, &mut count)?;
+    let meta = match read_meta(root)? {
+        NodeMeta::TensorDict(m) => m,
+        NodeMeta::NonTensor(_) => {
+            return Err(Error::unsupported(
+                root.path(),
+                "this directory holds a single non-tensor value, not a TensorDict",
+            ))
+        }
+    };
+    let node = walk(root, &mut Vec::new(), 0, &[], meta, &mut groups, &mut count)?;
     // Every directory's meta.json is read first; then the files are mapped in parallel, a
     // group at a time (each worker holds one directory open while it maps its group).
     let leaves: usize = groups.iter().map(|g: &MapGroup| g.jobs.len()).sum();
@@ -162,14 +181,16 @@ fn open_child_dir(parent: &Dir, key: &str) -> Result<Dir> {
     }
 }
 
-/// Loads the directory at `rel` below `root`. Only this directory is open while its files
-/// are mapped; sub-trees are opened afresh from the root afterwards, so the descriptors in
+/// Loads the directory at `rel` below `root`, whose meta.json (`meta`) its parent read
+/// (each meta.json is read and parsed once). Only this directory is open while its entries
+/// are walked; sub-trees are opened afresh from the root afterwards, so the descriptors in
 /// use stay a small constant whatever the shape of the tree.
 fn walk(
     root: &Dir,
     rel: &mut Vec<String>,
     depth: usize,
     parent_batch: &[u64],
+    meta: TensorDictMeta,
     groups: &mut Vec<MapGroup>,
     count: &mut usize,
 ) -> Result<LoadedNode> {
@@ -178,15 +199,6 @@ fn walk(
         return Err(Error::invalid(&path, "the tree is nested too deeply"));
     }
     let dir = root.open_rel(rel).map_err(|e| Error::io(&path, e))?;
-    let meta = match read_meta(&dir)? {
-        NodeMeta::TensorDict(m) => m,
-        NodeMeta::NonTensor(_) => {
-            return Err(Error::unsupported(
-                &path,
-                "this directory holds a single non-tensor value, not a TensorDict",
-            ))
-        }
-    };
     if !meta.batch.starts_with(parent_batch) {
         return Err(Error::invalid(
             &path,
@@ -211,7 +223,7 @@ fn walk(
                 };
                 jobs.push(LeafJob {
                     name,
-                    label: format!("key {key:?}"),
+                    key: Some(key.clone()),
                     nbytes,
                 });
                 entries.push((
@@ -227,8 +239,8 @@ fn walk(
                 let child = open_child_dir(&dir, &key)?;
                 match read_meta(&child)? {
                     NodeMeta::NonTensor(value) => entries.push((key, Some(LoadedEntry::NonTensor(value)))),
-                    NodeMeta::TensorDict(_) => {
-                        children.push((entries.len(), layout::encode_key(&key)));
+                    NodeMeta::TensorDict(sub) => {
+                        children.push((entries.len(), layout::encode_key(&key), sub));
                         entries.push((key, None));
                     }
                 }
@@ -244,9 +256,9 @@ fn walk(
         });
     }
     drop(dir);
-    for (at, name) in children {
+    for (at, name, sub) in children {
         rel.push(name);
-        let node = walk(root, rel, depth + 1, &meta.batch, groups, count);
+        let node = walk(root, rel, depth + 1, &meta.batch, sub, groups, count);
         rel.pop();
         entries[at].1 = Some(LoadedEntry::Node(node?));
     }
@@ -264,12 +276,15 @@ fn walk(
 fn leaf_name(dir: &Dir, key: &str) -> Result<String> {
     let encoded = layout::leaf_file(key);
     if let Some(raw) = layout::legacy_name(key) {
+        // (most keys encode to themselves: then there is no other name to look for)
+        if encoded.strip_suffix(layout::LEAF_SUFFIX) == Some(raw) {
+            return Ok(encoded);
+        }
         let legacy = format!("{raw}{}", layout::LEAF_SUFFIX);
-        if legacy != encoded
-            && dir
-                .kind(&encoded)
-                .map_err(|e| Error::io(dir.child_path(&encoded), e))?
-                == EntryKind::Missing
+        if dir
+            .kind(&encoded)
+            .map_err(|e| Error::io(dir.child_path(&encoded), e))?
+            == EntryKind::Missing
             && dir
                 .kind(&legacy)
                 .map_err(|e| Error::io(dir.child_path(&legacy), e))?
@@ -282,27 +297,30 @@ fn leaf_name(dir: &Dir, key: &str) -> Result<String> {
 }
 
 /// Opens a leaf file (never blocking), checks it is a regular file long enough for its shape.
-fn check_leaf(dir: &Dir, job: &LeafJob) -> Result<(std::fs::File, bool, std::fs::Metadata)> {
-    let path = dir.child_path(&job.name);
-    let what = &job.label;
+/// `path` is the file's path (`dir.child_path(&job.name)`), for messages.
+fn check_leaf(dir: &Dir, job: &LeafJob, path: &Path) -> Result<(std::fs::File, bool, std::fs::Metadata)> {
     let (file, writable) = dir.open_file(&job.name).map_err(|e| match e.raw_os_error() {
         #[cfg(unix)]
         Some(libc::ELOOP) => Error::symlink(
-            &path,
-            format!("the data file of {what} is a symlink; refusing to follow it"),
+            path,
+            format!(
+                "the data file of {} is a symlink; refusing to follow it",
+                job.label()
+            ),
         ),
         _ if e.kind() == io::ErrorKind::NotFound => {
-            Error::invalid(&path, format!("the data file of {what} is missing"))
+            Error::invalid(path, format!("the data file of {} is missing", job.label()))
         }
-        _ if dir::is_not_regular(&e) => Error::invalid(&path, format!("the data of {what} is {e}")),
-        _ => Error::io(&path, e),
+        _ if dir::is_not_regular(&e) => Error::invalid(path, format!("the data of {} is {e}", job.label())),
+        _ => Error::io(path, e),
     })?;
-    let md = file.metadata().map_err(|e| Error::io(&path, e))?;
+    let md = file.metadata().map_err(|e| Error::io(path, e))?;
     if md.len() < job.nbytes as u64 {
         return Err(Error::invalid(
-            &path,
+            path,
             format!(
-                "the data file of {what} is truncated: {} bytes, its shape needs {}",
+                "the data file of {} is truncated: {} bytes, its shape needs {}",
+                job.label(),
                 md.len(),
                 job.nbytes
             ),
@@ -344,8 +362,9 @@ fn map_leaf(dir: &Dir, job: &LeafJob) -> Result<Option<Region>> {
     if job.nbytes == 0 {
         return Ok(None);
     }
-    let (file, writable, md) = check_leaf(dir, job)?;
-    map_checked(&file, writable, &md, job.nbytes, &dir.child_path(&job.name)).map(Some)
+    let path = dir.child_path(&job.name);
+    let (file, writable, md) = check_leaf(dir, job, &path)?;
+    map_checked(&file, writable, &md, job.nbytes, &path).map(Some)
 }
 
 /// Opens and maps one existing data file of at least `nbytes` bytes (read-only files are
@@ -354,11 +373,12 @@ pub fn open_file(path: &Path, nbytes: usize) -> Result<Region> {
     let (dir, name) = split_file_path(path)?;
     let job = LeafJob {
         name,
-        label: "this tensor".into(),
+        key: None,
         nbytes,
     };
-    let (file, writable, md) = check_leaf(&dir, &job)?;
-    map_checked(&file, writable, &md, nbytes, &dir.child_path(&job.name))
+    let path = dir.child_path(&job.name);
+    let (file, writable, md) = check_leaf(&dir, &job, &path)?;
+    map_checked(&file, writable, &md, nbytes, &path)
 }
 
 /// The open parent directory of a file path and the file's name.
@@ -389,14 +409,22 @@ pub fn verify_tree(prefix: &Path) -> Vec<String> {
                     .to_string(),
                 );
             }
-            verify_dir(&root, &mut Vec::new(), 0, &mut problems)
+            verify_dir(&root, &mut Vec::new(), 0, None, &mut problems)
         }
         Err(e) => problems.push(Error::io(prefix, e).to_string()),
     }
     problems
 }
 
-fn verify_dir(root: &Dir, rel: &mut Vec<String>, depth: usize, problems: &mut Vec<String>) {
+/// Verifies the directory at `rel` below `root`; `known` is its meta.json when its parent
+/// already read it (each meta.json is read and parsed once).
+fn verify_dir(
+    root: &Dir,
+    rel: &mut Vec<String>,
+    depth: usize,
+    known: Option<TensorDictMeta>,
+    problems: &mut Vec<String>,
+) {
     let path = rel.iter().fold(root.path().to_path_buf(), |p, c| p.join(c));
     if depth > layout::MAX_DEPTH {
         problems.push(Error::invalid(&path, "the tree is nested too deeply").to_string());
@@ -409,7 +437,10 @@ fn verify_dir(root: &Dir, rel: &mut Vec<String>, depth: usize, problems: &mut Ve
             return;
         }
     };
-    let meta = match read_meta(&dir) {
+    let meta = match known
+        .map(NodeMeta::TensorDict)
+        .map_or_else(|| read_meta(&dir), Ok)
+    {
         Ok(NodeMeta::TensorDict(m)) => m,
         Ok(NodeMeta::NonTensor(_)) => {
             problems
@@ -427,14 +458,13 @@ fn verify_dir(root: &Dir, rel: &mut Vec<String>, depth: usize, problems: &mut Ve
             Entry::Leaf(leaf) if leaf.nbytes == 0 => {}
             Entry::Leaf(leaf) => {
                 let checked = leaf_name(&dir, &key).and_then(|name| {
-                    check_leaf(
-                        &dir,
-                        &LeafJob {
-                            name,
-                            label: format!("key {key:?}"),
-                            nbytes: leaf.nbytes,
-                        },
-                    )
+                    let path = dir.child_path(&name);
+                    let job = LeafJob {
+                        name,
+                        key: Some(key.clone()),
+                        nbytes: leaf.nbytes,
+                    };
+                    check_leaf(&dir, &job, &path)
                 });
                 if let Err(e) = checked {
                     problems.push(e.to_string());
@@ -453,7 +483,7 @@ fn verify_dir(root: &Dir, rel: &mut Vec<String>, depth: usize, problems: &mut Ve
                         )
                         .to_string(),
                     ),
-                    Ok(NodeMeta::TensorDict(_)) => children.push(layout::encode_key(&key)),
+                    Ok(NodeMeta::TensorDict(sub)) => children.push((layout::encode_key(&key), sub)),
                     Err(e) => problems.push(e.to_string()),
                 },
                 Err(e) => problems.push(e.to_string()),
@@ -461,9 +491,9 @@ fn verify_dir(root: &Dir, rel: &mut Vec<String>, depth: usize, problems: &mut Ve
         }
     }
     drop(dir);
-    for name in children {
+    for (name, sub) in children {
         rel.push(name);
-        verify_dir(root, rel, depth + 1, problems);
+        verify_dir(root, rel, depth + 1, Some(sub), problems);
         rel.pop();
     }
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::archive::Archive;
 use crate::dir::{Dir, EntryKind};
 use crate::error::{Error, Result};
-use crate::layout::{self, Entry, NodeMeta};
+use crate::layout::{self, Entry, NodeMeta, TensorDictMeta};
 use crate::storage::MapMode;
 
 /// One entry of a summarized directory.
@@ -35,7 +35,7 @@ pub struct SummaryNode {
     pub entries: Vec<(String, SummaryEntry)>,
 }
 
-fn read_meta(dir: &Dir) -> Result<(NodeMeta, Option<u64>)> {
+fn read_meta(dir: &Dir) -> Result<NodeMeta> {
     let path = dir.child_path(layout::META_FILE);
     let bytes = dir
         .read_limited(layout::META_FILE, layout::META_LIMIT)
@@ -45,27 +45,17 @@ fn read_meta(dir: &Dir) -> Result<(NodeMeta, Option<u64>)> {
             }
             _ => Error::io(&path, e),
         })?;
-    meta_and_version(&bytes, &path)
+    layout::parse_meta(&bytes, &path)
 }
 
-fn meta_and_version(bytes: &[u8], path: &Path) -> Result<(NodeMeta, Option<u64>)> {
-    let meta = layout::parse_meta(bytes, path)?;
-    // parse_meta validated the JSON; the version is read from the same bytes by a second pass
-    // that skips everything else without building values (a fraction of the first pass).
-    let version = match &meta {
-        NodeMeta::TensorDict(_) => serde_json::from_slice::<VersionOnly>(bytes)
-            .ok()
-            .and_then(|v| v.format_version)
-            .and_then(|v| v.as_u64()),
-        NodeMeta::NonTensor(_) => None,
-    };
-    Ok((meta, version))
-}
-
-#[derive(serde::Deserialize)]
-struct VersionOnly {
-    #[serde(rename = "_format_version")]
-    format_version: Option<Value>,
+fn tensordict(meta: NodeMeta, at: &Path, what: &str) -> Result<TensorDictMeta> {
+    match meta {
+        NodeMeta::TensorDict(m) => Ok(m),
+        NodeMeta::NonTensor(_) => Err(Error::unsupported(
+            at,
+            format!("this {what} holds a single non-tensor value, not a TensorDict"),
+        )),
+    }
 }
 
 fn child_dir(parent: &Dir, key: &str) -> Result<Dir> {
@@ -88,20 +78,12 @@ fn child_dir(parent: &Dir, key: &str) -> Result<Dir> {
     }
 }
 
-fn summarize_dir(dir: &Dir, depth: usize) -> Result<SummaryNode> {
+/// Summarizes `dir`, whose meta.json (`meta`) was read by its parent (each meta.json is read
+/// and parsed once).
+fn summarize_dir(dir: &Dir, meta: TensorDictMeta, depth: usize) -> Result<SummaryNode> {
     if depth > layout::MAX_DEPTH {
         return Err(Error::invalid(dir.path(), "the tree is nested too deeply"));
     }
-    let (meta, format_version) = read_meta(dir)?;
-    let meta = match meta {
-        NodeMeta::TensorDict(m) => m,
-        NodeMeta::NonTensor(_) => {
-            return Err(Error::unsupported(
-                dir.path(),
-                "this directory holds a single non-tensor value, not a TensorDict",
-            ))
-        }
-    };
     let mut entries = Vec::with_capacity(meta.entries.len());
     for (key, entry) in meta.entries {
         let summary = match entry {
@@ -112,9 +94,9 @@ fn summarize_dir(dir: &Dir, depth: usize) -> Result<SummaryNode> {
             },
             Entry::Collection => {
                 let child = child_dir(dir, &key)?;
-                match read_meta(&child)?.0 {
+                match read_meta(&child)? {
                     NodeMeta::NonTensor(value) => SummaryEntry::NonTensor(value),
-                    NodeMeta::TensorDict(_) => SummaryEntry::Node(summarize_dir(&child, depth + 1)?),
+                    NodeMeta::TensorDict(sub) => SummaryEntry::Node(summarize_dir(&child, sub, depth + 1)?),
                 }
             }
         };
@@ -123,7 +105,7 @@ fn summarize_dir(dir: &Dir, depth: usize) -> Result<SummaryNode> {
     Ok(SummaryNode {
         batch: meta.batch,
         device: meta.device,
-        format_version,
+        format_version: meta.format_version,
         entries,
     })
 }
@@ -132,39 +114,35 @@ fn summarize_dir(dir: &Dir, depth: usize) -> Result<SummaryNode> {
 /// data files are not checked: that is `verify_tree`'s job).
 pub fn summarize(prefix: &Path) -> Result<SummaryNode> {
     let root = Dir::open(prefix).map_err(|e| Error::io(prefix, e))?;
-    summarize_dir(&root, 0)
+    let meta = tensordict(read_meta(&root)?, root.path(), "directory")?;
+    summarize_dir(&root, meta, 0)
 }
 
 /// Summarizes the `.tdz` archive at `path` from its meta.json entries (the archive index is
 /// validated as the loader does; data entries are neither read nor inflated).
 pub fn summarize_archive(path: &Path) -> Result<SummaryNode> {
     let ar = Archive::open(path, MapMode::ReadOnly)?;
-    summarize_entry(&ar, "", 0)
+    let at = ar.path.join(layout::META_FILE);
+    let meta = match archive_meta(&ar, "")? {
+        None => return Err(Error::invalid(&at, "meta.json is missing")),
+        Some(meta) => tensordict(meta, &at, "archive")?,
+    };
+    summarize_entry(&ar, "", meta, 0)
 }
 
-fn archive_meta(ar: &Archive, dir: &str) -> Result<Option<(NodeMeta, Option<u64>)>> {
+fn archive_meta(ar: &Archive, dir: &str) -> Result<Option<NodeMeta>> {
     let name = format!("{dir}{}", layout::META_FILE);
     let Some(e) = ar.entry(&name) else { return Ok(None) };
     let bytes = ar.read(e, layout::META_LIMIT)?;
-    meta_and_version(&bytes, &ar.path.join(&name)).map(Some)
+    layout::parse_meta(&bytes, &ar.path.join(&name)).map(Some)
 }
 
-fn summarize_entry(ar: &Archive, dir: &str, depth: usize) -> Result<SummaryNode> {
-    let at = ar.path.join(format!("{dir}{}", layout::META_FILE));
+/// Summarizes the archive directory `dir`, whose meta.json (`meta`) was read by its parent.
+fn summarize_entry(ar: &Archive, dir: &str, meta: TensorDictMeta, depth: usize) -> Result<SummaryNode> {
     if depth > layout::MAX_DEPTH {
+        let at = ar.path.join(format!("{dir}{}", layout::META_FILE));
         return Err(Error::invalid(&at, "the tree is nested too deeply"));
     }
-    let meta = match archive_meta(ar, dir)? {
-        None => return Err(Error::invalid(&at, "meta.json is missing")),
-        Some((NodeMeta::TensorDict(m), version)) => (m, version),
-        Some((NodeMeta::NonTensor(_), _)) => {
-            return Err(Error::unsupported(
-                &at,
-                "this archive holds a single non-tensor value, not a TensorDict",
-            ))
-        }
-    };
-    let (meta, format_version) = meta;
     let mut entries = Vec::with_capacity(meta.entries.len());
     for (key, entry) in meta.entries {
         let summary = match entry {
@@ -182,9 +160,9 @@ fn summarize_entry(ar: &Archive, dir: &str, depth: usize) -> Result<SummaryNode>
                             format!("the sub-directory of key {key:?} is missing"),
                         ))
                     }
-                    Some((NodeMeta::NonTensor(value), _)) => SummaryEntry::NonTensor(value),
-                    Some((NodeMeta::TensorDict(_), _)) => {
-                        SummaryEntry::Node(summarize_entry(ar, &child, depth + 1)?)
+                    Some(NodeMeta::NonTensor(value)) => SummaryEntry::NonTensor(value),
+                    Some(NodeMeta::TensorDict(sub)) => {
+                        SummaryEntry::Node(summarize_entry(ar, &child, sub, depth + 1)?)
                     }
                 }
             }
@@ -194,7 +172,7 @@ fn summarize_entry(ar: &Archive, dir: &str, depth: usize) -> Result<SummaryNode>
     Ok(SummaryNode {
         batch: meta.batch,
         device: meta.device,
-        format_version,
+        format_version: meta.format_version,
         entries,
     })
 }

@@ -130,3 +130,17 @@ def test_load_releases_gil(tmp_prefix: Path, monkeypatch) -> None:
     assert probe.turns >= MIN_TURNS, probe.turns
     assert len(loaded.keys()) == leaves
     assert loaded[f"k{leaves - 1}"].tolist() == [leaves - 1.0, leaves - 1.0]
+
+
+def test_info_report_releases_gil(tmp_prefix: Path, monkeypatch) -> None:
+    # The summary walk and the rendering of `tensordict-rs info` run with the GIL released.
+    tree = {f"g{g}": {f"k{i}": torch.zeros(2) for i in range(100)} for g in range(40)}
+    TensorDict(tree, [2]).memmap_(tmp_prefix)
+    from tensordict_rs.cli import info
+
+    with probe_thread() as probe:
+        monkeypatch.setattr(_native, "tree_report", probe.watch(_native.tree_report))
+        text = info.report(tmp_prefix)
+    assert probe.calls == 1
+    assert probe.turns >= MIN_TURNS, probe.turns
+    assert "4000 tensors, 40 sub-trees" in text

@@ -1,20 +1,22 @@
 """``tensordict-rs info DIR``: what a saved directory holds, from its meta.json files alone.
 
 No torch import and no data file opened: the Rust core reads and validates every meta.json
-(``_native.tree_summary``) and this module adds up the sizes and renders the tree. It is kept
-lean (plain tuples, cached formatting) so that a 10,000-leaf directory prints in well under
-100 ms, interpreter start included.
+and renders the report (``_native.tree_report``, used by the command line: one call, so that a
+10,000-leaf directory prints in well under 100 ms, interpreter start included).
+``summarize`` gives the same tree as Python objects (``_native.tree_summary``), with its
+compact repr and totals.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _native
-from .._repr import Node, render, short_name, sort_entries
+
+if TYPE_CHECKING:
+    from .._repr import Node
 
 LEAF, NODE, NON_TENSOR = 0, 1, 2
 
@@ -37,6 +39,8 @@ class Summary:
     )
 
     def __init__(self, node: Any) -> None:
+        import json
+
         batch, self.device, self.format_version, raw = node
         self.batch_size: list[int] = list(batch)
         self.entries: list[tuple[Any, ...]] = []
@@ -104,10 +108,22 @@ def summarize(prefix: str | os.PathLike[str]) -> Summary:
     return Summary(_native.tree_summary(os.fspath(prefix)))
 
 
-_short = functools.lru_cache(maxsize=None)(short_name)
+_SHORT: dict[str, str] = {}
+
+
+def _short(dtype: str) -> str:
+    """``short_name`` of a dtype string, cached (a tree has few dtypes and many leaves)."""
+    name = _SHORT.get(dtype)
+    if name is None:
+        from .._repr import short_name
+
+        name = _SHORT[dtype] = short_name(dtype)
+    return name
 
 
 def _repr_node(node: Summary) -> list[tuple[str, Node]]:
+    from .._repr import sort_entries
+
     dims = len(node.batch_size)
     body: list[tuple[str, Node]] = []
     for entry in node.entries:
@@ -133,6 +149,8 @@ def compact_repr(summary: Summary) -> str:
     >>> compact_repr(summarize(d + "/td"))
     'TensorDict(batch_size=[4], device=cpu, fields={a: f32[3], b: {c: f32[]}})'
     """
+    from .._repr import render
+
     return render("TensorDict", summary.batch_size, summary.device, _repr_node(summary))
 
 
@@ -152,56 +170,22 @@ def human_bytes(n: int) -> str:
     return f"{size:.1f} {units[0]}"
 
 
-def _rows(node: Summary, path: str, out: list[tuple[str, str, str, str]]) -> None:
-    for entry in node.entries:
-        tag, name = entry[0], path + entry[1]
-        if tag == LEAF:
-            dtype = entry[2][6:] if entry[2].startswith("torch.") else entry[2]
-            shape = "[" + ", ".join(map(str, entry[3])) + "]"
-            out.append((human_bytes(entry[4]), dtype, shape, name))
-        elif tag == NODE:
-            sub = entry[2]
-            leaves = f"{sub.leaves} lea{'f' if sub.leaves == 1 else 'ves'}"
-            shape = "[" + ", ".join(map(str, sub.batch_size)) + "]"
-            out.append((human_bytes(sub.nbytes), "tensordict", shape, f"{name}/  ({leaves})"))
-            _rows(sub, name + "/", out)
-        else:
-            text = json.dumps(entry[2], ensure_ascii=False)
-            if len(text) > 40:
-                text = text[:37] + "..."
-            out.append(("-", type(entry[2]).__name__, "", f"{name} = {text}"))
+def report(path: str | os.PathLike[str], as_json: bool = False) -> str:
+    """The ``info`` report of a directory or ``.tdz`` archive, rendered by the Rust core.
 
+    Text: the path, the compact repr, the totals, then one row per entry (size, dtype, shape,
+    name). JSON (``as_json``): ``path`` (absolute), ``repr``, ``format_version``, ``nbytes``,
+    ``leaves``, ``sub_trees`` and ``tree``. Both come from one native call that reads the
+    meta.json files with the GIL released; nothing is rendered per leaf in Python.
 
-def format_text(prefix: str, summary: Summary) -> str:
-    """The human-readable report: the repr, the totals, then one row per entry."""
-    version = summary.format_version
-    lines = [
-        prefix,
-        compact_repr(summary),
-        f"format version {version if version is not None else '(none recorded)'}; "
-        f"{summary.leaves} tensors, {summary.sub_trees} sub-trees; "
-        f"{human_bytes(summary.nbytes)} ({summary.nbytes:,} bytes)",
-    ]
-    rows: list[tuple[str, str, str, str]] = []
-    _rows(summary, "", rows)
-    if rows:
-        w0 = max(len(r[0]) for r in rows)
-        w1 = max(len(r[1]) for r in rows)
-        w2 = max(len(r[2]) for r in rows)
-        lines.append("")
-        lines.extend(f"  {a:>{w0}}  {b:<{w1}}  {c:<{w2}}  {d}" for a, b, c, d in rows)
-    return "\n".join(lines)
-
-
-def format_json(prefix: str, summary: Summary) -> str:
-    """The JSON report: path, repr, totals (``nbytes``, ``leaves``, ``sub_trees``) and tree."""
-    out = {
-        "path": os.path.abspath(prefix),
-        "repr": compact_repr(summary),
-        "format_version": summary.format_version,
-        "nbytes": summary.nbytes,
-        "leaves": summary.leaves,
-        "sub_trees": summary.sub_trees,
-        "tree": summary.to_json(),
-    }
-    return json.dumps(out, ensure_ascii=False)
+    >>> import json, tempfile, torch, tensordict_rs
+    >>> d = tempfile.mkdtemp()
+    >>> _ = tensordict_rs.TensorDict({"a": torch.zeros(4, 3)}, [4]).memmap(d + "/td")
+    >>> print(report(d + "/td").splitlines()[-1])
+      48 B  float32  [4, 3]  a
+    >>> json.loads(report(d + "/td", as_json=True))["tree"]["entries"]["a"]["nbytes"]
+    48
+    """
+    text = os.fspath(path)
+    shown = os.path.abspath(text) if as_json else text
+    return _native.tree_report(text, shown, json=as_json)
