@@ -247,7 +247,10 @@ impl Plan {
                         continue;
                     }
                     let name = layout::leaf_file(key);
-                    written.insert(name.clone());
+                    if dir.is_some() {
+                        // (only a directory that exists has old files to keep or remove)
+                        written.insert(name.clone());
+                    }
                     let path = final_path.join(&name);
                     match stat(&name)? {
                         None => {}
@@ -488,8 +491,15 @@ impl Plan {
                 if opts.durable {
                     file.sync_data().map_err(io_err)?;
                 }
-                storage::map_file(&file, leaf.nbytes, Some(job.final_path.clone()), MapMode::Shared)
-                    .map_err(io_err)
+                let identity = new_file_identity(&file);
+                storage::map_file_as(
+                    &file,
+                    leaf.nbytes,
+                    Some(job.final_path.clone()),
+                    MapMode::Shared,
+                    identity,
+                )
+                .map_err(io_err)
             },
         )?;
         for (job, region) in self.jobs.iter().zip(mapped) {
@@ -515,6 +525,20 @@ impl Plan {
         };
         (journal, self.regions)
     }
+}
+
+/// (device, inode) of a file just created, for its map: one `fstat` (std's `metadata` is a
+/// `statx` with an empty path, which costs more per call).
+#[cfg(unix)]
+fn new_file_identity(file: &std::fs::File) -> Option<(u64, u64)> {
+    rustix::fs::fstat(file)
+        .ok()
+        .map(|st| (st.st_dev as u64, st.st_ino as u64))
+}
+
+#[cfg(not(unix))]
+fn new_file_identity(file: &std::fs::File) -> Option<(u64, u64)> {
+    crate::dir::file_id(file)
 }
 
 /// `name` inside the staged directory `at` ("" is the staging directory itself).
