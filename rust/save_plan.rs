@@ -530,6 +530,7 @@ impl Plan {
 /// (device, inode) of a file just created, for its map: one `fstat` (std's `metadata` is a
 /// `statx` with an empty path, which costs more per call).
 #[cfg(unix)]
+#[allow(clippy::unnecessary_cast)] // dev_t and ino_t are not u64 on every Unix
 fn new_file_identity(file: &std::fs::File) -> Option<(u64, u64)> {
     rustix::fs::fstat(file)
         .ok()
