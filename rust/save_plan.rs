@@ -509,6 +509,7 @@ impl Plan {
     }
 
     /// The maps of the written leaves, for a save that needs no journal (`save_fresh.rs`).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     pub(super) fn into_regions(self) -> Vec<Option<Region>> {
         self.regions
     }
