@@ -64,23 +64,25 @@ fn node_spec<'a>(node: &Bound<'_, PyAny>, leaves: &mut Vec<LeafSpec<'a>>) -> PyR
     for item in entries.iter() {
         let item = item.cast_into::<PyTuple>()?;
         let tag: u8 = item.get_item(0)?.extract()?;
+        if tag == LEAF {
+            // the whole tuple at once (the key is not extracted twice)
+            let (_, key, dtype, shape, device, ptr, nbytes, same_file): LeafTuple = item.extract()?;
+            // SAFETY: the Python layer keeps every source tensor and its storage alive
+            // during write_tree.
+            let data = unsafe { source_slice(ptr, nbytes) };
+            leaves.push(LeafSpec {
+                dtype,
+                shape,
+                device,
+                data,
+                nbytes,
+                same_file,
+            });
+            out.push((key, EntrySpec::Leaf(leaves.len() - 1)));
+            continue;
+        }
         let key: String = item.get_item(1)?.extract()?;
         let entry = match tag {
-            LEAF => {
-                let (_, _, dtype, shape, device, ptr, nbytes, same_file): LeafTuple = item.extract()?;
-                // SAFETY: the Python layer keeps every source tensor and its storage alive
-                // during write_tree.
-                let data = unsafe { source_slice(ptr, nbytes) };
-                leaves.push(LeafSpec {
-                    dtype,
-                    shape,
-                    device,
-                    data,
-                    nbytes,
-                    same_file,
-                });
-                EntrySpec::Leaf(leaves.len() - 1)
-            }
             NODE => EntrySpec::Node(node_spec(&item.get_item(2)?, leaves)?),
             NON_TENSOR => EntrySpec::NonTensor(parse_json(&item.get_item(2)?.extract::<String>()?, &key)?),
             other => return Err(PyTypeError::new_err(format!("unknown entry tag {other}"))),

@@ -122,6 +122,16 @@ impl Staging {
         })
     }
 
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    /// A staging directory made elsewhere (`save::fresh`: the sibling a new prefix is built
+    /// in), for a save that needs no journal: only `dir(0)` and `sync` are used on it.
+    pub fn around(dir: Dir) -> Staging {
+        Staging {
+            token: String::new(),
+            dirs: vec![(Vec::new(), 0, dir)],
+        }
+    }
+
     /// The staging directory for files that go into `target` (at `rel`, on `mount`): the one
     /// of that mount, created in `target` when it is the first directory seen on it.
     pub fn for_mount(&mut self, target: &Dir, rel: &[String], mount: u64) -> Result<usize> {

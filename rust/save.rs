@@ -27,6 +27,9 @@ use crate::storage::Region;
 
 #[path = "save_file.rs"]
 mod file;
+#[cfg(any(target_os = "linux", target_os = "android"))]
+#[path = "save_fresh.rs"]
+pub mod fresh;
 #[path = "save_plan.rs"]
 mod plan;
 #[path = "save_validate.rs"]
@@ -84,9 +87,39 @@ pub fn write_tree(
     leaves: &[LeafSpec<'_>],
     opts: SaveOptions,
 ) -> Result<Vec<Option<Region>>> {
+    write_tree_hooked(prefix, root, leaves, opts, &|| {})
+}
+
+/// `write_tree`; `before_publish` runs just before a new prefix is renamed into place
+/// (`fresh::write`), for tests that make the prefix appear there.
+pub(crate) fn write_tree_hooked(
+    prefix: &Path,
+    root: &NodeSpec,
+    leaves: &[LeafSpec<'_>],
+    opts: SaveOptions,
+    before_publish: &dyn Fn(),
+) -> Result<Vec<Option<Region>>> {
     validate(root, leaves, prefix)?;
     let target = std::path::absolute(prefix).map_err(|e| Error::io(prefix, e))?;
-    let (dir, created) = open_or_create(&target)?;
+    let existing = match Dir::open(&target) {
+        Ok(dir) => Some(dir),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io(&target, e)),
+    };
+    let (dir, created) = match existing {
+        Some(dir) => (dir, false),
+        None => {
+            // A new prefix is built whole beside it and moved in with one rename.
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            if let fresh::Outcome::Done(regions) = fresh::write(&target, root, leaves, opts, before_publish)?
+            {
+                return Ok(regions);
+            }
+            #[cfg(not(any(target_os = "linux", target_os = "android")))]
+            before_publish();
+            open_or_create(&target)?
+        }
+    };
     let lock = SaveLock::acquire(&dir)?;
     let result = (|| {
         commit::recover(&dir)?;
@@ -162,7 +195,7 @@ fn save_locked(
     opts: SaveOptions,
 ) -> Result<Vec<Option<Region>>> {
     let mut staging = Staging::new(root)?;
-    let mut plan = Plan::new(leaves.len());
+    let mut plan = Plan::new(leaves.len(), root.path());
     let staged = (|| {
         plan.node(
             root,

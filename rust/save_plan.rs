@@ -35,6 +35,8 @@ pub(super) struct Plan {
     staged_dirs: usize,
     /// Every directory made inside the staging directories (stage, path in it).
     synced_dirs: Vec<(usize, String)>,
+    /// Where the tree goes (for messages and the maps' paths).
+    root_path: PathBuf,
 }
 
 /// The names a directory of the old tree owns, from its meta.json (read leniently: a damaged
@@ -140,8 +142,8 @@ fn map_existing(dir: &Dir, name: &str, nbytes: usize) -> Result<Region> {
 }
 
 impl Plan {
-    /// An empty plan for a tree of `leaves` leaves.
-    pub(super) fn new(leaves: usize) -> Plan {
+    /// An empty plan for a tree of `leaves` leaves that goes to `root_path`.
+    pub(super) fn new(leaves: usize, root_path: &Path) -> Plan {
         Plan {
             mkdirs: Vec::new(),
             data: Vec::new(),
@@ -152,6 +154,7 @@ impl Plan {
             staged_metas: 0,
             staged_dirs: 0,
             synced_dirs: Vec::new(),
+            root_path: root_path.to_path_buf(),
         }
     }
 
@@ -168,7 +171,7 @@ impl Plan {
         parent_stage: usize,
         parent_staged: Option<&str>,
     ) -> Result<()> {
-        let final_path = commit_path(root.path(), rel);
+        let final_path = commit_path(&self.root_path, rel);
         let dir = if exists {
             let dir = root.open_rel(rel).map_err(|e| Error::io(&final_path, e))?;
             if !meta_is_ours(&dir)? {
@@ -191,12 +194,15 @@ impl Plan {
         };
         // A directory the target lacks is built whole inside the staging directory (files at
         // their final names) and goes into place with one rename: `staged` is where it is.
+        // A root that does not exist is the staging directory itself (`save_fresh.rs`).
         let staged: Option<String> = if exists {
             None
+        } else if rel.is_empty() {
+            Some(String::new())
         } else {
-            let name = rel.last().expect("only the root exists for sure, and it exists");
+            let name = rel.last().expect("a non-empty path has a last component");
             let at = match parent_staged {
-                Some(parent) => format!("{parent}/{name}"),
+                Some(parent) => inside(parent, name),
                 None => {
                     let top = format!("d{}", self.staged_dirs);
                     self.staged_dirs += 1;
@@ -241,7 +247,10 @@ impl Plan {
                         continue;
                     }
                     let name = layout::leaf_file(key);
-                    written.insert(name.clone());
+                    if dir.is_some() {
+                        // (only a directory that exists has old files to keep or remove)
+                        written.insert(name.clone());
+                    }
                     let path = final_path.join(&name);
                     match stat(&name)? {
                         None => {}
@@ -269,7 +278,7 @@ impl Plan {
                         Some(st) => return Err(foreign(&path, kind_name(st.kind))),
                     }
                     let staged = match &staged {
-                        Some(at) => format!("{at}/{name}"),
+                        Some(at) => inside(at, &name),
                         None => {
                             let staged = format!("f{i}");
                             self.data.push(Op::Rename {
@@ -300,7 +309,7 @@ impl Plan {
                     written.insert(name.clone());
                     let bytes = layout::non_tensor_meta(value);
                     if let Some(at) = &staged {
-                        let sub = format!("{at}/{name}");
+                        let sub = inside(at, &name);
                         let sub_meta = format!("{sub}/{}", layout::META_FILE);
                         let io_err = |e| Error::io(final_path.join(&name), e);
                         staging.dir(stage).create_dir(&sub).map_err(io_err)?;
@@ -356,7 +365,7 @@ impl Plan {
             // inside a staged sub-tree: meta.json is written at its final name
             return staging
                 .dir(stage)
-                .write_new(&format!("{at}/{}", layout::META_FILE), &bytes, opts.durable)
+                .write_new(&inside(at, layout::META_FILE), &bytes, opts.durable)
                 .map_err(|e| Error::io(final_path.join(layout::META_FILE), e));
         }
         // Post-order: a directory's meta.json goes in after its children's, the root's last.
@@ -482,14 +491,27 @@ impl Plan {
                 if opts.durable {
                     file.sync_data().map_err(io_err)?;
                 }
-                storage::map_file(&file, leaf.nbytes, Some(job.final_path.clone()), MapMode::Shared)
-                    .map_err(io_err)
+                let identity = new_file_identity(&file);
+                storage::map_file_as(
+                    &file,
+                    leaf.nbytes,
+                    Some(job.final_path.clone()),
+                    MapMode::Shared,
+                    identity,
+                )
+                .map_err(io_err)
             },
         )?;
         for (job, region) in self.jobs.iter().zip(mapped) {
             self.regions[job.leaf] = Some(region);
         }
         Ok(())
+    }
+
+    /// The maps of the written leaves, for a save that needs no journal (`save_fresh.rs`).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    pub(super) fn into_regions(self) -> Vec<Option<Region>> {
+        self.regions
     }
 
     pub(super) fn journal(self, staging: &Staging) -> (Journal, Vec<Option<Region>>) {
@@ -503,6 +525,30 @@ impl Plan {
             ops,
         };
         (journal, self.regions)
+    }
+}
+
+/// (device, inode) of a file just created, for its map: one `fstat` (std's `metadata` is a
+/// `statx` with an empty path, which costs more per call).
+#[cfg(unix)]
+#[allow(clippy::unnecessary_cast)] // dev_t and ino_t are not u64 on every Unix
+fn new_file_identity(file: &std::fs::File) -> Option<(u64, u64)> {
+    rustix::fs::fstat(file)
+        .ok()
+        .map(|st| (st.st_dev as u64, st.st_ino as u64))
+}
+
+#[cfg(not(unix))]
+fn new_file_identity(file: &std::fs::File) -> Option<(u64, u64)> {
+    crate::dir::file_id(file)
+}
+
+/// `name` inside the staged directory `at` ("" is the staging directory itself).
+fn inside(at: &str, name: &str) -> String {
+    if at.is_empty() {
+        name.to_string()
+    } else {
+        format!("{at}/{name}")
     }
 }
 

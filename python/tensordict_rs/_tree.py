@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 LEAF, NODE, NON_TENSOR = 0, 1, 2
 _CPU = torch.device("cpu")
+_STRIDED = torch.strided
 
 
 class TreeNode:
@@ -210,6 +211,8 @@ class _Plan:
         """The directory spec of ``td``, to be saved at ``path``."""
         entries: list[tuple[Any, ...]] = []
         slots = self.slots
+        keep = self.keep
+        like = self.like
         for key, value in td._tensordict.items():
             cls = type(value)
             same: tuple[int, int] | None = None
@@ -220,6 +223,30 @@ class _Plan:
                 nbytes = value.buffer.nbytes
             elif cls is NonTensorData:
                 entries.append((NON_TENSOR, key, _json_text(value.data, key)))
+                continue
+            elif cls is torch.Tensor and not like:
+                # the common leaf, inline: a plain dense tensor (see _check_layout, _pointer)
+                if value.layout is not _STRIDED or value.is_nested:
+                    _check_layout(value, key, path)
+                nbytes = value.nbytes
+                if not value.is_cpu:
+                    device = str(value.device)
+                    ptr = self._pointer(value, nbytes)
+                else:
+                    device = "cpu"
+                    if nbytes == 0:
+                        ptr = 0
+                    elif value.is_contiguous() and not (value.is_conj() or value.is_neg()):
+                        keep.append(value)
+                        keep.append(value.untyped_storage())
+                        ptr = value.data_ptr()
+                    else:
+                        ptr = self._pointer(value, nbytes)
+                dtype = value.dtype
+                shape = tuple(value.shape)
+                dtype_name = DTYPE_TO_STR.get(dtype) or dtype_to_str(dtype)
+                entries.append((LEAF, key, dtype_name, shape, device, ptr, nbytes, None))
+                slots.append((td, key, dtype, shape))
                 continue
             elif isinstance(value, torch.Tensor):
                 _check_layout(value, key, path)
