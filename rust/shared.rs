@@ -116,15 +116,22 @@ fn check_memory(total: usize) -> Result<()> {
     }
 }
 
+/// Without memfds nothing is checked here: `fallocate` decides.
+#[cfg(not(target_os = "linux"))]
+fn check_memory(_total: usize) -> Result<()> {
+    Ok(())
+}
+
 /// Whether new arenas are memfds (Linux, `TENSORDICT_RS_ANON_DIR` unset).
 fn memfds_wanted() -> bool {
     cfg!(target_os = "linux") && std::env::var_os("TENSORDICT_RS_ANON_DIR").is_none()
 }
 
-/// A new memfd of `total` reserved bytes, or `None` where the kernel refuses memfds. The
-/// memory left is checked by the caller, once for every arena of a call (`check_memory`).
+/// A new memfd of `total` bytes, its `holes` reserved (see `storage::reserve_holes`), or
+/// `None` where the kernel refuses memfds. The memory left is checked by the caller, once for
+/// every arena of a call (`check_memory`).
 #[cfg(target_os = "linux")]
-fn memfd(total: usize) -> Result<Option<File>> {
+fn memfd(total: usize, holes: &[(usize, usize)]) -> Result<Option<File>> {
     use rustix::fs::{memfd_create, MemfdFlags};
     let name = Path::new(MEMFD_NAME);
     let fd = match memfd_create("tensordict-rs", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING) {
@@ -135,15 +142,16 @@ fn memfd(total: usize) -> Result<Option<File>> {
         Err(e) => return Err(Error::io(name, e.into())),
     };
     let file = File::from(fd);
-    storage::reserve(&file, total).map_err(|e| Error::io(name, e))?;
+    storage::reserve_holes(&file, total, holes).map_err(|e| Error::io(name, e))?;
     Ok(Some(file))
 }
 
-/// The backing file of a new arena of `total` bytes, reserved, and the place errors name.
-fn backing_file(total: usize) -> Result<(File, PathBuf, bool)> {
+/// The backing file of a new arena of `total` bytes, its `holes` reserved, and the place
+/// errors name.
+fn backing_file(total: usize, holes: &[(usize, usize)]) -> Result<(File, PathBuf, bool)> {
     #[cfg(target_os = "linux")]
     if memfds_wanted() {
-        if let Some(file) = memfd(total)? {
+        if let Some(file) = memfd(total, holes)? {
             return Ok((file, PathBuf::from(MEMFD_NAME), true));
         }
     }
@@ -151,7 +159,7 @@ fn backing_file(total: usize) -> Result<(File, PathBuf, bool)> {
     let mut last = None;
     for dir in &dirs {
         let attempt = storage::unnamed_file(dir).and_then(|file| {
-            storage::reserve(&file, total)
+            storage::reserve_holes(&file, total, holes)
                 .map(|()| file)
                 .map_err(|e| Error::io(dir, e))
         });
@@ -215,7 +223,6 @@ pub fn create(
         .iter()
         .map(|idx| storage::arena_layout(&idx.iter().map(|&i| parts[i]).collect::<Vec<_>>()))
         .collect::<Result<Vec<_>>>()?;
-    #[cfg(target_os = "linux")]
     if memfds_wanted() {
         check_memory(layouts.iter().map(|(_, total)| total).sum())?;
     }
@@ -256,7 +263,6 @@ pub fn create(
 pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
     let parts = [(src, len)];
     let (offsets, total) = storage::arena_layout(&parts)?;
-    #[cfg(target_os = "linux")]
     if memfds_wanted() {
         check_memory(total)?;
     }
@@ -265,8 +271,22 @@ pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
 
 /// One arena of `total` bytes: made, reserved, `parts` written at `offsets` (from this thread:
 /// small ones with vectored writes, large ones with one `pwrite` each), sealed and mapped.
+///
+/// Every byte is allocated before the map exists, so that running out is an error here and
+/// never a SIGBUS later: the large parts with data by their `pwrite`, everything else (small
+/// parts, zeros, padding) by `fallocate` first. Reserving the whole arena first, as for a
+/// file, would allocate the large parts' pages twice (a fifth more CPU time for 1 GiB).
 fn fill(parts: &[(Option<&[u8]>, usize)], offsets: &[usize], total: usize) -> Result<(Region, Identity)> {
-    let (file, place, sealable) = backing_file(total)?;
+    let mut holes = Vec::new();
+    let mut end = 0;
+    for (&(data, len), &off) in parts.iter().zip(offsets) {
+        if data.is_some() && len >= LARGE_PART {
+            holes.push((end, off.saturating_sub(end)));
+            end = off + len;
+        }
+    }
+    holes.push((end, total.saturating_sub(end)));
+    let (file, place, sealable) = backing_file(total, &holes)?;
     let small: Vec<(Option<&[u8]>, usize)> = parts
         .iter()
         .map(|&(data, len)| (data.filter(|_| len < LARGE_PART), len))
@@ -416,6 +436,15 @@ mod tests {
         // one writer: one arena, as before
         let (one, _) = create(&parts, 1).unwrap();
         assert_eq!(one.len(), 1);
+        // every page allocated (written or reserved): nothing left to fault in and fail later
+        for region in regions.iter().chain(&one) {
+            let st = rustix::fs::fstat(region.fd().unwrap()).unwrap();
+            assert_eq!(st.st_size as usize, region.len());
+            assert!(
+                st.st_blocks as u64 * 512 >= st.st_size as u64,
+                "a hole in the arena"
+            );
+        }
     }
 
     /// How many of `regions` the registry finds by their object.
