@@ -204,16 +204,16 @@ fn assign(parts: &[(Option<&[u8]>, usize)], num_threads: usize) -> (usize, Vec<u
     (count, arena)
 }
 
+/// The arenas of a call and where each part went in them: `(arena, offset)`.
+pub type Arenas = (Vec<Arc<Region>>, Vec<(usize, usize)>);
+
 /// The shareable anonymous arenas holding `parts` (`(data, len)`, data `None`: zeros), and
 /// where each part went: `(arena, offset)`. Small parts are packed back to back into the first
 /// arena (vectored writes); parts of `LARGE_PART` bytes and more sit on their own pages, spread
 /// over up to one arena per writer thread (`num_threads`, 0: one per CPU, see `assign`), each
 /// arena made, reserved and written by its own thread. A tree of small leaves is one arena
 /// (one descriptor, whatever its number of leaves); a big one a few.
-pub fn create(
-    parts: &[(Option<&[u8]>, usize)],
-    num_threads: usize,
-) -> Result<(Vec<Arc<Region>>, Vec<(usize, usize)>)> {
+pub fn create(parts: &[(Option<&[u8]>, usize)], num_threads: usize) -> Result<Arenas> {
     let (count, arena) = assign(parts, num_threads);
     let mut members: Vec<Vec<usize>> = vec![Vec::new(); count];
     for (i, &a) in arena.iter().enumerate() {
