@@ -154,3 +154,33 @@ def test_one_writer_keeps_one_arena() -> None:
     td = big_tree().memmap_(num_threads=1)
     assert len(arenas(td)) == 1
     assert matches_big_tree(td)
+
+
+def plain_child(td: Any, outbox: Any) -> None:
+    """Reports whether the plain big leaves it was started with arrived whole, and in how many
+    arenas."""
+    base = torch.arange(BIG, dtype=torch.float32)
+    equal = all(torch.equal(td[f"p{i}"], base * (i + 1)) for i in range(3))
+    outbox.put((equal, len(arenas(td)), bool(td["tag"] == 7)))
+
+
+def test_plain_big_leaves_reach_a_spawn_child_in_several_arenas() -> None:
+    """Plain leaves are copied into new arenas when the tree is pickled: under spawn, every one
+    of them must stay open until the child has its descriptor, not only the first."""
+    ctx = context("spawn")
+    base = torch.arange(BIG, dtype=torch.float32)
+    td = TensorDict({f"p{i}": base * (i + 1) for i in range(3)}, [])
+    td["tag"] = torch.tensor(7)
+    outbox = ctx.Queue()
+    child = ctx.Process(target=plain_child, args=(td, outbox), daemon=True)
+    child.start()
+    try:
+        equal, count, tag = outbox.get(timeout=WAIT)
+        child.join(WAIT)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+    assert equal and tag
+    # 144 MiB of big leaves: 2 arenas where this process has 2 CPUs or more
+    assert 1 <= count <= 2
