@@ -128,10 +128,10 @@ pub fn write_tree(
 }
 
 /// Creates one anonymous shared-memory Buffer per `(data_ptr, nbytes)` source (data_ptr 0:
-/// zero-filled), with the GIL released. All of them live in one arena (one memfd, or one
-/// unlinked file), whose descriptor stays open so that the memory can be handed to other
-/// processes: small sources packed back to back, large ones on their own pages, written in
-/// parallel.
+/// zero-filled), with the GIL released. They live in shared arenas (memfds, or unlinked
+/// files) whose descriptors stay open so that the memory can be handed to other processes:
+/// small sources packed back to back in one arena, large ones on their own pages, spread over
+/// one arena per writer thread (see `shared::create`).
 #[pyfunction]
 #[pyo3(signature = (sources, *, num_threads = 0))]
 pub fn anonymous_buffers(
@@ -153,17 +153,18 @@ pub fn anonymous_buffers(
         .map(|&(p, n)| (unsafe { source_slice(p, n) }, n))
         .collect();
     #[cfg(unix)]
-    let (region, offsets) = py.detach(|| crate::shared::create(&slices, num_threads))?;
+    let (regions, places) = py.detach(|| crate::shared::create(&slices, num_threads))?;
     #[cfg(not(unix))]
-    let (region, offsets) = {
+    let (regions, places) = {
         let _ = num_threads;
         let (region, offsets) = py.detach(|| crate::storage::anonymous_arena(&slices))?;
-        (std::sync::Arc::new(region), offsets)
+        let places: Vec<(usize, usize)> = offsets.into_iter().map(|off| (0, off)).collect();
+        (vec![std::sync::Arc::new(region)], places)
     };
     Ok(slices
         .iter()
-        .zip(offsets)
-        .map(|(&(_, n), off)| Buffer::slice(&region, off, n))
+        .zip(places)
+        .map(|(&(_, n), (arena, off))| Buffer::slice(&regions[arena], off, n))
         .collect())
 }
 

@@ -299,6 +299,26 @@ pub fn reserve(file: &File, len: usize) -> io::Result<()> {
     file.set_len(len as u64)
 }
 
+/// Sets the size of a new file to `total` and reserves real space for the `holes` (`(offset,
+/// len)`) only: the caller writes every other byte with `pwrite`, which allocates as it writes
+/// (and fails with `ENOSPC`/`ENOMEM` there, never later), so those pages are not allocated
+/// twice. Without fallocate only the size is set.
+pub fn reserve_holes(file: &File, total: usize, holes: &[(usize, usize)]) -> io::Result<()> {
+    file.set_len(total as u64)?;
+    #[cfg(target_os = "linux")]
+    for &(offset, len) in holes.iter().filter(|h| h.1 > 0) {
+        use rustix::fs::{fallocate, FallocateFlags};
+        match fallocate(file, FallocateFlags::empty(), offset as u64, len as u64) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = holes;
+    Ok(())
+}
+
 /// A fresh unguessable suffix for temporary names (seeded from the OS by `RandomState`).
 pub fn random_suffix() -> String {
     use std::collections::hash_map::RandomState;

@@ -2,14 +2,16 @@
 ``multiprocessing`` (Process arguments, Queue, Pipe, Pool) and DataLoader workers, with every
 start method (fork, spawn, forkserver).
 
-What crosses is plain data plus one file descriptor per arena of shared memory, never the
-bytes: the layout of the tree (keys, dtypes, shapes, batch sizes, flags) as tuples, and the
-arenas as ``multiprocessing.reduction.DupFd`` handles, which multiprocessing passes the way it
-passes every fd (inherited by spawn children, sent with ``SCM_RIGHTS`` to forkserver children,
-fetched through ``resource_sharer`` after start-up). The receiver maps the same memory, once per
-process however often it arrives. File-backed leaves travel by path. Plain tensor leaves are
-copied, with one native call, into one new arena: a DataLoader batch crosses back from a worker
-as one descriptor, not one per leaf.
+What crosses is plain data plus one file descriptor per arena of shared memory (a tree of
+small leaves is one arena; large leaves are spread over one arena per writer thread, so a big
+tree is a few), never the bytes: the layout of the tree (keys, dtypes, shapes, batch sizes,
+flags) as tuples, and the arenas as ``multiprocessing.reduction.DupFd`` handles, which
+multiprocessing passes the way it passes every fd (inherited by spawn children, sent with
+``SCM_RIGHTS`` to forkserver children, fetched through ``resource_sharer`` after start-up). The
+receiver maps the same memory, once per process however often it arrives. File-backed leaves
+travel by path. Plain tensor leaves are copied, with one native call, into new arenas: a
+DataLoader batch crosses back from a worker as one descriptor (a few for batches of hundreds
+of MiB), not one per leaf.
 
 The reducers are registered with ``multiprocessing.reduction.ForkingPickler`` only (as torch
 registers its own), so a plain ``pickle.dumps`` of anonymous memory raises at the caller, with
@@ -86,7 +88,8 @@ class _Message:
         sources = [_source_bytes(value) for _, _, _, value in self.plain]
         buffers = _native.anonymous_buffers([(s.data_ptr(), s.nbytes) for s in sources])
         del sources
-        self.keep.append(buffers[0])  # the new arena lives on in no tree of this process
+        # the new arenas (one, or a few for large leaves) live on in no tree of this process
+        self.keep.extend({buffer.region_id: buffer for buffer in buffers}.values())
         for (entries, at, key, value), buffer in zip(self.plain, buffers, strict=True):
             self.buffers.append(buffer)
             at_buffer = len(self.buffers) - 1
@@ -323,9 +326,10 @@ class Shareable:
 
         Processes that receive it (``multiprocessing`` or ``torch.multiprocessing`` Process
         arguments, Queues, Pipes, Pools, DataLoader workers) read and write the same memory.
-        The leaves go into one anonymous arena (one memfd): they become anonymous
+        The leaves go into anonymous arenas (memfds): they become anonymous
         MemoryMappedTensors, and the tree crosses processes with one file descriptor, whatever
-        its number of leaves. A CUDA TensorDict is left as it is (CUDA tensors are shared
+        its number of leaves (a few when large leaves fill several arenas, one per writer
+        thread). A CUDA TensorDict is left as it is (CUDA tensors are shared
         already) and not locked. A memory-mapped TensorDict raises ``RuntimeError``, as in
         tensordict. ``is_shared()`` is True until ``unlock_()``.
 
