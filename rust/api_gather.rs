@@ -65,12 +65,21 @@ pub fn gather_rows(
             return Err(refuse_overlap("gather_rows"));
         }
         let mut copies = Vec::new();
+        // The runs depend on the index and the leaf's row count only: leaves of one tree
+        // mostly share it, so the runs are computed once and reused.
+        let mut runs: Option<(usize, Vec<gather::Run>)> = None;
         for &(src, rows, dst, row_bytes) in &leaves {
-            gather::row_copies(index, rows, row_bytes, src, dst, &mut copies).map_err(|i| {
-                PyIndexError::new_err(format!(
-                    "index {i} is out of bounds for dimension 0 with size {rows}"
-                ))
-            })?;
+            if runs.as_ref().is_none_or(|(r, _)| *r != rows) {
+                let found = gather::row_runs(index, rows).map_err(|i| {
+                    PyIndexError::new_err(format!(
+                        "index {i} is out of bounds for dimension 0 with size {rows}"
+                    ))
+                })?;
+                runs = Some((rows, found));
+            }
+            if let Some((_, found)) = &runs {
+                gather::run_copies(found, row_bytes, src, dst, &mut copies);
+            }
         }
         // SAFETY: every range lies in a tensor the caller keeps alive (contract above), the
         // rows were bounds-checked by row_copies, and `check` found no destination that
@@ -78,6 +87,13 @@ pub fn gather_rows(
         unsafe { gather::run(&copies, overlap == Overlap::None) };
         Ok(())
     })
+}
+
+/// Wakes the copy helper threads ahead of a big `gather_rows` (called while Python allocates
+/// the batch, so that their wake-up overlaps that work). Cheap when they are awake already.
+#[pyfunction]
+pub fn gather_prepare() {
+    gather::prepare();
 }
 
 fn table_copies(
