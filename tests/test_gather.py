@@ -149,9 +149,8 @@ def test_out_overlapping_the_source_is_refused() -> None:
     [
         (lambda: TensorDict({"a": torch.rand(ROWS, 64, requires_grad=True)}, [ROWS]), 300),
         (lambda: TensorDict({"a": torch.rand(64, ROWS).t()}, [ROWS]), 300),  # strided view
-        (lambda: TensorDict({"a": torch.rand(ROWS, 64)}, [ROWS]), 2),  # tiny batch
     ],
-    ids=["requires_grad", "strided", "tiny"],
+    ids=["requires_grad", "strided"],
 )
 def test_torch_path_where_native_does_not_apply(make, rows, counted) -> None:
     td = make()
@@ -163,11 +162,18 @@ def test_torch_path_where_native_does_not_apply(make, rows, counted) -> None:
         assert out["a"].requires_grad
 
 
-def test_crossover_bound() -> None:
-    # A batch is gathered natively from MIN_BYTES on; below it, torch's per-leaf path.
-    td = TensorDict({"a": torch.zeros(ROWS, 256)}, [ROWS])  # 1 KiB rows
-    rows = _gather.MIN_BYTES // 1024
-    assert _gather._worth_it(td, rows) and not _gather._worth_it(td, rows - 1)
+def test_crossover_bound(counted, monkeypatch) -> None:
+    # Natively from one row on (MIN_BYTES is 0: measured faster at every size); below
+    # MIN_BYTES, torch's per-leaf path, with the same result.
+    td = TensorDict({"a": torch.arange(ROWS * 16.0).view(ROWS, 16)}, [ROWS])
+    idx = torch.tensor([7])
+    assert torch.equal(td[idx]["a"], td["a"][idx])
+    assert len(counted) == 1
+    monkeypatch.setattr(_gather, "MIN_BYTES", 64 * 2)
+    assert torch.equal(td[idx]["a"], td["a"][idx])  # 64 bytes: torch's path
+    assert len(counted) == 1
+    assert torch.equal(td[torch.tensor([7, 9])]["a"], td["a"][[7, 9]])  # 128 bytes: native
+    assert len(counted) == 2
 
 
 def test_gather_releases_gil(monkeypatch) -> None:

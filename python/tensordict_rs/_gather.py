@@ -4,8 +4,8 @@ For a tree whose leaves are all contiguous CPU memory (memory maps, lazy leaves 
 tensors), every leaf's rows are gathered by one Rust call (``_native.gather_rows``) with the GIL
 released, copied in parallel, and runs of consecutive rows become one copy each. Anything else
 (a leaf on another device, a leaf that needs autograd, a strided view, a mismatched ``out``)
-returns ``None`` and the caller uses torch's per-leaf ``index_select``, which is also kept for
-tiny batches, where building the call costs more than torch's per-leaf kernels.
+returns ``None`` and the caller uses torch's per-leaf ``index_select`` (below ``MIN_BYTES``
+too, which measures 0: the native call is ahead from one row on).
 
 SAFETY contract with the Rust core: the addresses passed are ``data_ptr()``s (or Buffer
 addresses) of contiguous CPU tensors that this module keeps referenced (``keep``) until the
@@ -25,14 +25,17 @@ from ._tree import NonTensorData, _LazyLeaf
 if TYPE_CHECKING:
     from .tensordict import TensorDict
 
-# Below this many gathered bytes torch's per-leaf path is as fast: re-measured with
-# benches/gather_crossover.py (W4 rows of 12,322 B, 2026-12-01): a tie at 1 row (12 KB), the
-# native call ahead from 2 rows (24 KB) on, so the crossover lies between 12 and 24 KiB.
-MIN_BYTES = 16 << 10
-# From this many bytes the Rust core copies on several threads (rust/gather.rs PARALLEL_MIN):
-# its helper threads are woken before the batch is allocated, so that they are running by the
-# time the copy starts.
+# Below this many gathered bytes torch's per-leaf path would be used. Re-measured with
+# benches/gather_crossover.py after the batch plan (2026-12-01, 2 CPUs): the native call is
+# ahead at every batch size from 1 row on, for W4's 6-leaf tree (29 us against 58 us for one
+# 12 KiB row) and for a one-leaf tree of 64-byte rows (14 us against 37 us; tensordict 0.15.3
+# 17 us), so there is no crossover left and the bound is 0. It stays a knob for that script.
+MIN_BYTES = 0
+# From this many bytes in rows of at least BULK_ROW bytes, the Rust core copies on several
+# threads (rust/gather.rs PARALLEL_MIN, BULK_MIN): its helper threads are then woken before
+# the batch is allocated, so that they are running by the time the copy starts.
 PARALLEL_BYTES = 256 << 10
+BULK_ROW = 512
 
 _CPU = torch.device("cpu")
 
@@ -134,7 +137,16 @@ _LEAF, _NODE, _VALUE = 0, 1, 2
 class _Plan:
     """The shape of one tree's batch: its nodes, leaves and where each leaf's rows go."""
 
-    __slots__ = ("entries", "leaves", "nodes", "owners", "row_bytes", "sizes", "tensors")
+    __slots__ = (
+        "bulk_bytes",
+        "entries",
+        "leaves",
+        "nodes",
+        "owners",
+        "row_bytes",
+        "sizes",
+        "tensors",
+    )
 
     def __init__(self) -> None:
         self.nodes: list[tuple[dict, tuple, tuple]] = []  # for _native.same_entries
@@ -145,6 +157,7 @@ class _Plan:
         # (value, address, shape, dtype) of the tensor leaves (lazy leaves cannot change)
         self.tensors: list[tuple[torch.Tensor, int, torch.Size, torch.dtype]] = []
         self.row_bytes = 0
+        self.bulk_bytes = 0  # of the rows of at least BULK_ROW bytes
         self.sizes: tuple[int, list[tuple[int, ...]]] = (-1, [])  # the leaf shapes of n rows
 
     def add(self, td: TensorDict) -> bool:
@@ -176,6 +189,8 @@ class _Plan:
             if type(value) is not _LazyLeaf:
                 self.tensors.append((value, address, value.shape, dtype))
             self.row_bytes += row
+            if row >= BULK_ROW:
+                self.bulk_bytes += row
         return True
 
     def valid(self, td: TensorDict) -> bool:
@@ -257,7 +272,7 @@ def gather(td: TensorDict, rows: torch.Tensor, out: TensorDict | None = None) ->
         plan = _plan(td)
         if plan is None or plan.row_bytes * n < MIN_BYTES:
             return None
-        if plan.row_bytes * n >= PARALLEL_BYTES:
+        if plan.bulk_bytes * n >= PARALLEL_BYTES:
             _native.gather_prepare()
         keep.append(plan)  # its leaves (the sources) stay referenced for the call
         result = plan.build(td, n, jobs)
