@@ -77,52 +77,6 @@ def _index(rows: torch.Tensor) -> torch.Tensor | None:
     return rows if rows.is_contiguous() else rows.contiguous()
 
 
-def _into(td: TensorDict, out: TensorDict, n: int, keep: list[Any], jobs: list[Any]) -> bool:
-    """Lists the jobs that write ``td``'s rows into ``out``'s leaves; False when one cannot."""
-    target_items = out._tensordict
-    for key, value in td._tensordict.items():
-        if type(value) is NonTensorData:
-            continue
-        target = target_items.get(key)
-        if target is None:
-            return False
-        if not (type(value) is _LazyLeaf or isinstance(value, torch.Tensor)):
-            if isinstance(target, torch.Tensor) or type(target) in (_LazyLeaf, NonTensorData):
-                return False
-            if not _into(value, target, n, keep, jobs):
-                return False
-            continue
-        src = _source(value, keep)
-        if src is None:
-            return False
-        address, shape, dtype = src
-        if type(target) is _LazyLeaf:
-            target = out._get_str(key)
-        if not isinstance(target, torch.Tensor) or not _writable(target):
-            return False
-        dst = _source(target, keep)
-        if dst is None or dst[2] != dtype or dst[1] != (n, *shape[1:]):
-            return False
-        row = _row_bytes(shape, dtype)
-        if row:
-            jobs.append((address, shape[0], dst[0], row))
-    return True
-
-
-def _worth_it(td: TensorDict, n: int) -> bool:
-    """Whether the batch is large enough for the native call to beat torch's per-leaf path."""
-    total = 0
-    for value in td._tensordict.values():
-        if type(value) is _LazyLeaf or isinstance(value, torch.Tensor):
-            total += _row_bytes(tuple(value.shape), value.dtype) * n
-            if total >= MIN_BYTES:
-                return True
-        elif type(value) is not NonTensorData:
-            if _worth_it(value, n):
-                return True
-    return False
-
-
 # ---------------------------------------------------------------------------- the batch plan
 # What a walk of the tree finds, kept on the tree between batches (``_gather_plan``
 # in its ``__dict__``), so that a batch costs one identity check of the tree's entries and a
@@ -240,6 +194,35 @@ class _Plan:
             made[i] = out
         return made[0]
 
+    def into(self, out: TensorDict, n: int, keep: list[Any], jobs: list[Any], i: int = 0) -> bool:
+        """Lists the copies of the planned tree's rows into ``out``'s leaves (of ``n`` rows,
+        matching keys, dtypes and shapes, writable), in the tree's order; False when one
+        cannot take them. ``i`` is the node of the plan that ``out`` matches."""
+        items = out._tensordict
+        for key, kind, x in self.entries[i]:
+            if kind == _VALUE:
+                continue
+            value = items.get(key)
+            if value is None:
+                return False
+            if kind == _NODE:
+                if isinstance(value, torch.Tensor) or type(value) in (_LazyLeaf, NonTensorData):
+                    return False
+                if not self.into(value, n, keep, jobs, x):
+                    return False
+                continue
+            if type(value) is _LazyLeaf:
+                value = out._get_str(key)
+            if not isinstance(value, torch.Tensor) or not _writable(value):
+                return False
+            dst = _source(value, keep)
+            _, address, rows, row, dtype, tail = self.leaves[x]
+            if dst is None or dst[2] != dtype or dst[1] != (n, *tail):
+                return False
+            if row:
+                jobs.append((address, rows, dst[0], row))
+        return True
+
 
 def _plan(td: TensorDict) -> _Plan | None:
     """The valid batch plan of ``td`` (made and kept if needed); None: torch's path."""
@@ -266,20 +249,17 @@ def gather(td: TensorDict, rows: torch.Tensor, out: TensorDict | None = None) ->
     if index is None:
         return None
     n = index.numel()
-    keep: list[Any] = [index]
+    plan = _plan(td)
+    if plan is None or plan.row_bytes * n < MIN_BYTES:
+        return None
+    if plan.bulk_bytes * n >= PARALLEL_BYTES:
+        _native.gather_prepare()
+    keep: list[Any] = [index, plan]  # the plan's leaves (the sources) stay referenced
     jobs: list[tuple[int, int, int, int]] = []
     if out is None:
-        plan = _plan(td)
-        if plan is None or plan.row_bytes * n < MIN_BYTES:
-            return None
-        if plan.bulk_bytes * n >= PARALLEL_BYTES:
-            _native.gather_prepare()
-        keep.append(plan)  # its leaves (the sources) stay referenced for the call
         result = plan.build(td, n, jobs)
     else:
-        if not _worth_it(td, n):
-            return None
-        if tuple(out.batch_size[:1]) != (n,) or not _into(td, out, n, keep, jobs):
+        if tuple(out.batch_size[:1]) != (n,) or not plan.into(out, n, keep, jobs):
             return None
         result = out
     _native.gather_rows(index.data_ptr(), n, jobs)
