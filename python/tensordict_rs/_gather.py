@@ -140,7 +140,7 @@ class _Plan:
             row = _row_bytes(shape, dtype)
             entries.append((key, _LEAF, len(self.leaves)))
             self.leaves.append((value, address, shape[0], row, dtype, shape[1:]))
-            if type(value) is not _LazyLeaf:
+            if isinstance(value, torch.Tensor):  # lazy leaves cannot change
                 self.tensors.append((value, address, value.shape, dtype))
             self.row_bytes += row
             if row >= BULK_ROW:

@@ -20,6 +20,7 @@ __all__ = [
     "describe_tree",
     "encode_key",
     "flush_buffers",
+    "gather_prepare",
     "gather_rows",
     "group_shared",
     "is_archive",
