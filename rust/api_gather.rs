@@ -28,14 +28,20 @@ fn refuse_overlap(what: &str) -> PyErr {
 /// of `rows` rows and a contiguous destination of `index_len` rows. Raises IndexError for a
 /// row out of range (nothing is written then), ValueError when an output overlaps a source.
 ///
+/// With `parallel=False` the rows are copied on the calling thread only (the Python side
+/// passes it where torch itself runs on one thread: `torch.set_num_threads(1)`, as in
+/// DataLoader workers).
+///
 /// SAFETY contract: the caller passes addresses of contiguous CPU tensors (`data_ptr()`) of
 /// at least those sizes and keeps them referenced until the call returns.
 #[pyfunction]
+#[pyo3(signature = (index_address, index_len, leaves, parallel = true))]
 pub fn gather_rows(
     py: Python<'_>,
     index_address: usize,
     index_len: usize,
     leaves: Vec<(usize, usize, usize, usize)>,
+    parallel: bool,
 ) -> PyResult<()> {
     if index_len > 0 && index_address == 0 {
         return Err(PyValueError::new_err("gather_rows: null index address"));
@@ -84,7 +90,7 @@ pub fn gather_rows(
         // SAFETY: every range lies in a tensor the caller keeps alive (contract above), the
         // rows were bounds-checked by row_copies, and `check` found no destination that
         // overlaps a source; overlapping destinations are copied in order on one thread.
-        unsafe { gather::run(&copies, overlap == Overlap::None) };
+        unsafe { gather::run(&copies, parallel && overlap == Overlap::None) };
         Ok(())
     })
 }

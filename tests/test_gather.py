@@ -49,9 +49,9 @@ def counted(monkeypatch):
     calls = []
     native = _native.gather_rows
 
-    def gather_rows(*args):
+    def gather_rows(*args, **kwargs):
         calls.append(args)
-        return native(*args)
+        return native(*args, **kwargs)
 
     monkeypatch.setattr(_native, "gather_rows", gather_rows)
     return calls
@@ -396,3 +396,17 @@ def test_batch_results_are_ordinary_tensors() -> None:
     grown.resize_(600, 256)  # a fresh torch tensor can grow (one shared with NumPy cannot)
     assert grown.shape == (600, 256)
     assert td[BIG]["a"].share_memory_().is_shared()
+
+
+def test_one_thread_where_torch_uses_one(counted) -> None:
+    """As in DataLoader workers (torch.set_num_threads(1)): copied on the calling thread."""
+    td = TensorDict({"a": torch.rand(ROWS, 1024)}, [ROWS])  # 4 KiB rows: parallel otherwise
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(td[BIG]["a"], td["a"][BIG])
+        assert counted[-1][3] is False
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(td[BIG]["a"], td["a"][BIG])
+    assert counted[-1][3] is (before > 1)

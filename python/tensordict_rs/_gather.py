@@ -252,7 +252,9 @@ def gather(td: TensorDict, rows: torch.Tensor, out: TensorDict | None = None) ->
     plan = _plan(td)
     if plan is None or plan.row_bytes * n < MIN_BYTES:
         return None
-    if plan.bulk_bytes * n >= PARALLEL_BYTES:
+    # Several threads only where torch uses several too (DataLoader workers set 1).
+    parallel = torch.get_num_threads() > 1
+    if parallel and plan.bulk_bytes * n >= PARALLEL_BYTES:
         _native.gather_prepare()
     keep: list[Any] = [index, plan]  # the plan's leaves (the sources) stay referenced
     jobs: list[tuple[int, int, int, int]] = []
@@ -262,6 +264,6 @@ def gather(td: TensorDict, rows: torch.Tensor, out: TensorDict | None = None) ->
         if tuple(out.batch_size[:1]) != (n,) or not plan.into(out, n, keep, jobs):
             return None
         result = out
-    _native.gather_rows(index.data_ptr(), n, jobs)
+    _native.gather_rows(index.data_ptr(), n, jobs, parallel)
     del keep
     return result
