@@ -58,6 +58,7 @@ pub fn gather_rows(
         n.checked_mul(b)
             .ok_or_else(|| PyValueError::new_err("gather_rows: size overflows"))
     };
+    gather::init();
     let mut dsts = Vec::with_capacity(leaves.len());
     let mut srcs = Vec::with_capacity(leaves.len() + 1);
     srcs.push((index_address, index_len * 8));
@@ -161,6 +162,7 @@ pub fn copy_packed(
     pack: bool,
 ) -> PyResult<()> {
     let copies = table_copies(py, table, (buffer_address, buffer_len), pack)?;
+    gather::init();
     py.detach(|| {
         let dsts: Vec<_> = copies.iter().map(|c| (c.dst, c.len)).collect();
         let srcs: Vec<_> = copies.iter().map(|c| (c.src, c.len)).collect();
@@ -220,6 +222,7 @@ impl PackedTable {
             return Err(refuse_overlap(if pack { "pack" } else { "unpack" }));
         }
         let parallel = pack || !self.layout.leaves_shared();
+        gather::init();
         py.detach(|| {
             let copies = self.layout.copies(address, range.0, end, pack);
             // SAFETY: the buffer holds `total` bytes (checked above) and does not overlap a

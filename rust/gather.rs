@@ -194,8 +194,15 @@ struct Helpers {
 
 static HELPERS: OnceLock<Helpers> = OnceLock::new();
 
-fn helpers() -> Option<&'static Helpers> {
-    let h = HELPERS.get_or_init(|| {
+/// Makes the helpers' description (no threads yet). The pyo3 layer calls it with the GIL held
+/// before releasing it for a copy: a `fork` (which needs the GIL in Python) can then never
+/// catch this initialisation half done, which would leave the child waiting on it forever.
+pub fn init() {
+    describe();
+}
+
+fn describe() -> &'static Helpers {
+    HELPERS.get_or_init(|| {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = std::env::var("RAYON_NUM_THREADS")
             .ok()
@@ -210,7 +217,11 @@ fn helpers() -> Option<&'static Helpers> {
             slot: Mutex::new((0, None)),
             wake: Condvar::new(),
         }
-    });
+    })
+}
+
+fn helpers() -> Option<&'static Helpers> {
+    let h = describe();
     if h.owner != std::process::id() || h.threads < 2 {
         return None;
     }
