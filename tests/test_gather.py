@@ -310,6 +310,15 @@ def test_plan_sees_in_place_changes_of_a_tensor_leaf(counted) -> None:
     assert len(counted) == calls
 
 
+def test_plan_sees_a_conjugate_bit_set_through_data() -> None:
+    a = torch.complex(torch.rand(ROWS, 64), torch.rand(ROWS, 64))
+    td = TensorDict({"a": a}, [ROWS])
+    td[BIG]
+    a.data = a.conj()  # same address, shape, dtype: only the bit differs
+    assert a.is_conj()
+    assert torch.equal(td[BIG]["a"], a[BIG])
+
+
 def test_plan_sees_a_leaf_turned_into_a_strided_view(counted) -> None:
     a = torch.rand(ROWS, 64)
     td = TensorDict({"a": a}, [ROWS])

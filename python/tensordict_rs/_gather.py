@@ -164,6 +164,8 @@ class _Plan:
                 or not value.is_contiguous()
                 or value.requires_grad
                 or not value.is_cpu
+                or value.is_conj()  # `.data = t.conj()` keeps address and shape
+                or value.is_neg()
             ):
                 return False
         return True
