@@ -28,14 +28,20 @@ fn refuse_overlap(what: &str) -> PyErr {
 /// of `rows` rows and a contiguous destination of `index_len` rows. Raises IndexError for a
 /// row out of range (nothing is written then), ValueError when an output overlaps a source.
 ///
+/// With `parallel=False` the rows are copied on the calling thread only (the Python side
+/// passes it where torch itself runs on one thread: `torch.set_num_threads(1)`, as in
+/// DataLoader workers).
+///
 /// SAFETY contract: the caller passes addresses of contiguous CPU tensors (`data_ptr()`) of
 /// at least those sizes and keeps them referenced until the call returns.
 #[pyfunction]
+#[pyo3(signature = (index_address, index_len, leaves, parallel = true))]
 pub fn gather_rows(
     py: Python<'_>,
     index_address: usize,
     index_len: usize,
     leaves: Vec<(usize, usize, usize, usize)>,
+    parallel: bool,
 ) -> PyResult<()> {
     if index_len > 0 && index_address == 0 {
         return Err(PyValueError::new_err("gather_rows: null index address"));
@@ -52,6 +58,7 @@ pub fn gather_rows(
         n.checked_mul(b)
             .ok_or_else(|| PyValueError::new_err("gather_rows: size overflows"))
     };
+    gather::init();
     let mut dsts = Vec::with_capacity(leaves.len());
     let mut srcs = Vec::with_capacity(leaves.len() + 1);
     srcs.push((index_address, index_len * 8));
@@ -65,19 +72,35 @@ pub fn gather_rows(
             return Err(refuse_overlap("gather_rows"));
         }
         let mut copies = Vec::new();
+        // The runs depend on the index and the leaf's row count only: leaves of one tree
+        // mostly share it, so the runs are computed once and reused.
+        let mut runs: Option<(usize, Vec<gather::Run>)> = None;
         for &(src, rows, dst, row_bytes) in &leaves {
-            gather::row_copies(index, rows, row_bytes, src, dst, &mut copies).map_err(|i| {
-                PyIndexError::new_err(format!(
-                    "index {i} is out of bounds for dimension 0 with size {rows}"
-                ))
-            })?;
+            if runs.as_ref().is_none_or(|(r, _)| *r != rows) {
+                let found = gather::row_runs(index, rows).map_err(|i| {
+                    PyIndexError::new_err(format!(
+                        "index {i} is out of bounds for dimension 0 with size {rows}"
+                    ))
+                })?;
+                runs = Some((rows, found));
+            }
+            if let Some((_, found)) = &runs {
+                gather::run_copies(found, row_bytes, src, dst, &mut copies);
+            }
         }
         // SAFETY: every range lies in a tensor the caller keeps alive (contract above), the
         // rows were bounds-checked by row_copies, and `check` found no destination that
         // overlaps a source; overlapping destinations are copied in order on one thread.
-        unsafe { gather::run(&copies, overlap == Overlap::None) };
+        unsafe { gather::run(&copies, parallel && overlap == Overlap::None) };
         Ok(())
     })
+}
+
+/// Wakes the copy helper threads ahead of a big `gather_rows` (called while Python allocates
+/// the batch, so that their wake-up overlaps that work). Cheap when they are awake already.
+#[pyfunction]
+pub fn gather_prepare() {
+    gather::prepare();
 }
 
 fn table_copies(
@@ -139,6 +162,7 @@ pub fn copy_packed(
     pack: bool,
 ) -> PyResult<()> {
     let copies = table_copies(py, table, (buffer_address, buffer_len), pack)?;
+    gather::init();
     py.detach(|| {
         let dsts: Vec<_> = copies.iter().map(|c| (c.dst, c.len)).collect();
         let srcs: Vec<_> = copies.iter().map(|c| (c.src, c.len)).collect();
@@ -198,6 +222,7 @@ impl PackedTable {
             return Err(refuse_overlap(if pack { "pack" } else { "unpack" }));
         }
         let parallel = pack || !self.layout.leaves_shared();
+        gather::init();
         py.detach(|| {
             let copies = self.layout.copies(address, range.0, end, pack);
             // SAFETY: the buffer holds `total` bytes (checked above) and does not overlap a

@@ -60,6 +60,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api::read_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(api::write_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(api_gather::gather_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(api_gather::gather_prepare, m)?)?;
     m.add_function(wrap_pyfunction!(api_gather::copy_packed, m)?)?;
     m.add_class::<api_gather::PackedTable>()?;
     m.add_function(wrap_pyfunction!(api_gather::same_entries, m)?)?;

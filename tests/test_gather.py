@@ -49,9 +49,9 @@ def counted(monkeypatch):
     calls = []
     native = _native.gather_rows
 
-    def gather_rows(*args):
+    def gather_rows(*args, **kwargs):
         calls.append(args)
-        return native(*args)
+        return native(*args, **kwargs)
 
     monkeypatch.setattr(_native, "gather_rows", gather_rows)
     return calls
@@ -149,9 +149,8 @@ def test_out_overlapping_the_source_is_refused() -> None:
     [
         (lambda: TensorDict({"a": torch.rand(ROWS, 64, requires_grad=True)}, [ROWS]), 300),
         (lambda: TensorDict({"a": torch.rand(64, ROWS).t()}, [ROWS]), 300),  # strided view
-        (lambda: TensorDict({"a": torch.rand(ROWS, 64)}, [ROWS]), 2),  # tiny batch
     ],
-    ids=["requires_grad", "strided", "tiny"],
+    ids=["requires_grad", "strided"],
 )
 def test_torch_path_where_native_does_not_apply(make, rows, counted) -> None:
     td = make()
@@ -163,11 +162,18 @@ def test_torch_path_where_native_does_not_apply(make, rows, counted) -> None:
         assert out["a"].requires_grad
 
 
-def test_crossover_bound() -> None:
-    # A batch is gathered natively from MIN_BYTES on; below it, torch's per-leaf path.
-    td = TensorDict({"a": torch.zeros(ROWS, 256)}, [ROWS])  # 1 KiB rows
-    rows = _gather.MIN_BYTES // 1024
-    assert _gather._worth_it(td, rows) and not _gather._worth_it(td, rows - 1)
+def test_crossover_bound(counted, monkeypatch) -> None:
+    # Natively from one row on (MIN_BYTES is 0: measured faster at every size); below
+    # MIN_BYTES, torch's per-leaf path, with the same result.
+    td = TensorDict({"a": torch.arange(ROWS * 16.0).view(ROWS, 16)}, [ROWS])
+    idx = torch.tensor([7])
+    assert torch.equal(td[idx]["a"], td["a"][idx])
+    assert len(counted) == 1
+    monkeypatch.setattr(_gather, "MIN_BYTES", 64 * 2)
+    assert torch.equal(td[idx]["a"], td["a"][idx])  # 64 bytes: torch's path
+    assert len(counted) == 1
+    assert torch.equal(td[torch.tensor([7, 9])]["a"], td["a"][[7, 9]])  # 128 bytes: native
+    assert len(counted) == 2
 
 
 def test_gather_releases_gil(monkeypatch) -> None:
@@ -240,3 +246,176 @@ def test_gather_in_a_forked_child_after_a_parallel_gather_in_the_parent() -> Non
 
 def _native_parallel_min() -> int:
     return 256 << 10  # rust/gather.rs PARALLEL_MIN
+
+
+# ---------------------------------------------------------------------------- the batch plan
+
+
+def _rows(td: TensorDict, idx: torch.Tensor) -> dict:
+    """Every leaf of ``td`` indexed by torch, by key (the expected batch)."""
+    return {key: td[key][idx] for key in td.keys(include_nested=True, leaves_only=True)}
+
+
+def _check(batch: TensorDict, expected: dict) -> None:
+    assert sorted(map(str, batch.keys(include_nested=True, leaves_only=True))) == sorted(
+        map(str, expected)
+    )
+    for key, value in expected.items():
+        got = batch[key]
+        assert got.dtype == value.dtype and got.shape == value.shape, key
+        assert torch.equal(got, value), key
+
+
+BIG = torch.randint(0, ROWS, (300,), generator=torch.Generator().manual_seed(3))
+
+
+def test_plan_follows_changes_to_the_tree(counted) -> None:
+    """A plan is kept between batches; every change to the tree is seen by the next one."""
+    td = TensorDict(
+        {"a": torch.rand(ROWS, 64), "n": {"b": torch.arange(ROWS * 2).view(ROWS, 2)}}, [ROWS]
+    )
+    _check(td[BIG], _rows(td, BIG))
+    assert td.__dict__["_gather_plan"] is not None
+    td["a"] = torch.rand(ROWS, 64)  # a new leaf object
+    _check(td[BIG], _rows(td, BIG))
+    td["c"] = torch.ones(ROWS, 3, dtype=torch.float64)  # a new key
+    _check(td[BIG], _rows(td, BIG))
+    del td["c"]
+    _check(td[BIG], _rows(td, BIG))
+    td["n", "b"] = torch.zeros(ROWS, 2, dtype=torch.int64)  # inside a nested node
+    _check(td[BIG], _rows(td, BIG))
+    td["n"] = TensorDict({"z": torch.rand(ROWS, 16)}, [ROWS])  # a new nested node
+    _check(td[BIG], _rows(td, BIG))
+    td["n"]._tensordict = {"y": torch.rand(ROWS, 8)}  # the node's dict replaced
+    _check(td[BIG], _rows(td, BIG))
+    assert len(counted) == 7
+
+
+def test_plan_sees_in_place_changes_of_a_tensor_leaf(counted) -> None:
+    """``set_``, ``resize_``, ``.data =`` and ``requires_grad_`` change a leaf without
+    changing the object: the plan must notice (an old address would read freed memory)."""
+    a = torch.rand(ROWS, 64)
+    td = TensorDict({"a": a}, [ROWS])
+    td[BIG]
+    a.set_(torch.rand(ROWS, 64))  # new storage, same shape
+    assert torch.equal(td[BIG]["a"], a[BIG])
+    a.resize_(ROWS, 128).normal_()  # same object, new shape (bigger rows)
+    assert torch.equal(td[BIG]["a"], a[BIG])
+    a.data = torch.rand(ROWS, 128).double()  # new dtype
+    out = td[BIG]
+    assert out["a"].dtype == torch.float64 and torch.equal(out["a"], a[BIG])
+    calls = len(counted)
+    a.requires_grad_()  # torch's path now: the result must track the graph
+    assert td[BIG]["a"].requires_grad
+    assert len(counted) == calls
+
+
+def test_plan_sees_a_conjugate_bit_set_through_data() -> None:
+    a = torch.complex(torch.rand(ROWS, 64), torch.rand(ROWS, 64))
+    td = TensorDict({"a": a}, [ROWS])
+    td[BIG]
+    a.data = a.conj()  # same address, shape, dtype: only the bit differs
+    assert a.is_conj()
+    assert torch.equal(td[BIG]["a"], a[BIG])
+
+
+def test_plan_sees_a_leaf_turned_into_a_strided_view(counted) -> None:
+    a = torch.rand(ROWS, 64)
+    td = TensorDict({"a": a}, [ROWS])
+    td[BIG]
+    a.transpose_(0, 1).transpose_(0, 1)  # contiguous again: still native
+    assert torch.equal(td[BIG]["a"], a[BIG])
+    a.as_strided_((ROWS, 32), (64, 2))  # strided: torch's path
+    calls = len(counted)
+    assert torch.equal(td[BIG]["a"], a[BIG])
+    assert len(counted) == calls
+
+
+def test_plan_does_not_keep_the_tree_alive() -> None:
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        td = TensorDict({"a": torch.rand(ROWS, 64), "n": {"b": torch.rand(ROWS, 8)}}, [ROWS])
+        td[BIG]
+        alive = weakref.ref(td)
+        leaf = weakref.ref(td["a"])
+        del td
+        assert alive() is None and leaf() is None, "freed without the cycle collector"
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        torch.rand(ROWS) < 0.4,  # bool mask
+        [5, 5, 7, 1, 999] * 60,  # list with duplicates
+        torch.arange(0, ROWS, 3),  # sorted, strided
+        torch.arange(200, 500),  # one contiguous run
+        torch.tensor([], dtype=torch.int64),
+    ],
+    ids=["mask", "list", "sorted", "run", "empty"],
+)
+def test_index_kinds_match_reference(index) -> None:
+    tree = _tree()
+    ref = tensordict.TensorDict(tree, batch_size=[ROWS])
+    ours = TensorDict(tree, [ROWS])
+    ref_index = torch.tensor(index) if isinstance(index, list) else index
+    _same(ours[index], ref[ref_index])
+
+
+def test_concurrent_batches_from_threads() -> None:
+    """Two threads gather big batches of one tree at once (the GIL is released during the
+    copies, so their jobs meet in the helper threads): every batch is right."""
+    import threading
+
+    data = torch.arange(ROWS * 4096, dtype=torch.int32).view(ROWS, 4096)  # 16 KiB rows
+    td = TensorDict({"x": data, "n": {"y": data[:, :7].clone()}}, [ROWS])
+    errors: list[str] = []
+
+    def work(seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(30):
+            idx = torch.randint(0, ROWS, (256,), generator=gen)
+            out = td[idx]
+            if not (torch.equal(out["x"], data[idx]) and torch.equal(out["n", "y"], data[idx, :7])):
+                errors.append(f"thread {seed}")
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_batch_results_are_ordinary_tensors() -> None:
+    """Batch leaves own their memory: resizable, shareable, independent of later batches."""
+    td = TensorDict({"a": torch.rand(ROWS, 256)}, [ROWS])
+    first = td[BIG]
+    view = first["a"][10:20]
+    array = first["a"].numpy()
+    kept = view.clone()
+    for seed in range(20):
+        td[torch.randint(0, ROWS, (300,), generator=torch.Generator().manual_seed(seed))]
+    assert torch.equal(view, kept) and torch.equal(torch.from_numpy(array)[10:20], kept)
+    grown = td[BIG]["a"]
+    grown.resize_(600, 256)  # a fresh torch tensor can grow (one shared with NumPy cannot)
+    assert grown.shape == (600, 256)
+    assert td[BIG]["a"].share_memory_().is_shared()
+
+
+def test_one_thread_where_torch_uses_one(counted) -> None:
+    """As in DataLoader workers (torch.set_num_threads(1)): copied on the calling thread."""
+    td = TensorDict({"a": torch.rand(ROWS, 1024)}, [ROWS])  # 4 KiB rows: parallel otherwise
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(td[BIG]["a"], td["a"][BIG])
+        assert counted[-1][3] is False
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(td[BIG]["a"], td["a"][BIG])
+    assert counted[-1][3] is (before > 1)

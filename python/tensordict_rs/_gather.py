@@ -4,8 +4,8 @@ For a tree whose leaves are all contiguous CPU memory (memory maps, lazy leaves 
 tensors), every leaf's rows are gathered by one Rust call (``_native.gather_rows``) with the GIL
 released, copied in parallel, and runs of consecutive rows become one copy each. Anything else
 (a leaf on another device, a leaf that needs autograd, a strided view, a mismatched ``out``)
-returns ``None`` and the caller uses torch's per-leaf ``index_select``, which is also kept for
-tiny batches, where building the call costs more than torch's per-leaf kernels.
+returns ``None`` and the caller uses torch's per-leaf ``index_select`` (below ``MIN_BYTES``
+too, which measures 0: the native call is ahead from one row on).
 
 SAFETY contract with the Rust core: the addresses passed are ``data_ptr()``s (or Buffer
 addresses) of contiguous CPU tensors that this module keeps referenced (``keep``) until the
@@ -25,10 +25,17 @@ from ._tree import NonTensorData, _LazyLeaf
 if TYPE_CHECKING:
     from .tensordict import TensorDict
 
-# Below this many gathered bytes torch's per-leaf path is as fast: re-measured with
-# benches/gather_crossover.py (W4 rows of 12,322 B, 2026-12-01): a tie at 1 row (12 KB), the
-# native call ahead from 2 rows (24 KB) on, so the crossover lies between 12 and 24 KiB.
-MIN_BYTES = 16 << 10
+# Below this many gathered bytes torch's per-leaf path would be used. Re-measured with
+# benches/gather_crossover.py after the batch plan (2026-12-01, 2 CPUs): the native call is
+# ahead at every batch size from 1 row on, for W4's 6-leaf tree (29 us against 58 us for one
+# 12 KiB row) and for a one-leaf tree of 64-byte rows (14 us against 37 us; tensordict 0.15.3
+# 17 us), so there is no crossover left and the bound is 0. It stays a knob for that script.
+MIN_BYTES = 0
+# From this many bytes in rows of at least BULK_ROW bytes, the Rust core copies on several
+# threads (rust/gather.rs PARALLEL_MIN, BULK_MIN): its helper threads are then woken before
+# the batch is allocated, so that they are running by the time the copy starts.
+PARALLEL_BYTES = 256 << 10
+BULK_ROW = 512
 
 _CPU = torch.device("cpu")
 
@@ -70,77 +77,166 @@ def _index(rows: torch.Tensor) -> torch.Tensor | None:
     return rows if rows.is_contiguous() else rows.contiguous()
 
 
-def _fresh(td: TensorDict, n: int, keep: list[Any], jobs: list[Any]) -> TensorDict | None:
-    """The result tree of ``td`` with ``n`` rows, empty leaves allocated, jobs listed."""
-    batch = torch.Size([n, *td.batch_size[1:]])
-    out = type(td)._new_unchecked(batch, td.device)
-    items = out._tensordict
-    for key, value in td._tensordict.items():
-        if type(value) is NonTensorData:
-            items[key] = NonTensorData(value.data)
-            continue
-        if not (type(value) is _LazyLeaf or isinstance(value, torch.Tensor)):
-            sub = _fresh(value, n, keep, jobs)
-            if sub is None:
-                return None
-            items[key] = sub
-            continue
-        src = _source(value, keep)
-        if src is None:
-            return None
-        address, shape, dtype = src
-        leaf = torch.empty((n, *shape[1:]), dtype=dtype)
-        items[key] = leaf
-        row = _row_bytes(shape, dtype)
-        if row:
-            jobs.append((address, shape[0], leaf.data_ptr(), row))
-    return out
+# ---------------------------------------------------------------------------- the batch plan
+# What a walk of the tree finds, kept on the tree between batches (``_gather_plan``
+# in its ``__dict__``), so that a batch costs one identity check of the tree's entries and a
+# few attribute reads per leaf instead of a walk. A plan is only used while every node still
+# holds exactly the same key and value objects (``_native.same_entries``), and every tensor
+# leaf still has the address, shape, dtype and contiguity it was planned with (in-place
+# ``set_``, ``resize_`` or ``.data =`` change those); else it is made again.
+
+_LEAF, _NODE, _VALUE = 0, 1, 2
 
 
-def _into(td: TensorDict, out: TensorDict, n: int, keep: list[Any], jobs: list[Any]) -> bool:
-    """Lists the jobs that write ``td``'s rows into ``out``'s leaves; False when one cannot."""
-    target_items = out._tensordict
-    for key, value in td._tensordict.items():
-        if type(value) is NonTensorData:
-            continue
-        target = target_items.get(key)
-        if target is None:
-            return False
-        if not (type(value) is _LazyLeaf or isinstance(value, torch.Tensor)):
-            if isinstance(target, torch.Tensor) or type(target) in (_LazyLeaf, NonTensorData):
+class _Plan:
+    """The shape of one tree's batch: its nodes, leaves and where each leaf's rows go."""
+
+    __slots__ = (
+        "bulk_bytes",
+        "entries",
+        "leaves",
+        "nodes",
+        "owners",
+        "row_bytes",
+        "sizes",
+        "tensors",
+    )
+
+    def __init__(self) -> None:
+        self.nodes: list[tuple[dict, tuple, tuple]] = []  # for _native.same_entries
+        self.owners: list[Any] = []  # the TensorDict of each node (its dict must not change)
+        self.entries: list[list[tuple[str, int, Any]]] = []  # per node, in key order
+        # (value, address, rows, row_bytes, dtype, tail shape) per leaf
+        self.leaves: list[tuple[Any, int, int, int, torch.dtype, tuple[int, ...]]] = []
+        # (value, address, shape, dtype) of the tensor leaves (lazy leaves cannot change)
+        self.tensors: list[tuple[torch.Tensor, int, torch.Size, torch.dtype]] = []
+        self.row_bytes = 0
+        self.bulk_bytes = 0  # of the rows of at least BULK_ROW bytes
+        self.sizes: tuple[int, list[tuple[int, ...]]] = (-1, [])  # the leaf shapes of n rows
+
+    def add(self, td: TensorDict) -> bool:
+        """Plans ``td`` and its nested nodes; False when a leaf needs torch's path."""
+        items = td._tensordict
+        self.nodes.append((items, tuple(items), tuple(items.values())))
+        # The root is not kept (the plan lives in its __dict__: no reference cycle).
+        self.owners.append(td if self.nodes[1:] else None)
+        entries: list[tuple[str, int, Any]] = []
+        self.entries.append(entries)
+        for key, value in items.items():
+            if type(value) is NonTensorData:
+                entries.append((key, _VALUE, value))
+                continue
+            if not (type(value) is _LazyLeaf or isinstance(value, torch.Tensor)):
+                entries.append((key, _NODE, len(self.nodes)))
+                if not self.add(value):
+                    return False
+                continue
+            src = _source(value, [])
+            if src is None:
                 return False
-            if not _into(value, target, n, keep, jobs):
+            address, shape, dtype = src
+            if not shape:
                 return False
-            continue
-        src = _source(value, keep)
-        if src is None:
+            row = _row_bytes(shape, dtype)
+            entries.append((key, _LEAF, len(self.leaves)))
+            self.leaves.append((value, address, shape[0], row, dtype, shape[1:]))
+            if isinstance(value, torch.Tensor):  # lazy leaves cannot change
+                self.tensors.append((value, address, value.shape, dtype))
+            self.row_bytes += row
+            if row >= BULK_ROW:
+                self.bulk_bytes += row
+        return True
+
+    def valid(self, td: TensorDict) -> bool:
+        """True while the tree ``td`` is as planned (see the comment above)."""
+        if td._tensordict is not self.nodes[0][0]:
             return False
-        address, shape, dtype = src
-        if type(target) is _LazyLeaf:
-            target = out._get_str(key)
-        if not isinstance(target, torch.Tensor) or not _writable(target):
+        for owner, node in zip(self.owners[1:], self.nodes[1:], strict=True):
+            if owner._tensordict is not node[0]:
+                return False
+        if not _native.same_entries(self.nodes):
             return False
-        dst = _source(target, keep)
-        if dst is None or dst[2] != dtype or dst[1] != (n, *shape[1:]):
-            return False
-        row = _row_bytes(shape, dtype)
-        if row:
-            jobs.append((address, shape[0], dst[0], row))
-    return True
+        for value, address, shape, dtype in self.tensors:
+            if (
+                value.data_ptr() != address
+                or value.shape != shape
+                or value.dtype != dtype
+                or not value.is_contiguous()
+                or value.requires_grad
+                or not value.is_cpu
+                or value.is_conj()  # `.data = t.conj()` keeps address and shape
+                or value.is_neg()
+            ):
+                return False
+        return True
+
+    def build(self, td: TensorDict, n: int, jobs: list[tuple[int, int, int, int]]) -> TensorDict:
+        """The batch of ``n`` rows of ``td`` (the planned tree): leaves allocated, the copies
+        listed in ``jobs``."""
+        made: list[Any] = [None] * len(self.owners)
+        leaves = self.leaves
+        if self.sizes[0] != n:
+            self.sizes = (n, [(n, *leaf[5]) for leaf in leaves])
+        sizes = self.sizes[1]
+        for i in range(len(self.owners) - 1, -1, -1):  # children come after their parents
+            src = self.owners[i] if i else td
+            out = type(src)._new_unchecked(torch.Size((n, *src._batch_size[1:])), src._device)
+            items = out._tensordict
+            for key, kind, x in self.entries[i]:
+                if kind == _LEAF:
+                    _, address, rows, row, dtype, _ = leaves[x]
+                    leaf = torch.empty(sizes[x], dtype=dtype)
+                    items[key] = leaf
+                    if row:
+                        jobs.append((address, rows, leaf.data_ptr(), row))
+                elif kind == _NODE:
+                    items[key] = made[x]
+                else:
+                    items[key] = NonTensorData(x.data)
+            made[i] = out
+        return made[0]
+
+    def into(self, out: TensorDict, n: int, keep: list[Any], jobs: list[Any], i: int = 0) -> bool:
+        """Lists the copies of the planned tree's rows into ``out``'s leaves (of ``n`` rows,
+        matching keys, dtypes and shapes, writable), in the tree's order; False when one
+        cannot take them. ``i`` is the node of the plan that ``out`` matches."""
+        items = out._tensordict
+        for key, kind, x in self.entries[i]:
+            if kind == _VALUE:
+                continue
+            value = items.get(key)
+            if value is None:
+                return False
+            if kind == _NODE:
+                if isinstance(value, torch.Tensor) or type(value) in (_LazyLeaf, NonTensorData):
+                    return False
+                if not self.into(value, n, keep, jobs, x):
+                    return False
+                continue
+            if type(value) is _LazyLeaf:
+                value = out._get_str(key)
+            if not isinstance(value, torch.Tensor) or not _writable(value):
+                return False
+            dst = _source(value, keep)
+            _, address, rows, row, dtype, tail = self.leaves[x]
+            if dst is None or dst[2] != dtype or dst[1] != (n, *tail):
+                return False
+            if row:
+                jobs.append((address, rows, dst[0], row))
+        return True
 
 
-def _worth_it(td: TensorDict, n: int) -> bool:
-    """Whether the batch is large enough for the native call to beat torch's per-leaf path."""
-    total = 0
-    for value in td._tensordict.values():
-        if type(value) is _LazyLeaf or isinstance(value, torch.Tensor):
-            total += _row_bytes(tuple(value.shape), value.dtype) * n
-            if total >= MIN_BYTES:
-                return True
-        elif type(value) is not NonTensorData:
-            if _worth_it(value, n):
-                return True
-    return False
+def _plan(td: TensorDict) -> _Plan | None:
+    """The valid batch plan of ``td`` (made and kept if needed); None: torch's path."""
+    plan = td.__dict__.get("_gather_plan")
+    if plan is not None and plan.valid(td):
+        return plan
+    plan = _Plan()
+    if not plan.add(td):
+        td.__dict__.pop("_gather_plan", None)
+        return None
+    td.__dict__["_gather_plan"] = plan
+    return plan
 
 
 def gather(td: TensorDict, rows: torch.Tensor, out: TensorDict | None = None) -> TensorDict | None:
@@ -155,18 +251,21 @@ def gather(td: TensorDict, rows: torch.Tensor, out: TensorDict | None = None) ->
     if index is None:
         return None
     n = index.numel()
-    if not _worth_it(td, n):
+    plan = _plan(td)
+    if plan is None or plan.row_bytes * n < MIN_BYTES:
         return None
-    keep: list[Any] = [index]
+    # Several threads only where torch uses several too (DataLoader workers set 1).
+    parallel = torch.get_num_threads() > 1
+    if parallel and plan.bulk_bytes * n >= PARALLEL_BYTES:
+        _native.gather_prepare()
+    keep: list[Any] = [index, plan]  # the plan's leaves (the sources) stay referenced
     jobs: list[tuple[int, int, int, int]] = []
     if out is None:
-        result = _fresh(td, n, keep, jobs)
-        if result is None:
-            return None
+        result = plan.build(td, n, jobs)
     else:
-        if tuple(out.batch_size[:1]) != (n,) or not _into(td, out, n, keep, jobs):
+        if tuple(out.batch_size[:1]) != (n,) or not plan.into(out, n, keep, jobs):
             return None
         result = out
-    _native.gather_rows(index.data_ptr(), n, jobs)
+    _native.gather_rows(index.data_ptr(), n, jobs, parallel)
     del keep
     return result

@@ -20,6 +20,7 @@ __all__ = [
     "describe_tree",
     "encode_key",
     "flush_buffers",
+    "gather_prepare",
     "gather_rows",
     "group_shared",
     "is_archive",
@@ -113,8 +114,12 @@ def write_safetensors(
     path: str, tensors: list[tuple[str, str, list[int], int, int]], metadata: dict[str, str]
 ) -> None: ...
 def gather_rows(
-    index_address: int, index_len: int, leaves: list[tuple[int, int, int, int]]
+    index_address: int,
+    index_len: int,
+    leaves: list[tuple[int, int, int, int]],
+    parallel: bool = True,
 ) -> None: ...
+def gather_prepare() -> None: ...
 def copy_packed(table: Any, buffer_address: int, buffer_len: int, pack: bool) -> None: ...
 
 @final
