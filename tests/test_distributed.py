@@ -7,6 +7,7 @@ sending both ways through the reference's per-leaf protocol.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import queue
 import socket
@@ -206,6 +207,7 @@ def test_tree_built_into_an_arena_made_first() -> None:
     # from_remote_init's order: the arena exists (and the data arrives into it) before the
     # description is parsed; the leaves are slices of it, no new map.
     from tensordict_rs import InvalidTreeError, _native, _packed
+    from tensordict_rs._tree import _LazyLeaf
     from test_gil import MIN_TURNS, probe_thread
 
     src = _dist_jobs.tree(__import__("tensordict_rs"), 2)
@@ -215,6 +217,9 @@ def test_tree_built_into_an_arena_made_first() -> None:
     arena[1].copy_(plan.pack())  # "the data arrived"
     built, whole = _packed.build(type(src), _packed.describe(src), plan.total, into=arena)
     assert whole.data_ptr() == arena[1].data_ptr()
+    # the lazy leaves are out of the cyclic GC's lists (no full collection every few trees)
+    lazy = [v for v in built._tensordict.values() if type(v) is _LazyLeaf]
+    assert lazy and not any(gc.is_tracked(v) for v in lazy)
     _dist_jobs.same(built, src)
     assert built["nested", "z"].untyped_storage().data_ptr() >= arena[0].address
     assert _packed.plan(built).whole is not None  # later packed messages land in place

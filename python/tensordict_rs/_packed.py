@@ -408,6 +408,7 @@ def build(
         make_value,
         None if target is not None or into is not None else arrived,
         None if into is None else into[0],
+        untrack_leaves=True,  # _LazyLeaf: a buffer, a dtype, a tuple of ints (no cycles)
     )
     if end != total:
         raise _bad(f"the leaves hold {end} bytes, but the message holds {total}")
