@@ -1,7 +1,9 @@
 """The other rank of bench_distributed.py: receives what each case sends, then acknowledges.
 
 Commands arrive as int64 [case, repetitions] before each timed call (untimed on the sender's
-side: they are sent in the case's setup); case 0 ends the process.
+side: they are sent in the case's setup); case 0 ends the process. A tree received by a first
+contact (either package's) is freed after the ack, as the harness drops every result outside
+the timed call.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def serve(port: int, leaves_last: int, leaf_last: int, total_bytes: int) -> None
         if case == STOP:
             break
         for _ in range(reps):
+            made: Any = None  # a received tree: freed after the ack, outside the timed call
             if case == REF_CONS:
                 ref_cons.recv(src=0, consolidated=True)
             elif case == RS_CONS:
@@ -54,10 +57,13 @@ def serve(port: int, leaves_last: int, leaf_last: int, total_bytes: int) -> None
             elif case == RS_LEAF:
                 rs_small.recv(src=0)
             elif case == REF_INIT:
-                tensordict.TensorDict.from_remote_init(src=0)
+                made = tensordict.TensorDict.from_remote_init(src=0)
             elif case == RS_INIT:
-                remote = tensordict_rs.TensorDict.from_remote_init(src=0)
+                made = tensordict_rs.TensorDict.from_remote_init(src=0)
             elif case == RS_AFTER_INIT:
                 remote.recv(src=0, consolidated=True)
             dist.send(ack, dst=0)
+            if case == RS_INIT:
+                remote = made  # the previous tree goes now
+            del made
     dist.destroy_process_group()

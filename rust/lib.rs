@@ -66,6 +66,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(api_gather::same_entries, m)?)?;
     m.add_function(wrap_pyfunction!(api_gather::describe_tree, m)?)?;
     m.add_function(wrap_pyfunction!(api_gather::build_packed_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(api_gather::packed_arena, m)?)?;
     #[cfg(unix)]
     m.add_function(wrap_pyfunction!(api_shared::receive_shared, m)?)?;
     #[cfg(unix)]

@@ -177,6 +177,11 @@ fn bad<S: AsRef<str>>(path: &[S], why: impl std::fmt::Display) -> String {
 }
 
 /// Parses and validates a description; returns the tree and the packed size of its leaves.
+///
+/// One pass of serde over the text classifies every object as it closes (a leaf, a node or a
+/// non-tensor value: [`Raw`]), with keys and strings borrowed from the text and only the fields
+/// of the meta.json format read as typed values; a second pass over that compact tree sorts the
+/// keys, checks that batch sizes nest and gives every leaf its packed offset.
 pub fn parse(text: &[u8]) -> Result<(ParsedNode<'_>, usize), String> {
     if text.len() > DESCRIPTION_LIMIT {
         return Err(bad::<&str>(
@@ -184,60 +189,80 @@ pub fn parse(text: &[u8]) -> Result<(ParsedNode<'_>, usize), String> {
             format!("{} bytes is over the limit", text.len()),
         ));
     }
-    let path = RefCell::new(Vec::new());
+    let state = State {
+        path: RefCell::new(Vec::new()),
+        error: RefCell::new(None),
+    };
     let mut de = serde_json::Deserializer::from_slice(text);
-    let field = EntrySeed { path: &path }
+    let field = EntrySeed { state: &state }
         .deserialize(&mut de)
         .and_then(|field| de.end().map(|()| field))
-        .map_err(|e| bad(&path.borrow(), format!("not valid JSON: {e}")))?;
-    let Field::Entry(raw) = field else {
+        .map_err(|e| match state.error.take() {
+            Some(why) => why,
+            None => bad(&state.path.borrow(), format!("not valid JSON: {e}")),
+        })?;
+    let Field::Entry(Raw::Node(root)) = field else {
         return Err(bad::<&str>(&[], "not a TensorDict entry"));
     };
     let mut path = Vec::new();
     let mut end = 0usize;
-    let node = check_node(raw, &[], &mut path, &mut end)?;
+    let node = check_node(*root, &[], &mut path, &mut end)?;
     Ok((node, end))
 }
 
-/// One JSON object of a description before it is checked: leaf, node or non-tensor fields,
-/// and the entries of a node. A field name (`shape`, `dtype`, ...) whose value is an object
-/// is a key of the tree like any other.
-#[derive(Default)]
-struct RawEntry<'de> {
-    object: bool,
-    shape: Option<Vec<i64>>,
-    device: Option<Option<Cow<'de, str>>>,
-    dtype: Option<Cow<'de, str>>,
-    is_nested: Option<bool>,
-    type_: Option<Cow<'de, str>>,
-    data: Option<Value>,
-    entries: Vec<(Cow<'de, str>, RawEntry<'de>)>,
+/// One object of a description, classified when it closes.
+enum Raw<'de> {
+    Leaf(&'static layout::DType, Vec<u64>),
+    Node(Box<RawNode<'de>>),
+    /// A non-tensor value, as JSON text.
+    Value(String),
+}
+
+/// A TensorDict object before its entries are checked (`None`: an entry that is no object).
+struct RawNode<'de> {
+    tensordict: bool,
+    batch: Option<Vec<i64>>,
+    device: Option<Cow<'de, str>>,
+    entries: Vec<(Cow<'de, str>, Option<Raw<'de>>)>,
 }
 
 /// Any JSON value of a description, as far as the parser needs to know it.
 enum Field<'de> {
-    Entry(RawEntry<'de>),
-    Dims(Vec<i64>),
+    Entry(Raw<'de>),
     Str(Cow<'de, str>),
     Bool(bool),
-    Null,
     Other,
 }
 
-/// A key of a description, borrowed from the text unless it had escapes.
-struct KeySeed;
+/// The parse's path (for errors) and the first error found while classifying an object.
+struct State<'de> {
+    path: RefCell<Vec<Cow<'de, str>>>,
+    error: RefCell<Option<String>>,
+}
 
-impl<'de> DeserializeSeed<'de> for KeySeed {
+impl State<'_> {
+    /// Records `why` at the current path and returns the error that stops serde.
+    fn fail<E: de::Error>(&self, why: String) -> E {
+        let at = bad(&self.path.borrow(), &why);
+        self.error.borrow_mut().get_or_insert(at);
+        E::custom(why)
+    }
+}
+
+/// A string borrowed from the text unless it had escapes.
+struct StrSeed;
+
+impl<'de> DeserializeSeed<'de> for StrSeed {
     type Value = Cow<'de, str>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Cow<'de, str>, D::Error> {
         d.deserialize_str(self)
     }
 }
 
-impl<'de> Visitor<'de> for KeySeed {
+impl<'de> Visitor<'de> for StrSeed {
     type Value = Cow<'de, str>;
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a key")
+        f.write_str("a string")
     }
     fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Cow<'de, str>, E> {
         Ok(Cow::Borrowed(s))
@@ -250,11 +275,34 @@ impl<'de> Visitor<'de> for KeySeed {
     }
 }
 
+/// A string or null (a device).
+struct OptStrSeed;
+
+impl<'de> DeserializeSeed<'de> for OptStrSeed {
+    type Value = Option<Cow<'de, str>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OptStrSeed {
+    type Value = Option<Cow<'de, str>>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a string or null")
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        StrSeed.deserialize(d).map(Some)
+    }
+}
+
 /// How serde_json (with `arbitrary_precision`) presents a number to `deserialize_any`.
 const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 
 struct EntrySeed<'p, 'de> {
-    path: &'p RefCell<Vec<Cow<'de, str>>>,
+    state: &'p State<'de>,
 }
 
 impl<'de> DeserializeSeed<'de> for EntrySeed<'_, 'de> {
@@ -265,11 +313,56 @@ impl<'de> DeserializeSeed<'de> for EntrySeed<'_, 'de> {
 }
 
 impl<'de> EntrySeed<'_, 'de> {
-    fn child<A: MapAccess<'de>>(&self, map: &mut A, key: Cow<'de, str>) -> Result<Field<'de>, A::Error> {
-        self.path.borrow_mut().push(key);
-        let field = map.next_value_seed(EntrySeed { path: self.path })?;
-        Ok(field)
+    /// The value under `key`, parsed with `key` on the path; returns the key back.
+    fn child<A: MapAccess<'de>>(
+        &self,
+        map: &mut A,
+        key: Cow<'de, str>,
+    ) -> Result<(Cow<'de, str>, Field<'de>), A::Error> {
+        self.state.path.borrow_mut().push(key);
+        let field = map.next_value_seed(EntrySeed { state: self.state })?;
+        let key = self.state.path.borrow_mut().pop().expect("pushed above");
+        Ok((key, field))
     }
+
+    /// Classifies a closed object from its fields.
+    fn classify<E: de::Error>(&self, fields: Fields<'de>) -> Result<Field<'de>, E> {
+        if let Some(name) = fields.dtype {
+            let Some(dtype) = layout::dtype(&name) else {
+                return Err(self.state.fail(format!("unknown dtype {name:?}")));
+            };
+            if fields.is_nested == Some(true) {
+                return Err(self.state.fail("nested tensors are not supported".into()));
+            }
+            let shape = dims(fields.shape, &self.state.path.borrow(), "shape")
+                .map_err(|why| self.state.fail::<E>(why))?;
+            return Ok(Field::Entry(Raw::Leaf(dtype, shape)));
+        }
+        if fields.type_.as_deref() == Some(NTD_TYPE) {
+            let Some(data) = fields.data else {
+                return Err(self.state.fail("non-tensor entry without data".into()));
+            };
+            return Ok(Field::Entry(Raw::Value(data.to_string())));
+        }
+        Ok(Field::Entry(Raw::Node(Box::new(RawNode {
+            tensordict: fields.type_.as_deref() == Some(TD_TYPE),
+            batch: fields.shape,
+            device: fields.device,
+            entries: fields.entries,
+        }))))
+    }
+}
+
+/// The fields of one object as they are read.
+#[derive(Default)]
+struct Fields<'de> {
+    shape: Option<Vec<i64>>,
+    device: Option<Cow<'de, str>>,
+    dtype: Option<Cow<'de, str>>,
+    is_nested: Option<bool>,
+    type_: Option<Cow<'de, str>>,
+    data: Option<Value>,
+    entries: Vec<(Cow<'de, str>, Option<Raw<'de>>)>,
 }
 
 impl<'de> Visitor<'de> for EntrySeed<'_, 'de> {
@@ -280,57 +373,42 @@ impl<'de> Visitor<'de> for EntrySeed<'_, 'de> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Field<'de>, A::Error> {
-        if self.path.borrow().len() > layout::MAX_DEPTH {
+        if self.state.path.borrow().len() > layout::MAX_DEPTH {
             return Err(A::Error::custom(format!(
                 "nested deeper than {}",
                 layout::MAX_DEPTH
             )));
         }
-        let mut out = RawEntry {
-            object: true,
-            ..RawEntry::default()
-        };
-        while let Some(key) = map.next_key_seed(KeySeed)? {
-            let name = key.as_ref();
-            if name == NUMBER_TOKEN {
-                // a number, as serde_json's arbitrary_precision hands it to deserialize_any
-                map.next_value::<IgnoredAny>()?;
-                return Ok(Field::Other);
-            }
-            if matches!(
-                name,
-                "_format_version" | "_class" | "_names" | "_metadata" | "_is_non_tensor"
-            ) {
-                map.next_value::<IgnoredAny>()?;
-                continue;
-            }
-            if name == "data" && out.type_.as_deref() == Some(NTD_TYPE) {
-                out.data = Some(map.next_value()?);
-                continue;
-            }
-            let field = self.child(&mut map, key)?;
-            let key = self.path.borrow_mut().pop().expect("pushed in child");
-            match (key.as_ref(), field) {
-                ("shape", Field::Dims(d)) => out.shape = Some(d),
-                ("device", Field::Str(d)) => out.device = Some(Some(d)),
-                ("device", Field::Null) => out.device = Some(None),
-                ("dtype", Field::Str(d)) => out.dtype = Some(d),
-                ("is_nested", Field::Bool(b)) => out.is_nested = Some(b),
-                ("_type", Field::Str(t)) => out.type_ = Some(t),
-                (_, Field::Entry(entry)) => out.entries.push((key, entry)),
-                (_, _) => out.entries.push((key, RawEntry::default())),
+        let mut out = Fields::default();
+        while let Some(key) = map.next_key_seed(StrSeed)? {
+            // The reserved keys of the format are never keys of the tree: typed values.
+            match key.as_ref() {
+                NUMBER_TOKEN => {
+                    // a number, as serde_json's arbitrary_precision hands it to deserialize_any
+                    map.next_value::<IgnoredAny>()?;
+                    return Ok(Field::Other);
+                }
+                "shape" => out.shape = Some(map.next_value()?),
+                "device" => out.device = map.next_value_seed(OptStrSeed)?,
+                "_type" => out.type_ = Some(map.next_value_seed(StrSeed)?),
+                "_format_version" | "_class" | "_names" | "_metadata" | "_is_non_tensor" => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+                "data" if out.type_.as_deref() == Some(NTD_TYPE) => out.data = Some(map.next_value()?),
+                _ => match self.child(&mut map, key)? {
+                    (key, Field::Str(d)) if key == "dtype" => out.dtype = Some(d),
+                    (key, Field::Bool(b)) if key == "is_nested" => out.is_nested = Some(b),
+                    (key, Field::Entry(entry)) => out.entries.push((key, Some(entry))),
+                    (key, _) => out.entries.push((key, None)),
+                },
             }
         }
-        Ok(Field::Entry(out))
+        self.classify(out)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Field<'de>, A::Error> {
-        // Lists in a description are shapes (a list of anything else is refused here).
-        let mut dims = Vec::new();
-        while let Some(d) = seq.next_element::<i64>()? {
-            dims.push(d);
-        }
-        Ok(Field::Dims(dims))
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Field::Other)
     }
     fn visit_bool<E: de::Error>(self, b: bool) -> Result<Field<'de>, E> {
         Ok(Field::Bool(b))
@@ -354,36 +432,34 @@ impl<'de> Visitor<'de> for EntrySeed<'_, 'de> {
         Ok(Field::Str(Cow::Owned(s)))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Field<'de>, E> {
-        Ok(Field::Null)
+        Ok(Field::Other)
     }
 }
 
-fn dims(value: Option<Vec<i64>>, path: &[Cow<'_, str>], what: &str) -> Result<Vec<u64>, String> {
+fn dims<S: AsRef<str>>(value: Option<Vec<i64>>, path: &[S], what: &str) -> Result<Vec<u64>, String> {
     let Some(items) = value else {
         return Err(bad(path, format!("{what} is missing or not a list")));
     };
-    items
-        .iter()
-        .map(|&d| u64::try_from(d).ok().filter(|&d| d <= i64::MAX as u64))
-        .collect::<Option<Vec<u64>>>()
-        .ok_or_else(|| {
-            bad(
-                path,
-                format!("{what} {items:?} is not a list of non-negative ints"),
-            )
-        })
+    if items.iter().any(|&d| d < 0) {
+        return Err(bad(
+            path,
+            format!("{what} {items:?} is not a list of non-negative ints"),
+        ));
+    }
+    // the same allocation, reinterpreted: every item is non-negative
+    Ok(items.into_iter().map(|d| d as u64).collect())
 }
 
 fn check_node<'a>(
-    raw: RawEntry<'a>,
+    raw: RawNode<'a>,
     parent: &[u64],
     path: &mut Vec<Cow<'a, str>>,
     end: &mut usize,
 ) -> Result<ParsedNode<'a>, String> {
-    if raw.type_.as_deref() != Some(TD_TYPE) {
+    if !raw.tensordict {
         return Err(bad(path, "not a TensorDict entry"));
     }
-    let batch = dims(raw.shape, path, "batch size")?;
+    let batch = dims(raw.batch, path, "batch size")?;
     if batch.len() < parent.len() || batch[..parent.len()] != *parent {
         return Err(bad(
             path,
@@ -398,7 +474,12 @@ fn check_node<'a>(
     let mut entries = Vec::with_capacity(children.len());
     for (key, entry) in children {
         path.push(key);
-        let parsed = check_entry(entry, &batch, path, end)?;
+        let parsed = match entry {
+            None => return Err(bad(path, "entry is not an object")),
+            Some(Raw::Leaf(dtype, shape)) => Checked::Leaf(check_leaf(dtype, shape, &batch, path, end)?),
+            Some(Raw::Node(node)) => Checked::Node(check_node(*node, &batch, path, end)?),
+            Some(Raw::Value(text)) => Checked::Value(text),
+        };
         let key = path.pop().expect("pushed above");
         entries.push(match parsed {
             Checked::Leaf(l) => Parsed::Leaf(key, l),
@@ -408,7 +489,7 @@ fn check_node<'a>(
     }
     Ok(ParsedNode {
         batch,
-        device: raw.device.flatten().map(Cow::into_owned),
+        device: raw.device.map(Cow::into_owned),
         entries,
     })
 }
@@ -419,45 +500,29 @@ enum Checked<'a> {
     Value(String),
 }
 
-fn check_entry<'a>(
-    raw: RawEntry<'a>,
+fn check_leaf(
+    dtype: &'static layout::DType,
+    shape: Vec<u64>,
     batch: &[u64],
-    path: &mut Vec<Cow<'a, str>>,
+    path: &[Cow<'_, str>],
     end: &mut usize,
-) -> Result<Checked<'a>, String> {
-    if !raw.object {
-        return Err(bad(path, "entry is not an object"));
+) -> Result<ParsedLeaf, String> {
+    if shape.len() < batch.len() || shape[..batch.len()] != *batch {
+        return Err(bad(
+            path,
+            format!("shape {shape:?} does not start with the batch size {batch:?}"),
+        ));
     }
-    if let Some(name) = &raw.dtype {
-        let dtype = layout::dtype(name).ok_or_else(|| bad(path, format!("unknown dtype {name:?}")))?;
-        if raw.is_nested.unwrap_or(false) {
-            return Err(bad(path, "nested tensors are not supported"));
-        }
-        let shape = dims(raw.shape, path, "shape")?;
-        if shape.len() < batch.len() || shape[..batch.len()] != *batch {
-            return Err(bad(
-                path,
-                format!("shape {shape:?} does not start with the batch size {batch:?}"),
-            ));
-        }
-        let overflow = || bad(path, format!("shape {shape:?} overflows"));
-        let nbytes = layout::nbytes(&shape, dtype.itemsize).ok_or_else(overflow)?;
-        let offset = aligned(*end).ok_or_else(overflow)?;
-        *end = offset.checked_add(nbytes).ok_or_else(overflow)?;
-        return Ok(Checked::Leaf(ParsedLeaf {
-            dtype: dtype.name,
-            shape,
-            offset,
-            nbytes,
-        }));
-    }
-    if raw.type_.as_deref() == Some(NTD_TYPE) {
-        let Some(data) = &raw.data else {
-            return Err(bad(path, "non-tensor entry without data"));
-        };
-        return Ok(Checked::Value(data.to_string()));
-    }
-    check_node(raw, batch, path, end).map(Checked::Node)
+    let overflow = || bad(path, format!("shape {shape:?} overflows"));
+    let nbytes = layout::nbytes(&shape, dtype.itemsize).ok_or_else(overflow)?;
+    let offset = aligned(*end).ok_or_else(overflow)?;
+    *end = offset.checked_add(nbytes).ok_or_else(overflow)?;
+    Ok(ParsedLeaf {
+        dtype: dtype.name,
+        shape,
+        offset,
+        nbytes,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -640,6 +705,52 @@ mod tests {
         }
         let huge = text.replace("[4], \"dtype", "[4, 4611686018427387904, 4], \"dtype");
         assert!(parse(huge.as_bytes()).unwrap_err().contains("overflows"));
+    }
+
+    #[test]
+    fn fields_named_like_the_format_are_keys_when_they_hold_objects() {
+        let leaf = r#"{"device": "cpu", "shape": [2], "dtype": "torch.uint8", "is_nested": false}"#;
+        let td = |inner: &str| {
+            format!(
+                r#"{{{inner}"shape": [2], "device": null, "_type": "{TD_TYPE}", "_format_version": 1, "_class": "{TD_CLASS}"}}"#
+            )
+        };
+        let node = td(&format!(r#""is_nested": {leaf}, "data": {leaf}, "#));
+        let text = td(&format!(r#""dtype": {node}, "z": {leaf}, "#));
+        let (parsed, total) = parse(text.as_bytes()).unwrap();
+        assert_eq!(total, 32 + 2, "dtype.data at 0, dtype.is_nested at 16, z at 32");
+        let Parsed::Node(key, inner) = &parsed.entries[0] else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!(key, "dtype");
+        let keys: Vec<&str> = inner
+            .entries
+            .iter()
+            .map(|e| match e {
+                Parsed::Leaf(k, _) | Parsed::Node(k, _) | Parsed::Value(k, _) => k.as_ref(),
+            })
+            .collect();
+        assert_eq!(keys, ["data", "is_nested"]);
+        for (broken, why) in [
+            (td(r#""x": 5, "#), "entry is not an object"),
+            (td(r#""x": 1.5e300, "#), "entry is not an object"),
+            (td(r#""x": [1, "a"], "#), "entry is not an object"),
+            (
+                td(&format!(r#""a": {leaf}, "a": {leaf}, "#)),
+                "a key appears twice",
+            ),
+            (
+                td(&format!(r#""n": {}, "#, leaf.replace("false", "true"))),
+                "nested tensors",
+            ),
+            (
+                td(&format!(r#""v": {{"_type": "{NTD_TYPE}"}}, "#)),
+                "without data",
+            ),
+        ] {
+            let err = parse(broken.as_bytes()).unwrap_err();
+            assert!(err.contains(why), "{broken}: {err}");
+        }
     }
 
     #[test]

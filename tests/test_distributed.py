@@ -7,6 +7,7 @@ sending both ways through the reference's per-leaf protocol.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import queue
 import socket
@@ -200,3 +201,32 @@ def test_description_built_on_another_device() -> None:
         else:
             assert a == b, key
     assert built.device.type == "meta"
+
+
+def test_tree_built_into_an_arena_made_first() -> None:
+    # from_remote_init's order: the arena exists (and the data arrives into it) before the
+    # description is parsed; the leaves are slices of it, no new map.
+    from tensordict_rs import InvalidTreeError, _native, _packed
+    from tensordict_rs._tree import _LazyLeaf
+    from test_gil import MIN_TURNS, probe_thread
+
+    src = _dist_jobs.tree(__import__("tensordict_rs"), 2)
+    plan = _packed.plan(src)
+    arena = _packed.arena(plan.total)
+    assert arena[1].numel() == plan.total and arena[1].eq(0).all()
+    arena[1].copy_(plan.pack())  # "the data arrived"
+    built, whole = _packed.build(type(src), _packed.describe(src), plan.total, into=arena)
+    assert whole.data_ptr() == arena[1].data_ptr()
+    # the lazy leaves are out of the cyclic GC's lists (no full collection every few trees)
+    lazy = [v for v in built._tensordict.values() if type(v) is _LazyLeaf]
+    assert lazy and not any(gc.is_tracked(v) for v in lazy)
+    _dist_jobs.same(built, src)
+    assert built["nested", "z"].untyped_storage().data_ptr() >= arena[0].address
+    assert _packed.plan(built).whole is not None  # later packed messages land in place
+    small = _packed.arena(plan.total - 1)
+    with pytest.raises(InvalidTreeError, match="more than the"):
+        _packed.build(type(src), _packed.describe(src), plan.total, into=small)
+    assert _packed.arena(0)[1].numel() == 0
+    with probe_thread() as probe:
+        probe.watch(_native.packed_arena)(256 << 20)  # memfd, reserve, fault in: GIL released
+    assert probe.turns >= MIN_TURNS, probe.turns

@@ -219,6 +219,11 @@ def bytes_tensor(data: bytes, device: torch.device) -> torch.Tensor:
     return t if device == _CPU else t.to(device)
 
 
+def text_bytes(received: torch.Tensor) -> bytes:
+    """The bytes of a received uint8 tensor (a description)."""
+    return bytes(received.cpu().numpy())
+
+
 def to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.device == device else t.to(device)
 

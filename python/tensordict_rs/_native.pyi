@@ -28,6 +28,7 @@ __all__ = [
     "load_tree",
     "open_file",
     "open_files",
+    "packed_arena",
     "read_safetensors",
     "receive_shared",
     "refresh_archive_checksums",
@@ -144,7 +145,10 @@ def build_packed_tree(
     make_empty: Any,
     make_value: Any,
     on_buffer: Any = None,
+    into: Buffer | None = None,
+    untrack_leaves: bool = False,
 ) -> tuple[Any, int, Buffer | None, list[Any]]: ...
+def packed_arena(nbytes: int, populate: bool = True) -> Buffer: ...
 def receive_shared(fd: int, nbytes: int, slices: list[tuple[int, int]]) -> list[Buffer]: ...
 def shared_regions() -> int: ...
 def group_shared(

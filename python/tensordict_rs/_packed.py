@@ -352,6 +352,7 @@ def build(
     device: torch.device | None = None,
     capacity: int | None = None,
     on_buffer: Callable[[torch.Tensor], Any] | None = None,
+    into: tuple[_native.Buffer, torch.Tensor] | None = None,
 ) -> tuple[Any, torch.Tensor]:
     """A new tree from a description, and the one buffer to receive its ``total`` bytes into.
 
@@ -361,6 +362,8 @@ def build(
     On the CPU the leaves are lazy slices of one anonymous map (no tensor is made per leaf
     until it is used); on another device, views of one device buffer. ``capacity`` makes the
     buffer that long (a padded collective), the leaves still in its first ``total`` bytes.
+    ``into``, an ``arena(total)`` made before the description arrived (the data may be arriving
+    into it already), is that buffer instead of a new one (CPU only).
     """
     target = None if device is None or device == _CPU else device
     device_buffer: list[torch.Tensor] = []  # the device case: made once ``capacity`` is known
@@ -390,6 +393,10 @@ def build(
         if on_buffer is not None and end == total:
             on_buffer(early[0])
 
+    if into is not None:
+        if target is not None:
+            raise ValueError("a packed arena lies in CPU memory")
+        early.append(into[1])
     td, end, _, nodes = _native.build_packed_tree(
         text,
         capacity,
@@ -399,7 +406,9 @@ def build(
         _LazyLeaf if target is None else make_view,
         make_empty,
         make_value,
-        None if target is not None else arrived,
+        None if target is not None or into is not None else arrived,
+        None if into is None else into[0],
+        untrack_leaves=True,  # _LazyLeaf: a buffer, a dtype, a tuple of ints (no cycles)
     )
     if end != total:
         raise _bad(f"the leaves hold {end} bytes, but the message holds {total}")
@@ -413,6 +422,14 @@ def build(
         whole = torch.empty(0, dtype=torch.uint8)
     _remember(td, Plan(td, whole=whole[:total], built=(nodes, None, total)))
     return td, whole
+
+
+def arena(total: int) -> tuple[_native.Buffer, torch.Tensor]:
+    """A new anonymous shared map of ``total`` bytes (pages faulted in) for ``build(into=)``."""
+    buffer = _native.packed_arena(total)
+    if not total:
+        return buffer, torch.empty(0, dtype=torch.uint8)
+    return buffer, torch.frombuffer(buffer, dtype=torch.uint8)
 
 
 def _bad(why: str) -> _native.InvalidTreeError:

@@ -147,7 +147,7 @@ def _learn(
     text = torch.empty(length, dtype=torch.uint8, device=comm)
     transmit(text)
     target = None if device is None else torch.device(device)
-    return _packed.build(cls, text.cpu().numpy().tobytes(), total, target, on_buffer=on_buffer)
+    return _packed.build(cls, wire.text_bytes(text), total, target, on_buffer=on_buffer)
 
 
 def _announce(td: Any, comm: torch.device, transmit: Callable[[torch.Tensor], Any]) -> _packed.Plan:
@@ -332,9 +332,15 @@ class Distributed:
         peer = Peer(dst, group, None, "dst", "group_dst")
         if device is not None:
             peer.device = torch.device(device)
-        plan = _announce(self, peer.device, lambda t: dist.send(t, dst=dst, group=group))
-        works, _ = wire.send_packed(plan, peer, 0, fresh=False)
-        wire.wait_all(works)
+        # header, description and data posted at once: the receiver parses the description
+        # while the data arrives (the same messages and tags as one blocking send each)
+        plan = _packed.plan(self)
+        description = plan.description()
+        head = [wire.header(description, plan.total, peer.device)]
+        head.append(wire.bytes_tensor(description, peer.device))
+        works = peer.send(head, [0, 0])
+        data, _ = wire.send_packed(plan, peer, 0, fresh=False)
+        wire.wait_all([*works, *data])
 
     @classmethod
     def from_remote_init(
@@ -362,17 +368,31 @@ class Distributed:
         peer = Peer(src, group, None, "src", "group_src")
         if device is not None:
             peer.device = torch.device(device)
-        pending: list[Pending] = []
+        comm = peer.device
+        head = torch.empty(3, dtype=torch.int64, device=comm)
+        wire.wait_all(peer.recv([head], [0]))
+        length, total = wire.check_header(head)
+        text = torch.empty(length, dtype=torch.uint8, device=comm)
+        text_works = peer.recv([text], [0])
+        target = None if device is None else torch.device(device)
+        if target is not None and target != _CPU:  # views of one device buffer
+            pending: list[Pending] = []
 
-        def receive(whole: torch.Tensor) -> None:  # the data arrives while the tree is built
-            pending.append(wire.recv_whole(whole, peer, 0))
+            def receive(whole: torch.Tensor) -> None:
+                pending.append(wire.recv_whole(whole, peer, 0))
 
-        def transmit(t: torch.Tensor) -> Any:
-            return dist.recv(t, src=src, group=group)
-
-        td, _ = _learn(cls, peer.device, transmit, device, receive)
-        for p in pending:
-            p.wait()
+            wire.wait_all(text_works)
+            td, _ = _packed.build(cls, wire.text_bytes(text), total, target, on_buffer=receive)
+            for p in pending:
+                p.wait()
+            return td  # type: ignore[no-any-return]
+        # The arena is mapped and the data posted into it before the description is parsed:
+        # the data arrives while the tree is built.
+        arena = _packed.arena(total)
+        data = wire.recv_whole(arena[1], peer, 0)
+        wire.wait_all(text_works)
+        td, _ = _packed.build(cls, wire.text_bytes(text), total, into=arena)
+        data.wait()
         return td  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ collectives
