@@ -245,7 +245,7 @@ pub enum EntryMeta<'a> {
 
 /// Formats JSON like Python's `json.dumps` does by default (`", "` and `": "`), so that files
 /// look like the reference's; non-ASCII is written as UTF-8, as orjson does.
-struct PyJsonFormatter;
+pub(crate) struct PyJsonFormatter;
 
 impl serde_json::ser::Formatter for PyJsonFormatter {
     fn begin_array_value<W: ?Sized + std::io::Write>(

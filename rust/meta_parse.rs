@@ -140,8 +140,9 @@ fn set_once<T, E: de::Error>(slot: &mut Option<T>, value: T) -> Result<(), E> {
     }
 }
 
-/// A string, borrowed from the bytes unless it had escapes (keys and string values).
-struct Str;
+/// A string, borrowed from the bytes unless it had escapes (keys and string values); the
+/// one-message description's parser (`packed.rs`) reads its strings with it too.
+pub(crate) struct Str;
 
 impl<'de> DeserializeSeed<'de> for Str {
     type Value = Cow<'de, str>;
@@ -161,10 +162,13 @@ impl<'de> Visitor<'de> for Str {
     fn visit_str<E: de::Error>(self, s: &str) -> Result<Cow<'de, str>, E> {
         Ok(Cow::Owned(s.to_string()))
     }
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Owned(s))
+    }
 }
 
 /// `null` or a string (a directory's `device`).
-struct OptStr;
+pub(crate) struct OptStr;
 
 impl<'de> DeserializeSeed<'de> for OptStr {
     type Value = Option<Cow<'de, str>>;

@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use crate::layout::PyJsonFormatter;
 use crate::summary::{SummaryEntry, SummaryNode};
 
 /// The repr's line width (`_repr.WIDTH`).
@@ -296,37 +297,6 @@ fn json_value(value: &Value) -> String {
 /// A string as a JSON string literal (the escapes of `json.dumps(..., ensure_ascii=False)`).
 fn json_str(out: &mut String, s: &str) {
     out.push_str(&serde_json::to_string(s).expect("a str always serializes"));
-}
-
-/// Python's `json.dumps` separators (`", "`, `": "`).
-struct PyJsonFormatter;
-
-impl serde_json::ser::Formatter for PyJsonFormatter {
-    fn begin_array_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
-    }
-    fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
-    }
-    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
-        w.write_all(b": ")
-    }
 }
 
 /// One text row: size (`None`: `-`), kind, shape, name.
