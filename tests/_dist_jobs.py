@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import distributed as dist
 
@@ -112,6 +113,7 @@ def p2p(T: Any, rank: int, world: int, tmp: Path) -> None:
         src.send(group=group, group_dst=peer, init_tag=9)
         _pieces(T, rank, tmp)
         _two_rank_all_reduce(T, rank)
+        _refused_first_contact(T, rank)
         return
     ref = tree(T, 1)
     out = tree(T, 0)
@@ -152,6 +154,51 @@ def p2p(T: Any, rank: int, world: int, tmp: Path) -> None:
     same(out, ref)
     _pieces(T, rank, tmp)
     _two_rank_all_reduce(T, rank)
+    _refused_first_contact(T, rank)
+
+
+def _bad_first_contact(T: Any) -> tuple[list[torch.Tensor], Any]:
+    """A first contact whose description names an unknown dtype: (header, text, data) as a
+    sender would post them, and the tree they came from."""
+    from tensordict_rs import _dist_wire, _packed
+
+    src = tree(T, 7, text=False)
+    plan = _packed.plan(src)
+    text = plan.description().replace(b"torch.float32", b"torch.float99")
+    cpu = torch.device("cpu")
+    head = _dist_wire.header(text, plan.total, cpu)
+    return [head, _dist_wire.bytes_tensor(text, cpu), plan.pack().clone()], src
+
+
+def _refused_first_contact(T: Any, rank: int) -> None:
+    """A refused description still takes its data message: the next first contact between
+    the same ranks (same tags) gets the right tree."""
+    from tensordict_rs import InvalidTreeError
+
+    messages, src = _bad_first_contact(T)
+    if rank == 0:
+        for t in messages:
+            dist.send(t, dst=1)
+        src.init_remote(dst=1)
+        return
+    with pytest.raises(InvalidTreeError, match="float99"):
+        T.TensorDict.from_remote_init(src=0)
+    same(T.TensorDict.from_remote_init(src=0), src)
+
+
+def _refused_broadcast(T: Any, rank: int) -> None:
+    """The same for ``broadcast``: every other rank refuses, then the next one arrives whole."""
+    from tensordict_rs import InvalidTreeError
+
+    messages, src = _bad_first_contact(T)
+    if rank == 1:
+        for t in messages:
+            dist.broadcast(t, src=1)
+        assert src.broadcast(src=1) is src
+        return
+    with pytest.raises(InvalidTreeError, match="float99"):
+        T.TensorDict().broadcast(src=1)
+    same(T.TensorDict().broadcast(src=1), src)
 
 
 def big_tree(T: Any, fill: int, *, strided: bool = False) -> Any:
@@ -246,6 +293,7 @@ def collectives(T: Any, rank: int, world: int, tmp: Path) -> None:
     """broadcast, all_reduce, reduce, all_gather, gather_and_stack, init_remote by broadcast."""
     got = (tree(T, 5) if rank == 1 else T.TensorDict()).broadcast(src=1)
     same(got, tree(T, 5))
+    _refused_broadcast(T, rank)
     if rank == 2:
         tree(T, 6).init_remote(use_broadcast=True)
     else:

@@ -222,17 +222,3 @@ def text_bytes(received: torch.Tensor) -> bytes:
 
 def to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.device == device else t.to(device)
-
-
-def receive_into(
-    whole: torch.Tensor, comm: torch.device, receive: Callable[[torch.Tensor], Any]
-) -> None:
-    """Receives one message into ``whole``, staged through ``comm`` when it lies elsewhere."""
-    if whole.numel() == 0:
-        return
-    if whole.device == comm:
-        receive(whole)
-        return
-    staged = torch.empty_like(whole, device=comm)
-    receive(staged)
-    whole.copy_(staged)

@@ -20,6 +20,7 @@ work between tensordict-rs ranks (the reference pickles its metadata).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Self
 
@@ -132,31 +133,61 @@ def _reduce_leaves(
     return None
 
 
+def _post_first_contact(
+    td: Any, comm: torch.device, post: Callable[[torch.Tensor], Any]
+) -> tuple[_packed.Plan, list[Any]]:
+    """The sending side of a first contact: header and description posted at once (the
+    caller posts the data right after); returns the tree's plan and the works."""
+    plan = _packed.plan(td)
+    description = plan.description()
+    head = wire.header(description, plan.total, comm)
+    return plan, [post(head), post(wire.bytes_tensor(description, comm))]
+
+
 def _learn(
     cls: type[Any],
     comm: torch.device,
-    transmit: Callable[[torch.Tensor], Any],
+    post: Callable[[torch.Tensor], Any],
+    post_data: Callable[[torch.Tensor], Pending],
     device: Any,
-    on_buffer: Callable[[torch.Tensor], Any] | None = None,
-) -> tuple[Any, torch.Tensor]:
-    """The receiving side of a description: header, JSON, then the new tree and its buffer
-    (``on_buffer`` is called with it before the tree is built: see ``_packed.build``)."""
-    received = torch.empty(3, dtype=torch.int64, device=comm)
-    transmit(received)
-    length, total = wire.check_header(received)
+) -> Any:
+    """The receiving side of a first contact: the header, then the description and the data
+    received together; returns the new tree.
+
+    On the CPU the arena is mapped and the data posted into it before the description is
+    parsed, so that the data arrives while the tree is built; on a device, the data is posted
+    as soon as the device buffer exists (``_packed.build``'s ``on_buffer``). ``post(t)``
+    receives one message into ``t`` and returns something to ``wait()`` on; ``post_data``
+    receives the data into a buffer (staged through ``comm`` when needed).
+    """
+    head = torch.empty(3, dtype=torch.int64, device=comm)
+    post(head).wait()
+    length, total = wire.check_header(head)
     text = torch.empty(length, dtype=torch.uint8, device=comm)
-    transmit(text)
+    text_work = post(text)
     target = None if device is None else torch.device(device)
-    return _packed.build(cls, wire.text_bytes(text), total, target, on_buffer=on_buffer)
+    if target is not None and target != _CPU:  # views of one device buffer
+        pending: list[Pending] = []
 
+        def receive(whole: torch.Tensor) -> None:
+            pending.append(post_data(whole))
 
-def _announce(td: Any, comm: torch.device, transmit: Callable[[torch.Tensor], Any]) -> _packed.Plan:
-    """The sending side of a description: header and JSON; returns the tree's plan."""
-    plan = _packed.plan(td)
-    description = plan.description()
-    transmit(wire.header(description, plan.total, comm))
-    transmit(wire.bytes_tensor(description, comm))
-    return plan
+        text_work.wait()
+        td, _ = _packed.build(cls, wire.text_bytes(text), total, target, on_buffer=receive)
+        for p in pending:
+            p.wait()
+        return td
+    arena = _packed.arena(total)
+    data = post_data(arena[1])
+    try:
+        text_work.wait()
+        td, _ = _packed.build(cls, wire.text_bytes(text), total, into=arena)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the data message is due all the same: take it
+            data.wait()
+        raise
+    data.wait()
+    return td
 
 
 class Distributed:
@@ -334,13 +365,9 @@ class Distributed:
             peer.device = torch.device(device)
         # header, description and data posted at once: the receiver parses the description
         # while the data arrives (the same messages and tags as one blocking send each)
-        plan = _packed.plan(self)
-        description = plan.description()
-        head = [wire.header(description, plan.total, peer.device)]
-        head.append(wire.bytes_tensor(description, peer.device))
-        works = peer.send(head, [0, 0])
+        plan, works = _post_first_contact(self, peer.device, lambda t: peer.send([t], [0]))
         data, _ = wire.send_packed(plan, peer, 0, fresh=False)
-        wire.wait_all([*works, *data])
+        wire.wait_all([w for sent in works for w in sent] + data)
 
     @classmethod
     def from_remote_init(
@@ -368,32 +395,14 @@ class Distributed:
         peer = Peer(src, group, None, "src", "group_src")
         if device is not None:
             peer.device = torch.device(device)
-        comm = peer.device
-        head = torch.empty(3, dtype=torch.int64, device=comm)
-        wire.wait_all(peer.recv([head], [0]))
-        length, total = wire.check_header(head)
-        text = torch.empty(length, dtype=torch.uint8, device=comm)
-        text_works = peer.recv([text], [0])
-        target = None if device is None else torch.device(device)
-        if target is not None and target != _CPU:  # views of one device buffer
-            pending: list[Pending] = []
 
-            def receive(whole: torch.Tensor) -> None:
-                pending.append(wire.recv_whole(whole, peer, 0))
+        def post(t: torch.Tensor) -> Pending:
+            return Pending([(w, None) for w in peer.recv([t], [0])])
 
-            wire.wait_all(text_works)
-            td, _ = _packed.build(cls, wire.text_bytes(text), total, target, on_buffer=receive)
-            for p in pending:
-                p.wait()
-            return td  # type: ignore[no-any-return]
-        # The arena is mapped and the data posted into it before the description is parsed:
-        # the data arrives while the tree is built.
-        arena = _packed.arena(total)
-        data = wire.recv_whole(arena[1], peer, 0)
-        wire.wait_all(text_works)
-        td, _ = _packed.build(cls, wire.text_bytes(text), total, into=arena)
-        data.wait()
-        return td  # type: ignore[no-any-return]
+        def post_data(whole: torch.Tensor) -> Pending:
+            return wire.recv_whole(whole, peer, 0)
+
+        return _learn(cls, peer.device, post, post_data, device)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ collectives
 
@@ -405,26 +414,26 @@ class Distributed:
         """
         comm = wire.comm_device(group)
 
-        def transmit(t: torch.Tensor) -> Any:
-            return dist.broadcast(t, src=src, group=group)
+        def post(t: torch.Tensor) -> Any:
+            return dist.broadcast(t, src=src, group=group, async_op=True)
 
         if dist.get_rank(group=group) == src:
-            plan = _announce(self, comm, transmit)
+            # header, description and data at once, as ``init_remote`` posts them
+            plan, works = _post_first_contact(self, comm, post)
             if plan.total:
-                transmit(wire.to(plan.pack(), comm))
-            return self
-        works: list[Any] = []
-
-        def receive(whole: torch.Tensor) -> None:  # the data arrives while the tree is built
-            if whole.device == comm:
-                works.append(dist.broadcast(whole, src=src, group=group, async_op=True))
-
-        td, whole = _learn(type(self), comm, transmit, device, receive)
-        if works:
+                works.append(post(wire.to(plan.pack(), comm)))
             wire.wait_all(works)
-        else:
-            wire.receive_into(whole, comm, transmit)
-        return td  # type: ignore[no-any-return]
+            return self
+
+        def post_data(whole: torch.Tensor) -> Pending:
+            if not whole.numel():
+                return Pending([])
+            if whole.device == comm:
+                return Pending([(post(whole), None)])
+            staged = torch.empty_like(whole, device=comm)
+            return Pending([(post(staged), None), (None, lambda: whole.copy_(staged))])
+
+        return _learn(type(self), comm, post, post_data, device)  # type: ignore[no-any-return]
 
     def all_reduce(
         self,
