@@ -15,6 +15,7 @@ import torch
 from torch import distributed as dist
 
 STOP, REF_CONS, RS_CONS, ONE_TENSOR, REF_LEAF, RS_LEAF, REF_INIT, RS_INIT, RS_AFTER_INIT = range(9)
+RS_CONS_WHOLE = 9
 
 
 def serve(port: int, leaves_last: int, leaf_last: int, total_bytes: int) -> None:
@@ -34,6 +35,7 @@ def serve(port: int, leaves_last: int, leaf_last: int, total_bytes: int) -> None
     small = build_w3(leaf_last)
     ref_cons = ref_td(big, []).consolidate(metadata=True)
     rs_plain = rs_td(big, [])
+    rs_whole = _one_buffer_tree(rs_plain)
     ref_small, rs_small = ref_td(small, []), rs_td(small, [])
     one = torch.empty(total_bytes, dtype=torch.uint8)
     remote: Any = None
@@ -50,6 +52,8 @@ def serve(port: int, leaves_last: int, leaf_last: int, total_bytes: int) -> None
                 ref_cons.recv(src=0, consolidated=True)
             elif case == RS_CONS:
                 rs_plain.recv(src=0, consolidated=True)
+            elif case == RS_CONS_WHOLE:
+                rs_whole.recv(src=0, consolidated=True)
             elif case == ONE_TENSOR:
                 dist.recv(one, src=0)
             elif case == REF_LEAF:
@@ -67,3 +71,13 @@ def serve(port: int, leaves_last: int, leaf_last: int, total_bytes: int) -> None
                 remote = made  # the previous tree goes now
             del made
     dist.destroy_process_group()
+
+
+def _one_buffer_tree(like: Any) -> Any:
+    """A tree of ``like``'s structure with every leaf in one buffer, as ``from_remote_init``
+    builds it (made here from the description, without a first contact)."""
+    from tensordict_rs import _packed
+
+    plan = _packed.plan(like)
+    td, _ = _packed.build(type(like), plan.description(), plan.total)
+    return td

@@ -165,11 +165,21 @@ WORKLOADS: tuple[Workload, ...] = (
     ),
     Workload(
         "dist_consolidated",
-        "gloo send(consolidated=True) W3: 10,000 x 1 KiB leaves, plain tree to plain tree",
+        "gloo send(consolidated=True) W3: 10,000 x 1 KiB leaves, from a plain tree into a tree "
+        "in one buffer (ours: from_remote_init's; the reference's: consolidated)",
         "us/leaf",
         "one tensor of the same bytes (dist.send)",
         "<= 1.2x one tensor (fraction >= 0.83)",
         min_fraction=1 / 1.2,
+    ),
+    Workload(
+        "dist_consolidated_plain",
+        "gloo send(consolidated=True) W3, plain tree to plain tree (context: the receiver "
+        "scatters into 10,000 leaves)",
+        "us/leaf",
+        "one tensor of the same bytes (dist.send)",
+        "(context)",
+        info=True,
     ),
     Workload(
         "dist_per_leaf",

@@ -2,9 +2,11 @@
 (``_dist_peer.py``) receives and acknowledges each message (the ack is in the timed call, for
 every case alike, so the receiver's work counts).
 
-* W3 (10,000 x 1 KiB leaves) with ``send(consolidated=True)`` from a plain tree into a plain
-  tree, against the reference's ``send(consolidated=True)`` (it consolidates on every call;
-  its receiver keeps a consolidated copy), limit: one tensor of the same bytes.
+* W3 (10,000 x 1 KiB leaves) with ``send(consolidated=True)`` from a plain tree into a tree in
+  one buffer (the tree ``from_remote_init`` returns), against the reference's
+  ``send(consolidated=True)`` (it consolidates on every call; its receiver keeps a
+  consolidated copy), limit: one tensor of the same bytes. Then the same into a plain tree
+  (the receiver scatters; context).
 * The default per-leaf protocol, W3 shrunk to 200 leaves (each message costs ~0.3-1 ms here).
 * ``init_remote`` + ``from_remote_init`` of W3, limit: one later ``send(consolidated=True)``
   into the received tree; once with the same sender tree every round (its description
@@ -25,6 +27,7 @@ from _dist_peer import (
     REF_LEAF,
     RS_AFTER_INIT,
     RS_CONS,
+    RS_CONS_WHOLE,
     RS_INIT,
     RS_LEAF,
     STOP,
@@ -82,12 +85,12 @@ def _case(code: int, reps: int, send) -> Case:
     return Case(call=call, setup=setup)
 
 
-def _consolidated_cases(big, total):
+def _consolidated_cases(big, total, into=RS_CONS_WHOLE):
     ref, rs = ref_td(big, []), rs_td(big, [])
     one = torch.zeros(total, dtype=torch.uint8)
     return {
         REF: _case(REF_CONS, REPS, lambda: ref.send(dst=1, consolidated=True)),
-        RS: _case(RS_CONS, REPS, lambda: rs.send(dst=1, consolidated=True)),
+        RS: _case(into, REPS, lambda: rs.send(dst=1, consolidated=True)),
         LIMIT: _case(ONE_TENSOR, REPS, lambda: dist.send(one, dst=1)),
     }
 
@@ -152,6 +155,15 @@ def test_send_consolidated(benchmark, case, peer):
     leaves = len(list(_leaves(big)))
     measure("dist_consolidated", leaves * REPS, lambda: _consolidated_cases(big, total))
     replay(benchmark, "dist_consolidated", case)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_send_consolidated_into_plain_tree(benchmark, case, peer):
+    big, total = peer
+    leaves = len(list(_leaves(big)))
+    cases = lambda: _consolidated_cases(big, total, into=RS_CONS)  # noqa: E731
+    measure("dist_consolidated_plain", leaves * REPS, cases)
+    replay(benchmark, "dist_consolidated_plain", case)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -206,6 +206,7 @@ impl PackedTable {
         buffer: (usize, usize),
         range: (usize, Option<usize>),
         pack: bool,
+        more: bool,
     ) -> PyResult<()> {
         let (address, len) = buffer;
         let total = self.layout.total;
@@ -232,7 +233,13 @@ impl PackedTable {
             // leaf; the leaves are alive by the contract above. Packed ranges are disjoint
             // (checked in PackedLayout::new), so pack destinations never overlap; leaves that
             // share bytes are scattered in order on one thread.
-            unsafe { gather::run_quiet(&copies, parallel) };
+            unsafe {
+                if more {
+                    gather::run(&copies, parallel)
+                } else {
+                    gather::run_quiet(&copies, parallel)
+                }
+            };
         });
         Ok(())
     }
@@ -251,7 +258,9 @@ impl PackedTable {
     }
 
     /// Copies the leaves into bytes `start..end` (default: all) of the buffer at `address`.
-    #[pyo3(signature = (address, nbytes, start = 0, end = None))]
+    /// `more`: another copy of this tree follows at once (the copy threads wait for it
+    /// awake; otherwise they sleep as soon as this one is done).
+    #[pyo3(signature = (address, nbytes, start = 0, end = None, more = false))]
     fn pack(
         &self,
         py: Python<'_>,
@@ -259,8 +268,9 @@ impl PackedTable {
         nbytes: usize,
         start: usize,
         end: Option<usize>,
+        more: bool,
     ) -> PyResult<()> {
-        self.copy(py, (address, nbytes), (start, end), true)
+        self.copy(py, (address, nbytes), (start, end), true, more)
     }
 
     /// Copies bytes `start..end` (default: all) of the buffer at `address` into the leaves.
@@ -273,7 +283,7 @@ impl PackedTable {
         start: usize,
         end: Option<usize>,
     ) -> PyResult<()> {
-        self.copy(py, (address, nbytes), (start, end), false)
+        self.copy(py, (address, nbytes), (start, end), false, false)
     }
 
     /// Bytes of the packed tree.

@@ -230,3 +230,17 @@ def test_tree_built_into_an_arena_made_first() -> None:
     with probe_thread() as probe:
         probe.watch(_native.packed_arena)(256 << 20)  # memfd, reserve, fault in: GIL released
     assert probe.turns >= MIN_TURNS, probe.turns
+
+
+@pytest.mark.parametrize("total", [1, 2 << 20, (2 << 20) + 1, 10 << 20, (64 << 20) + 5, 1 << 30])
+def test_packing_runs_cover_every_piece_in_a_few_growing_runs(total: int) -> None:
+    from tensordict_rs import _dist_wire
+
+    spans = _dist_wire.pieces(total)
+    runs = _dist_wire.packing_runs(spans)
+    assert runs[0] == (0, 1)  # the first piece goes as soon as it is packed
+    assert [i for a, b in runs for i in range(a, b)] == list(range(len(spans)))
+    for first, last in runs[1:]:
+        posted = spans[first][0]
+        assert spans[last - 1][1] - posted <= max(posted, _dist_wire.PIECE_BYTES)
+    assert len(runs) <= 2 + len(spans).bit_length()  # doubling: a few calls, not one a piece

@@ -199,16 +199,17 @@ class Plan:
             raise RuntimeError("cannot receive into a read-only memory map")
         return self.buffer(fresh)
 
-    def pack_range(self, out: torch.Tensor, start: int, end: int) -> None:
+    def pack_range(self, out: torch.Tensor, start: int, end: int, more: bool = False) -> None:
         """Writes bytes ``start:end`` of the packed tree into ``out`` (a ``buffer()``).
 
         Pieces are packed in order; bytes past ``end`` may be written too (the next pieces').
+        ``more``: the next range is packed right after (the copy threads stay awake for it).
         """
         if out is self.whole:
             return
         if self.native:
             if self.table is not None:
-                self.table.pack(out.data_ptr(), out.numel(), start, end)
+                self.table.pack(out.data_ptr(), out.numel(), start, end, more)
             return
         # torch copies, leaf by leaf: each leaf is written whole by the piece it starts in
         # (later pieces go out after it), so non-contiguous leaves need no byte views
