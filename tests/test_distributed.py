@@ -105,7 +105,7 @@ def test_plans_follow_changes_of_the_tree() -> None:
     td["b"] = torch.full((4, 2), 2.0)
     second = _packed.plan(td)
     assert second is not first
-    assert second.pack()[16:].view(torch.float32).tolist() == [2.0] * 8
+    assert second.pack()[_packed.ALIGN :].view(torch.float32).tolist() == [2.0] * 8
 
 
 def test_packed_table_releases_gil_and_copies_ranges() -> None:
