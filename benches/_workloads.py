@@ -172,6 +172,14 @@ WORKLOADS: tuple[Workload, ...] = (
         min_fraction=1 / 1.2,
     ),
     Workload(
+        "dist_memmap",
+        "gloo send(consolidated=True) W3 memmap_()'d (anonymous) into a memmap_()'d tree (context)",
+        "us/leaf",
+        "one tensor of the same bytes (dist.send)",
+        "(context: sent from and received into the arenas, no pack or scatter)",
+        info=True,
+    ),
+    Workload(
         "dist_per_leaf",
         "gloo send() per-leaf protocol (default), 200 x 1 KiB leaves",
         "us/leaf",

@@ -5,6 +5,9 @@ every case alike, so the receiver's work counts).
 * W3 (10,000 x 1 KiB leaves) with ``send(consolidated=True)`` from a plain tree into a plain
   tree, against the reference's ``send(consolidated=True)`` (it consolidates on every call;
   its receiver keeps a consolidated copy), limit: one tensor of the same bytes.
+* W3 memmap_()'d without a prefix on both sides (context): sent from the sender's arena and
+  received into the receiver's with no pack or scatter; the reference's memmap_()'d tree into
+  its consolidated receiver; limit: one tensor of the same bytes.
 * The default per-leaf protocol, W3 shrunk to 200 leaves (each message costs ~0.3-1 ms here).
 * ``init_remote`` + ``from_remote_init`` of W3, limit: one later ``send(consolidated=True)``
   into the received tree; once with the same sender tree every round (its description
@@ -27,6 +30,7 @@ from _dist_peer import (
     RS_CONS,
     RS_INIT,
     RS_LEAF,
+    RS_MEMMAP,
     STOP,
     serve,
 )
@@ -92,6 +96,16 @@ def _consolidated_cases(big, total):
     }
 
 
+def _memmap_cases(big, total):
+    ref, rs = ref_td(big, []).memmap_(), rs_td(big, []).memmap_()
+    one = torch.zeros(total, dtype=torch.uint8)
+    return {
+        REF: _case(REF_CONS, REPS, lambda: ref.send(dst=1, consolidated=True)),
+        RS: _case(RS_MEMMAP, REPS, lambda: rs.send(dst=1, consolidated=True)),
+        LIMIT: _case(ONE_TENSOR, REPS, lambda: dist.send(one, dst=1)),
+    }
+
+
 def _per_leaf_cases():
     small = build_w3(LEAF_LAST)
     ref, rs = ref_td(small, []), rs_td(small, [])
@@ -152,6 +166,14 @@ def test_send_consolidated(benchmark, case, peer):
     leaves = len(list(_leaves(big)))
     measure("dist_consolidated", leaves * REPS, lambda: _consolidated_cases(big, total))
     replay(benchmark, "dist_consolidated", case)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_send_consolidated_memmap(benchmark, case, peer):
+    big, total = peer
+    leaves = len(list(_leaves(big)))
+    measure("dist_memmap", leaves * REPS, lambda: _memmap_cases(big, total))
+    replay(benchmark, "dist_memmap", case)
 
 
 @pytest.mark.parametrize("case", CASES)
