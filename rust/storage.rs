@@ -576,7 +576,11 @@ mod tests {
         assert_eq!(region.arena_offset(start + 64, 192), Some(64));
         assert_eq!(region.arena_offset(start, 256), Some(0));
         assert_eq!(region.arena_offset(start + 64, 193), None, "past the end");
-        assert_eq!(region.arena_offset(start.wrapping_sub(1), 2), None, "before the start");
+        assert_eq!(
+            region.arena_offset(start.wrapping_sub(1), 2),
+            None,
+            "before the start"
+        );
         assert_eq!(region.arena_offset(start, 0), None, "empty");
         assert_eq!(region.arena_offset(usize::MAX, 2), None, "overflow");
         let path = std::env::temp_dir().join(format!("tdrs-test-{}", random_suffix()));

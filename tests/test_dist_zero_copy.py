@@ -13,13 +13,12 @@ from pathlib import Path
 
 import _dist_zero_copy_jobs as jobs
 import pytest
+import tensordict_rs
 import torch
 from _dist_jobs import same
+from tensordict_rs import TensorDict, _dist_wire, _native, _packed
 from test_distributed import run_job
 from torch import distributed as dist
-
-import tensordict_rs
-from tensordict_rs import TensorDict, _dist_wire, _native, _packed
 
 
 def _offsets_in_arena(td: TensorDict) -> list[int]:
@@ -42,8 +41,7 @@ def _packed_copy(td: TensorDict) -> bytes:
 def _without_padding(td: TensorDict, data: bytes) -> list[bytes]:
     plan = _packed.plan(td)
     return [
-        data[off : off + t.nbytes]
-        for t, off in zip(plan.materialized(), plan.offsets, strict=True)
+        data[off : off + t.nbytes] for t, off in zip(plan.materialized(), plan.offsets, strict=True)
     ]
 
 
@@ -123,8 +121,8 @@ def test_arena_span_is_checked_natively(tmp_path: Path) -> None:
     td = jobs.small_tree(tensordict_rs, 7).memmap_()
     buffer = td._tensordict["a"].buffer
     span = buffer.arena_span(buffer.address, buffer.nbytes)
-    assert span is not None and span.address == buffer.address and span.region_id == (
-        buffer.region_id
+    assert (
+        span is not None and span.address == buffer.address and span.region_id == (buffer.region_id)
     )
     assert buffer.arena_span(buffer.address - (1 << 40), 8) is None
     assert buffer.arena_span(buffer.address, 1 << 40) is None

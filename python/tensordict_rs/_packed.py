@@ -4,10 +4,12 @@ The packed layout lists the tensor leaves depth-first in sorted-key order (the o
 reference's per-leaf protocol), each at an offset rounded up to ``ALIGN`` bytes so that every
 dtype can be viewed in place. ``ALIGN`` is the alignment of the parts of an anonymous arena
 (rust/storage.rs ``ARENA_ALIGN``), and ``memmap_()`` without a prefix lays out a tree's small
-leaves in packed order, so that such a tree already lies in its arena as its message does. ``Plan`` holds a tree's leaves in that order and a checked copy
-plan in the Rust core (``_native.PackedTable``: leaf addresses, offsets, sizes), which packs
-the leaves into one buffer or scatters one buffer into them, whole or a byte range at a time
-(GIL released, parallel).
+leaves in packed order, so that such a tree already lies in its arena as its message does.
+
+``Plan`` holds a tree's leaves in that order and a checked copy plan in the Rust core
+(``_native.PackedTable``: leaf addresses, offsets, sizes), which packs the leaves into one
+buffer or scatters one buffer into them, whole or a byte range at a time (GIL released,
+parallel).
 
 Plans are cached per tree and checked on every use against the tree's dicts (same keys,
 same value objects, compared in Rust: a few ns per leaf). A plan keeps the storage of every
