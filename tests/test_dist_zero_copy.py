@@ -158,3 +158,19 @@ def test_a_sender_of_the_previous_protocol_is_refused() -> None:
 )
 def test_memmapped_trees_travel_without_a_copy_two_ranks(tmp_path: Path) -> None:
     run_job(jobs.zero_copy, ["tensordict_rs"] * 2, tmp_path)
+
+
+def test_a_read_only_tree_is_refused_before_its_arena_is_used() -> None:
+    # no anonymous arena is ever read-only, but the refusal must come before the arena path
+    from tensordict_rs import distributed
+
+    td = jobs.small_tree(tensordict_rs, 8).memmap_()
+    plan = _packed.plan(td)
+    assert plan.whole is not None and plan.receive_buffer() is plan.whole
+    plan.writable = False  # as a plan over a read-only map is
+    with pytest.raises(RuntimeError, match="read-only memory map"):
+        plan.receive_buffer()
+    with pytest.raises(RuntimeError, match="read-only memory map"):
+        distributed._recv(td, None, 0, False, True, False)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="read-only memory map"):
+        plan.unpack(torch.empty(plan.total, dtype=torch.uint8))
