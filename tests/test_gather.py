@@ -6,6 +6,7 @@ is checked to be taken (or not) by counting calls to ``_native.gather_rows``.
 
 from __future__ import annotations
 
+import sys
 from array import array
 from pathlib import Path
 
@@ -419,3 +420,30 @@ def test_one_thread_where_torch_uses_one(counted) -> None:
         torch.set_num_threads(before)
     assert torch.equal(td[BIG]["a"], td["a"][BIG])
     assert counted[-1][3] is (before > 1)
+
+
+def test_same_entries_sees_every_kind_of_change() -> None:
+    """The plan check compares key and value objects, in order, without taking references."""
+    a, b = torch.ones(2), torch.zeros(2)
+    d = {"a": a, "b": b}
+    snapshot = [(d, tuple(d), tuple(d.values()))]
+    assert _native.same_entries(snapshot)
+    assert _native.same_entries([])
+    d["a"] = torch.ones(2)  # an equal value, another object
+    assert not _native.same_entries(snapshot)
+    d["a"] = a
+    assert _native.same_entries(snapshot)
+    d["c"] = a  # a new key
+    assert not _native.same_entries(snapshot)
+    del d["c"]
+    del d["a"]
+    d["a"] = a  # the same entries in another order
+    assert not _native.same_entries(snapshot)
+    other = {"a": a}
+    assert not _native.same_entries([(other, ("a",), (b,))])
+    assert not _native.same_entries([(other, ("b",), (a,))])
+    assert not _native.same_entries([(other, ("a", "b"), (a, b))])
+    refs = sys.getrefcount(a)
+    for _ in range(1000):
+        _native.same_entries([(other, ("a",), (a,))])
+    assert sys.getrefcount(a) == refs  # borrowed references only
