@@ -60,6 +60,10 @@ def test_an_anonymous_arena_is_the_packed_layout() -> None:
     # the one tensor is the arena: writing it (a receive) writes the leaves
     plan.whole.zero_()
     assert all(not t.any() for t in plan.materialized())
+    # memmap() and memmap_like() (a receiver's usual start) lay out their arenas the same way
+    for made in (jobs.small_tree(tensordict_rs, 1).memmap(), td.memmap_like()):
+        whole = _packed.plan(made).whole
+        assert whole is not None and whole.data_ptr() == jobs.arena_start(made)
 
 
 def test_leaves_materialized_or_nested_alone_stay_zero_copy() -> None:
