@@ -176,7 +176,7 @@ WORKLOADS: tuple[Workload, ...] = (
         "gloo send(consolidated=True) W3 memmap_()'d (anonymous) into a memmap_()'d tree (context)",
         "us/leaf",
         "one tensor of the same bytes (dist.send)",
-        "(context: sent from and received into the arenas, no pack or scatter)",
+        "(context: no pack or scatter; the reference's tree mapped under a prefix)",
         info=True,
     ),
     Workload(

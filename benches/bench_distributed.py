@@ -6,8 +6,8 @@ every case alike, so the receiver's work counts).
   tree, against the reference's ``send(consolidated=True)`` (it consolidates on every call;
   its receiver keeps a consolidated copy), limit: one tensor of the same bytes.
 * W3 memmap_()'d without a prefix on both sides (context): sent from the sender's arena and
-  received into the receiver's with no pack or scatter; the reference's memmap_()'d tree into
-  its consolidated receiver; limit: one tensor of the same bytes.
+  received into the receiver's with no pack or scatter; the reference's tree memmap_()'d under
+  a prefix in /dev/shm, into its consolidated receiver; limit: one tensor of the same bytes.
 * The default per-leaf protocol, W3 shrunk to 200 leaves (each message costs ~0.3-1 ms here).
 * ``init_remote`` + ``from_remote_init`` of W3, limit: one later ``send(consolidated=True)``
   into the received tree; once with the same sender tree every round (its description
@@ -34,7 +34,7 @@ from _dist_peer import (
     STOP,
     serve,
 )
-from _harness import Case, build_w3, measure, ref_td, replay, rs_td, w3_last
+from _harness import SHM_BASE, Case, build_w3, fresh_dir, measure, ref_td, replay, rs_td, w3_last
 from _workloads import CASES, LIMIT, REF, RS
 from torch import distributed as dist
 
@@ -97,7 +97,10 @@ def _consolidated_cases(big, total):
 
 
 def _memmap_cases(big, total):
-    ref, rs = ref_td(big, []).memmap_(), rs_td(big, []).memmap_()
+    # the reference's anonymous memmap_() opens 2 files per leaf (past the fd limit for W3):
+    # its tree is mapped under a prefix in /dev/shm instead
+    ref = ref_td(big, []).memmap_(fresh_dir(SHM_BASE))
+    rs = rs_td(big, []).memmap_()
     one = torch.zeros(total, dtype=torch.uint8)
     return {
         REF: _case(REF_CONS, REPS, lambda: ref.send(dst=1, consolidated=True)),
