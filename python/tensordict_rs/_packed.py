@@ -150,7 +150,7 @@ class Plan:
                 ):
                     self.native = False
                 elif n:
-                    if not table and type(value) is MemoryMappedTensor:
+                    if type(value) is MemoryMappedTensor and not table:
                         self._arena = value._buffer
                     keep.append(value.untyped_storage())
                     table.extend((value.data_ptr(), total, n))
