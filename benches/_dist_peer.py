@@ -16,6 +16,7 @@ from torch import distributed as dist
 
 STOP, REF_CONS, RS_CONS, ONE_TENSOR, REF_LEAF, RS_LEAF, REF_INIT, RS_INIT, RS_AFTER_INIT = range(9)
 RS_CONS_WHOLE = 9
+RS_MEMMAP = 10  # into a tree memory-mapped without a prefix (received into its arena)
 
 
 def serve(port: int, leaves_last: int, leaf_last: int, total_bytes: int) -> None:
@@ -36,6 +37,7 @@ def serve(port: int, leaves_last: int, leaf_last: int, total_bytes: int) -> None
     ref_cons = ref_td(big, []).consolidate(metadata=True)
     rs_plain = rs_td(big, [])
     rs_whole = _one_buffer_tree(rs_plain)
+    rs_mapped = rs_td(big, []).memmap_()
     ref_small, rs_small = ref_td(small, []), rs_td(small, [])
     one = torch.empty(total_bytes, dtype=torch.uint8)
     remote: Any = None
@@ -66,6 +68,8 @@ def serve(port: int, leaves_last: int, leaf_last: int, total_bytes: int) -> None
                 made = tensordict_rs.TensorDict.from_remote_init(src=0)
             elif case == RS_AFTER_INIT:
                 remote.recv(src=0, consolidated=True)
+            elif case == RS_MEMMAP:
+                rs_mapped.recv(src=0, consolidated=True)
             dist.send(ack, dst=0)
             if case == RS_INIT:
                 remote = made  # the previous tree goes now

@@ -182,6 +182,14 @@ WORKLOADS: tuple[Workload, ...] = (
         info=True,
     ),
     Workload(
+        "dist_memmap",
+        "gloo send(consolidated=True) W3 memmap_()'d (anonymous) into a memmap_()'d tree (context)",
+        "us/leaf",
+        "one tensor of the same bytes (dist.send)",
+        "(context: no pack or scatter; the reference's tree mapped under a prefix)",
+        info=True,
+    ),
+    Workload(
         "dist_per_leaf",
         "gloo send() per-leaf protocol (default), 200 x 1 KiB leaves",
         "us/leaf",

@@ -7,6 +7,9 @@ every case alike, so the receiver's work counts).
   ``send(consolidated=True)`` (it consolidates on every call; its receiver keeps a
   consolidated copy), limit: one tensor of the same bytes. Then the same into a plain tree
   (the receiver scatters; context).
+* W3 memmap_()'d without a prefix on both sides (context): sent from the sender's arena and
+  received into the receiver's with no pack or scatter; the reference's tree memmap_()'d under
+  a prefix in /dev/shm, into its consolidated receiver; limit: one tensor of the same bytes.
 * The default per-leaf protocol, W3 shrunk to 200 leaves (each message costs ~0.3-1 ms here).
 * ``init_remote`` + ``from_remote_init`` of W3, limit: one later ``send(consolidated=True)``
   into the received tree; once with the same sender tree every round (its description
@@ -30,10 +33,11 @@ from _dist_peer import (
     RS_CONS_WHOLE,
     RS_INIT,
     RS_LEAF,
+    RS_MEMMAP,
     STOP,
     serve,
 )
-from _harness import Case, build_w3, measure, ref_td, replay, rs_td, w3_last
+from _harness import SHM_BASE, Case, build_w3, fresh_dir, measure, ref_td, replay, rs_td, w3_last
 from _workloads import CASES, LIMIT, REF, RS
 from torch import distributed as dist
 
@@ -91,6 +95,19 @@ def _consolidated_cases(big, total, into=RS_CONS_WHOLE):
     return {
         REF: _case(REF_CONS, REPS, lambda: ref.send(dst=1, consolidated=True)),
         RS: _case(into, REPS, lambda: rs.send(dst=1, consolidated=True)),
+        LIMIT: _case(ONE_TENSOR, REPS, lambda: dist.send(one, dst=1)),
+    }
+
+
+def _memmap_cases(big, total):
+    # the reference's anonymous memmap_() opens 2 files per leaf (past the fd limit for W3):
+    # its tree is mapped under a prefix in /dev/shm instead
+    ref = ref_td(big, []).memmap_(fresh_dir(SHM_BASE))
+    rs = rs_td(big, []).memmap_()
+    one = torch.zeros(total, dtype=torch.uint8)
+    return {
+        REF: _case(REF_CONS, REPS, lambda: ref.send(dst=1, consolidated=True)),
+        RS: _case(RS_MEMMAP, REPS, lambda: rs.send(dst=1, consolidated=True)),
         LIMIT: _case(ONE_TENSOR, REPS, lambda: dist.send(one, dst=1)),
     }
 
@@ -164,6 +181,14 @@ def test_send_consolidated_into_plain_tree(benchmark, case, peer):
     cases = lambda: _consolidated_cases(big, total, into=RS_CONS)  # noqa: E731
     measure("dist_consolidated_plain", leaves * REPS, cases)
     replay(benchmark, "dist_consolidated_plain", case)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_send_consolidated_memmap(benchmark, case, peer):
+    big, total = peer
+    leaves = len(list(_leaves(big)))
+    measure("dist_memmap", leaves * REPS, lambda: _memmap_cases(big, total))
+    replay(benchmark, "dist_memmap", case)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -186,6 +186,14 @@ impl Buffer {
         Some((path, identity, self.offset, shared))
     }
 
+    /// A Buffer over `nbytes` bytes of this buffer's region from address `address` (the bytes of
+    /// several leaves of one anonymous arena at once, keeping the arena alive), or None when
+    /// that range is not inside the region or the region is not anonymous memory.
+    fn arena_span(&self, address: usize, nbytes: usize) -> Option<Buffer> {
+        let offset = self.region.arena_offset(address, nbytes)?;
+        Some(Buffer::slice(&self.region, offset, nbytes))
+    }
+
     /// Whether writes are allowed through this buffer.
     #[getter]
     fn writable(&self) -> bool {

@@ -2,7 +2,8 @@
 //! lets a rank that knows nothing build the receiving tree. No pyo3 here.
 //!
 //! The packed layout lists the tensor leaves depth-first in sorted-key order, each at an
-//! offset rounded up to [`ALIGN`] bytes. [`PackedLayout`] is the copy plan of one tree (leaf
+//! offset rounded up to [`ALIGN`] bytes (the alignment of an anonymous arena's parts, so that
+//! a tree of small leaves memory-mapped without a prefix already lies in packed layout). [`PackedLayout`] is the copy plan of one tree (leaf
 //! address, packed offset, size per leaf), checked once when it is made; its copies can be
 //! restricted to a byte range of the packed buffer, so that a message travels in pieces while
 //! the next piece is packed or the previous one scattered.
@@ -23,8 +24,10 @@ use crate::gather::{self, Copy, Overlap, Range};
 use crate::layout;
 use crate::meta_parse::{OptStr, Str};
 
-/// Every leaf starts at a multiple of this many bytes (every dtype can be viewed in place).
-pub const ALIGN: usize = 16;
+/// Every leaf starts at a multiple of this many bytes (every dtype can be viewed in place): the
+/// alignment of the parts of an anonymous arena, whose small parts `memmap_()` lays out in
+/// packed order, so that such a tree's arena is its message as it is (no copy either way).
+pub const ALIGN: usize = crate::storage::ARENA_ALIGN;
 /// The longest description accepted (the meta.json limit of the loader).
 pub const DESCRIPTION_LIMIT: usize = layout::META_LIMIT as usize;
 

@@ -37,7 +37,7 @@ fn description_round_trip() {
     let value: Value = serde_json::from_slice(&text).unwrap();
     assert_eq!(value["a"]["shape"], serde_json::json!([2, 3]));
     let (parsed, total) = parse(&text).unwrap();
-    assert_eq!(total, 32 + 2, "a: 24 bytes at 0, x: 2 bytes at 32");
+    assert_eq!(total, 64 + 2, "a: 24 bytes at 0, x: 2 bytes at 64");
     let Parsed::Leaf(key, leaf) = &parsed.entries[0] else {
         panic!()
     };
@@ -48,7 +48,7 @@ fn description_round_trip() {
     let Parsed::Leaf(_, x) = &inner.entries[0] else {
         panic!()
     };
-    assert_eq!(x.offset, 32);
+    assert_eq!(x.offset, 64);
     assert_eq!(parsed.entries[2], Parsed::Value("s".into(), "\"hi\"".into()));
 }
 
@@ -90,7 +90,8 @@ fn fields_named_like_the_format_are_keys_when_they_hold_objects() {
     let node = td(&format!(r#""is_nested": {leaf}, "data": {leaf}, "#));
     let text = td(&format!(r#""dtype": {node}, "z": {leaf}, "#));
     let (parsed, total) = parse(text.as_bytes()).unwrap();
-    assert_eq!(total, 32 + 2, "dtype.data at 0, dtype.is_nested at 16, z at 32");
+    assert_eq!(ALIGN, 64);
+    assert_eq!(total, 128 + 2, "dtype.data at 0, dtype.is_nested at 64, z at 128");
     let Parsed::Node(key, inner) = &parsed.entries[0] else {
         panic!("{parsed:?}")
     };
@@ -152,4 +153,20 @@ fn copies_of_a_range() {
     assert!(PackedLayout::new(&[0, 0, 20, 10, 32, 5], 52)
         .unwrap()
         .leaves_shared());
+}
+
+#[test]
+fn an_arena_of_small_parts_is_the_packed_layout() {
+    // memmap_() without a prefix hands its small leaves to the arena in packed order: the
+    // arena's offsets must then be the packed offsets, so that the arena is the message
+    let sizes = [1usize, 0, 64, 65, 3, 4096 * 3 + 1, 7, 0, 1 << 19];
+    let parts: Vec<(Option<&[u8]>, usize)> = sizes.iter().map(|&n| (None, n)).collect();
+    let (offsets, total) = crate::storage::arena_layout(&parts).unwrap();
+    let mut end = 0;
+    for (&n, &off) in sizes.iter().zip(&offsets) {
+        let packed = aligned(end).unwrap();
+        assert_eq!(off, packed, "a part of {n} bytes");
+        end = packed + n;
+    }
+    assert_eq!(total, end);
 }

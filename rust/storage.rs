@@ -115,6 +115,16 @@ impl Region {
         self.mode != MapMode::ReadOnly
     }
 
+    /// Where `[address, address + len)` starts in this region, when the range lies inside it and
+    /// the region is anonymous memory (an arena: between its parts only padding, no file or
+    /// archive headers), else `None`. Several leaves of one arena then travel as one range.
+    pub fn arena_offset(&self, address: usize, len: usize) -> Option<usize> {
+        let start = self.as_ptr() as usize;
+        let offset = address.checked_sub(start)?;
+        let inside = len > 0 && offset.checked_add(len).is_some_and(|end| end <= self.len());
+        (inside && self.path.is_none() && self.archive.is_none()).then_some(offset)
+    }
+
     /// Writes dirty pages of a file-backed shared map to its file and waits (msync).
     pub fn flush(&self) -> Result<()> {
         if self.mode != MapMode::Shared || self.path.is_none() {
@@ -557,6 +567,34 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), vec![9, 2, 3, 4]);
         drop(r); // Windows refuses to delete a mapped file.
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn arena_offset_is_inside_anonymous_memory_only() {
+        let region = anonymous(None, 256).unwrap();
+        let start = region.as_ptr() as usize;
+        assert_eq!(region.arena_offset(start + 64, 192), Some(64));
+        assert_eq!(region.arena_offset(start, 256), Some(0));
+        assert_eq!(region.arena_offset(start + 64, 193), None, "past the end");
+        assert_eq!(
+            region.arena_offset(start.wrapping_sub(1), 2),
+            None,
+            "before the start"
+        );
+        assert_eq!(region.arena_offset(start, 0), None, "empty");
+        assert_eq!(region.arena_offset(usize::MAX, 2), None, "overflow");
+        let path = std::env::temp_dir().join(format!("tdrs-test-{}", random_suffix()));
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        fill_file(&file, Some(&[1, 2, 3, 4]), 4).unwrap();
+        let mapped = map_file(&file, 4, Some(path.clone()), MapMode::Shared).unwrap();
+        assert_eq!(mapped.arena_offset(mapped.as_ptr() as usize, 4), None, "a file");
+        drop((mapped, file));
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

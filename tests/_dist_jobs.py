@@ -11,6 +11,7 @@ import datetime
 import importlib
 import os
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,16 @@ P2P_DTYPES = [
 
 
 def entry(
-    job: str, rank: int, world: int, port: int, packages: list[str], tmp: str, queue: Any
+    job: str | Callable[..., None],
+    rank: int,
+    world: int,
+    port: int,
+    packages: list[str],
+    tmp: str,
+    queue: Any,
 ) -> None:
-    """Runs ``job`` as ``rank`` of ``world`` with the package ``packages[rank]``."""
+    """Runs ``job`` (a name here, or a job function of another module) as ``rank`` of
+    ``world`` with the package ``packages[rank]``."""
     try:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         torch.set_num_threads(1)
@@ -42,7 +50,7 @@ def entry(
             timeout=TIMEOUT,
         )
         try:
-            globals()[job](module, rank, world, Path(tmp))
+            (job if callable(job) else globals()[job])(module, rank, world, Path(tmp))
             dist.barrier()
         finally:
             dist.destroy_process_group()

@@ -11,6 +11,7 @@ import gc
 import multiprocessing
 import queue
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import _dist_jobs
@@ -31,8 +32,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(job: str, packages: list[str], tmp: Path) -> None:
-    """Runs ``job`` with one spawned process per entry of ``packages``; fails on any error."""
+def run_job(job: str | Callable[..., None], packages: list[str], tmp: Path) -> None:
+    """Runs ``job`` (a name in ``_dist_jobs``, or a job function of another tests module) with
+    one spawned process per entry of ``packages``; fails on any error."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
@@ -105,7 +107,7 @@ def test_plans_follow_changes_of_the_tree() -> None:
     td["b"] = torch.full((4, 2), 2.0)
     second = _packed.plan(td)
     assert second is not first
-    assert second.pack()[16:].view(torch.float32).tolist() == [2.0] * 8
+    assert second.pack()[_packed.ALIGN :].view(torch.float32).tolist() == [2.0] * 8
 
 
 def test_packed_table_releases_gil_and_copies_ranges() -> None:

@@ -27,7 +27,7 @@ from torch import distributed as dist
 
 from . import _native, _packed
 
-MAGIC = 0x7464_7273_3031  # "tdrs01": a description message of this library
+MAGIC = 0x7464_7273_3032  # "tdrs02": a description message of this library (64-byte leaves)
 PIECE_BYTES = 2 << 20
 _CPU = torch.device("cpu")
 

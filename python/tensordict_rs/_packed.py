@@ -2,16 +2,21 @@
 
 The packed layout lists the tensor leaves depth-first in sorted-key order (the order of the
 reference's per-leaf protocol), each at an offset rounded up to ``ALIGN`` bytes so that every
-dtype can be viewed in place. ``Plan`` holds a tree's leaves in that order and a checked copy
-plan in the Rust core (``_native.PackedTable``: leaf addresses, offsets, sizes), which packs
-the leaves into one buffer or scatters one buffer into them, whole or a byte range at a time
-(GIL released, parallel).
+dtype can be viewed in place. ``ALIGN`` is the alignment of the parts of an anonymous arena
+(rust/storage.rs ``ARENA_ALIGN``), and ``memmap_()`` without a prefix lays out a tree's small
+leaves in packed order, so that such a tree already lies in its arena as its message does.
+
+``Plan`` holds a tree's leaves in that order and a checked copy plan in the Rust core
+(``_native.PackedTable``: leaf addresses, offsets, sizes), which packs the leaves into one
+buffer or scatters one buffer into them, whole or a byte range at a time (GIL released,
+parallel).
 
 Plans are cached per tree and checked on every use against the tree's dicts (same keys,
 same value objects, compared in Rust: a few ns per leaf). A plan keeps the storage of every
 leaf referenced, so its addresses stay valid even if a tensor is swapped out of the tree. A
 tree received as one message (``build``) lies in one buffer already: its plan sends and
-receives that buffer as it is, with no copy.
+receives that buffer as it is, with no copy; so does a tree whose leaves lie in one torch
+storage or one anonymous arena (``memmap_()``) each at base + its packed offset.
 
 The description is the JSON of ``meta.json`` (the same per-leaf entries and reserved keys),
 with each nested TensorDict's own ``meta.json`` object inlined under its key, so that a rank
@@ -23,6 +28,7 @@ tree's one buffer; each leaf is a lazy slice of it.
 from __future__ import annotations
 
 import json
+import warnings
 import weakref
 from array import array
 from collections.abc import Callable
@@ -38,7 +44,7 @@ from .memmap import MemoryMappedTensor
 if TYPE_CHECKING:
     from .tensordict import TensorDict
 
-ALIGN = 16
+ALIGN = 64  # = rust/packed.rs ALIGN = rust/storage.rs ARENA_ALIGN
 DESCRIPTION_LIMIT = 64 << 20  # the meta.json limit of the loader
 RESERVED = ("shape", "device", "_type", "_format_version", "_class", "_names")
 _CPU = torch.device("cpu")
@@ -74,6 +80,7 @@ class Plan:
         self._materialized: list[torch.Tensor] | None = None
         self._description: bytes | None = None
         self._leaves: list[Leaf] | None = None
+        self._arena: _native.Buffer | None = None  # the native buffer of the first leaf, if any
         if built is not None:  # a tree made by ``build``: its layout is known, no walk
             self.nodes, self._leaves, self.total = built
             self.whole = whole
@@ -125,6 +132,8 @@ class Plan:
                 buffer = value.buffer
                 n = buffer.nbytes
                 if n:
+                    if not table:
+                        self._arena = buffer
                     keep.append(buffer)
                     table.extend((buffer.address, total, n))
                 self.writable = self.writable and buffer.writable
@@ -141,6 +150,8 @@ class Plan:
                 ):
                     self.native = False
                 elif n:
+                    if type(value) is MemoryMappedTensor and not table:
+                        self._arena = value._buffer
                     keep.append(value.untyped_storage())
                     table.extend((value.data_ptr(), total, n))
                 if type(value) is MemoryMappedTensor and value._buffer is not None:
@@ -152,7 +163,8 @@ class Plan:
         return total
 
     def _one_buffer(self) -> torch.Tensor | None:
-        """A uint8 view of the one storage that already holds every leaf in packed layout."""
+        """A uint8 view of the one storage, or the one anonymous arena (``memmap_()``), that
+        already holds every leaf in packed layout: each leaf at base + its packed offset."""
         if not self.native or not self.keep or len(self.keep) * 3 != len(self._addresses):
             return None
         table = self._addresses
@@ -160,14 +172,27 @@ class Plan:
         if any(table[i] - table[i + 1] != base for i in range(3, len(table), 3)):
             return None
         first = self.keep[0]
-        if not isinstance(first, torch.UntypedStorage):
+        if isinstance(first, torch.UntypedStorage):
+            start = base - first.data_ptr()
+            if (
+                start >= 0
+                and start + self.total <= first.nbytes()
+                and all(s is first or s.data_ptr() == first.data_ptr() for s in self.keep)
+            ):
+                return torch.empty(0, dtype=torch.uint8).set_(first, start, (self.total,), (1,))
+        if self._arena is None:
             return None
-        start = base - first.data_ptr()
-        if start < 0 or start + self.total > first.nbytes():
+        # Every leaf's bytes are at base + offset and the whole range lies in the first leaf's
+        # anonymous arena (checked natively): the leaves are parts of that arena, and what lies
+        # between them is its padding. One buffer over the range keeps the arena alive.
+        span = self._arena.arena_span(base, self.total)
+        if span is None:
             return None
-        if any(s is not first and s.data_ptr() != first.data_ptr() for s in self.keep):
-            return None
-        return torch.empty(0, dtype=torch.uint8).set_(first, start, (self.total,), (1,))
+        if not span.writable:
+            with warnings.catch_warnings():  # torch warns that it cannot write a read-only one
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.frombuffer(span, dtype=torch.uint8)
+        return torch.frombuffer(span, dtype=torch.uint8)
 
     def is_current(self) -> bool:
         """Whether the tree still has the keys and value objects this plan was made for."""

@@ -268,8 +268,12 @@ class _Plan:
         return list(td.batch_size), entries
 
     def anonymous(self, td: TensorDict) -> None:
-        """Collects the leaves of ``td`` that need anonymous maps."""
-        for key, value in td._tensordict.items():
+        """Collects the leaves of ``td`` that need anonymous maps, in packed order (depth-first,
+        sorted keys: see ``_packed``), so that a tree of small leaves lies in its arena exactly
+        as its one message does and is sent and received without a copy."""
+        items = td._tensordict
+        for key in sorted(items):
+            value = items[key]
             cls = type(value)
             if cls is NonTensorData:
                 continue
