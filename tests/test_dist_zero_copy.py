@@ -178,3 +178,34 @@ def test_a_read_only_tree_is_refused_before_its_arena_is_used() -> None:
         distributed._recv(td, None, 0, False, True, False)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="read-only memory map"):
         plan.unpack(torch.empty(plan.total, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("mapped", [True, False])
+def test_bytes_between_leaves_that_another_tensor_views_are_never_received_over(
+    mapped: bool,
+) -> None:
+    """Leaves in one buffer at their packed offsets, but slices of bigger tensors: the bytes
+    between them belong to those tensors. They are sent from the buffer in place (reading is
+    harmless) but received through a scatter, so the message's padding never lands on them."""
+    if mapped:
+        base = TensorDict({"a": torch.arange(16.0), "b": torch.ones(16)}, []).memmap_()
+        a, b = base["a"], base["b"]
+    else:
+        flat = torch.arange(48.0)
+        a, b = flat[:16], flat[16:32]  # b at byte 64: the packed offset after an 8-byte "a"
+    before = a.clone()
+    td = TensorDict({"a": a[:2], "b": b}, [])
+    plan = _packed.plan(td)
+    assert plan.whole is not None and plan.whole.data_ptr() == a.data_ptr()  # sent in place
+    message = torch.full((plan.total,), 0xAB, dtype=torch.uint8)
+    message[:8] = torch.tensor([7.0, 8.0]).view(torch.uint8)
+    message[64:] = torch.full((16,), 3.0).view(torch.uint8)
+    into = plan.receive_buffer()
+    assert into.data_ptr() != plan.whole.data_ptr()
+    into.copy_(message)
+    plan.unpack(into)
+    assert td["a"].tolist() == [7.0, 8.0] and td["b"].eq(3.0).all()
+    assert a[2:].tolist() == before[2:].tolist()  # untouched by the padding
+    whole_parts = TensorDict({"a": a, "b": b}, [])  # every byte belongs to a leaf, or is padding
+    plan = _packed.plan(whole_parts)
+    assert plan.receive_buffer().data_ptr() == plan.whole.data_ptr() == a.data_ptr()

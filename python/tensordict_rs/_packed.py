@@ -81,6 +81,12 @@ class Plan:
         self._description: bytes | None = None
         self._leaves: list[Leaf] | None = None
         self._arena: _native.Buffer | None = None  # the native buffer of the first leaf, if any
+        # Every leaf is a whole part of an arena (its own native buffer, all of it): what lies
+        # between the leaves is then padding that no tensor views, which a message received
+        # into the arena in place may overwrite.
+        self._parts_whole = True
+        # Whether ``recv`` writes the message into ``whole`` itself (see ``receive_buffer``).
+        self.receive_in_place = built is not None
         if built is not None:  # a tree made by ``build``: its layout is known, no walk
             self.nodes, self._leaves, self.total = built
             self.whole = whole
@@ -92,6 +98,8 @@ class Plan:
         self._collect(td)
         self.total = self._layout()
         self.whole = whole if whole is not None else self._one_buffer()
+        if self.whole is not None:
+            self.receive_in_place = self._parts_whole or self._padding == 0
 
     def _collect(self, td: TensorDict, nodes: bool = True) -> None:
         """Appends the leaves of ``td`` in packed order (and its nodes, with ``nodes``)."""
@@ -125,6 +133,8 @@ class Plan:
         offsets = self.offsets
         keep = self.keep
         total = 0
+        data = 0
+        whole_parts = True
         for _, _, value in self.leaves:
             total = (total + ALIGN - 1) & ~(ALIGN - 1)
             offsets.append(total)
@@ -150,13 +160,22 @@ class Plan:
                 ):
                     self.native = False
                 elif n:
-                    if type(value) is MemoryMappedTensor and not table:
-                        self._arena = value._buffer
+                    mapped = value._buffer if type(value) is MemoryMappedTensor else None
+                    if mapped is not None and not table:
+                        self._arena = mapped
+                    whole_parts = whole_parts and (
+                        mapped is not None
+                        and mapped.nbytes == n
+                        and mapped.address == value.data_ptr()
+                    )
                     keep.append(value.untyped_storage())
                     table.extend((value.data_ptr(), total, n))
                 if type(value) is MemoryMappedTensor and value._buffer is not None:
                     self.writable = self.writable and value._buffer.writable
             total += n
+            data += n
+        self._parts_whole = whole_parts
+        self._padding = total - data
         if self.native and table:
             self.table = _native.PackedTable(table, total)
             self._addresses = table
@@ -212,6 +231,9 @@ class Plan:
         ``fresh`` (a message that may still be in flight when the next one starts)."""
         if self.whole is not None:
             return self.whole
+        return self._staging(fresh)
+
+    def _staging(self, fresh: bool) -> torch.Tensor:
         if fresh or self.device != _CPU:
             return torch.empty(self.total, dtype=torch.uint8, device=self.device)
         if self._scratch is None:
@@ -222,7 +244,12 @@ class Plan:
         """The buffer to receive one message into (refused for a read-only memory map)."""
         if not self.writable:
             raise RuntimeError("cannot receive into a read-only memory map")
-        return self.buffer(fresh)
+        if self.whole is not None and self.receive_in_place:
+            return self.whole
+        # The leaves lie in one buffer, but with bytes between them that some other tensor
+        # may view (leaves that are slices of one tensor, or of arena parts): a message
+        # received in place would overwrite those with its padding, so it is scattered.
+        return self._staging(fresh)
 
     def pack_range(self, out: torch.Tensor, start: int, end: int, more: bool = False) -> None:
         """Writes bytes ``start:end`` of the packed tree into ``out`` (a ``buffer()``).
@@ -340,6 +367,7 @@ def plan(td: Any) -> Plan:
     new = Plan(td)
     if hint is not None and new.whole is None and _matches(new, hint):
         new.whole = hint
+        new.receive_in_place = new._parts_whole or new._padding == 0
     _remember(td, new)
     return new
 
