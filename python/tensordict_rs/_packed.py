@@ -49,6 +49,7 @@ DESCRIPTION_LIMIT = 64 << 20  # the meta.json limit of the loader
 RESERVED = ("shape", "device", "_type", "_format_version", "_class", "_names")
 _CPU = torch.device("cpu")
 _STRIDED = torch.strided
+_DATA_PTR = torch.Tensor.data_ptr
 LEAF, NODE, VALUE = 0, 1, 2  # entry tags of describe_tree
 
 
@@ -81,6 +82,10 @@ class Plan:
         self._description: bytes | None = None
         self._leaves: list[Leaf] | None = None
         self._arena: _native.Buffer | None = None  # the native buffer of the first leaf, if any
+        # The tensor leaves the copy table points into, and the address of each: checked with
+        # the tree's entries, as ``t.data = x`` or ``t.share_memory_()`` move a leaf's bytes.
+        self._watched: list[torch.Tensor] = []
+        self._watched_at: list[int] = []
         # Every leaf is a whole part of an arena (its own native buffer, all of it): what lies
         # between the leaves is then padding that no tensor views, which a message received
         # into the arena in place may overwrite.
@@ -169,7 +174,10 @@ class Plan:
                         and mapped.address == value.data_ptr()
                     )
                     keep.append(value.untyped_storage())
-                    table.extend((value.data_ptr(), total, n))
+                    address = value.data_ptr()
+                    table.extend((address, total, n))
+                    self._watched.append(value)
+                    self._watched_at.append(address)
                 if type(value) is MemoryMappedTensor and value._buffer is not None:
                     self.writable = self.writable and value._buffer.writable
             total += n
@@ -214,8 +222,13 @@ class Plan:
         return torch.frombuffer(span, dtype=torch.uint8)
 
     def is_current(self) -> bool:
-        """Whether the tree still has the keys and value objects this plan was made for."""
-        return _native.same_entries(self.nodes)
+        """Whether the tree still has the keys and value objects this plan was made for, each
+        tensor leaf's bytes where they were."""
+        # one data_ptr() per tensor leaf, called by map (10,000 leaves: ~0.8 ms on this
+        # machine, a tenth of sending them; a Rust loop measured slower under abi3)
+        return _native.same_entries(self.nodes) and (
+            not self._watched or list(map(_DATA_PTR, self._watched)) == self._watched_at
+        )
 
     def pack(self, fresh: bool = False) -> torch.Tensor:
         """One uint8 tensor with every leaf at its offset (see ``pack_range``)."""
@@ -306,6 +319,10 @@ class Plan:
             self._materialized = out
             if lazy:  # new dict values: the same views of the same bytes, the plan holds
                 self.nodes = [(d, tuple(d), tuple(d.values())) for d, _, _ in self.nodes]
+                for (_, _, value), t in zip(self.leaves, out, strict=True):
+                    if type(value) is _LazyLeaf and t.numel():  # watched as the walk would
+                        self._watched.append(t)
+                        self._watched_at.append(t.data_ptr())
         return self._materialized
 
     def tensors(self) -> list[torch.Tensor]:

@@ -1,0 +1,68 @@
+"""The rank side of tests/test_dist_attacks.py: first contacts that fail on one side.
+
+Each case runs in a group whose gloo timeout is a few seconds, so that a rank left waiting
+for a message that never comes fails the job quickly instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from _dist_jobs import same
+from torch import distributed as dist
+
+SHORT = datetime.timedelta(seconds=10)
+LIMIT = 4096  # the description limit both ranks use here (the real one is 64 MiB)
+
+
+def _raises(kind: type[BaseException], call: Any) -> BaseException:
+    try:
+        call()
+    except kind as e:
+        return e
+    raise AssertionError(f"{call} did not raise {kind.__name__}")
+
+
+def _good(T: Any, fill: int) -> Any:
+    return T.TensorDict({"a": torch.arange(5) + fill, "n": {"b": torch.ones(2, 3) * fill}}, [])
+
+
+def refused_first_contacts(T: Any, rank: int, world: int, tmp: Path) -> None:
+    """A tree whose description is too long, or cannot be written at all (a reserved key),
+    fails on both ranks, none waits forever, and the next exchange is not confused by
+    messages left over from the failed one."""
+    from tensordict_rs import TensorDictError, _packed
+    from tensordict_rs._tree import NonTensorData
+
+    _packed.DESCRIPTION_LIMIT = LIMIT
+    group = dist.new_group(timeout=SHORT)
+    long = T.TensorDict({"a": torch.ones(3), "text": NonTensorData("x" * 2 * LIMIT)}, [])
+    reserved = T.TensorDict({"shape": torch.ones(3), "a": torch.zeros(2)}, [])
+    # point to point: too long, then a reserved key, then a good tree
+    for bad in (long, reserved):
+        if rank == 0:
+            _raises(TensorDictError, lambda bad=bad: bad.init_remote(dst=1, group=group))
+        else:
+            _raises(TensorDictError, lambda: T.TensorDict.from_remote_init(src=0, group=group))
+    if rank == 0:
+        _good(T, 3).init_remote(dst=1, group=group)
+    else:
+        same(T.TensorDict.from_remote_init(src=0, group=group), _good(T, 3))
+    # broadcast: rank 0's tree too long, then a good one
+    mine = long if rank == 0 else T.TensorDict()
+    _raises(TensorDictError, lambda: mine.broadcast(0, group=group))
+    got = (_good(T, 4) if rank == 0 else T.TensorDict()).broadcast(0, group=group)
+    same(got, _good(T, 4))
+    # all_gather: rank 1's tree has a reserved key; every rank raises, then a good one
+    mine = reserved if rank == 1 else _good(T, rank)
+    _raises(TensorDictError, lambda: mine.all_gather(group=group))
+    for r, td in enumerate(_good(T, rank).all_gather(group=group)):
+        same(td, _good(T, r))
+    # gather_and_stack: a non-destination rank's tree too long
+    rows = T.TensorDict({"a": torch.zeros(world - 1, 5, dtype=torch.int64)}, [world - 1])
+    row = T.TensorDict({"a": torch.arange(5) + rank, "text": NonTensorData("y" * 2 * LIMIT)}, [])
+    _raises(TensorDictError, lambda: (rows if rank == 0 else row).gather_and_stack(0, group))
+    dist.barrier(group=group)

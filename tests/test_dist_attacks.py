@@ -1,0 +1,71 @@
+"""Adversarial cases for torch.distributed: what a hostile or careless user can do to a tree.
+
+Trees changed behind a cached plan's back, first contacts that fail on one side (no rank may
+wait forever; the 2-rank job is in ``_dist_attack_jobs.py``), and receivers whose leaves
+require grad.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import _dist_attack_jobs as jobs
+import pytest
+import torch
+from tensordict_rs import TensorDict, _packed
+from test_distributed import run_job
+from torch import distributed as dist
+
+
+def _leaf_bytes(plan: _packed.Plan, packed: torch.Tensor, i: int, n: int) -> torch.Tensor:
+    return packed[plan.offsets[i] : plan.offsets[i] + n]
+
+
+@pytest.mark.parametrize("how", ["data", "set_", "share_memory_"])
+def test_a_leaf_given_new_storage_in_place_is_packed_and_received_as_it_is_now(how: str) -> None:
+    # ``t.data = x``, ``t.set_(x)`` and ``t.share_memory_()`` keep the tensor object (the dict
+    # entry a cached plan checks) but move its bytes: a plan made before must not read or write
+    # the old address (``nn.Module.float()``/``share_memory()`` and ``vector_to_parameters``
+    # do this to the parameters of a tree made from a module).
+    td = TensorDict({"a": torch.ones(4), "b": torch.zeros(4)}, [4])
+    before = _packed.plan(td)
+    assert _packed.plan(td) is before
+    a = td["a"]
+    if how == "data":
+        a.data = torch.full((4,), 7.0)
+    elif how == "set_":
+        a.set_(torch.full((4,), 7.0))
+    else:
+        a.share_memory_()
+        a.fill_(7.0)
+    plan = _packed.plan(td)
+    packed = plan.pack()
+    assert _leaf_bytes(plan, packed, 0, 16).view(torch.float32).tolist() == [7.0] * 4
+    incoming = torch.zeros(plan.total, dtype=torch.uint8)
+    _leaf_bytes(plan, incoming, 0, 16).view(torch.float32).fill_(3.0)
+    _leaf_bytes(plan, incoming, 1, 16).view(torch.float32).fill_(4.0)
+    plan.unpack(incoming)
+    assert td["a"].tolist() == [3.0] * 4 and td["b"].tolist() == [4.0] * 4
+
+
+def test_receiving_into_leaves_that_require_grad() -> None:
+    # The native scatter writes a contiguous parameter's bytes as torch.distributed does; a
+    # non-contiguous one goes through torch copies, which autograd must not refuse.
+    weight = torch.nn.Parameter(torch.zeros(3, 4).t())  # non-contiguous
+    bias = torch.nn.Parameter(torch.zeros(2))
+    td = TensorDict({"w": weight, "b": bias}, [])
+    src = TensorDict({"w": torch.arange(12.0).view(4, 3), "b": torch.ones(2)}, [])
+    plan = _packed.plan(td)
+    assert not plan.native
+    plan.unpack(_packed.plan(src).pack())
+    assert torch.equal(td["w"].detach(), src["w"]) and td["b"].tolist() == [1.0, 1.0]
+    assert td["w"].requires_grad and td["w"] is weight
+    sent = _packed.plan(td).pack()  # and back: packing a parameter records no graph
+    assert not sent.requires_grad and torch.equal(sent, _packed.plan(src).pack())
+
+
+@pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="torch has no gloo backend"
+)
+def test_first_contacts_refused_on_one_side_fail_on_both(tmp_path: Path) -> None:
+    run_job(jobs.refused_first_contacts, ["tensordict_rs"] * 2, tmp_path)
