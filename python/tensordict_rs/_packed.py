@@ -277,12 +277,14 @@ class Plan:
                 self.table.pack(out.data_ptr(), out.numel(), start, end, more)
             return
         # torch copies, leaf by leaf: each leaf is written whole by the piece it starts in
-        # (later pieces go out after it), so non-contiguous leaves need no byte views
-        for (td, key, value), off in zip(self.leaves, self.offsets, strict=True):
-            n = value_nbytes(value)
-            if n and start <= off < end:
-                leaf = td._get_str(key)
-                out[off : off + n].view(leaf.dtype).view(leaf.shape).copy_(leaf)
+        # (later pieces go out after it), so non-contiguous leaves need no byte views; no
+        # graph is recorded (a parameter's bytes, as the native copy and torch.distributed)
+        with torch.no_grad():
+            for (td, key, value), off in zip(self.leaves, self.offsets, strict=True):
+                n = value_nbytes(value)
+                if n and start <= off < end:
+                    leaf = td._get_str(key)
+                    out[off : off + n].view(leaf.dtype).view(leaf.shape).copy_(leaf)
 
     def unpack(self, buffer: torch.Tensor, start: int = 0, end: int | None = None) -> None:
         """Writes bytes ``start:end`` of ``buffer`` (a ``receive_buffer()``) into the leaves.
@@ -299,12 +301,14 @@ class Plan:
                 self.table.unpack(buffer.data_ptr(), buffer.numel(), start, end)
             return
         # torch copies, leaf by leaf: each leaf is read whole once the piece it ends in has
-        # arrived (pieces are waited for in order, so its earlier bytes are there too)
-        for (td, key, value), off in zip(self.leaves, self.offsets, strict=True):
-            n = value_nbytes(value)
-            if n and start < off + n <= end:
-                target = td._get_str(key)
-                target.copy_(buffer[off : off + n].view(target.dtype).view(target.shape))
+        # arrived (pieces are waited for in order, so its earlier bytes are there too); a
+        # leaf that requires grad is written as torch.distributed writes it (no autograd)
+        with torch.no_grad():
+            for (td, key, value), off in zip(self.leaves, self.offsets, strict=True):
+                n = value_nbytes(value)
+                if n and start < off + n <= end:
+                    target = td._get_str(key)
+                    target.copy_(buffer[off : off + n].view(target.dtype).view(target.shape))
 
     def materialized(self) -> list[torch.Tensor]:
         """The leaves as tensors, in packed order (lazy leaves made into tensors once)."""
