@@ -369,6 +369,7 @@ class Distributed:
         peer = Peer(dst, group, None, "dst", "group_dst")
         if device is not None:
             peer.device = torch.device(device)
+
         # header, description and data posted at once: the receiver parses the description
         # while the data arrives (the same messages and tags as one blocking send each)
         def post(t: torch.Tensor) -> Pending:
