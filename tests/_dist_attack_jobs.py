@@ -41,8 +41,11 @@ def refused_first_contacts(T: Any, rank: int, world: int, tmp: Path) -> None:
     group = dist.new_group(timeout=SHORT)
     long = T.TensorDict({"a": torch.ones(3), "text": NonTensorData("x" * 2 * LIMIT)}, [])
     reserved = T.TensorDict({"shape": torch.ones(3), "a": torch.zeros(2)}, [])
-    # point to point: too long, then a reserved key, then a good tree
-    for bad in (long, reserved):
+    deep = T.TensorDict({"x": torch.ones(2)}, [])
+    for _ in range(_packed.JSON_DEPTH):  # deeper than a receiver parses
+        deep = T.TensorDict({"n": deep}, [])
+    # point to point: too long, a reserved key, too deep, then a good tree
+    for bad in (long, reserved, deep):
         if rank == 0:
             _raises(TensorDictError, lambda bad=bad: bad.init_remote(dst=1, group=group))
         else:

@@ -72,3 +72,31 @@ def test_receiving_into_leaves_that_require_grad() -> None:
 )
 def test_first_contacts_refused_on_one_side_fail_on_both(tmp_path: Path) -> None:
     run_job(jobs.refused_first_contacts, ["tensordict_rs"] * 2, tmp_path)
+
+
+def _nested(depth: int, leaf: object) -> TensorDict:
+    td = TensorDict({"x": leaf}, [])
+    for _ in range(depth):
+        td = TensorDict({"n": td}, [])
+    return td
+
+
+def test_a_tree_too_deep_for_a_receiver_is_refused_by_its_sender() -> None:
+    # A receiver parses descriptions with serde_json (128 levels of nesting); the sender
+    # refuses a deeper tree itself, instead of sending it to a rank that cannot read it.
+    from tensordict_rs import InvalidTreeError
+    from tensordict_rs._tree import NonTensorData
+
+    deepest = _nested(_packed.JSON_DEPTH - 3, torch.ones(2))  # its shape list: level 127
+    plan = _packed.plan(deepest)
+    built, whole = _packed.build(TensorDict, _packed.describe(deepest), plan.total)
+    whole.copy_(plan.pack())
+    assert built[("n",) * (_packed.JSON_DEPTH - 3) + ("x",)].tolist() == [1.0, 1.0]
+    with pytest.raises(InvalidTreeError, match="nested too deep"):
+        _packed.describe(_nested(_packed.JSON_DEPTH - 2, torch.ones(2)))
+    # a non-tensor value's own lists count too: [[1]] at level 3 of a 120-deep tree
+    value = _nested(120, NonTensorData([[1]]))
+    text = _packed.describe(value)
+    assert _packed.build(TensorDict, text, 0)[0] is not None
+    with pytest.raises(InvalidTreeError, match="nested too deep"):
+        _packed.describe(_nested(120, NonTensorData([[[[[[1]]]]]])))

@@ -347,9 +347,35 @@ class Plan:
         return self._description
 
 
+# The JSON nesting a receiver parses (serde_json's limit: 128 levels of objects and arrays,
+# the root object being one). A node ``k`` levels below the root lies at level ``k + 1``,
+# its leaves' objects at ``k + 2`` and their shape lists at ``k + 3``.
+JSON_DEPTH = 127
+
+
+def _json_depth(data: Any, limit: int) -> int:
+    """Levels of lists and dicts in a JSON value (counted up to just past ``limit``)."""
+    if limit < 0 or not isinstance(data, (list, tuple, dict)):
+        return 0
+    items = data.values() if isinstance(data, dict) else data
+    return 1 + max((_json_depth(v, limit - 1) for v in items), default=0)
+
+
+def _too_deep(path: tuple[str, ...], key: str) -> _native.InvalidTreeError:
+    return _native.InvalidTreeError(
+        f"key {'.'.join((*path, key))!r} is nested too deep for a tree description "
+        f"({JSON_DEPTH} levels of JSON, a nested TensorDict one each, a leaf three): "
+        "no rank could parse it"
+    )
+
+
 def _spec(td: TensorDict, path: tuple[str, ...]) -> tuple[Any, ...]:
-    """The ``describe_tree`` form of ``td``: entries in sorted-key order."""
+    """The ``describe_tree`` form of ``td``: entries in sorted-key order.
+
+    Refuses a tree nested deeper than a receiver parses (``JSON_DEPTH``), so that the sender
+    raises rather than a receiver after the whole message came."""
     entries: list[tuple[Any, ...]] = []
+    level = len(path) + 1  # of this node's JSON object
     items = td._tensordict
     names = DTYPE_TO_STR
     for key in sorted(items):
@@ -360,11 +386,16 @@ def _spec(td: TensorDict, path: tuple[str, ...]) -> tuple[Any, ...]:
             )
         value = items[key]
         kind = type(value)
+        if level + 2 > JSON_DEPTH and kind is not NonTensorData:
+            raise _too_deep(path, key)  # a leaf (object and shape list) or a deeper node
         if kind is _LazyLeaf:
             name = names.get(value.dtype) or dtype_to_str(value.dtype)
             entries.append((LEAF, key, name, value.shape, "cpu"))
         elif kind is NonTensorData:
-            entries.append((VALUE, key, _json_text(value.data, key)))
+            text = _json_text(value.data, key)
+            if level + 1 + _json_depth(value.data, JSON_DEPTH - level - 1) > JSON_DEPTH:
+                raise _too_deep(path, key)
+            entries.append((VALUE, key, text))
         elif isinstance(value, torch.Tensor):
             dtype = value.dtype
             device = "cpu" if value.is_cpu else str(value.device)
