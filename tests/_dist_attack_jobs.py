@@ -69,3 +69,59 @@ def refused_first_contacts(T: Any, rank: int, world: int, tmp: Path) -> None:
     row = T.TensorDict({"a": torch.arange(5) + rank, "text": NonTensorData("y" * 2 * LIMIT)}, [])
     _raises(TensorDictError, lambda: (rows if rank == 0 else row).gather_and_stack(0, group))
     dist.barrier(group=group)
+
+
+def _open_fds() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def repeated_first_contacts(T: Any, rank: int, world: int, tmp: Path) -> None:
+    """200 first contacts and consolidated sends into the received trees: the receiver's
+    open descriptors and memory stay flat (every received tree's arena is unmapped when the
+    tree goes)."""
+    import gc
+
+    rounds = 200
+    src = T.TensorDict(
+        {f"k{i}": torch.full((64 + i,), float(i)) for i in range(20)}
+        | {"n": {"x": torch.arange(1 << 16, dtype=torch.int32)}},  # 256 KiB
+        [],
+    )
+    fds = rss = 0
+    for i in range(rounds):
+        if i == 20:  # after the first rounds warmed every cache up
+            gc.collect()
+            fds, rss = _open_fds(), _rss_bytes()
+        if rank == 0:
+            src.init_remote(dst=1)
+            src.send(1, consolidated=True)
+        else:
+            got = T.TensorDict.from_remote_init(src=0)
+            got.recv(0, consolidated=True)
+            assert got["n", "x"][-1].item() == (1 << 16) - 1
+            del got
+    gc.collect()
+    if rank == 1:
+        assert _open_fds() <= fds, (fds, _open_fds())
+        grown, kept = _rss_bytes() - rss, (rounds - 20) * src["n", "x"].nbytes
+        assert grown < kept // 4, f"{grown} bytes more after {rounds - 20} trees"
+
+
+def non_member(T: Any, rank: int, world: int, tmp: Path) -> None:
+    """A rank outside a group that calls ``from_remote_init`` on it gets a clear error (it
+    cannot receive a tree from that group), and the members exchange as usual."""
+    sub = dist.new_group([0, 1], timeout=SHORT)
+    if rank == 0:
+        _good(T, 1).init_remote(dst=1, group=sub)
+    elif rank == 1:
+        same(T.TensorDict.from_remote_init(src=0, group=sub), _good(T, 1))
+    else:
+        error = _raises(ValueError, lambda: T.TensorDict.from_remote_init(src=0, group=sub))
+        assert "not in" in str(error), error

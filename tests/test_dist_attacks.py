@@ -100,3 +100,17 @@ def test_a_tree_too_deep_for_a_receiver_is_refused_by_its_sender() -> None:
     assert _packed.build(TensorDict, text, 0)[0] is not None
     with pytest.raises(InvalidTreeError, match="nested too deep"):
         _packed.describe(_nested(120, NonTensorData([[[[[[1]]]]]])))
+
+
+@pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="torch has no gloo backend"
+)
+def test_repeated_first_contacts_leak_no_descriptor_or_memory(tmp_path: Path) -> None:
+    run_job(jobs.repeated_first_contacts, ["tensordict_rs"] * 2, tmp_path)
+
+
+@pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="torch has no gloo backend"
+)
+def test_a_rank_outside_the_group_cannot_receive_a_tree_from_it(tmp_path: Path) -> None:
+    run_job(jobs.non_member, ["tensordict_rs"] * 3, tmp_path)

@@ -403,6 +403,11 @@ class Distributed:
         if use_broadcast:
             return cls().broadcast(src=src, group=group, device=device)  # type: ignore[no-any-return]
         peer = Peer(src, group, None, "src", "group_src")
+        if not peer.member:  # nothing would arrive: no tree to return
+            raise ValueError(
+                f"from_remote_init: this rank (global rank {dist.get_rank()}) is not in "
+                "`group`, so no tree can be received from it"
+            )
         if device is not None:
             peer.device = torch.device(device)
 
