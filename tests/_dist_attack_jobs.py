@@ -125,3 +125,31 @@ def non_member(T: Any, rank: int, world: int, tmp: Path) -> None:
     else:
         error = _raises(ValueError, lambda: T.TensorDict.from_remote_init(src=0, group=sub))
         assert "not in" in str(error), error
+
+
+def _strided(T: Any, fill: float) -> Any:
+    """A tree of views no transport takes as they are: a transposed, a strided, a conjugated
+    and a negated view (the last two of real-valued bytes that torch keeps lazily)."""
+    base = torch.arange(24.0).view(4, 6) + fill
+    z = torch.complex(torch.arange(3.0) + fill, torch.ones(3))
+    return T.TensorDict(
+        {"t": base.t(), "s": base[:, ::2], "c": z.conj(), "n": {"z": torch.zeros(3), "k": base[1]}},
+        [],
+    )
+
+
+def strided_leaves_per_leaf(T: Any, rank: int, world: int, tmp: Path) -> None:
+    """The per-leaf protocol with non-contiguous and conjugated leaves on both sides: sent as
+    their values (a contiguous copy) and received into the views, with the same messages as
+    contiguous leaves (so a tensordict rank interoperates); consolidated too."""
+    group = dist.new_group(timeout=SHORT)
+    for consolidated in (False, True):
+        if rank == 0:
+            _strided(T, 1.0).send(1, group=group, consolidated=consolidated)
+        else:
+            out = _strided(T, 0.0)
+            out.recv(0, group=group, consolidated=consolidated)
+            want = _strided(T, 1.0)
+            for key in want.keys(include_nested=True, leaves_only=True):
+                assert torch.equal(out[key].resolve_conj(), want[key].resolve_conj()), key
+            assert out["t"]._base is not None and out["c"].is_conj()  # still the views

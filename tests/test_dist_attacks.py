@@ -114,3 +114,10 @@ def test_repeated_first_contacts_leak_no_descriptor_or_memory(tmp_path: Path) ->
 )
 def test_a_rank_outside_the_group_cannot_receive_a_tree_from_it(tmp_path: Path) -> None:
     run_job(jobs.non_member, ["tensordict_rs"] * 3, tmp_path)
+
+
+@pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="torch has no gloo backend"
+)
+def test_non_contiguous_and_conjugated_leaves_per_leaf(tmp_path: Path) -> None:
+    run_job(jobs.strided_leaves_per_leaf, ["tensordict_rs"] * 2, tmp_path)

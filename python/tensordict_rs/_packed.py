@@ -78,6 +78,7 @@ class Plan:
         self.writable = True
         self._scratch: torch.Tensor | None = None
         self._tensors: list[torch.Tensor] | None = None
+        self._staged: list[int] = []  # leaves sent and received through contiguous copies
         self._materialized: list[torch.Tensor] | None = None
         self._description: bytes | None = None
         self._leaves: list[Leaf] | None = None
@@ -330,11 +331,51 @@ class Plan:
         return self._materialized
 
     def tensors(self) -> list[torch.Tensor]:
-        """The leaves as the per-leaf protocol sends them (complex ones viewed as real)."""
+        """The leaves as the per-leaf protocol sends them (complex ones viewed as real).
+
+        A view that no transport takes as it is (non-contiguous, conjugated, negated) goes as
+        a contiguous copy of its values, made now: the same message as a contiguous leaf's.
+        """
+        out = self._wire()
+        if self._staged:
+            out = list(out)
+            leaves = self.materialized()
+            for i in self._staged:
+                out[i] = _real(leaves[i].resolve_conj().resolve_neg().contiguous())
+        return out
+
+    def receivers(self) -> tuple[list[torch.Tensor], Callable[[], None] | None]:
+        """The tensors the per-leaf protocol receives into, and what copies the staged ones
+        (views no transport writes, see ``tensors``) into their leaves once all arrived."""
+        out = self._wire()
+        if not self._staged:
+            return out, None
+        out = list(out)
+        leaves = self.materialized()
+        staged = []
+        for i in self._staged:
+            leaf = leaves[i]
+            buffer = torch.empty(leaf.shape, dtype=leaf.dtype, device=leaf.device)
+            staged.append((leaf, buffer))
+            out[i] = _real(buffer)
+
+        def finish() -> None:
+            with torch.no_grad():
+                for leaf, buffer in staged:
+                    leaf.copy_(buffer)
+
+        return out, finish
+
+    def _wire(self) -> list[torch.Tensor]:
         if self._tensors is None:
-            self._tensors = [
-                torch.view_as_real(t) if t.is_complex() else t for t in self.materialized()
-            ]
+            wire, self._staged = [], []
+            for i, t in enumerate(self.materialized()):
+                if t.layout is _STRIDED and (
+                    not t.is_contiguous() or t.is_conj() or (t._is_view() and t.is_neg())
+                ):
+                    self._staged.append(i)
+                wire.append(t if self._staged and self._staged[-1] == i else _real(t))
+            self._tensors = wire
         return self._tensors
 
     def description(self) -> bytes:
@@ -367,6 +408,10 @@ def _too_deep(path: tuple[str, ...], key: str) -> _native.InvalidTreeError:
         f"({JSON_DEPTH} levels of JSON, a nested TensorDict one each, a leaf three): "
         "no rank could parse it"
     )
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(t) if t.is_complex() else t
 
 
 def _spec(td: TensorDict, path: tuple[str, ...]) -> tuple[Any, ...]:

@@ -58,9 +58,12 @@ def _recv(
         raise RuntimeError("cannot receive into a read-only memory map")
     if consolidated:
         return [wire.recv_packed(plan, peer, init_tag, fresh)], None
-    tensors = plan.tensors()
+    tensors, finish = plan.receivers()
     tags = wire.tags(init_tag, len(tensors), pseudo_rand)
-    return peer.recv(tensors, tags), tags[-1] if tags else init_tag - 1
+    works = peer.recv(tensors, tags)
+    if finish is not None and works:  # views received through copies: written after the rest
+        works.append(Pending([(None, finish)]))
+    return works, tags[-1] if tags else init_tag - 1
 
 
 def _bucketed(
