@@ -449,7 +449,11 @@ class Distributed:
             if whole.device == comm:
                 return Pending([(post(whole), None)])
             staged = torch.empty_like(whole, device=comm)
-            return Pending([(post(staged), None), (None, lambda: whole.copy_(staged))])
+
+            def unstage() -> None:
+                whole.copy_(staged)
+
+            return Pending([(post(staged), None), (None, unstage)])
 
         return _learn(type(self), comm, post, post_data, device)  # type: ignore[no-any-return]
 
