@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import Any
 
 import _dist_zero_copy_jobs as jobs
 import pytest
@@ -209,3 +210,37 @@ def test_bytes_between_leaves_that_another_tensor_views_are_never_received_over(
     whole_parts = TensorDict({"a": a, "b": b}, [])  # every byte belongs to a leaf, or is padding
     plan = _packed.plan(whole_parts)
     assert plan.receive_buffer().data_ptr() == plan.whole.data_ptr() == a.data_ptr()
+
+
+def _write_into_received(td: TensorDict, outbox: Any) -> None:
+    """Spawned child: reports what it got, writes into a leaf (shared with the parent)."""
+    outbox.put((len(td.keys(include_nested=True, leaves_only=True)), td["m", "b"].tolist()))
+    td["m", "b"][0] = -5
+
+
+def test_a_received_tree_crosses_to_a_spawned_child_as_its_arena() -> None:
+    """A tree built as ``from_remote_init`` builds it (its leaves lazy slices of one received
+    arena) goes to a spawned process (DataLoader workers, collectors) as that arena, and the
+    child's writes are the parent's: nothing is copied out of the received buffer."""
+    import multiprocessing as mp
+
+    src = jobs.small_tree(tensordict_rs, 3)
+    plan = _packed.plan(src)
+    received, whole = _packed.build(type(src), plan.description(), plan.total)
+    whole.copy_(plan.pack())
+    same(received, src)
+    ctx = mp.get_context("spawn")
+    outbox = ctx.Queue()
+    child = ctx.Process(target=_write_into_received, args=(received, outbox))
+    child.start()
+    try:
+        count, first = outbox.get(timeout=120)
+    finally:
+        child.join(60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    assert count == len(received.keys(include_nested=True, leaves_only=True))
+    assert first == src["m", "b"].tolist()  # what the child read: the received values
+    assert received["m", "b"][0] == -5  # the child's write, in the received arena
+    assert _packed.plan(received).whole.data_ptr() == whole.data_ptr()  # still one buffer

@@ -576,8 +576,14 @@ def build(
 
 
 def arena(total: int) -> tuple[_native.Buffer, torch.Tensor]:
-    """A new anonymous shared map of ``total`` bytes (pages faulted in) for ``build(into=)``."""
-    buffer = _native.packed_arena(total)
+    """A new anonymous shared map of ``total`` bytes (memory reserved, pages not yet mapped)
+    for ``build(into=)``.
+
+    The pages are mapped as the message arrives, by the transport's receiving thread, while
+    this one parses the description: mapping them first (``MADV_POPULATE_WRITE``, 2.2 ms for
+    10 MiB here) put that time before the parse, on the first contact's critical path.
+    """
+    buffer = _native.packed_arena(total, False)
     if not total:
         return buffer, torch.empty(0, dtype=torch.uint8)
     return buffer, torch.frombuffer(buffer, dtype=torch.uint8)
