@@ -121,3 +121,27 @@ def test_a_rank_outside_the_group_cannot_receive_a_tree_from_it(tmp_path: Path) 
 )
 def test_non_contiguous_and_conjugated_leaves_per_leaf(tmp_path: Path) -> None:
     run_job(jobs.strided_leaves_per_leaf, ["tensordict_rs"] * 2, tmp_path)
+
+
+def test_keys_named_like_non_tensor_fields_travel_in_descriptions() -> None:
+    # "_metadata" and "_is_non_tensor" are fields of a non-tensor entry, not reserved keys of a
+    # node (meta.json saves such leaves); a receiver dropped them silently: a leaf of no bytes
+    # vanished, one with bytes made the totals disagree.
+    from tensordict_rs._tree import NonTensorData
+
+    td = TensorDict(
+        {
+            "_metadata": torch.arange(3.0),
+            "_is_non_tensor": {"empty": torch.zeros(0, 2), "_metadata": NonTensorData("v")},
+            "z": torch.ones(2),
+        },
+        [],
+    )
+    plan = _packed.plan(td)
+    built, whole = _packed.build(TensorDict, _packed.describe(td), plan.total)
+    whole.copy_(plan.pack())
+    keys = sorted(map(str, td.keys(include_nested=True, leaves_only=True)))
+    assert sorted(map(str, built.keys(include_nested=True, leaves_only=True))) == keys
+    assert built["_metadata"].tolist() == [0.0, 1.0, 2.0]
+    assert built["_is_non_tensor", "empty"].shape == (0, 2)
+    assert built.get(("_is_non_tensor", "_metadata")).data == "v"
