@@ -145,3 +145,13 @@ def test_keys_named_like_non_tensor_fields_travel_in_descriptions() -> None:
     assert built["_metadata"].tolist() == [0.0, 1.0, 2.0]
     assert built["_is_non_tensor", "empty"].shape == (0, 2)
     assert built.get(("_is_non_tensor", "_metadata")).data == "v"
+
+
+def test_a_key_the_json_parser_keeps_for_itself_is_refused_by_the_sender() -> None:
+    # serde_json (arbitrary_precision) names a number's text with this key: a receiver refused
+    # the description after the sender had sent it; the sender refuses it now, naming the key.
+    from tensordict_rs import InvalidTreeError
+
+    td = TensorDict({"n": {"$serde_json::private::Number": torch.ones(2)}}, [])
+    with pytest.raises(InvalidTreeError, match="private::Number"):
+        _packed.describe(td)

@@ -46,7 +46,17 @@ if TYPE_CHECKING:
 
 ALIGN = 64  # = rust/packed.rs ALIGN = rust/storage.rs ARENA_ALIGN
 DESCRIPTION_LIMIT = 64 << 20  # the meta.json limit of the loader
-RESERVED = ("shape", "device", "_type", "_format_version", "_class", "_names")
+# the meta.json keys of a node, and the key serde_json (arbitrary_precision) gives a number's
+# text: a receiver's parser would refuse a tree with it after the sender had sent it
+RESERVED = (
+    "shape",
+    "device",
+    "_type",
+    "_format_version",
+    "_class",
+    "_names",
+    "$serde_json::private::Number",
+)
 _CPU = torch.device("cpu")
 _STRIDED = torch.strided
 _DATA_PTR = torch.Tensor.data_ptr
