@@ -155,3 +155,19 @@ def test_a_key_the_json_parser_keeps_for_itself_is_refused_by_the_sender() -> No
     td = TensorDict({"n": {"$serde_json::private::Number": torch.ones(2)}}, [])
     with pytest.raises(InvalidTreeError, match="private::Number"):
         _packed.describe(td)
+
+
+def test_a_non_tensor_dict_that_the_json_parser_reads_as_a_number_is_refused(
+    tmp_path: Path,
+) -> None:
+    # {"$serde_json::private::Number": "12"} came back as the int 12, through a description
+    # and through memmap/load_memmap alike (the reference round-trips it): refused on writing.
+    from tensordict_rs import InvalidTreeError
+    from tensordict_rs._tree import NonTensorData
+
+    td = TensorDict({"v": NonTensorData([{"$serde_json::private::Number": "12"}])}, [])
+    with pytest.raises(InvalidTreeError, match="private::Number"):
+        _packed.describe(td)
+    with pytest.raises(InvalidTreeError, match="private::Number"):
+        td.memmap(tmp_path / "saved")
+    assert not (tmp_path / "saved" / "meta.json").exists()
