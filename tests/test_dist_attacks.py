@@ -171,3 +171,31 @@ def test_a_non_tensor_dict_that_the_json_parser_reads_as_a_number_is_refused(
     with pytest.raises(InvalidTreeError, match="private::Number"):
         td.memmap(tmp_path / "saved")
     assert not (tmp_path / "saved" / "meta.json").exists()
+
+
+def test_a_pending_receive_whose_wait_fails_is_not_completed() -> None:
+    # Pending.wait() dropped every step before waiting: after a wait that raised (a timeout),
+    # is_completed() said True and a second wait() skipped the messages and the scatter.
+    from tensordict_rs._dist_wire import Pending
+
+    class Flaky:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def wait(self, timeout: object = None) -> bool:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("timed out")
+            return True
+
+    done: list[int] = []
+    first, second = Flaky(), Flaky()
+    pending = Pending([(first, None), (second, lambda: done.append(1))])
+    with pytest.raises(RuntimeError, match="timed out"):
+        pending.wait()
+    assert not pending.is_completed() and not done
+    with pytest.raises(RuntimeError, match="timed out"):  # the second work's first wait
+        pending.wait()
+    assert not pending.is_completed() and first.calls == 2
+    assert pending.wait() and pending.is_completed() and done == [1]
+    assert (first.calls, second.calls) == (2, 2)

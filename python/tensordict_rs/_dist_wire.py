@@ -120,15 +120,25 @@ class Pending:
 
     def __init__(self, steps: list[tuple[Any, Callable[[], None] | None]]) -> None:
         self._steps: list[tuple[Any, Callable[[], None] | None]] | None = steps
+        self._next = 0  # the first step not done yet
 
     def wait(self, timeout: Any = None) -> bool:
-        """Waits for the messages, then writes them into the leaves (once)."""
-        steps, self._steps = self._steps, None
-        for work, finish in steps or ():
+        """Waits for the messages, then writes them into the leaves (once).
+
+        A wait that raises (a timeout) leaves the steps not done yet to the next ``wait()``:
+        the object is completed only once every message arrived and was written."""
+        steps = self._steps
+        if steps is None:
+            return True
+        while self._next < len(steps):
+            work, finish = steps[self._next]
             if work is not None:
                 work.wait() if timeout is None else work.wait(timeout)
+                steps[self._next] = (None, finish)
             if finish is not None:
                 finish()
+            self._next += 1
+        self._steps = None
         return True
 
     def is_completed(self) -> bool:
