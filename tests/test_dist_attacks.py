@@ -199,3 +199,22 @@ def test_a_pending_receive_whose_wait_fails_is_not_completed() -> None:
     assert not pending.is_completed() and first.calls == 2
     assert pending.wait() and pending.is_completed() and done == [1]
     assert (first.calls, second.calls) == (2, 2)
+
+
+def test_an_arena_leaf_given_new_storage_is_no_longer_received_in_place() -> None:
+    # A memmap_() tree is received straight into its arena; once a leaf's bytes moved out of
+    # it (``.data =``), the message must reach the new bytes, not the arena the plan knew.
+    td = TensorDict({"a": torch.zeros(4), "b": torch.zeros(4)}, []).memmap_()
+    assert _packed.plan(td).whole is not None
+    a = td["a"]
+    plan = _packed.plan(td)
+    assert plan.receive_buffer() is plan.whole
+    a.data = torch.zeros(4)
+    plan = _packed.plan(td)
+    assert plan.whole is None
+    incoming = torch.zeros(plan.total, dtype=torch.uint8)
+    _leaf_bytes(plan, incoming, 0, 16).view(torch.float32).fill_(3.0)
+    target = plan.receive_buffer()
+    target.copy_(incoming)
+    plan.unpack(target)
+    assert td["a"].tolist() == [3.0] * 4 and a.tolist() == [3.0] * 4
