@@ -346,7 +346,12 @@ impl<'de> Visitor<'de> for EntrySeed<'_, 'de> {
                 "shape" => out.shape = Some(map.next_value()?),
                 "device" => out.device = map.next_value_seed(OptStr)?,
                 "_type" => out.type_ = Some(map.next_value_seed(Str)?),
-                "_format_version" | "_class" | "_names" | "_metadata" | "_is_non_tensor" => {
+                "_format_version" | "_class" | "_names" => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+                // fields of a non-tensor entry (its `_type` comes first), keys of a node
+                // otherwise: a tree may have leaves named so (meta.json saves them)
+                "_metadata" | "_is_non_tensor" if out.type_.as_deref() == Some(NTD_TYPE) => {
                     map.next_value::<IgnoredAny>()?;
                 }
                 "data" if out.type_.as_deref() == Some(NTD_TYPE) => out.data = Some(map.next_value()?),

@@ -170,3 +170,36 @@ fn an_arena_of_small_parts_is_the_packed_layout() {
     }
     assert_eq!(total, end);
 }
+
+#[test]
+fn keys_named_like_non_tensor_fields_are_entries_of_a_node() {
+    let leaf = |key| Described::Leaf {
+        key,
+        dtype: "torch.uint8",
+        shape: &[3],
+        device: "cpu",
+    };
+    let text = describe(&DescribedNode {
+        batch: vec![],
+        device: None,
+        entries: vec![
+            leaf("_is_non_tensor"),
+            leaf("_metadata"),
+            Described::Value {
+                key: "v",
+                data: Value::Bool(true),
+            },
+        ],
+    });
+    let (parsed, total) = parse(&text).unwrap();
+    assert_eq!(total, 64 + 3, "both leaves kept");
+    let keys: Vec<&str> = parsed
+        .entries
+        .iter()
+        .map(|e| match e {
+            Parsed::Leaf(k, _) | Parsed::Node(k, _) | Parsed::Value(k, _) => k.as_ref(),
+        })
+        .collect();
+    assert_eq!(keys, ["_is_non_tensor", "_metadata", "v"]);
+    assert_eq!(parsed.entries[2], Parsed::Value("v".into(), "true".into()));
+}

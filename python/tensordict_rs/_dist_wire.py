@@ -120,15 +120,25 @@ class Pending:
 
     def __init__(self, steps: list[tuple[Any, Callable[[], None] | None]]) -> None:
         self._steps: list[tuple[Any, Callable[[], None] | None]] | None = steps
+        self._next = 0  # the first step not done yet
 
     def wait(self, timeout: Any = None) -> bool:
-        """Waits for the messages, then writes them into the leaves (once)."""
-        steps, self._steps = self._steps, None
-        for work, finish in steps or ():
+        """Waits for the messages, then writes them into the leaves (once).
+
+        A wait that raises (a timeout) leaves the steps not done yet to the next ``wait()``:
+        the object is completed only once every message arrived and was written."""
+        steps = self._steps
+        if steps is None:
+            return True
+        while self._next < len(steps):
+            work, finish = steps[self._next]
             if work is not None:
                 work.wait() if timeout is None else work.wait(timeout)
+                steps[self._next] = (None, finish)
             if finish is not None:
                 finish()
+            self._next += 1
+        self._steps = None
         return True
 
     def is_completed(self) -> bool:
@@ -221,6 +231,37 @@ def header(description: bytes, total: int, device: torch.device) -> torch.Tensor
     return torch.tensor([MAGIC, len(description), total], dtype=torch.int64, device=device)
 
 
+def describe(
+    plan: _packed.Plan, device: torch.device
+) -> tuple[bytes, torch.Tensor, Exception | None]:
+    """The description of a first contact, its header, and the error that refuses it.
+
+    A tree that cannot be described (a reserved key, a value that is not JSON) or whose
+    description is longer than a receiver accepts gets a header saying so (description
+    length ``REFUSED``): the sender posts it, then raises the error, and every receiver raises
+    on reading it, so that no rank waits for messages that will never come and none is left
+    over to be taken for the next exchange's.
+    """
+    try:
+        description = plan.description()
+    except Exception as error:  # raised by the sender once the refusal is posted
+        return b"", _refusal(device), error
+    if len(description) > _packed.DESCRIPTION_LIMIT:
+        refused = _native.TensorDictError(
+            f"the tree's description is {len(description)} bytes, more than the "
+            f"{_packed.DESCRIPTION_LIMIT} a receiving rank accepts: refused"
+        )
+        return b"", _refusal(device), refused
+    return description, header(description, plan.total, device), None
+
+
+REFUSED = -1  # the description length of a header whose sender refused its own tree
+
+
+def _refusal(device: torch.device) -> torch.Tensor:
+    return torch.tensor([MAGIC, REFUSED, 0], dtype=torch.int64, device=device)
+
+
 def check_header(received: torch.Tensor) -> tuple[int, int]:
     """(description length, data bytes) of a received header; refuses foreign senders."""
     magic, length, total = (int(x) for x in received.tolist())
@@ -228,6 +269,11 @@ def check_header(received: torch.Tensor) -> tuple[int, int]:
         raise _native.TensorDictError(
             "the sender does not speak this library's description protocol (a tensordict "
             "rank pickles its metadata; use the per-leaf send/recv between the two packages)"
+        )
+    if length == REFUSED:
+        raise _native.TensorDictError(
+            "the sending rank could not send its tree's description (its own error says why): "
+            "nothing more comes from it"
         )
     if not 0 <= length <= _packed.DESCRIPTION_LIMIT or total < 0:
         raise _native.TensorDictError(

@@ -125,6 +125,9 @@ def value_nbytes(value: Any) -> int:
     return value.buffer.nbytes if type(value) is _LazyLeaf else value.nbytes
 
 
+_NUMBER_KEY = "$serde_json::private::Number"  # serde_json (arbitrary_precision): a number's text
+
+
 def _json_text(value: Any, key: str) -> str:
     def check(v: Any) -> None:
         if v is None or isinstance(v, (str, bool, int)):
@@ -138,6 +141,8 @@ def _json_text(value: Any, key: str) -> str:
                 check(item)
             return
         if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+            if _NUMBER_KEY in v:  # the Rust JSON parser would read this object as a number
+                raise ValueError(f"a dict with the key {_NUMBER_KEY!r}")
             for item in v.values():
                 check(item)
             return

@@ -58,9 +58,12 @@ def _recv(
         raise RuntimeError("cannot receive into a read-only memory map")
     if consolidated:
         return [wire.recv_packed(plan, peer, init_tag, fresh)], None
-    tensors = plan.tensors()
+    tensors, finish = plan.receivers()
     tags = wire.tags(init_tag, len(tensors), pseudo_rand)
-    return peer.recv(tensors, tags), tags[-1] if tags else init_tag - 1
+    works = peer.recv(tensors, tags)
+    if finish is not None and works:  # views received through copies: written after the rest
+        works.append(Pending([(None, finish)]))
+    return works, tags[-1] if tags else init_tag - 1
 
 
 def _bucketed(
@@ -137,11 +140,17 @@ def _post_first_contact(
     td: Any, comm: torch.device, post: Callable[[torch.Tensor], Any]
 ) -> tuple[_packed.Plan, list[Any]]:
     """The sending side of a first contact: header and description posted at once (the
-    caller posts the data right after); returns the tree's plan and the works."""
+    caller posts the data right after); returns the tree's plan and the works.
+
+    A tree that cannot be described is refused after its refusal header is sent, so that
+    the receivers raise too instead of waiting (``wire.describe``)."""
     plan = _packed.plan(td)
-    description = plan.description()
-    head = wire.header(description, plan.total, comm)
-    return plan, [post(head), post(wire.bytes_tensor(description, comm))]
+    description, head, error = wire.describe(plan, comm)
+    first = post(head)
+    if error is not None:
+        first.wait()  # the receivers read this header, raise, and wait for nothing more
+        raise error
+    return plan, [first, post(wire.bytes_tensor(description, comm))]
 
 
 def _learn(
@@ -363,11 +372,15 @@ class Distributed:
         peer = Peer(dst, group, None, "dst", "group_dst")
         if device is not None:
             peer.device = torch.device(device)
+
         # header, description and data posted at once: the receiver parses the description
         # while the data arrives (the same messages and tags as one blocking send each)
-        plan, works = _post_first_contact(self, peer.device, lambda t: peer.send([t], [0]))
+        def post(t: torch.Tensor) -> Pending:
+            return Pending([(w, None) for w in peer.send([t], [0])])
+
+        plan, works = _post_first_contact(self, peer.device, post)
         data, _ = wire.send_packed(plan, peer, 0, fresh=False)
-        wire.wait_all([w for sent in works for w in sent] + data)
+        wire.wait_all(works + data)
 
     @classmethod
     def from_remote_init(
@@ -393,6 +406,11 @@ class Distributed:
         if use_broadcast:
             return cls().broadcast(src=src, group=group, device=device)  # type: ignore[no-any-return]
         peer = Peer(src, group, None, "src", "group_src")
+        if not peer.member:  # nothing would arrive: no tree to return
+            raise ValueError(
+                f"from_remote_init: this rank (global rank {dist.get_rank()}) is not in "
+                "`group`, so no tree can be received from it"
+            )
         if device is not None:
             peer.device = torch.device(device)
 
@@ -501,10 +519,11 @@ class Distributed:
         comm = wire.comm_device(group)
         world = dist.get_world_size(group=group)
         plan = _packed.plan(self)
-        description = plan.description()
-        mine = wire.header(description, plan.total, comm)
+        description, mine, error = wire.describe(plan, comm)
         headers = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(headers, mine, group=group)
+        if error is not None:  # the others raise on this rank's refusal header
+            raise error
         sizes = [wire.check_header(h) for h in headers]
         max_len = max(n for n, _ in sizes)
         max_total = max(t for _, t in sizes)
@@ -550,14 +569,18 @@ class Distributed:
         comm = wire.comm_device(group)
         world = dist.get_world_size(group=group)
         rank = dist.get_rank(group=group)
+        payload = torch.empty(0, dtype=torch.uint8)
         if rank == dst:
-            description, payload = b"", torch.empty(0, dtype=torch.uint8)
+            description, mine, error = b"", wire.header(b"", 0, comm), None
         else:
             plan = _packed.plan(self)
-            description, payload = plan.description(), plan.pack()
-        mine = wire.header(description, payload.numel(), comm)
+            description, mine, error = wire.describe(plan, comm)
+            if error is None:
+                payload = plan.pack()
         headers = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(headers, mine, group=group)
+        if error is not None:  # the others raise on this rank's refusal header
+            raise error
         sizes = [wire.check_header(h) for h in headers]
         width = max(_packed._aligned(n) + t for n, t in sizes)
         buffer = torch.zeros(width, dtype=torch.uint8)
