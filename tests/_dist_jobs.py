@@ -119,6 +119,9 @@ def p2p(T: Any, rank: int, world: int, tmp: Path) -> None:
         src.send(dst=peer, consolidated=True)
         group = dist.new_group([0, 1])
         src.send(group=group, group_dst=peer, init_tag=9)
+        raw = _raw_pair_group(rank, tmp)
+        src.send(group=raw, group_dst=peer, pseudo_rand=True)
+        src.send(group=raw, group_dst=peer, consolidated=True)
         _pieces(T, rank, tmp)
         _two_rank_all_reduce(T, rank)
         _refused_first_contact(T, rank)
@@ -159,6 +162,13 @@ def p2p(T: Any, rank: int, world: int, tmp: Path) -> None:
     group = dist.new_group([0, 1])
     out = tree(T, 0)
     out.recv(group=group, group_src=peer, init_tag=9)
+    same(out, ref)
+    raw = _raw_pair_group(rank, tmp)  # a group outside the c10d registry
+    out = tree(T, 0)
+    out.recv(group=raw, group_src=peer, pseudo_rand=True)
+    same(out, ref)
+    out = tree(T, 0)
+    out.recv(group=raw, group_src=peer, consolidated=True)
     same(out, ref)
     _pieces(T, rank, tmp)
     _two_rank_all_reduce(T, rank)
@@ -207,6 +217,15 @@ def _refused_broadcast(T: Any, rank: int) -> None:
     with pytest.raises(InvalidTreeError, match="float99"):
         T.TensorDict().broadcast(src=1)
     same(T.TensorDict().broadcast(src=1), src)
+
+
+def _raw_pair_group(rank: int, tmp: Path) -> Any:
+    """A gloo group of both ranks made without the c10d registry (no ``new_group``): point to
+    point reaches its ranks with ``group_dst``/``group_src`` only."""
+    import datetime
+
+    store = dist.PrefixStore("raw_pair", dist.FileStore(str(tmp / "raw_pair_store"), 2))
+    return dist.ProcessGroupGloo(store, rank, 2, datetime.timedelta(seconds=60))
 
 
 def big_tree(T: Any, fill: int, *, strided: bool = False) -> Any:

@@ -109,7 +109,12 @@ def pieces(total: int) -> list[tuple[int, int]]:
 
 def comm_device(group: Any) -> torch.device:
     """Where messages travel: a CUDA device for NCCL, else the CPU."""
-    backend = str(dist.get_backend(group))
+    try:
+        backend = str(dist.get_backend(group))
+    except ValueError:
+        # a group made without the c10d registry (``dist.ProcessGroupGloo(store, rank, size,
+        # timeout)``): point to point works on it with ``group_dst``/``group_src``
+        backend = str(group.name()) if hasattr(group, "name") else "gloo"
     if "nccl" in backend and ":" not in backend:
         return torch.device("cuda", torch.cuda.current_device())
     return _CPU
