@@ -103,6 +103,8 @@ class Plan:
         self._parts_whole = True
         # Whether ``recv`` writes the message into ``whole`` itself (see ``receive_buffer``).
         self.receive_in_place = built is not None
+        # Made by ``build`` (or ``consolidate``): what ``is_consolidated()`` reports.
+        self.consolidated = built is not None
         if built is not None:  # a tree made by ``build``: its layout is known, no walk
             self.nodes, self._leaves, self.total = built
             self.whole = whole
@@ -472,9 +474,17 @@ def plan(td: Any) -> Plan:
         return entry[1]
     hint = entry[1].whole if entry is not None and entry[0]() is td else None
     new = Plan(td)
-    if hint is not None and new.whole is None and _matches(new, hint):
-        new.whole = hint
-        new.receive_in_place = new._parts_whole or new._padding == 0
+    if hint is not None:
+        if new.whole is None and _matches(new, hint):
+            new.whole = hint
+            new.receive_in_place = new._parts_whole or new._padding == 0
+        whole = new.whole  # still the built buffer (leaves made tensors): still consolidated
+        same = whole is not None and (whole.data_ptr(), whole.numel()) == (
+            hint.data_ptr(),
+            hint.numel(),
+        )
+        if same:
+            new.consolidated = entry[1].consolidated  # type: ignore[index]
     _remember(td, new)
     return new
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from . import _index, _safetensors, _sharing
+from ._consolidate import Consolidation
 from ._devices import DeviceMoves, _normalize_device
 from ._locking import Lockable, locked_error
 from ._persistence import MemoryMapped
@@ -63,7 +64,14 @@ def _as_key(key: Key) -> tuple[str, ...]:
 
 
 class TensorDict(
-    TreeNode, MemoryMapped, DeviceMoves, Lockable, Distributed, Shareable, _PointwiseTypes
+    TreeNode,
+    MemoryMapped,
+    DeviceMoves,
+    Lockable,
+    Distributed,
+    Consolidation,
+    Shareable,
+    _PointwiseTypes,
 ):
     """A dictionary of tensors with common leading batch dimensions and an optional device.
 
