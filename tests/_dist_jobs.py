@@ -489,8 +489,8 @@ def sharded_dataset(T: Any, rank: int, world: int, tmp: Path) -> None:
 
 def cuda_gloo(T: Any, rank: int, world: int, tmp: Path) -> None:
     """CUDA trees over gloo (messages staged through the CPU): packed send from and into
-    device trees, first contact from a device tree, broadcast onto a device (the tree built
-    on the device). Needs CUDA. (``from_remote_init(device=...)`` is also the device the
+    device trees, first contact from a device tree, broadcast and scatter onto a device (the
+    tree built on the device). Needs CUDA. (``from_remote_init(device=...)`` is also the device the
     messages go through, as in the reference: a NCCL case, see ``nccl``.)"""
     peer = 1 - rank
     device = torch.device("cuda", 0)
@@ -516,6 +516,10 @@ def cuda_gloo(T: Any, rank: int, world: int, tmp: Path) -> None:
     if rank == 1:
         assert all(t.is_cuda for t in got.values(True, True) if isinstance(t, torch.Tensor))
     same(got.cpu(), tree(T, 6))
+    trees = [tree(T, 7 + r).to(device) for r in range(world)] if rank == 0 else None
+    got = T.TensorDict().scatter(0, trees, device=device)  # from device trees onto the device
+    assert all(t.is_cuda for t in got.values(True, True) if isinstance(t, torch.Tensor))
+    same(got.cpu(), tree(T, 7 + rank))
 
 
 def nccl(T: Any, rank: int, world: int, tmp: Path) -> None:
