@@ -619,8 +619,9 @@ class Distributed:
         Every rank calls it; on ``src``, ``tensordicts`` holds one tree per rank (they may
         differ), elsewhere it is not read, nor is the tree the method is called on. Each rank,
         ``src`` included, gets a new tree (leaves in one buffer; on ``device`` when given).
-        On ``src``, a list of the wrong length or a tree that cannot be described raises after
-        a refusal is sent, so that every other rank raises too instead of waiting.
+        On ``src``, a list of the wrong length (``ValueError``), a value that is not a tree
+        (``TypeError``) or a tree that cannot be described raises after a refusal is sent, so
+        that every other rank raises too (``TensorDictError``) instead of waiting.
 
         >>> import tempfile, torch, torch.distributed as dist
         >>> from tensordict_rs import TensorDict
