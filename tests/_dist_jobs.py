@@ -317,7 +317,8 @@ def mixed(T: Any, rank: int, world: int, tmp: Path) -> None:
 
 
 def collectives(T: Any, rank: int, world: int, tmp: Path) -> None:
-    """broadcast, all_reduce, reduce, all_gather, gather_and_stack, init_remote by broadcast."""
+    """broadcast, all_reduce, reduce, all_gather, gather_and_stack, scatter, init_remote by
+    broadcast."""
     got = (tree(T, 5) if rank == 1 else T.TensorDict()).broadcast(src=1)
     same(got, tree(T, 5))
     _refused_broadcast(T, rank)
@@ -376,8 +377,72 @@ def collectives(T: Any, rank: int, world: int, tmp: Path) -> None:
             {"x": torch.full((3,), float(rank)), "y": {"z": torch.tensor(10.0 * rank)}}, []
         )
         assert row.gather_and_stack(dst=0) is None
+    _scatter(T, rank, world)
     _ring(T, rank, world)
     sharded_dataset(T, rank, world, tmp)
+
+
+def _meant(T: Any, r: int) -> Any:
+    """What ``scatter`` sends rank ``r``: trees of different structures (empty, one leaf,
+    every dtype nested, nested one level deeper)."""
+    if r == 0:
+        return T.TensorDict()
+    if r == 2:
+        return T.TensorDict({"x": torch.tensor([2.0]), "s": "two"}, [])
+    if r == 3:
+        return T.TensorDict({"deeper": tree(T, 30), "y": torch.arange(3)}, [])
+    return tree(T, 10 * r)
+
+
+def _scatter(T: Any, rank: int, world: int) -> None:
+    """scatter from rank 1: each rank gets its own tree (also on ``device="cpu"``); a wrong
+    count or a reserved key on the source, and a damaged description at one receiver, fail
+    where they should and leave nothing over for the next scatter."""
+    from tensordict_rs import InvalidTreeError, TensorDictError
+    from tensordict_rs.distributed import _scatter_source
+
+    trees = [_meant(T, r) for r in range(world)] if rank == 1 else None
+    got = T.TensorDict({"unused": torch.ones(2)}, []).scatter(1, trees)
+    same(got, _meant(T, rank))
+    if trees is not None:
+        assert got is not trees[1]
+    got = T.TensorDict().scatter(1, trees, device="cpu")
+    same(got, _meant(T, rank))
+    assert all(t.device.type == "cpu" for t in got.values(True, True) if torch.is_tensor(t))
+    # the source refuses a wrong count, a tree it cannot describe or a value that is not a
+    # tree; every other rank raises
+    reserved = T.TensorDict({"shape": torch.ones(3)}, [])
+    short = trees and trees[:-1]
+    unwritable = trees and [*trees[:3], reserved]
+    cases = [
+        (short, ValueError, "one tensordict per rank"),
+        (unwritable, InvalidTreeError, "reserved"),
+        (trees and [*trees[:3], {"x": torch.ones(1)}], TypeError, r"tensordicts\[3\] is a dict"),
+    ]
+    for bad, kind, match in cases:
+        if rank == 1:
+            with pytest.raises(kind, match=match):
+                T.TensorDict().scatter(1, bad)
+        else:
+            with pytest.raises(TensorDictError, match="could not send"):
+                T.TensorDict().scatter(1)
+    # a description that rank 2 refuses: it still takes its data, the others get theirs
+    if rank == 1:
+        assert trees is not None
+        table, texts, payloads, error = _scatter_source(trees, world, torch.device("cpu"))
+        assert error is None
+        texts[2][:] = torch.frombuffer(bytearray(b"{" * texts[2].numel()), dtype=torch.uint8)
+        dist.broadcast(table, src=1)
+        mine = torch.empty_like(texts[1])
+        dist.scatter(mine, texts, src=1)
+        data = torch.empty_like(payloads[1])
+        dist.scatter(data, payloads, src=1)
+    elif rank == 2:
+        with pytest.raises(InvalidTreeError):
+            T.TensorDict().scatter(1)
+    else:
+        same(T.TensorDict().scatter(1), _meant(T, rank))
+    same(T.TensorDict().scatter(1, trees), _meant(T, rank))
 
 
 def _ring(T: Any, rank: int, world: int) -> None:
@@ -443,8 +508,8 @@ def sharded_dataset(T: Any, rank: int, world: int, tmp: Path) -> None:
 
 def cuda_gloo(T: Any, rank: int, world: int, tmp: Path) -> None:
     """CUDA trees over gloo (messages staged through the CPU): packed send from and into
-    device trees, first contact from a device tree, broadcast onto a device (the tree built
-    on the device). Needs CUDA. (``from_remote_init(device=...)`` is also the device the
+    device trees, first contact from a device tree, broadcast and scatter onto a device (the
+    tree built on the device). Needs CUDA. (``from_remote_init(device=...)`` is also the device the
     messages go through, as in the reference: a NCCL case, see ``nccl``.)"""
     peer = 1 - rank
     device = torch.device("cuda", 0)
@@ -470,6 +535,10 @@ def cuda_gloo(T: Any, rank: int, world: int, tmp: Path) -> None:
     if rank == 1:
         assert all(t.is_cuda for t in got.values(True, True) if isinstance(t, torch.Tensor))
     same(got.cpu(), tree(T, 6))
+    trees = [tree(T, 7 + r).to(device) for r in range(world)] if rank == 0 else None
+    got = T.TensorDict().scatter(0, trees, device=device)  # from device trees onto the device
+    assert all(t.is_cuda for t in got.values(True, True) if isinstance(t, torch.Tensor))
+    same(got.cpu(), tree(T, 7 + rank))
 
 
 def nccl(T: Any, rank: int, world: int, tmp: Path) -> None:

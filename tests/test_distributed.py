@@ -246,3 +246,38 @@ def test_packing_runs_cover_every_piece_in_a_few_growing_runs(total: int) -> Non
         posted = spans[first][0]
         assert spans[last - 1][1] - posted <= max(posted, _dist_wire.PIECE_BYTES)
     assert len(runs) <= 2 + len(spans).bit_length()  # doubling: a few calls, not one a piece
+
+
+def test_scatter_on_one_process_as_the_reference(tmp_path: Path) -> None:
+    # Side by side with tensordict 0.15.3 on a one-process group: the source gets a new tree
+    # with its own tree's values (never the object it passed), on the CPU when asked.
+    import tensordict
+    import tensordict_rs
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        for device in (None, "cpu"):
+            # (the reference's consolidate cannot view a complex128 leaf at an offset that
+            # is not a multiple of 16: that leaf is left out of the comparison)
+            ours_src = _dist_jobs.tree(tensordict_rs, 3).exclude("d11")
+            ref_src = _dist_jobs.tree(tensordict, 3).exclude("d11")
+            ours = tensordict_rs.TensorDict().scatter(0, [ours_src], device=device)
+            ref = tensordict.TensorDict().scatter(0, [ref_src], device=device)
+            assert ours is not ours_src and ref is not ref_src
+            _dist_jobs.same(ours, ref)
+            _dist_jobs.same(ours, ours_src)
+            ours["d08"].add_(1)  # its own memory: the source's tree is untouched
+            _dist_jobs.same(ours_src, ref_src)
+        # the reference fails in gloo (RuntimeError) once its metadata is posted; ours refuses
+        # a wrong count before it sends anything but the refusal
+        two = [tensordict_rs.TensorDict(), tensordict_rs.TensorDict()]
+        with pytest.raises(ValueError, match=r"one tensordict per rank \(1\) on src, got 2"):
+            tensordict_rs.TensorDict().scatter(0, two)
+        with pytest.raises(RuntimeError, match="input list size"):
+            tensordict.TensorDict().scatter(0, [tensordict.TensorDict()] * 2)
+        same_after = tensordict_rs.TensorDict().scatter(0, [tensordict_rs.TensorDict({"a": 1}, [])])
+        assert same_after["a"].item() == 1  # nothing left over from the refused call
+    finally:
+        dist.destroy_process_group()

@@ -97,12 +97,12 @@ EXAMPLES = [
         ).split()
     ),
     # torch.distributed: point to point (shown, not run: they need a second rank), reduce,
-    # gather_and_stack; all_gather and broadcast are shown by the group's class docstring
+    # gather_and_stack, scatter; all_gather and broadcast are shown by the group's class docstring
     *(
         f"TensorDict.{name}"
         for name in (
             "send recv isend irecv init_remote from_remote_init reduce gather_and_stack "
-            "all_gather broadcast"
+            "all_gather broadcast scatter"
         ).split()
     ),
 ]

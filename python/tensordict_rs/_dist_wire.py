@@ -250,20 +250,21 @@ def describe(
     try:
         description = plan.description()
     except Exception as error:  # raised by the sender once the refusal is posted
-        return b"", _refusal(device), error
+        return b"", refusal(device), error
     if len(description) > _packed.DESCRIPTION_LIMIT:
         refused = _native.TensorDictError(
             f"the tree's description is {len(description)} bytes, more than the "
             f"{_packed.DESCRIPTION_LIMIT} a receiving rank accepts: refused"
         )
-        return b"", _refusal(device), refused
+        return b"", refusal(device), refused
     return description, header(description, plan.total, device), None
 
 
 REFUSED = -1  # the description length of a header whose sender refused its own tree
 
 
-def _refusal(device: torch.device) -> torch.Tensor:
+def refusal(device: torch.device) -> torch.Tensor:
+    """The header of a first contact that its sender refuses (see ``describe``)."""
     return torch.tensor([MAGIC, REFUSED, 0], dtype=torch.int64, device=device)
 
 

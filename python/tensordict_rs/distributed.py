@@ -13,15 +13,16 @@ copy when they already lie in one buffer) and the receiver scatters it into its 
 tree of the same keys, shapes and dtypes can receive it; no ``consolidate()`` call is needed.
 
 First contact (``init_remote``/``from_remote_init``, ``broadcast``, ``all_gather``,
-``gather_and_stack``) sends the structure as the JSON description of ``meta.json`` in a uint8
-tensor, never a pickle, then the data. This wire format is this library's own: those calls
-work between tensordict-rs ranks (the reference pickles its metadata).
+``gather_and_stack``, ``scatter``) sends the structure as the JSON description of
+``meta.json`` in a uint8 tensor, never a pickle, then the data. This wire format is this
+library's own: those calls work between tensordict-rs ranks (the reference pickles its
+metadata).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 import torch
@@ -604,6 +605,113 @@ class Distributed:
             self[row] = td
             row += 1
         return self
+
+    def scatter(
+        self,
+        src: int,
+        tensordicts: Sequence[Any] | None = None,
+        *,
+        group: Any = None,
+        device: Any = None,
+    ) -> Self:
+        """Sends ``tensordicts[r]`` from rank ``src`` to rank ``r``; returns this rank's tree.
+
+        Every rank calls it; on ``src``, ``tensordicts`` holds one tree per rank (they may
+        differ), elsewhere it is not read, nor is the tree the method is called on. Each rank,
+        ``src`` included, gets a new tree (leaves in one buffer; on ``device`` when given).
+        On ``src``, a list of the wrong length (``ValueError``), a value that is not a tree
+        (``TypeError``) or a tree that cannot be described raises after a refusal is sent, so
+        that every other rank raises too (``TensorDictError``) instead of waiting.
+
+        >>> import tempfile, torch, torch.distributed as dist
+        >>> from tensordict_rs import TensorDict
+        >>> store = tempfile.NamedTemporaryFile(delete=False).name
+        >>> dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        >>> trees = [TensorDict({"w": torch.arange(3.0), "b": {"c": torch.ones(1)}}, [])]
+        >>> mine = TensorDict().scatter(0, trees)  # one tree per rank: here one
+        >>> mine["w"].tolist(), mine is trees[0]
+        ([0.0, 1.0, 2.0], False)
+        >>> dist.destroy_process_group()
+        """
+        comm = wire.comm_device(group)
+        world = dist.get_world_size(group=group)
+        rank = dist.get_rank(group=group)
+        table = torch.empty(world, 3, dtype=torch.int64, device=comm)
+        texts: list[torch.Tensor] | None = None
+        payloads: list[torch.Tensor] = []
+        error: Exception | None = None
+        if rank == src:
+            table, texts, payloads, error = _scatter_source(tensordicts, world, comm)
+        dist.broadcast(table, src=src, group=group)  # every rank's header: the widths
+        if error is not None:  # the others raise on the refusal headers
+            raise error
+        length, total = wire.check_header(table[rank])
+        max_len, max_total = (int(x) for x in table[:, 1:].max(dim=0).values.tolist())
+        text = torch.empty(max_len, dtype=torch.uint8, device=comm)
+        if max_len:
+            dist.scatter(text, texts, src=src, group=group)
+        target = None if device is None else torch.device(device)
+        try:
+            td, whole = _packed.build(
+                type(self), wire.text_bytes(text[:length]), total, target, capacity=max_total
+            )
+        except BaseException:
+            if max_total:  # the data scatter is due all the same: take it
+                with contextlib.suppress(Exception):
+                    scratch = torch.empty(max_total, dtype=torch.uint8, device=comm)
+                    dist.scatter(scratch, payloads or None, src=src, group=group)
+            raise
+        if not max_total:
+            return td  # type: ignore[no-any-return]
+        staged = whole if whole.device == comm else torch.empty_like(whole, device=comm)
+        dist.scatter(staged, payloads or None, src=src, group=group)
+        if staged is not whole:
+            whole.copy_(staged)
+        return td  # type: ignore[no-any-return]
+
+
+def _scatter_source(
+    tensordicts: Sequence[Any] | None, world: int, comm: torch.device
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], Exception | None]:
+    """What rank ``src`` of ``scatter`` posts: the header table (one row per rank), the
+    descriptions and the packed trees, each padded to the largest; or a table of refusals
+    and the error to raise once it is posted."""
+    refused = torch.stack([wire.refusal(comm)] * world)
+    trees = None if tensordicts is None else list(tensordicts)
+    if trees is None or len(trees) != world:
+        count = "none" if trees is None else len(trees)
+        error: Exception | None = ValueError(
+            f"scatter needs one tensordict per rank ({world}) on src, got {count}"
+        )
+        return refused, [], [], error
+    for i, td in enumerate(trees):
+        if not isinstance(td, Distributed):
+            kind = type(td).__name__
+            return refused, [], [], TypeError(f"scatter: tensordicts[{i}] is a {kind}, not a tree")
+    plans = [_packed.plan(td) for td in trees]
+    described = [wire.describe(plan, comm) for plan in plans]
+    for _, _, error in described:
+        if error is not None:
+            return refused, [], [], error
+    table = torch.stack([head for _, head, _ in described])
+    max_len = max(len(text) for text, _, _ in described)
+    max_total = max(plan.total for plan in plans)
+    texts = []
+    for text, _, _ in described:
+        padded = torch.zeros(max_len, dtype=torch.uint8, device=comm)
+        padded[: len(text)] = wire.bytes_tensor(text, comm)
+        texts.append(padded)
+    payloads = []
+    for plan in plans if max_total else []:
+        packed = wire.to(plan.pack(), comm) if plan.total else None
+        if packed is not None and plan.total == max_total:
+            payloads.append(packed)
+            continue
+        padded = torch.zeros(max_total, dtype=torch.uint8, device=comm)
+        if packed is not None:
+            padded[: plan.total] = packed
+        payloads.append(padded)
+    return table, texts, payloads, None
 
 
 def _insertion_leaves(td: Any) -> Any:
