@@ -415,7 +415,7 @@ def _scatter(T: Any, rank: int, world: int) -> None:
     short = trees and trees[:-1]
     unwritable = trees and [*trees[:3], reserved]
     cases = [
-        (short, ValueError, "one tensordict per rank"),
+        (short, RuntimeError, "one tensordict per rank"),
         (unwritable, InvalidTreeError, "reserved"),
         (trees and [*trees[:3], {"x": torch.ones(1)}], TypeError, r"tensordicts\[3\] is a dict"),
     ]

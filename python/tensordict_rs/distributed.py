@@ -619,9 +619,10 @@ class Distributed:
         Every rank calls it; on ``src``, ``tensordicts`` holds one tree per rank (they may
         differ), elsewhere it is not read, nor is the tree the method is called on. Each rank,
         ``src`` included, gets a new tree (leaves in one buffer; on ``device`` when given).
-        On ``src``, a list of the wrong length (``ValueError``), a value that is not a tree
-        (``TypeError``) or a tree that cannot be described raises after a refusal is sent, so
-        that every other rank raises too (``TensorDictError``) instead of waiting.
+        On ``src``, a list of the wrong length (``RuntimeError``, as the reference), a value
+        that is not a tree (``TypeError``) or a tree that cannot be described raises after a
+        refusal is sent, so that every other rank raises too (``TensorDictError``) instead of
+        waiting.
 
         >>> import tempfile, torch, torch.distributed as dist
         >>> from tensordict_rs import TensorDict
@@ -680,7 +681,7 @@ def _scatter_source(
     trees = None if tensordicts is None else list(tensordicts)
     if trees is None or len(trees) != world:
         count = "none" if trees is None else len(trees)
-        error: Exception | None = ValueError(
+        error: Exception | None = RuntimeError(
             f"scatter needs one tensordict per rank ({world}) on src, got {count}"
         )
         return refused, [], [], error
