@@ -399,7 +399,7 @@ def _scatter(T: Any, rank: int, world: int) -> None:
     count or a reserved key on the source, and a damaged description at one receiver, fail
     where they should and leave nothing over for the next scatter."""
     from tensordict_rs import InvalidTreeError, TensorDictError
-    from tensordict_rs.distributed import _scatter_source
+    from tensordict_rs._dist_collectives import _scatter_source
 
     trees = [_meant(T, r) for r in range(world)] if rank == 1 else None
     got = T.TensorDict({"unused": torch.ones(2)}, []).scatter(1, trees)
