@@ -117,7 +117,7 @@ class Plan:
         self.total = self._layout()
         self.whole = whole if whole is not None else self._one_buffer()
         if self.whole is not None:
-            self.receive_in_place = self._parts_whole or self._padding == 0
+            self.receive_in_place = self._nothing_between_leaves()
 
     def _collect(self, td: TensorDict, nodes: bool = True) -> None:
         """Appends the leaves of ``td`` in packed order (and its nodes, with ``nodes``)."""
@@ -201,6 +201,11 @@ class Plan:
             self.table = _native.PackedTable(table, total)
             self._addresses = table
         return total
+
+    def _nothing_between_leaves(self) -> bool:
+        """Whether no tensor can view the bytes between the leaves in their one buffer (each
+        leaf a whole arena part, or no padding at all): a message may then land in place."""
+        return self._parts_whole or self._padding == 0
 
     def _one_buffer(self) -> torch.Tensor | None:
         """A uint8 view of the one storage, or the one anonymous arena (``memmap_()``), that
@@ -477,7 +482,7 @@ def plan(td: Any) -> Plan:
     if hint is not None:
         if new.whole is None and _matches(new, hint):
             new.whole = hint
-            new.receive_in_place = new._parts_whole or new._padding == 0
+            new.receive_in_place = new._nothing_between_leaves()
         whole = new.whole  # still the built buffer (leaves made tensors): still consolidated
         same = whole is not None and (whole.data_ptr(), whole.numel()) == (
             hint.data_ptr(),
