@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-SOURCES := pyproject.toml Cargo.toml $(wildcard rust/*.rs)
+SOURCES := pyproject.toml Cargo.toml $(shell find rust -name '*.rs')
 
 .PHONY: demo test lint bench clean
 

@@ -20,14 +20,14 @@ use std::io::Write;
 use serde::de::{self, DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use crate::gather::{self, Copy, Overlap, Range};
-use crate::layout;
-use crate::meta_parse::{OptStr, Str};
+use crate::format::layout;
+use crate::format::meta_parse::{OptStr, Str};
+use crate::sys::gather::{self, Copy, Overlap, Range};
 
 /// Every leaf starts at a multiple of this many bytes (every dtype can be viewed in place): the
 /// alignment of the parts of an anonymous arena, whose small parts `memmap_()` lays out in
 /// packed order, so that such a tree's arena is its message as it is (no copy either way).
-pub const ALIGN: usize = crate::storage::ARENA_ALIGN;
+pub const ALIGN: usize = crate::sys::storage::ARENA_ALIGN;
 /// The longest description accepted (the meta.json limit of the loader).
 pub const DESCRIPTION_LIMIT: usize = layout::META_LIMIT as usize;
 
@@ -587,5 +587,4 @@ impl PackedLayout {
 }
 
 #[cfg(test)]
-#[path = "packed_tests.rs"]
 mod tests;

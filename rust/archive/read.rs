@@ -1,0 +1,274 @@
+//! The tree side of `.tdz` archives: from the validated entries to a `LoadedNode`, and the
+//! bytes of every leaf (a view of the one map, or a copy when compressed or unaligned). No
+//! pyo3 here.
+//!
+//! The walk follows the meta.json entries from the top, as the directory loader follows the
+//! files: every meta.json is read under `META_LIMIT` and checked against its CRC-32, every
+//! leaf's entry must exist and hold at least the bytes its shape needs, depth is bounded, and
+//! a child's batch size must start with its parent's.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::archive::zip::{bad, entry_path, Archive};
+use crate::archive::*;
+use crate::error::{Error, Result};
+use crate::format::layout::{self, Entry, LeafMeta, NodeMeta};
+use crate::sys::parallel;
+use crate::sys::storage::{self, MapMode};
+use crate::tree::load::{LoadedEntry, LoadedNode};
+
+/// A leaf to materialize after the walk.
+pub(crate) struct LeafJob {
+    pub(crate) entry: usize,
+    pub(crate) nbytes: usize,
+    pub(crate) itemsize: usize,
+}
+
+/// meta.json entries parsed ahead of the walk, by name; the walk takes each when it gets there
+/// (so an error surfaces only for a meta.json the tree reaches, as without this).
+pub(crate) type Parsed = HashMap<String, Result<NodeMeta>>;
+
+/// Below this many meta.json entries the walk parses them itself.
+const PARSE_AHEAD_MIN: usize = 16;
+
+/// Parses the stored meta.json entries on the pool: parsing is most of the walk of a tree of
+/// many small leaves (110 meta.json for 10,000 leaves), and each is independent. Only stored
+/// entries are parsed ahead (their size is bounded by the file's; nothing is inflated for a
+/// meta.json the tree may never reach); each is read under `META_LIMIT` and checked against
+/// its CRC as `read_meta` does, and only its typed form is kept.
+pub(crate) fn parse_ahead(ar: &Archive) -> Parsed {
+    let metas: Vec<usize> = (0..ar.entries.len())
+        .filter(|&i| {
+            let e = &ar.entries[i];
+            e.method == STORED
+                && (e.name == layout::META_FILE
+                    || e.name
+                        .strip_suffix(layout::META_FILE)
+                        .is_some_and(|d| d.ends_with('/')))
+        })
+        .collect();
+    if metas.len() < PARSE_AHEAD_MIN {
+        return HashMap::new();
+    }
+    let workers = parallel::worker_count(0, metas.len() / PARSE_AHEAD_MIN);
+    let parsed = parallel::run(
+        &metas,
+        workers,
+        |&i| ar.entries[i].size as usize,
+        |&i| Ok(read_meta(ar, &ar.entries[i].name)),
+    );
+    match parsed {
+        Ok(results) => metas
+            .iter()
+            .zip(results)
+            .map(|(&i, r)| (ar.entries[i].name.clone(), r))
+            .collect(),
+        Err(_) => HashMap::new(), // the walk parses them itself
+    }
+}
+
+fn take_meta(ar: &Archive, parsed: &mut Parsed, name: &str) -> Result<NodeMeta> {
+    match parsed.remove(name) {
+        Some(meta) => meta,
+        None => read_meta(ar, name),
+    }
+}
+
+pub(crate) fn walk(
+    ar: &Archive,
+    parsed: &mut Parsed,
+    dir: &str,
+    depth: usize,
+    jobs: &mut Vec<Option<LeafJob>>,
+) -> Result<LoadedNode> {
+    let meta_name = format!("{dir}{}", layout::META_FILE);
+    let meta_path = entry_path(&ar.path, &meta_name);
+    if depth > layout::MAX_DEPTH {
+        return Err(bad(&meta_path, "the tree is nested too deeply"));
+    }
+    let meta = match take_meta(ar, parsed, &meta_name)? {
+        NodeMeta::TensorDict(m) => m,
+        NodeMeta::NonTensor(_) => {
+            return Err(Error::unsupported(
+                &meta_path,
+                "this archive holds a single non-tensor value, not a TensorDict",
+            ))
+        }
+    };
+    let mut entries = Vec::with_capacity(meta.entries.len());
+    for (key, entry) in meta.entries {
+        match entry {
+            Entry::Leaf(LeafMeta { dtype, shape, nbytes }) => {
+                let index = jobs.len();
+                if nbytes == 0 {
+                    jobs.push(None);
+                } else {
+                    let encoded = format!("{dir}{}", layout::portable_leaf_file(&key));
+                    let name = match layout::legacy_name(&key) {
+                        Some(raw) if ar.entry(&encoded).is_none() => {
+                            format!("{dir}{raw}{}", layout::LEAF_SUFFIX)
+                        }
+                        _ => encoded,
+                    };
+                    let at = || entry_path(&ar.path, &name);
+                    let e = *ar.index.get(&name).ok_or_else(|| {
+                        bad(
+                            &at(),
+                            format!("the data of key {key:?} is missing (no entry {name:?})"),
+                        )
+                    })?;
+                    if ar.entries[e].size < nbytes as u64 {
+                        return Err(bad(
+                            &at(),
+                            format!(
+                                "the data of key {key:?} is truncated: {} bytes, its shape needs {nbytes}",
+                                ar.entries[e].size
+                            ),
+                        ));
+                    }
+                    jobs.push(Some(LeafJob {
+                        entry: e,
+                        nbytes,
+                        itemsize: dtype.itemsize,
+                    }));
+                }
+                entries.push((
+                    key,
+                    LoadedEntry::Leaf {
+                        dtype: dtype.name,
+                        shape,
+                        index,
+                    },
+                ));
+            }
+            Entry::Collection => {
+                let child = format!("{dir}{}/", layout::portable_key(&key));
+                let child_meta = format!("{child}{}", layout::META_FILE);
+                if ar.entry(&child_meta).is_none() {
+                    let at = entry_path(&ar.path, &child_meta);
+                    let what = if ar.dirs.contains(child.trim_end_matches('/'))
+                        || ar.index.keys().any(|n| n.starts_with(&child))
+                    {
+                        "has no meta.json"
+                    } else {
+                        "is missing"
+                    };
+                    return Err(bad(&at, format!("the sub-directory of key {key:?} {what}")));
+                }
+                match take_meta(ar, parsed, &child_meta)? {
+                    NodeMeta::NonTensor(value) => entries.push((key, LoadedEntry::NonTensor(value))),
+                    sub @ NodeMeta::TensorDict(_) => {
+                        // handed to the child's walk, which would otherwise parse it again
+                        parsed.insert(child_meta.clone(), Ok(sub));
+                        let node = walk(ar, parsed, &child, depth + 1, jobs)?;
+                        if !node.batch.starts_with(&meta.batch) {
+                            return Err(bad(
+                                &entry_path(&ar.path, &child_meta),
+                                format!(
+                                    "key {key:?}: batch size {:?} does not start with its parent's {:?}",
+                                    node.batch, meta.batch
+                                ),
+                            ));
+                        }
+                        entries.push((key, LoadedEntry::Node(node)));
+                    }
+                }
+            }
+        }
+    }
+    Ok(LoadedNode {
+        batch: meta.batch,
+        device: meta.device,
+        entries,
+    })
+}
+
+pub(crate) fn read_meta(ar: &Archive, name: &str) -> Result<NodeMeta> {
+    let at = entry_path(&ar.path, name);
+    let e = ar.entry(name).ok_or_else(|| bad(&at, "meta.json is missing"))?;
+    let bytes = ar.read(e, layout::META_LIMIT)?;
+    layout::parse_meta(&bytes, &at)
+}
+
+/// The bytes of one leaf: a view when STORED and aligned for its dtype, else a copy.
+pub(crate) fn leaf_data(ar: &Archive, job: &LeafJob) -> Result<LeafData> {
+    let e = &ar.entries[job.entry];
+    if e.method == STORED && e.data % job.itemsize as u64 == 0 {
+        return Ok(LeafData::View {
+            offset: e.data as usize,
+            len: job.nbytes,
+        });
+    }
+    let copy = storage::anonymous(None, job.nbytes)?;
+    let fill = |src: &[u8]| {
+        // SAFETY: `copy` is a fresh writable map of `nbytes` bytes that nothing else sees yet,
+        // and `src` holds at least `nbytes` bytes (the entry size was checked in the walk).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), copy.as_ptr(), job.nbytes) };
+    };
+    if e.method == STORED {
+        fill(ar.raw(e));
+    } else {
+        let data = ar.inflate(e)?;
+        if crc32(&data) != e.crc {
+            return Err(bad(
+                &entry_path(&ar.path, &e.name),
+                format!("entry {:?} fails its CRC-32 check", e.name),
+            ));
+        }
+        fill(&data);
+    }
+    Ok(LeafData::Copy(copy))
+}
+
+/// Opens, validates and walks the archive at `path`; every leaf a view of one map when it
+/// can be. `mode`: `Shared` (writes reach the file) or `CopyOnWrite` (they stay private).
+pub fn load_archive(path: &Path, mode: MapMode) -> Result<Loaded> {
+    load_archive_tree(path, mode).map(|(_, loaded)| loaded)
+}
+
+/// Like `load_archive`, with the tree.
+pub fn load_archive_tree(path: &Path, mode: MapMode) -> Result<(LoadedNode, Loaded)> {
+    let ar = Archive::open(path, mode)?;
+    let mut jobs = Vec::new();
+    let mut parsed = parse_ahead(&ar);
+    let node = walk(&ar, &mut parsed, "", 0, &mut jobs)?;
+    let copies: Vec<usize> = (0..jobs.len())
+        .filter(|&i| {
+            jobs[i].as_ref().is_some_and(|j| {
+                let e = &ar.entries[j.entry];
+                e.method != STORED || e.data % j.itemsize as u64 != 0
+            })
+        })
+        .collect();
+    let workers = parallel::worker_count(0, copies.len());
+    let copied_data = parallel::run(
+        &copies,
+        workers,
+        |&i| jobs[i].as_ref().map_or(0, |j| j.nbytes),
+        |&i| jobs[i].as_ref().map(|j| leaf_data(&ar, j)).transpose(),
+    )?;
+    let mut copied = Vec::new();
+    let mut leaves: Vec<Option<LeafData>> = Vec::with_capacity(jobs.len());
+    let mut copied_iter = copies.iter().zip(copied_data).peekable();
+    for (i, job) in jobs.iter().enumerate() {
+        match copied_iter.peek() {
+            Some((&c, _)) if c == i => {
+                let (_, data) = copied_iter.next().unwrap_or((&0, None));
+                if let Some(j) = job {
+                    copied.push(ar.entries[j.entry].name.clone());
+                }
+                leaves.push(data);
+            }
+            _ => leaves.push(job.as_ref().map(|j| leaf_data(&ar, j)).transpose()?),
+        }
+    }
+    Ok((
+        node,
+        Loaded {
+            region: ar.region,
+            leaves,
+            copied,
+        },
+    ))
+}

@@ -1,0 +1,500 @@
+//! The zip side of `.tdz` archives: the end records, the central directory and the local
+//! headers, parsed and validated over the archive's one map. No pyo3 here.
+//!
+//! `Archive::open` maps the file and builds an index of its entries, refusing whatever a
+//! saver would not write or a reader could be fooled by: a missing or misplaced end record,
+//! multi-disk and encrypted archives, names that could escape (`..`, absolute, backslashes,
+//! NUL, drive letters), duplicate names, local headers that disagree with the directory,
+//! sizes and offsets outside the file, overlapping entries, and deflate entries claiming more
+//! than deflate can expand (zip bombs). Every message names the archive and the entry.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::archive::*;
+use crate::error::{Error, Result};
+use crate::sys::storage::{self, MapMode, Region};
+
+/// One validated data entry of an archive.
+#[derive(Debug, Clone)]
+pub struct ZipEntry {
+    pub name: String,
+    pub method: u16,
+    pub flags: u16,
+    pub crc: u32,
+    pub csize: u64,
+    pub size: u64,
+    pub header: u64,
+    pub data: u64,
+    /// Offset of the entry's central directory record.
+    pub central: u64,
+}
+
+/// An archive's validated index over its map.
+pub struct Archive {
+    pub path: PathBuf,
+    pub region: Arc<Region>,
+    pub entries: Vec<ZipEntry>,
+    pub(crate) index: HashMap<String, usize>,
+    pub(crate) dirs: HashSet<String>,
+}
+
+pub(crate) fn bad(path: &Path, message: impl Into<String>) -> Error {
+    Error::invalid(path, message)
+}
+
+/// Where messages point: the archive and, after `::`, the entry (tensordict's notation).
+pub(crate) fn entry_path(path: &Path, name: &str) -> PathBuf {
+    PathBuf::from(format!("{}::{name}", path.display()))
+}
+
+/// Refuses names that could leave the extraction directory or that no saver writes.
+pub(crate) fn check_name(path: &Path, name: &str) -> Result<()> {
+    let body = name.strip_suffix('/').unwrap_or(name);
+    let hostile = body.is_empty()
+        || name.starts_with('/')
+        || name.contains(['\\', '\0'])
+        || body.split('/').any(|c| c.is_empty() || c == "." || c == "..")
+        || body.as_bytes().get(1) == Some(&b':');
+    if hostile {
+        return Err(bad(
+            path,
+            format!("entry {name:?} has a name that could escape the archive"),
+        ));
+    }
+    Ok(())
+}
+
+/// Values of a zip64 extra block for the fields that are 0xFFFFFFFF (in the spec's order).
+fn zip64_fields(extra: &[u8], wanted: usize) -> Option<Vec<u64>> {
+    let mut at = 0;
+    while at + 4 <= extra.len() {
+        let id = u16::from_le_bytes([extra[at], extra[at + 1]]);
+        let len = usize::from(u16::from_le_bytes([extra[at + 2], extra[at + 3]]));
+        let body = extra.get(at + 4..at + 4 + len)?;
+        if id == ZIP64_EXTRA_ID {
+            if body.len() < wanted * 8 {
+                return None;
+            }
+            return Some(
+                (0..wanted)
+                    .map(|i| u64::from_le_bytes(body[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8])))
+                    .collect(),
+            );
+        }
+        at += 4 + len;
+    }
+    (wanted == 0).then(Vec::new)
+}
+
+impl Archive {
+    /// Opens, maps and validates the archive at `path`.
+    pub fn open(path: &Path, mode: MapMode) -> Result<Archive> {
+        let path = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
+        let file = match mode {
+            MapMode::Shared => std::fs::OpenOptions::new().read(true).write(true).open(&path),
+            _ => File::open(&path),
+        }
+        .map_err(|e| Error::io(&path, e))?;
+        let md = file.metadata().map_err(|e| Error::io(&path, e))?;
+        if md.is_dir() {
+            return Err(Error::io(&path, os_error(21, io::ErrorKind::IsADirectory)));
+        }
+        if !md.is_file() {
+            return Err(bad(&path, "the archive is not a regular file"));
+        }
+        let len = usize::try_from(md.len()).map_err(|_| bad(&path, "the archive is too large"))?;
+        if len < EOCD_LEN {
+            return Err(bad(&path, "not a zip archive: the file is too short"));
+        }
+        let identity = file_identity(&file).map_err(|e| Error::io(&path, e))?;
+        let region = storage::map_file(&file, len, Some(path.clone()), mode)
+            .map_err(|e| Error::io(&path, e))?
+            .as_archive(identity);
+        let region = Arc::new(region);
+        // SAFETY: the map spans `len` readable bytes and lives as long as `region`, which this
+        // function holds. Every read below is bounds-checked against this slice, so a file
+        // changed by another process gives at worst an error, never a read outside the map.
+        let bytes = unsafe { std::slice::from_raw_parts(region.as_ptr(), region.len()) };
+        let (entries, index, dirs) = index(&path, bytes)?;
+        Ok(Archive {
+            path,
+            region,
+            entries,
+            index,
+            dirs,
+        })
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: as in `open`: the region is alive for the borrow of self and spans its len.
+        unsafe { std::slice::from_raw_parts(self.region.as_ptr(), self.region.len()) }
+    }
+
+    pub(crate) fn entry(&self, name: &str) -> Option<&ZipEntry> {
+        self.index.get(name).map(|&i| &self.entries[i])
+    }
+
+    /// The raw (maybe compressed) bytes of an entry.
+    pub(crate) fn raw(&self, e: &ZipEntry) -> &[u8] {
+        // `index` checked that data + csize lies inside the file.
+        &self.bytes()[e.data as usize..(e.data + e.csize) as usize]
+    }
+
+    /// The whole content of an entry, decompressed and checked against its CRC, refusing
+    /// entries larger than `limit`.
+    pub(crate) fn read(&self, e: &ZipEntry, limit: u64) -> Result<Vec<u8>> {
+        let at = entry_path(&self.path, &e.name);
+        if e.size > limit {
+            return Err(bad(
+                &at,
+                format!(
+                    "entry {:?} is {} bytes, more than the limit of {limit}",
+                    e.name, e.size
+                ),
+            ));
+        }
+        let data = match e.method {
+            STORED => self.raw(e).to_vec(),
+            _ => self.inflate(e)?,
+        };
+        if crc32(&data) != e.crc {
+            return Err(bad(&at, format!("entry {:?} fails its CRC-32 check", e.name)));
+        }
+        Ok(data)
+    }
+
+    pub(crate) fn inflate(&self, e: &ZipEntry) -> Result<Vec<u8>> {
+        let at = entry_path(&self.path, &e.name);
+        if e.method != DEFLATED {
+            return Err(Error::unsupported(
+                &at,
+                format!(
+                    "entry {:?} is compressed with zip method {} ({}); only stored and deflate entries are read",
+                    e.name,
+                    e.method,
+                    match e.method {
+                        12 => "bzip2",
+                        14 => "lzma",
+                        _ => "unknown",
+                    }
+                ),
+            ));
+        }
+        if e.size > e.csize.saturating_mul(MAX_DEFLATE_RATIO).saturating_add(1024) {
+            return Err(bad(
+                &at,
+                format!(
+                    "entry {:?} claims {} bytes from {} compressed bytes, more than deflate can expand: refusing a zip bomb",
+                    e.name, e.size, e.csize
+                ),
+            ));
+        }
+        let limit = usize::try_from(e.size).map_err(|_| bad(&at, "entry too large"))?;
+        let data = miniz_oxide::inflate::decompress_to_vec_with_limit(self.raw(e), limit).map_err(|err| {
+            bad(
+                &at,
+                format!(
+                    "entry {:?} is not a valid deflate stream of its declared size ({:?})",
+                    e.name, err.status
+                ),
+            )
+        })?;
+        if data.len() != limit {
+            return Err(bad(
+                &at,
+                format!(
+                    "entry {:?} inflates to {} bytes, its header says {}",
+                    e.name,
+                    data.len(),
+                    e.size
+                ),
+            ));
+        }
+        Ok(data)
+    }
+}
+
+/// Parses and validates the end records, the central directory and every local header.
+type Index = (Vec<ZipEntry>, HashMap<String, usize>, HashSet<String>);
+
+fn index(path: &Path, b: &[u8]) -> Result<Index> {
+    let len = b.len() as u64;
+    let not_zip = || bad(path, "not a zip archive (no end of central directory record)");
+    let lowest = len.saturating_sub((EOCD_LEN + 0xFFFF) as u64);
+    let mut eocd = None;
+    let mut at = len - EOCD_LEN as u64;
+    loop {
+        if get32(b, at) == Some(EOCD_SIG)
+            && get16(b, at + 20).map(u64::from) == Some(len - at - EOCD_LEN as u64)
+        {
+            eocd = Some(at);
+            break;
+        }
+        if at == lowest {
+            break;
+        }
+        at -= 1;
+    }
+    let eocd = eocd.ok_or_else(not_zip)?;
+    let field16 = |off: u64| get16(b, eocd + off).ok_or_else(not_zip).map(u64::from);
+    let field32 = |off: u64| get32(b, eocd + off).ok_or_else(not_zip).map(u64::from);
+    let (disk, cd_disk) = (field16(4)?, field16(6)?);
+    let (mut count_disk, mut count) = (field16(8)?, field16(10)?);
+    let (mut cd_size, mut cd_start) = (field32(12)?, field32(16)?);
+    let mut cd_end_expected = eocd;
+    if eocd >= ZIP64_LOCATOR_LEN as u64
+        && get32(b, eocd - ZIP64_LOCATOR_LEN as u64) == Some(ZIP64_LOCATOR_SIG)
+    {
+        let loc = eocd - ZIP64_LOCATOR_LEN as u64;
+        let z = get64(b, loc + 8).ok_or_else(not_zip)?;
+        if get32(b, z) != Some(ZIP64_EOCD_SIG) || z + ZIP64_EOCD_LEN as u64 > loc {
+            return Err(bad(
+                path,
+                "the zip64 end of central directory record is missing or misplaced",
+            ));
+        }
+        let g32 = |o| get32(b, z + o).map(u64::from).ok_or_else(not_zip);
+        let g64 = |o| get64(b, z + o).ok_or_else(not_zip);
+        if g32(16)? != 0 || g32(20)? != 0 || get32(b, loc + 4) != Some(0) {
+            return Err(Error::unsupported(
+                path,
+                "multi-disk zip archives are not supported",
+            ));
+        }
+        count_disk = g64(24)?;
+        count = g64(32)?;
+        cd_size = g64(40)?;
+        cd_start = g64(48)?;
+        cd_end_expected = z;
+    }
+    if disk != 0 || cd_disk != 0 || count_disk != count {
+        return Err(Error::unsupported(
+            path,
+            "multi-disk zip archives are not supported",
+        ));
+    }
+    if cd_start.checked_add(cd_size) != Some(cd_end_expected) {
+        return Err(bad(
+            path,
+            format!(
+                "the central directory ({cd_size} bytes at {cd_start}) does not end where the end record starts ({cd_end_expected}): truncated or not a plain zip archive"
+            ),
+        ));
+    }
+    if count.saturating_mul(CENTRAL_LEN as u64) > cd_size {
+        return Err(bad(
+            path,
+            format!("the central directory is too small for {count} entries"),
+        ));
+    }
+    let mut entries = Vec::with_capacity(count as usize);
+    let mut names: HashMap<String, usize> = HashMap::with_capacity(count as usize);
+    let mut dirs = HashSet::new();
+    let mut p = cd_start;
+    for _ in 0..count {
+        let r = |o: u64| get16(b, p + o).ok_or_else(|| bad(path, "a central directory record is truncated"));
+        let r32 =
+            |o: u64| get32(b, p + o).ok_or_else(|| bad(path, "a central directory record is truncated"));
+        if r32(0)? != CENTRAL_SIG {
+            return Err(bad(
+                path,
+                format!("bad central directory record signature at offset {p}"),
+            ));
+        }
+        let flags = r(8)?;
+        let method = r(10)?;
+        let crc = r32(16)?;
+        let (mut csize, mut size) = (u64::from(r32(20)?), u64::from(r32(24)?));
+        let (n, m, k) = (u64::from(r(28)?), u64::from(r(30)?), u64::from(r(32)?));
+        let mut header = u64::from(r32(42)?);
+        let record_end = p + CENTRAL_LEN as u64 + n + m + k;
+        if record_end > cd_end_expected {
+            return Err(bad(
+                path,
+                "a central directory record runs past the central directory",
+            ));
+        }
+        let name_bytes = bytes_at(b, p + CENTRAL_LEN as u64, n).ok_or_else(|| bad(path, "truncated name"))?;
+        let name = std::str::from_utf8(name_bytes)
+            .map_err(|_| {
+                bad(
+                    path,
+                    format!(
+                        "entry name {:?} is not UTF-8",
+                        String::from_utf8_lossy(name_bytes)
+                    ),
+                )
+            })?
+            .to_string();
+        check_name(path, &name)?;
+        // Only errors need the entry's path: made when one is raised.
+        let at = || entry_path(path, &name);
+        if names.contains_key(&name) {
+            return Err(bad(&at(), format!("entry {name:?} appears twice in the archive")));
+        }
+        if r(34)? != 0 {
+            return Err(Error::unsupported(
+                at(),
+                "multi-disk zip archives are not supported",
+            ));
+        }
+        if flags & (FLAG_ENCRYPTED | 0x40) != 0 {
+            return Err(Error::unsupported(at(), format!("entry {name:?} is encrypted")));
+        }
+        let extra =
+            bytes_at(b, p + CENTRAL_LEN as u64 + n, m).ok_or_else(|| bad(path, "truncated extra field"))?;
+        let wanted = [size, csize, header]
+            .iter()
+            .filter(|&&v| v == 0xFFFF_FFFF)
+            .count();
+        if wanted > 0 {
+            let values = zip64_fields(extra, wanted).ok_or_else(|| {
+                bad(
+                    &at(),
+                    format!("entry {name:?} lacks the zip64 sizes its record announces"),
+                )
+            })?;
+            let mut it = values.into_iter();
+            if size == 0xFFFF_FFFF {
+                size = it.next().unwrap_or(0);
+            }
+            if csize == 0xFFFF_FFFF {
+                csize = it.next().unwrap_or(0);
+            }
+            if header == 0xFFFF_FFFF {
+                header = it.next().unwrap_or(0);
+            }
+        }
+        let central = p;
+        p = record_end;
+        if let Some(dir) = name.strip_suffix('/') {
+            if size != 0 {
+                return Err(bad(&at(), format!("directory entry {name:?} has data")));
+            }
+            dirs.insert(dir.to_string());
+            continue;
+        }
+        // The local header: same name and method, payload inside the file before the
+        // central directory.
+        if header.checked_add(LOCAL_LEN).is_none_or(|end| end > cd_start)
+            || get32(b, header) != Some(LOCAL_SIG)
+        {
+            return Err(bad(
+                &at(),
+                format!("entry {name:?}: no local header at offset {header}"),
+            ));
+        }
+        let ln = u64::from(get16(b, header + 26).unwrap_or(0));
+        let lm = u64::from(get16(b, header + 28).unwrap_or(0));
+        if bytes_at(b, header + LOCAL_LEN, ln) != Some(name_bytes) {
+            return Err(bad(
+                &at(),
+                format!("entry {name:?}: the local header names another file"),
+            ));
+        }
+        if get16(b, header + 8) != Some(method) {
+            return Err(bad(
+                &at(),
+                format!("entry {name:?}: the local header's method differs from the directory's"),
+            ));
+        }
+        let data = header + LOCAL_LEN + ln + lm;
+        if data.checked_add(csize).is_none_or(|end| end > cd_start) {
+            return Err(bad(
+                &at(),
+                format!("entry {name:?}: its data ({csize} bytes at {data}) runs past the entries"),
+            ));
+        }
+        if method == STORED && csize != size {
+            return Err(bad(
+                &at(),
+                format!("entry {name:?} is stored but its sizes differ ({csize} != {size})"),
+            ));
+        }
+        names.insert(name.clone(), entries.len());
+        entries.push(ZipEntry {
+            name,
+            method,
+            flags,
+            crc,
+            csize,
+            size,
+            header,
+            data,
+            central,
+        });
+    }
+    let mut spans: Vec<(u64, u64, usize)> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.header, e.data + e.csize, i))
+        .collect();
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        if pair[1].0 < pair[0].1 {
+            let (a, c) = (&entries[pair[0].2].name, &entries[pair[1].2].name);
+            return Err(bad(
+                &entry_path(path, c),
+                format!("entries {a:?} and {c:?} overlap"),
+            ));
+        }
+    }
+    Ok((entries, names, dirs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::tests::{opts, sample, tmp};
+
+    #[test]
+    fn hostile_names_are_refused() {
+        for name in ["../x", "/abs", "a/../b", "a\\b", "C:/x", "a//b", "."] {
+            assert!(check_name(Path::new("x"), name).is_err(), "{name}");
+        }
+        for name in ["meta.json", "a/b.memmap", "dir/", "%2E%2E/meta.json"] {
+            assert!(check_name(Path::new("x"), name).is_ok(), "{name}");
+        }
+    }
+
+    #[test]
+    fn truncated_and_garbage_files_are_refused() {
+        let data = vec![vec![1u8; 12], vec![2u8; 6]];
+        let (root, leaves) = sample(&data);
+        let path = tmp("t.tdz");
+        write_archive(&path, &root, &leaves, opts(Compression::Stored)).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
+            let p = tmp("cut.tdz");
+            std::fs::write(&p, &bytes[..cut]).unwrap();
+            assert!(load_archive(&p, MapMode::CopyOnWrite).is_err(), "cut at {cut}");
+            assert!(!is_archive(&p));
+        }
+    }
+
+    #[test]
+    fn deflate_bombs_are_refused() {
+        let e = ZipEntry {
+            name: "a.memmap".into(),
+            method: DEFLATED,
+            flags: 0,
+            crc: 0,
+            csize: 10,
+            size: 1 << 40,
+            header: 0,
+            data: 0,
+            central: 0,
+        };
+        let path = tmp("bomb.tdz");
+        let data = vec![vec![1u8; 12], vec![2u8; 6]];
+        let (root, leaves) = sample(&data);
+        write_archive(&path, &root, &leaves, opts(Compression::Stored)).unwrap();
+        let ar = Archive::open(&path, MapMode::ReadOnly).unwrap();
+        let err = ar.inflate(&e).unwrap_err().to_string();
+        assert!(err.contains("zip bomb"), "{err}");
+    }
+}

@@ -1,0 +1,234 @@
+//! What a saved tree holds, read from its meta.json files alone: keys, dtypes, shapes, byte
+//! sizes, batch sizes, devices and the format version. No data file is opened or mapped, so a
+//! 10,000-leaf directory is summarized in the time it takes to read its meta.json files. This
+//! is what the command line's `info` shows. No pyo3 here.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::archive::Archive;
+use crate::error::{Error, Result};
+use crate::format::layout::{self, Entry, NodeMeta, TensorDictMeta};
+use crate::sys::dir::{Dir, EntryKind};
+use crate::sys::storage::MapMode;
+
+/// One entry of a summarized directory.
+#[derive(Debug)]
+pub enum SummaryEntry {
+    Leaf {
+        dtype: &'static str,
+        shape: Vec<u64>,
+        nbytes: usize,
+    },
+    Node(SummaryNode),
+    NonTensor(Value),
+}
+
+/// A summarized TensorDict directory.
+#[derive(Debug)]
+pub struct SummaryNode {
+    pub batch: Vec<u64>,
+    pub device: Option<String>,
+    /// `_format_version` of this directory's meta.json (absent in old trees).
+    pub format_version: Option<u64>,
+    pub entries: Vec<(String, SummaryEntry)>,
+}
+
+fn read_meta(dir: &Dir) -> Result<NodeMeta> {
+    let path = dir.child_path(layout::META_FILE);
+    let bytes = dir
+        .read_limited(layout::META_FILE, layout::META_LIMIT)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData | std::io::ErrorKind::Other => {
+                Error::invalid(&path, e.to_string())
+            }
+            _ => Error::io(&path, e),
+        })?;
+    layout::parse_meta(&bytes, &path)
+}
+
+fn tensordict(meta: NodeMeta, at: &Path, what: &str) -> Result<TensorDictMeta> {
+    match meta {
+        NodeMeta::TensorDict(m) => Ok(m),
+        NodeMeta::NonTensor(_) => Err(Error::unsupported(
+            at,
+            format!("this {what} holds a single non-tensor value, not a TensorDict"),
+        )),
+    }
+}
+
+fn child_dir(parent: &Dir, key: &str) -> Result<Dir> {
+    let name = layout::encode_key(key);
+    let path = parent.child_path(&name);
+    match parent.kind(&name).map_err(|e| Error::io(&path, e))? {
+        EntryKind::Dir => parent.open_dir(&name).map_err(|e| Error::io(&path, e)),
+        EntryKind::Missing => Err(Error::invalid(
+            &path,
+            format!("the sub-directory of key {key:?} is missing"),
+        )),
+        EntryKind::Symlink => Err(Error::invalid(
+            &path,
+            format!("key {key:?} is a symlink; refusing to follow it"),
+        )),
+        _ => Err(Error::invalid(
+            &path,
+            format!("key {key:?} should be a directory"),
+        )),
+    }
+}
+
+/// Summarizes `dir`, whose meta.json (`meta`) was read by its parent (each meta.json is read
+/// and parsed once).
+fn summarize_dir(dir: &Dir, meta: TensorDictMeta, depth: usize) -> Result<SummaryNode> {
+    if depth > layout::MAX_DEPTH {
+        return Err(Error::invalid(dir.path(), "the tree is nested too deeply"));
+    }
+    let mut entries = Vec::with_capacity(meta.entries.len());
+    for (key, entry) in meta.entries {
+        let summary = match entry {
+            Entry::Leaf(leaf) => SummaryEntry::Leaf {
+                dtype: leaf.dtype.name,
+                shape: leaf.shape,
+                nbytes: leaf.nbytes,
+            },
+            Entry::Collection => {
+                let child = child_dir(dir, &key)?;
+                match read_meta(&child)? {
+                    NodeMeta::NonTensor(value) => SummaryEntry::NonTensor(value),
+                    NodeMeta::TensorDict(sub) => SummaryEntry::Node(summarize_dir(&child, sub, depth + 1)?),
+                }
+            }
+        };
+        entries.push((key, summary));
+    }
+    Ok(SummaryNode {
+        batch: meta.batch,
+        device: meta.device,
+        format_version: meta.format_version,
+        entries,
+    })
+}
+
+/// Summarizes the tree at `prefix` from its meta.json files (validated as the loader does;
+/// data files are not checked: that is `verify_tree`'s job).
+pub fn summarize(prefix: &Path) -> Result<SummaryNode> {
+    let root = Dir::open(prefix).map_err(|e| Error::io(prefix, e))?;
+    let meta = tensordict(read_meta(&root)?, root.path(), "directory")?;
+    summarize_dir(&root, meta, 0)
+}
+
+/// Summarizes the `.tdz` archive at `path` from its meta.json entries (the archive index is
+/// validated as the loader does; data entries are neither read nor inflated).
+pub fn summarize_archive(path: &Path) -> Result<SummaryNode> {
+    let ar = Archive::open(path, MapMode::ReadOnly)?;
+    let at = ar.path.join(layout::META_FILE);
+    let meta = match archive_meta(&ar, "")? {
+        None => return Err(Error::invalid(&at, "meta.json is missing")),
+        Some(meta) => tensordict(meta, &at, "archive")?,
+    };
+    summarize_entry(&ar, "", meta, 0)
+}
+
+fn archive_meta(ar: &Archive, dir: &str) -> Result<Option<NodeMeta>> {
+    let name = format!("{dir}{}", layout::META_FILE);
+    let Some(e) = ar.entry(&name) else { return Ok(None) };
+    let bytes = ar.read(e, layout::META_LIMIT)?;
+    layout::parse_meta(&bytes, &ar.path.join(&name)).map(Some)
+}
+
+/// Summarizes the archive directory `dir`, whose meta.json (`meta`) was read by its parent.
+fn summarize_entry(ar: &Archive, dir: &str, meta: TensorDictMeta, depth: usize) -> Result<SummaryNode> {
+    if depth > layout::MAX_DEPTH {
+        let at = ar.path.join(format!("{dir}{}", layout::META_FILE));
+        return Err(Error::invalid(&at, "the tree is nested too deeply"));
+    }
+    let mut entries = Vec::with_capacity(meta.entries.len());
+    for (key, entry) in meta.entries {
+        let summary = match entry {
+            Entry::Leaf(leaf) => SummaryEntry::Leaf {
+                dtype: leaf.dtype.name,
+                shape: leaf.shape,
+                nbytes: leaf.nbytes,
+            },
+            Entry::Collection => {
+                let child = format!("{dir}{}/", layout::encode_key(&key));
+                match archive_meta(ar, &child)? {
+                    None => {
+                        return Err(Error::invalid(
+                            ar.path.join(&child),
+                            format!("the sub-directory of key {key:?} is missing"),
+                        ))
+                    }
+                    Some(NodeMeta::NonTensor(value)) => SummaryEntry::NonTensor(value),
+                    Some(NodeMeta::TensorDict(sub)) => {
+                        SummaryEntry::Node(summarize_entry(ar, &child, sub, depth + 1)?)
+                    }
+                }
+            }
+        };
+        entries.push((key, summary));
+    }
+    Ok(SummaryNode {
+        batch: meta.batch,
+        device: meta.device,
+        format_version: meta.format_version,
+        entries,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::storage;
+    use crate::tree::save::{write_tree, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
+
+    #[test]
+    fn summarizes_without_data_files() {
+        let p = std::env::temp_dir().join(format!("tdrs-summary-{}", storage::random_suffix()));
+        let data = [0u8; 24];
+        let leaves = vec![LeafSpec {
+            dtype: "torch.float32".into(),
+            shape: vec![3, 2],
+            device: "cpu".into(),
+            data: Some(&data),
+            nbytes: 24,
+            same_file: None,
+        }];
+        let child = NodeSpec {
+            batch: vec![3],
+            entries: vec![("x".into(), EntrySpec::Leaf(0))],
+        };
+        let root = NodeSpec {
+            batch: vec![3],
+            entries: vec![
+                ("sub".into(), EntrySpec::Node(child)),
+                ("s".into(), EntrySpec::NonTensor(Value::from("hi"))),
+            ],
+        };
+        let opts = SaveOptions {
+            existsok: true,
+            ..Default::default()
+        };
+        write_tree(&p, &root, &leaves, opts).unwrap();
+        // A missing data file does not stop a summary (verify reports it).
+        std::fs::remove_file(p.join("sub/x.memmap")).unwrap();
+        let s = summarize(&p).unwrap();
+        assert_eq!(s.batch, vec![3]);
+        assert_eq!(s.format_version, Some(layout::FORMAT_VERSION));
+        let SummaryEntry::Node(sub) = &s.entries[0].1 else {
+            panic!()
+        };
+        let SummaryEntry::Leaf { dtype, shape, nbytes } = &sub.entries[0].1 else {
+            panic!()
+        };
+        assert_eq!(
+            (*dtype, shape.as_slice(), *nbytes),
+            ("torch.float32", &[3u64, 2][..], 24)
+        );
+        assert!(matches!(&s.entries[1].1, SummaryEntry::NonTensor(v) if v == "hi"));
+        std::fs::remove_dir_all(p.join("sub")).unwrap();
+        assert!(summarize(&p).unwrap_err().to_string().contains("sub-directory"));
+        std::fs::remove_dir_all(&p).unwrap();
+    }
+}

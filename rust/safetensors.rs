@@ -1,0 +1,300 @@
+//! Reading and writing `.safetensors` files (Hugging Face's tensor format) with the
+//! `safetensors` crate, the format's own validating parser and serializer. No pyo3 here.
+//!
+//! A file is read by mapping it whole, copy-on-write (writes to the tensors never reach the
+//! file), and validating its header with `SafeTensors::read_metadata`: offsets in bounds,
+//! contiguous and covering the data exactly, shapes consistent with dtypes. Each tensor is
+//! then a slice of that one map; a tensor whose offset is not a multiple of its element size
+//! (possible in files from other writers) is copied into its own aligned anonymous map.
+//! A file is written beside its target and renamed over it, so a reader (or a map of the old
+//! file) never sees a partial file.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, SafeTensors, View};
+
+use crate::error::{Error, Result};
+use crate::sys::storage::{self, MapMode, Region};
+
+/// torch dtype strings (`str(torch.dtype)`) and their safetensors names, as the `safetensors`
+/// Python package maps them.
+const DTYPES: &[(&str, Dtype)] = &[
+    ("torch.bool", Dtype::BOOL),
+    ("torch.uint8", Dtype::U8),
+    ("torch.int8", Dtype::I8),
+    ("torch.int16", Dtype::I16),
+    ("torch.uint16", Dtype::U16),
+    ("torch.float16", Dtype::F16),
+    ("torch.bfloat16", Dtype::BF16),
+    ("torch.int32", Dtype::I32),
+    ("torch.uint32", Dtype::U32),
+    ("torch.float32", Dtype::F32),
+    ("torch.complex64", Dtype::C64),
+    ("torch.float64", Dtype::F64),
+    ("torch.int64", Dtype::I64),
+    ("torch.uint64", Dtype::U64),
+    ("torch.float8_e5m2", Dtype::F8_E5M2),
+    ("torch.float8_e4m3fn", Dtype::F8_E4M3),
+    ("torch.float8_e4m3fnuz", Dtype::F8_E4M3FNUZ),
+    ("torch.float8_e5m2fnuz", Dtype::F8_E5M2FNUZ),
+];
+
+/// Every dtype of the table is whole bytes wide (the sub-byte F4/F6 types have no entry).
+fn to_safetensors_dtype(name: &str) -> Option<Dtype> {
+    DTYPES.iter().find(|(n, _)| *n == name).map(|(_, d)| *d)
+}
+
+fn to_torch_dtype(dtype: Dtype) -> Option<&'static str> {
+    DTYPES.iter().find(|(_, d)| *d == dtype).map(|(n, _)| *n)
+}
+
+/// One tensor of a read file: its name, torch dtype string, shape, and bytes (None: empty).
+pub struct ReadTensor {
+    pub name: String,
+    pub dtype: &'static str,
+    pub shape: Vec<u64>,
+    pub data: Option<TensorBytes>,
+}
+
+/// Where a read tensor's bytes are: a slice of the file's map, or a copy of their own.
+pub enum TensorBytes {
+    InFile { offset: usize, len: usize },
+    Copied(Region),
+}
+
+/// A read file: the map of the whole file, the tensors in file order, and `__metadata__`.
+pub struct ReadFile {
+    pub map: Region,
+    pub tensors: Vec<ReadTensor>,
+    pub metadata: HashMap<String, String>,
+}
+
+fn invalid(path: &Path, what: impl std::fmt::Display) -> Error {
+    Error::invalid(path, format!("not a valid safetensors file: {what}"))
+}
+
+/// Maps and validates the file at `path`; see the module documentation.
+pub fn read(path: &Path) -> Result<ReadFile> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let md = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !md.is_file() {
+        return Err(Error::invalid(path, "not a regular file"));
+    }
+    let len = usize::try_from(md.len()).map_err(|_| invalid(path, "too large"))?;
+    if len < 8 {
+        return Err(invalid(
+            path,
+            format!("{len} bytes, shorter than the header length"),
+        ));
+    }
+    let map = storage::map_file(&file, len, Some(path.to_path_buf()), MapMode::CopyOnWrite)
+        .map_err(|e| Error::io(path, e))?;
+    // SAFETY: the region maps `len` readable bytes and lives until the end of this function;
+    // the slice is dropped before `map` is moved out.
+    let bytes = unsafe { std::slice::from_raw_parts(map.as_ptr() as *const u8, len) };
+    let (header, metadata) = SafeTensors::read_metadata(bytes).map_err(|e| invalid(path, e))?;
+    let start = 8 + header;
+    let mut tensors = Vec::with_capacity(metadata.tensors().len());
+    for name in metadata.offset_keys() {
+        let info = metadata
+            .info(&name)
+            .ok_or_else(|| invalid(path, format!("tensor {name:?} has no entry")))?;
+        let dtype = to_torch_dtype(info.dtype).ok_or_else(|| {
+            Error::unsupported(
+                path,
+                format!(
+                    "tensor {name:?}: dtype {:?} has no torch equivalent here",
+                    info.dtype
+                ),
+            )
+        })?;
+        let (begin, end) = info.data_offsets;
+        let len = end - begin; // validated by read_metadata: begin <= end, within the data
+        let offset = start + begin;
+        let data = if len == 0 {
+            None
+        } else if offset % (info.dtype.bitsize() / 8).max(1) == 0 {
+            Some(TensorBytes::InFile { offset, len })
+        } else {
+            let copy = storage::anonymous(Some(&bytes[offset..offset + len]), len)?;
+            Some(TensorBytes::Copied(copy))
+        };
+        tensors.push(ReadTensor {
+            name,
+            dtype,
+            shape: info.shape.iter().map(|&d| d as u64).collect(),
+            data,
+        });
+    }
+    let extra = metadata.metadata().clone().unwrap_or_default();
+    Ok(ReadFile {
+        map,
+        tensors,
+        metadata: extra,
+    })
+}
+
+/// One tensor to write: its name, torch dtype string, shape and C-order bytes.
+pub struct WriteTensor<'a> {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub data: &'a [u8],
+}
+
+struct TensorRef<'a> {
+    dtype: Dtype,
+    shape: &'a [usize],
+    data: &'a [u8],
+}
+
+impl View for &TensorRef<'_> {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// Writes `tensors` and `metadata` to `path` (beside it, then renamed over it).
+pub fn write(path: &Path, tensors: &[WriteTensor<'_>], metadata: HashMap<String, String>) -> Result<()> {
+    let mut refs = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let dtype = to_safetensors_dtype(&t.dtype).ok_or_else(|| {
+            Error::tree(
+                path,
+                format!(
+                    "key {:?}: dtype {} cannot be stored in a safetensors file",
+                    t.name, t.dtype
+                ),
+            )
+        })?;
+        let expect = t
+            .shape
+            .iter()
+            .try_fold(dtype.bitsize() / 8, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| Error::tree(path, format!("key {:?}: shape overflows", t.name)))?;
+        if expect != t.data.len() {
+            return Err(Error::tree(
+                path,
+                format!(
+                    "key {:?}: {} bytes given for shape {:?}",
+                    t.name,
+                    t.data.len(),
+                    t.shape
+                ),
+            ));
+        }
+        refs.push((
+            t.name.as_str(),
+            TensorRef {
+                dtype,
+                shape: &t.shape,
+                data: t.data,
+            },
+        ));
+    }
+    let absolute: PathBuf = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
+    if let Some(parent) = absolute.parent() {
+        if !parent.is_dir() {
+            return Err(Error::io(parent, io::Error::from(io::ErrorKind::NotFound)));
+        }
+    }
+    let info = if metadata.is_empty() { None } else { Some(metadata) };
+    safetensors::serialize_to_file(refs.iter().map(|(n, t)| (*n, t)), info, &absolute).map_err(|e| match e {
+        safetensors::SafeTensorError::IoError(err) => Error::io(&absolute, err),
+        other => Error::tree(&absolute, format!("cannot write a safetensors file: {other}")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("tdrs-st-{}-{name}", storage::random_suffix()))
+    }
+
+    #[test]
+    fn round_trips_and_validates() {
+        let path = tmp("a.safetensors");
+        let a: Vec<u8> = (0..24).collect();
+        let b = [1u8, 0, 1];
+        let tensors = vec![
+            WriteTensor {
+                name: "x.y".into(),
+                dtype: "torch.float32".into(),
+                shape: vec![2, 3],
+                data: &a,
+            },
+            WriteTensor {
+                name: "flag".into(),
+                dtype: "torch.bool".into(),
+                shape: vec![3],
+                data: &b,
+            },
+            WriteTensor {
+                name: "none".into(),
+                dtype: "torch.int64".into(),
+                shape: vec![0, 4],
+                data: &[],
+            },
+        ];
+        let meta = HashMap::from([("k".to_string(), "v".to_string())]);
+        write(&path, &tensors, meta).unwrap();
+        let file = read(&path).unwrap();
+        assert_eq!(file.metadata.get("k").map(String::as_str), Some("v"));
+        let map = file.map.to_vec();
+        let by_name: HashMap<_, _> = file.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+        let x = by_name["x.y"];
+        assert_eq!((x.dtype, x.shape.as_slice()), ("torch.float32", &[2u64, 3][..]));
+        let Some(TensorBytes::InFile { offset, len }) = x.data else {
+            panic!("x.y should be in the file")
+        };
+        assert_eq!(&map[offset..offset + len], &a[..]);
+        assert!(by_name["none"].data.is_none());
+        drop(file); // Windows refuses to overwrite a mapped file.
+
+        // damaged files are refused with the path in the message
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        let err = read(&path).err().unwrap().to_string();
+        assert!(
+            err.contains("not a valid safetensors file") && err.contains("a.safetensors"),
+            "{err}"
+        );
+        std::fs::write(&path, [255u8; 16]).unwrap();
+        assert!(read(&path).is_err());
+        std::fs::write(&path, b"abc").unwrap();
+        assert!(read(&path).is_err());
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn refuses_unstorable_dtypes_and_wrong_sizes() {
+        let path = tmp("b.safetensors");
+        let data = [0u8; 16];
+        let bad = |dtype: &str, shape: Vec<usize>| {
+            let t = [WriteTensor {
+                name: "k".into(),
+                dtype: dtype.into(),
+                shape,
+                data: &data,
+            }];
+            write(&path, &t, HashMap::new()).err().unwrap().to_string()
+        };
+        assert!(bad("torch.complex128", vec![1]).contains("cannot be stored"));
+        assert!(bad("torch.float32", vec![3]).contains("bytes given"));
+        assert!(!path.exists());
+    }
+}

@@ -1,0 +1,529 @@
+//! Anonymous shared memory that crosses processes. No pyo3 here.
+//!
+//! The anonymous memory of one call is one kernel object per arena: on Linux a `memfd`, sealed
+//! against shrinking and growing once filled; with `TENSORDICT_RS_ANON_DIR` set (or where
+//! memfds are refused) an unlinked file in that directory, `/dev/shm` or the temp dir. Its
+//! descriptor stays open beside the mapping, one per arena whatever the number of leaves in it,
+//! so that the memory can be handed to another process (`SCM_RIGHTS`, the way multiprocessing
+//! passes fds). A call's small leaves share one arena; its large ones are spread over one arena
+//! per writer thread (`create`), because a shmem inode takes one `write` at a time: two threads
+//! filling one memfd run no faster than one.
+//!
+//! A process maps each object once: a registry keyed by (device, inode) finds the live region
+//! of a descriptor received again (a round trip, the same tree sent twice) and closes the new
+//! descriptor instead of mapping it a second time. The memory is freed when the last region of
+//! every process is dropped.
+//!
+//! Space is reserved before anything is written (`fallocate`; for a memfd after checking the
+//! memory that the machine and its cgroups have left), so that running out is an `OSError` at
+//! allocation, never a SIGBUS on first touch. A memfd is not bounded by the size of the
+//! `/dev/shm` mount (Docker's 64 MiB default).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use crate::error::{Error, Result};
+use crate::sys::parallel;
+use crate::sys::storage::{self, MapMode, Region, LARGE_PART};
+
+/// What the error of a memfd names in place of a path.
+const MEMFD_NAME: &str = "memfd:tensordict-rs";
+
+type Identity = (u64, u64);
+
+fn registry() -> &'static Mutex<HashMap<Identity, Weak<Region>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<Identity, Weak<Region>>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn identity(fd: BorrowedFd<'_>) -> io::Result<(Identity, u64)> {
+    let st = rustix::fs::fstat(fd)?;
+    Ok(((st.st_dev as u64, st.st_ino as u64), st.st_size as u64))
+}
+
+/// Records `region` as the mapping of its object in this process.
+fn register(id: Identity, region: &Arc<Region>) {
+    let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
+    if map.len() >= 32 {
+        map.retain(|_, weak| weak.strong_count() > 0);
+    }
+    map.insert(id, Arc::downgrade(region));
+}
+
+/// The live region of object `id` in this process, if it is mapped and spans `len` bytes.
+fn lookup(id: Identity, len: usize) -> Option<Arc<Region>> {
+    let map = registry().lock().unwrap_or_else(|p| p.into_inner());
+    map.get(&id)
+        .and_then(Weak::upgrade)
+        .filter(|region| region.len() >= len)
+}
+
+/// Number of live shared regions this process maps (for tests and diagnostics).
+pub fn live_regions() -> usize {
+    let map = registry().lock().unwrap_or_else(|p| p.into_inner());
+    map.values().filter(|weak| weak.strong_count() > 0).count()
+}
+
+/// Bytes of memory that a new memfd may still take: what the kernel reports available (plus
+/// free swap), bounded by the limit of every cgroup (v2) above this process. `None` when
+/// nothing can be read (then only `fallocate` decides).
+#[cfg(target_os = "linux")]
+fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = meminfo.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    };
+    let mut available = field("MemAvailable:")?.saturating_add(field("SwapFree:").unwrap_or(0));
+    if let Some(group) = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+        })
+    {
+        let mut dir = PathBuf::from("/sys/fs/cgroup").join(group.trim_start_matches('/'));
+        loop {
+            let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+            if let (Some(max), Some(current)) = (read("memory.max"), read("memory.current")) {
+                if let (Ok(max), Ok(current)) = (max.trim().parse::<u64>(), current.trim().parse::<u64>()) {
+                    available = available.min(max.saturating_sub(current));
+                }
+            }
+            if dir == Path::new("/sys/fs/cgroup") || !dir.pop() {
+                break;
+            }
+        }
+    }
+    Some(available)
+}
+
+/// Fails with `ENOMEM` (naming the memfd) when `total` bytes of new memfds would take more
+/// memory than the machine and its cgroups have left; passes when nothing can be read.
+#[cfg(target_os = "linux")]
+fn check_memory(total: usize) -> Result<()> {
+    match available_memory() {
+        Some(free) if total as u64 > free => {
+            let what = format!("{MEMFD_NAME} ({total} bytes of shared memory asked for, {free} available)");
+            Err(Error::io(what, io::Error::from_raw_os_error(libc::ENOMEM)))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Without memfds nothing is checked here: `fallocate` decides.
+#[cfg(not(target_os = "linux"))]
+fn check_memory(_total: usize) -> Result<()> {
+    Ok(())
+}
+
+/// Whether new arenas are memfds (Linux, `TENSORDICT_RS_ANON_DIR` unset).
+fn memfds_wanted() -> bool {
+    cfg!(target_os = "linux") && std::env::var_os("TENSORDICT_RS_ANON_DIR").is_none()
+}
+
+/// A new memfd of `total` bytes, its `holes` reserved (see `storage::reserve_holes`), or
+/// `None` where the kernel refuses memfds. The memory left is checked by the caller, once for
+/// every arena of a call (`check_memory`).
+#[cfg(target_os = "linux")]
+fn memfd(total: usize, holes: &[(usize, usize)]) -> Result<Option<File>> {
+    use rustix::fs::{memfd_create, MemfdFlags};
+    let name = Path::new(MEMFD_NAME);
+    let fd = match memfd_create("tensordict-rs", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOSYS | rustix::io::Errno::PERM | rustix::io::Errno::INVAL) => {
+            return Ok(None)
+        }
+        Err(e) => return Err(Error::io(name, e.into())),
+    };
+    let file = File::from(fd);
+    storage::reserve_holes(&file, total, holes).map_err(|e| Error::io(name, e))?;
+    Ok(Some(file))
+}
+
+/// The backing file of a new arena of `total` bytes, its `holes` reserved, and the place
+/// errors name.
+fn backing_file(total: usize, holes: &[(usize, usize)]) -> Result<(File, PathBuf, bool)> {
+    #[cfg(target_os = "linux")]
+    if memfds_wanted() {
+        if let Some(file) = memfd(total, holes)? {
+            return Ok((file, PathBuf::from(MEMFD_NAME), true));
+        }
+    }
+    let dirs = storage::anonymous_dirs(total);
+    let mut last = None;
+    for dir in &dirs {
+        let attempt = storage::unnamed_file(dir).and_then(|file| {
+            storage::reserve_holes(&file, total, holes)
+                .map(|()| file)
+                .map_err(|e| Error::io(dir, e))
+        });
+        match attempt {
+            Ok(file) => return Ok((file, dir.clone(), false)),
+            // /dev/shm filled up between statvfs and now: try the next place.
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && dirs.len() > 1 => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::io(std::env::temp_dir(), io::ErrorKind::NotFound.into())))
+}
+
+/// Large parts are spread over more than one arena only when each would get this much: an
+/// arena more is one descriptor more for every process the tree crosses to (a connection to
+/// `resource_sharer` after start-up), which a few MiB of writing do not pay back.
+pub const SPLIT_MIN: usize = 64 << 20;
+
+/// The arenas of one call: `(number of arenas, arena of each part)`. Small parts all go into
+/// arena 0; parts of `LARGE_PART` bytes and more are spread, largest first, over one arena per
+/// writer thread (each arena then has one writer: a shmem inode takes one write at a time,
+/// so two threads writing one memfd go no faster than one), at most one per `SPLIT_MIN` bytes.
+fn assign(parts: &[(Option<&[u8]>, usize)], num_threads: usize) -> (usize, Vec<usize>) {
+    let mut arena = vec![0; parts.len()];
+    let mut large: Vec<usize> = (0..parts.len()).filter(|&i| parts[i].1 >= LARGE_PART).collect();
+    let large_bytes: usize = large.iter().map(|&i| parts[i].1).sum();
+    let count = parallel::worker_count(num_threads, large.len()).min((large_bytes / SPLIT_MIN).max(1));
+    if count > 1 {
+        let mut load = vec![0usize; count];
+        load[0] = parts.iter().filter(|p| p.1 < LARGE_PART).map(|p| p.1).sum();
+        large.sort_by_key(|&i| std::cmp::Reverse(parts[i].1));
+        for i in large {
+            let (least, _) = load
+                .iter()
+                .enumerate()
+                .min_by_key(|&(_, &l)| l)
+                .unwrap_or((0, &0));
+            arena[i] = least;
+            load[least] += parts[i].1;
+        }
+    }
+    (count, arena)
+}
+
+/// The arenas of a call and where each part went in them: `(arena, offset)`.
+pub type Arenas = (Vec<Arc<Region>>, Vec<(usize, usize)>);
+
+/// The shareable anonymous arenas holding `parts` (`(data, len)`, data `None`: zeros), and
+/// where each part went: `(arena, offset)`. Small parts are packed back to back into the first
+/// arena (vectored writes); parts of `LARGE_PART` bytes and more sit on their own pages, spread
+/// over up to one arena per writer thread (`num_threads`, 0: one per CPU, see `assign`), each
+/// arena made, reserved and written by its own thread. A tree of small leaves is one arena
+/// (one descriptor, whatever its number of leaves); a big one a few.
+pub fn create(parts: &[(Option<&[u8]>, usize)], num_threads: usize) -> Result<Arenas> {
+    let (count, arena) = assign(parts, num_threads);
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); count];
+    for (i, &a) in arena.iter().enumerate() {
+        members[a].push(i);
+    }
+    let layouts = members
+        .iter()
+        .map(|idx| storage::arena_layout(&idx.iter().map(|&i| parts[i]).collect::<Vec<_>>()))
+        .collect::<Result<Vec<_>>>()?;
+    if memfds_wanted() {
+        check_memory(layouts.iter().map(|(_, total)| total).sum())?;
+    }
+    let jobs: Vec<usize> = (0..count).collect();
+    let built = parallel::run(
+        &jobs,
+        count,
+        |&a| {
+            members[a]
+                .iter()
+                .map(|&i| parts[i].0.map_or(0, <[u8]>::len))
+                .sum()
+        },
+        |&a| {
+            let sub: Vec<_> = members[a].iter().map(|&i| parts[i]).collect();
+            fill(&sub, &layouts[a].0, layouts[a].1)
+        },
+    )?;
+    let mut places = vec![(0, 0); parts.len()];
+    for (a, idx) in members.iter().enumerate() {
+        for (&i, &off) in idx.iter().zip(&layouts[a].0) {
+            places[i] = (a, off);
+        }
+    }
+    let regions = built
+        .into_iter()
+        .map(|(region, id)| {
+            let region = Arc::new(region);
+            register(id, &region);
+            region
+        })
+        .collect();
+    Ok((regions, places))
+}
+
+/// Anonymous shared memory of `len` bytes, filled from `src` or zeroed: an arena of one part,
+/// not entered in the registry (its owner wraps it on its own).
+pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
+    let parts = [(src, len)];
+    let (offsets, total) = storage::arena_layout(&parts)?;
+    if memfds_wanted() {
+        check_memory(total)?;
+    }
+    fill(&parts, &offsets, total).map(|(region, _)| region)
+}
+
+/// One arena of `total` bytes: made, reserved, `parts` written at `offsets` (from this thread:
+/// small ones with vectored writes, large ones with one `pwrite` each), sealed and mapped.
+///
+/// Every byte is allocated before the map exists, so that running out is an error here and
+/// never a SIGBUS later: the large parts with data by their `pwrite`, everything else (small
+/// parts, zeros, padding) by `fallocate` first. Reserving the whole arena first, as for a
+/// file, would allocate the large parts' pages twice (a fifth more CPU time for 1 GiB).
+fn fill(parts: &[(Option<&[u8]>, usize)], offsets: &[usize], total: usize) -> Result<(Region, Identity)> {
+    let mut holes = Vec::new();
+    let mut end = 0;
+    for (&(data, len), &off) in parts.iter().zip(offsets) {
+        if data.is_some() && len >= LARGE_PART {
+            holes.push((end, off.saturating_sub(end)));
+            end = off + len;
+        }
+    }
+    holes.push((end, total.saturating_sub(end)));
+    let (file, place, sealable) = backing_file(total, &holes)?;
+    let small: Vec<(Option<&[u8]>, usize)> = parts
+        .iter()
+        .map(|&(data, len)| (data.filter(|_| len < LARGE_PART), len))
+        .collect();
+    storage::write_parts(&file, &small, offsets).map_err(|e| Error::io(&place, e))?;
+    for (&(data, len), &off) in parts.iter().zip(offsets) {
+        if let Some(data) = data.filter(|_| len >= LARGE_PART) {
+            storage::write_all_at(&file, data, off as u64).map_err(|e| Error::io(&place, e))?;
+        }
+    }
+    #[cfg(target_os = "linux")]
+    if sealable {
+        use rustix::fs::{fcntl_add_seals, SealFlags};
+        // Nobody can shrink the memory under a mapping (a SIGBUS in another process) or grow it.
+        fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(|e| Error::io(&place, e.into()))?;
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = sealable;
+    let (id, _) = identity(file.as_fd()).map_err(|e| Error::io(&place, e))?;
+    let region = storage::map_file(&file, total, None, MapMode::Shared).map_err(|e| Error::io(&place, e))?;
+    Ok((region.with_fd(OwnedFd::from(file)), id))
+}
+
+/// Maps `len` bytes of a descriptor received from another process (or returns the region that
+/// already maps the same object here, closing `fd`). The object must be a regular file (a memfd
+/// or an unlinked file) of at least `len` bytes.
+pub fn receive(fd: OwnedFd, len: usize) -> Result<Arc<Region>> {
+    let place = Path::new("<received shared memory>");
+    let st = rustix::fs::fstat(&fd).map_err(|e| Error::io(place, e.into()))?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(Error::invalid(
+            place,
+            "the received descriptor is not shared memory",
+        ));
+    }
+    let id = (st.st_dev as u64, st.st_ino as u64);
+    if let Some(region) = lookup(id, len) {
+        return Ok(region); // `fd` closes here: this process already maps the object
+    }
+    if len == 0 || (st.st_size as u64) < len as u64 {
+        return Err(Error::invalid(
+            place,
+            format!("the shared memory holds {} bytes, {len} expected", st.st_size),
+        ));
+    }
+    let file = File::from(fd);
+    let region = storage::map_file(&file, len, None, MapMode::Shared).map_err(|e| Error::io(place, e))?;
+    let region = Arc::new(region.with_fd(OwnedFd::from(file)));
+    register(id, &region);
+    Ok(region)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// Whether descriptor number `raw` still refers to the object `id` (`st_dev`, `st_ino`):
+    /// a closed number may be free or reused by another test's file, never that object.
+    fn still_open(raw: i32, id: Identity) -> bool {
+        // SAFETY: the number is only fstat-ed while borrowed, never closed or kept.
+        identity(unsafe { BorrowedFd::borrow_raw(raw) }).is_ok_and(|(now, _)| now == id)
+    }
+
+    #[test]
+    fn arena_packs_parts() {
+        let a: Vec<u8> = (0..100).collect();
+        let b: Vec<u8> = (0..7).map(|i| 200 + i).collect();
+        let parts = [
+            (Some(&a[..]), 100),
+            (None, 30),
+            (Some(&b[..]), 7),
+            (Some(&a[..]), 100),
+        ];
+        let (regions, places) = create(&parts, 1).unwrap();
+        assert_eq!(regions.len(), 1);
+        assert_eq!(places, vec![(0, 0), (0, 128), (0, 192), (0, 256)]);
+        let bytes = regions[0].to_vec();
+        assert_eq!(&bytes[0..100], &a[..]);
+        assert!(bytes[100..192].iter().all(|&x| x == 0));
+        assert_eq!(&bytes[192..199], &b[..]);
+        assert_eq!(&bytes[256..356], &a[..]);
+    }
+
+    #[test]
+    fn arena_handles_many_and_large_parts() {
+        let mut data: Vec<Vec<u8>> = (0..3000).map(|i| vec![(i % 251) as u8; 1 + i % 90]).collect();
+        data.push(vec![7; LARGE_PART + 3]);
+        data.push(vec![9; 5]);
+        data.push(vec![11; 2 * LARGE_PART]);
+        let parts: Vec<_> = data.iter().map(|d| (Some(&d[..]), d.len())).collect();
+        let (regions, places) = create(&parts, 2).unwrap();
+        assert_eq!(regions.len(), 1, "3 MiB of large parts stay with the small ones");
+        let bytes = regions[0].to_vec();
+        for (d, &(_, off)) in data.iter().zip(&places) {
+            assert_eq!(&bytes[off..off + d.len()], &d[..]);
+        }
+        assert_eq!(places[3000].1 % 4096, 0);
+        assert_eq!(places[3002].1 % 4096, 0);
+    }
+
+    #[test]
+    fn large_parts_spread_over_one_arena_per_writer() {
+        // 5 large parts (3 of them zeros) and small ones around them, 3 writers.
+        let big = |seed: u8, len: usize| -> Vec<u8> {
+            (0..len).map(|i| seed.wrapping_add((i % 241) as u8)).collect()
+        };
+        let a = big(1, SPLIT_MIN + 5);
+        let b = big(2, SPLIT_MIN + 4096);
+        let small: Vec<Vec<u8>> = (0..50).map(|i| vec![i as u8 + 1; 1 + i * 7]).collect();
+        let mut parts: Vec<(Option<&[u8]>, usize)> = small.iter().map(|d| (Some(&d[..]), d.len())).collect();
+        parts.insert(10, (Some(&a[..]), a.len()));
+        parts.insert(20, (None, SPLIT_MIN));
+        parts.insert(30, (Some(&b[..]), b.len()));
+        parts.push((None, LARGE_PART));
+        parts.push((None, 3 * LARGE_PART));
+        let (regions, places) = create(&parts, 3).unwrap();
+        assert_eq!(regions.len(), 3);
+        // every arena is its own object, with its own descriptor, in the registry
+        let mut objects: Vec<_> = regions
+            .iter()
+            .map(|r| identity(r.fd().unwrap()).unwrap().0)
+            .collect();
+        objects.sort_unstable();
+        objects.dedup();
+        assert_eq!(objects.len(), 3);
+        assert_eq!(live_count(&regions), 3);
+        // small parts packed into arena 0; the largest parts each lead an arena of their own
+        for (i, &(arena, _)) in places.iter().enumerate() {
+            if parts[i].1 < LARGE_PART {
+                assert_eq!(arena, 0, "small part {i}");
+            }
+        }
+        assert_ne!(places[10].0, places[20].0);
+        let bytes: Vec<Vec<u8>> = regions.iter().map(|r| r.to_vec()).collect();
+        for (i, (&(data, len), &(arena, off))) in parts.iter().zip(&places).enumerate() {
+            let got = &bytes[arena][off..off + len];
+            match data {
+                Some(d) => assert_eq!(got, d, "part {i}"),
+                None => assert!(got.iter().all(|&x| x == 0), "part {i}"),
+            }
+            if len >= LARGE_PART {
+                assert_eq!(off % 4096, 0);
+            }
+        }
+        // one writer: one arena, as before
+        let (one, _) = create(&parts, 1).unwrap();
+        assert_eq!(one.len(), 1);
+        // every page allocated (written or reserved): nothing left to fault in and fail later
+        for region in regions.iter().chain(&one) {
+            let st = rustix::fs::fstat(region.fd().unwrap()).unwrap();
+            assert_eq!(st.st_size as usize, region.len());
+            assert!(
+                st.st_blocks as u64 * 512 >= st.st_size as u64,
+                "a hole in the arena"
+            );
+        }
+    }
+
+    /// How many of `regions` the registry finds by their object.
+    fn live_count(regions: &[Arc<Region>]) -> usize {
+        regions
+            .iter()
+            .filter(|r| {
+                let (id, len) = identity(r.fd().unwrap()).unwrap();
+                lookup(id, len as usize).is_some_and(|found| Arc::ptr_eq(&found, r))
+            })
+            .count()
+    }
+
+    #[test]
+    fn zeroed_arena_and_one_descriptor_per_arena() {
+        let regions: Vec<_> = (0..16)
+            .map(|_| create(&[(None, 10_000), (None, 3)], 1).unwrap().0.remove(0))
+            .collect();
+        assert!(regions.iter().all(|r| r.to_vec().iter().all(|&b| b == 0)));
+        // One object per arena, each held by its one descriptor; all of them closed with the
+        // regions. Checked by identity, not by counting the process's descriptors: tests run
+        // in parallel and open their own meanwhile.
+        let held: Vec<_> = regions
+            .iter()
+            .map(|r| {
+                let fd = r.fd().expect("an arena keeps its descriptor");
+                (fd.as_raw_fd(), identity(fd).unwrap().0)
+            })
+            .collect();
+        let mut objects: Vec<_> = held.iter().map(|&(_, id)| id).collect();
+        objects.sort_unstable();
+        objects.dedup();
+        assert_eq!(objects.len(), 16);
+        drop(regions);
+        for (raw, id) in held {
+            assert!(!still_open(raw, id), "descriptor {raw} outlived its region");
+        }
+    }
+
+    #[test]
+    fn receiving_the_same_object_maps_it_once() {
+        let region = create(&[(Some(&[1, 2, 3, 4][..]), 4)], 1).unwrap().0.remove(0);
+        let dup = region.fd().unwrap().try_clone_to_owned().unwrap();
+        let raw = dup.as_raw_fd();
+        let ours = identity(region.fd().unwrap()).unwrap().0;
+        let again = receive(dup, 4).unwrap();
+        assert!(Arc::ptr_eq(&region, &again));
+        // Closed: the number is free now, or reused by another test's file (tests run in
+        // parallel, so counting the process's descriptors would race), never still our memfd.
+        assert!(!still_open(raw, ours), "the received descriptor was closed");
+        // SAFETY: the region spans 4 writable bytes and nothing else touches it meanwhile.
+        unsafe { *again.as_ptr() = 9 };
+        assert_eq!(region.to_vec(), vec![9, 2, 3, 4]);
+    }
+
+    #[test]
+    fn received_descriptor_of_a_dropped_region_is_mapped_again() {
+        let region = create(&[(Some(&[5u8; 64][..]), 64)], 1).unwrap().0.remove(0);
+        let dup = region.fd().unwrap().try_clone_to_owned().unwrap();
+        drop(region);
+        let mapped = receive(dup, 64).unwrap();
+        assert_eq!(mapped.to_vec(), vec![5u8; 64]);
+        let dup = mapped.fd().unwrap().try_clone_to_owned().unwrap();
+        assert!(receive(dup, 1 << 20).is_err(), "longer than the object");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn memfd_is_sealed_against_shrinking() {
+        let region = create(&[(None, 8192)], 1).unwrap().0.remove(0);
+        let file = File::from(region.fd().unwrap().try_clone_to_owned().unwrap());
+        assert!(file.set_len(0).is_err());
+        assert!(file.set_len(1 << 30).is_err());
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn more_memory_than_there_is_fails_at_allocation() {
+        let err = create(&[(None, usize::MAX / 4)], 1).unwrap_err();
+        assert!(err.raw_os_error().is_some(), "{err}");
+    }
+}

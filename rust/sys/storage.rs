@@ -1,0 +1,617 @@
+//! Memory maps: anonymous shared memory and mapped files. No pyo3 here.
+//!
+//! Every map is created with its space already reserved (written, or `fallocate`d), so that a
+//! full file system shows up as an `ENOSPC` error at creation and never as a SIGBUS on first
+//! touch. File maps close their descriptor as soon as the map exists: a tree of 10,000 leaves
+//! keeps no descriptor open. Anonymous memory (`shared.rs`) keeps one per arena, to share it.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::error::{Error, Result};
+
+/// How a file is mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapMode {
+    /// `MAP_SHARED`, read-write: writes reach the file and every other mapping of it.
+    Shared,
+    /// `MAP_PRIVATE`: a read-only file, mapped writable copy-on-write; writes stay private.
+    CopyOnWrite,
+    /// Read-only mapping; the exported buffer refuses writable requests.
+    ReadOnly,
+}
+
+/// One mapped range of memory that owns its mapping. Unmapped on drop.
+pub struct Region {
+    map: MmapRaw,
+    path: Option<PathBuf>,
+    mode: MapMode,
+    file: Option<(u64, u64)>,
+    /// The open backing file of shareable anonymous memory (see `shared.rs`): kept so that the
+    /// memory can be handed to another process. `None` for file maps (they travel by path).
+    #[cfg(unix)]
+    fd: Option<std::os::fd::OwnedFd>,
+    /// Device and inode of a whole `.tdz` archive this region maps: leaves are parts of it, it
+    /// is no leaf's own file (so `file` stays None), and pickles reopen it by this identity.
+    archive: Option<(u64, u64)>,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("len", &self.len())
+            .field("path", &self.path)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+impl Region {
+    /// Start of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
+    /// Length in bytes (never 0: empty tensors are not mapped).
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Always false; present for clippy's `len_without_is_empty`.
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    /// The backing file's path, or `None` for anonymous memory.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Device and inode of the named file this region maps shared (None for anonymous
+    /// memory and copy-on-write maps, whose bytes may differ from the file's): a later save
+    /// keeps the file at a leaf's name when it still is this one.
+    pub fn file_id(&self) -> Option<(u64, u64)> {
+        self.file
+    }
+
+    /// Keeps `fd`, the backing file of this anonymous region, open for as long as the region
+    /// lives (one descriptor per arena, whatever the number of leaves in it).
+    #[cfg(unix)]
+    pub fn with_fd(mut self, fd: std::os::fd::OwnedFd) -> Self {
+        self.fd = Some(fd);
+        self
+    }
+
+    /// The backing file of shareable anonymous memory, if this region keeps one.
+    #[cfg(unix)]
+    pub fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.fd.as_ref().map(|fd| fd.as_fd())
+    }
+
+    /// Marks the region as the map of the whole `.tdz` archive with this device and inode
+    /// (see `archive.rs`).
+    pub fn as_archive(mut self, identity: (u64, u64)) -> Self {
+        self.file = None;
+        self.archive = Some(identity);
+        self
+    }
+
+    /// Device and inode of the whole `.tdz` archive this region maps, if it maps one.
+    pub fn archive_id(&self) -> Option<(u64, u64)> {
+        self.archive
+    }
+
+    /// How the region is mapped.
+    pub fn mode(&self) -> MapMode {
+        self.mode
+    }
+
+    /// True when writes through the mapping are allowed.
+    pub fn writable(&self) -> bool {
+        self.mode != MapMode::ReadOnly
+    }
+
+    /// Where `[address, address + len)` starts in this region, when the range lies inside it and
+    /// the region is anonymous memory (an arena: between its parts only padding, no file or
+    /// archive headers), else `None`. Several leaves of one arena then travel as one range.
+    pub fn arena_offset(&self, address: usize, len: usize) -> Option<usize> {
+        let start = self.as_ptr() as usize;
+        let offset = address.checked_sub(start)?;
+        let inside = len > 0 && offset.checked_add(len).is_some_and(|end| end <= self.len());
+        (inside && self.path.is_none() && self.archive.is_none()).then_some(offset)
+    }
+
+    /// Writes dirty pages of a file-backed shared map to its file and waits (msync).
+    pub fn flush(&self) -> Result<()> {
+        if self.mode != MapMode::Shared || self.path.is_none() {
+            return Ok(());
+        }
+        let path = self.path.as_deref().unwrap_or(Path::new(""));
+        self.map.flush().map_err(|e| Error::io(path, e))
+    }
+
+    /// Copies `self[range]` into a slice; used by tests.
+    #[cfg(test)]
+    pub fn to_vec(&self) -> Vec<u8> {
+        // SAFETY: the map is alive for the borrow of self and spans len() readable bytes.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()).to_vec() }
+    }
+}
+
+/// Maps the first `len` bytes of an open file.
+pub fn map_file(file: &File, len: usize, path: Option<PathBuf>, mode: MapMode) -> io::Result<Region> {
+    let identity = match (mode, &path) {
+        (MapMode::Shared, Some(_)) => file_identity(file),
+        _ => None,
+    };
+    map_file_as(file, len, path, mode, identity)
+}
+
+/// `map_file` for a file whose (device, inode) the caller already has from its own `fstat`
+/// (recorded for shared maps with a path, as `map_file` does): one system call less.
+pub fn map_file_as(
+    file: &File,
+    len: usize,
+    path: Option<PathBuf>,
+    mode: MapMode,
+    identity: Option<(u64, u64)>,
+) -> io::Result<Region> {
+    let mut opts = MmapOptions::new();
+    opts.len(len);
+    let map = match mode {
+        MapMode::Shared => opts.map_raw(file)?,
+        MapMode::ReadOnly => opts.map_raw_read_only(file)?,
+        // SAFETY: a private copy-on-write map; later changes of the file by other processes
+        // may or may not show through, which is the documented behaviour of such maps.
+        MapMode::CopyOnWrite => MmapRaw::from(unsafe { opts.map_copy(file)? }),
+    };
+    let file = match (mode, &path) {
+        (MapMode::Shared, Some(_)) => identity,
+        _ => None,
+    };
+    Ok(Region {
+        map,
+        path,
+        mode,
+        file,
+        #[cfg(unix)]
+        fd: None,
+        archive: None,
+    })
+}
+
+#[cfg(unix)]
+fn file_identity(file: &File) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().ok().map(|md| (md.dev(), md.ino()))
+}
+
+#[cfg(windows)]
+fn file_identity(file: &File) -> Option<(u64, u64)> {
+    crate::sys::dir::handle_identity(file).ok()
+}
+
+/// The (device, inode) of a file from its metadata.
+#[cfg(unix)]
+pub fn identity_of(md: &std::fs::Metadata) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    Some((md.dev(), md.ino()))
+}
+
+#[cfg(not(unix))]
+pub fn identity_of(_md: &std::fs::Metadata) -> Option<(u64, u64)> {
+    None
+}
+
+/// True when the file has no hole: its allocated blocks cover its whole size (which is at
+/// least `len`). Files written by a save are; a sparse one (tensordict's `memmap_like`) is not
+/// and gets its space reserved before it is mapped shared.
+#[cfg(unix)]
+pub fn fully_allocated(md: &std::fs::Metadata, len: usize) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    md.size() >= len as u64 && md.blocks().saturating_mul(512) >= md.size()
+}
+
+#[cfg(not(unix))]
+pub fn fully_allocated(_md: &std::fs::Metadata, _len: usize) -> bool {
+    false
+}
+
+/// Reserves the blocks of the first `len` bytes of an existing file without changing its
+/// size (`fallocate(FALLOC_FL_KEEP_SIZE)`), so that writing through a shared map of a sparse
+/// file on a full disk fails here with ENOSPC instead of a SIGBUS later. A no-op where the
+/// file system cannot (the file is then mapped as it is).
+#[cfg(target_os = "linux")]
+pub fn reserve_existing(file: &File, len: usize) -> io::Result<()> {
+    use rustix::fs::{fallocate, FallocateFlags};
+    match fallocate(file, FallocateFlags::KEEP_SIZE, 0, len as u64) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS | rustix::io::Errno::INVAL) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Without fallocate there is nothing to reserve with.
+#[cfg(not(target_os = "linux"))]
+pub fn reserve_existing(_file: &File, _len: usize) -> io::Result<()> {
+    Ok(())
+}
+
+/// Fills a new, empty file with `src` (pwrite) or reserves `len` zero bytes (fallocate).
+///
+/// Writing from the source memory avoids the page fault per 4 KiB page that copying into a
+/// fresh shared mapping costs; reserving up front turns a full disk into `ENOSPC` here.
+pub fn fill_file(file: &File, src: Option<&[u8]>, len: usize) -> io::Result<()> {
+    match src {
+        Some(data) => write_all_at(file, data, 0),
+        None => reserve(file, len),
+    }
+}
+
+/// `pwrite` of all of `data` at `offset`. In a counted call (`parallel::counting`, a progress
+/// bar) it writes in `PROGRESS_CHUNK` pieces and advances the counter after each one.
+pub fn write_all_at(file: &File, data: &[u8], offset: u64) -> io::Result<()> {
+    if !crate::sys::parallel::counted() {
+        return pwrite_all(file, data, offset);
+    }
+    for (i, piece) in data.chunks(crate::sys::parallel::PROGRESS_CHUNK).enumerate() {
+        pwrite_all(
+            file,
+            piece,
+            offset + (i * crate::sys::parallel::PROGRESS_CHUNK) as u64,
+        )?;
+        crate::sys::parallel::advance(piece.len() as u64);
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn pwrite_all(file: &File, data: &[u8], offset: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(data, offset)
+}
+
+#[cfg(windows)]
+fn pwrite_all(file: &File, mut data: &[u8], mut offset: u64) -> io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !data.is_empty() {
+        let n = file.seek_write(data, offset)?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        data = &data[n..];
+        offset += n as u64;
+    }
+    Ok(())
+}
+
+/// Reserves `len` bytes of real space for a file (not a sparse hole).
+#[cfg(target_os = "linux")]
+pub fn reserve(file: &File, len: usize) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let len = libc::off_t::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    // SAFETY: fallocate on a descriptor we own; no memory is passed.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        // File systems without fallocate: fall back to a sized (sparse) file.
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => file.set_len(len as u64),
+        _ => Err(err),
+    }
+}
+
+/// Reserves `len` bytes for a file; without fallocate only the size can be set.
+#[cfg(not(target_os = "linux"))]
+pub fn reserve(file: &File, len: usize) -> io::Result<()> {
+    file.set_len(len as u64)
+}
+
+/// Sets the size of a new file to `total` and reserves real space for the `holes` (`(offset,
+/// len)`) only: the caller writes every other byte with `pwrite`, which allocates as it writes
+/// (and fails with `ENOSPC`/`ENOMEM` there, never later), so those pages are not allocated
+/// twice. Without fallocate only the size is set.
+pub fn reserve_holes(file: &File, total: usize, holes: &[(usize, usize)]) -> io::Result<()> {
+    file.set_len(total as u64)?;
+    #[cfg(target_os = "linux")]
+    for &(offset, len) in holes.iter().filter(|h| h.1 > 0) {
+        use rustix::fs::{fallocate, FallocateFlags};
+        match fallocate(file, FallocateFlags::empty(), offset as u64, len as u64) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = holes;
+    Ok(())
+}
+
+/// A fresh unguessable suffix for temporary names (seeded from the OS by `RandomState`).
+pub fn random_suffix() -> String {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    format!("{:016x}", h.finish())
+}
+
+/// Where anonymous maps live: `TENSORDICT_RS_ANON_DIR` when set (used as is, for tests and
+/// for machines with a better place), else `/dev/shm` when it has room, else the temp dir.
+#[cfg(unix)]
+pub(crate) fn anonymous_dirs(len: usize) -> Vec<PathBuf> {
+    if let Some(dir) = std::env::var_os("TENSORDICT_RS_ANON_DIR") {
+        return vec![PathBuf::from(dir)];
+    }
+    let temp = std::env::temp_dir();
+    let shm = Path::new("/dev/shm");
+    if cfg!(target_os = "linux") && free_bytes(shm).is_some_and(|free| free >= len as u64) {
+        vec![shm.to_path_buf(), temp]
+    } else {
+        vec![temp]
+    }
+}
+
+#[cfg(unix)]
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data; zeroed is a valid initial value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out-pointer for the call.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Creates an unnamed file in `dir`: `O_TMPFILE` where the file system has it, else an
+/// exclusively created file with an unguessable name, unlinked at once.
+#[cfg(unix)]
+pub(crate) fn unnamed_file(dir: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    #[cfg(target_os = "linux")]
+    {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+            .open(dir)
+        {
+            Ok(file) => return Ok(file),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+                ) => {}
+            Err(e) => return Err(Error::io(dir, e)),
+        }
+    }
+    let path = dir.join(format!("tdrs-{}-{}", std::process::id(), random_suffix()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+    Ok(file)
+}
+
+/// Anonymous shared memory of `len` bytes, filled from `src` or zeroed (one memfd, see
+/// `shared.rs`).
+#[cfg(unix)]
+pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
+    crate::sys::shared::anonymous(src, len)
+}
+
+/// Alignment of each part inside an arena (a cache line; enough for every dtype).
+pub const ARENA_ALIGN: usize = 64;
+
+/// Parts of an arena from this size on get their own pages (and are written in parallel).
+pub const LARGE_PART: usize = 1 << 20;
+
+/// Offsets of the parts of an arena and its total length (at least 1 byte): each part at a
+/// multiple of `ARENA_ALIGN`, parts of `LARGE_PART` bytes or more on their own pages.
+pub(crate) fn arena_layout(parts: &[(Option<&[u8]>, usize)]) -> Result<(Vec<usize>, usize)> {
+    const PAGE: usize = 4096;
+    let mut offsets = Vec::with_capacity(parts.len());
+    let mut end = 0usize;
+    for &(_, len) in parts {
+        let align = if len >= LARGE_PART { PAGE } else { ARENA_ALIGN };
+        let offset = end
+            .checked_next_multiple_of(align)
+            .ok_or_else(|| Error::tree("<anonymous>", "the tensors are too large to map"))?;
+        offsets.push(offset);
+        end = offset
+            .checked_add(len)
+            .ok_or_else(|| Error::tree("<anonymous>", "the tensors are too large to map"))?;
+    }
+    Ok((offsets, end.max(1)))
+}
+
+/// Writes the parts that have data at their offsets with `pwritev`, 1024 at a time; the
+/// gaps (alignment, zero-filled parts) are already reserved zeros.
+#[cfg(unix)]
+pub(crate) fn write_parts(
+    file: &File,
+    parts: &[(Option<&[u8]>, usize)],
+    offsets: &[usize],
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    static ZEROS: [u8; ARENA_ALIGN] = [0; ARENA_ALIGN];
+    const MAX_IOV: usize = 1024;
+    let mut i = 0;
+    while i < parts.len() {
+        // One run: consecutive parts with data, padding included, up to MAX_IOV vectors.
+        let Some(start) = parts[i].0.map(|_| offsets[i]) else {
+            i += 1;
+            continue;
+        };
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(MAX_IOV);
+        let mut end = start;
+        while i < parts.len() && pieces.len() + 2 <= MAX_IOV {
+            let (Some(data), len) = parts[i] else { break };
+            if offsets[i] != end {
+                pieces.push(&ZEROS[..offsets[i] - end]);
+            }
+            pieces.push(&data[..len]);
+            end = offsets[i] + len;
+            i += 1;
+        }
+        let iov: Vec<libc::iovec> = pieces
+            .iter()
+            .map(|p| libc::iovec {
+                iov_base: p.as_ptr() as *mut _,
+                iov_len: p.len(),
+            })
+            .collect();
+        // SAFETY: every iovec points into a live slice of `pieces` for its length; pwritev only
+        // reads them.
+        let n = unsafe {
+            libc::pwritev(
+                file.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len() as libc::c_int,
+                start as libc::off_t,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // A short write (signals, runs past the 2 GiB a call writes): finish piece by piece.
+        let mut done = n as usize;
+        let mut at = start;
+        for piece in pieces {
+            if done >= piece.len() {
+                done -= piece.len();
+            } else {
+                write_all_at(file, &piece[done..], (at + done) as u64)?;
+                done = 0;
+            }
+            at += piece.len();
+        }
+    }
+    Ok(())
+}
+
+/// Anonymous shared memory on Windows: a pagefile-backed mapping (memmap2 uses
+/// `CreateFileMappingW` with `INVALID_HANDLE_VALUE`), tested under Wine (`windows_tests.rs`).
+#[cfg(windows)]
+pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
+    let name = std::env::temp_dir().join(format!("tdrs-{}-{}", std::process::id(), random_suffix()));
+    let map = MmapOptions::new()
+        .len(len)
+        .map_anon()
+        .map_err(|e| Error::io(&name, e))?;
+    let map = MmapRaw::from(map);
+    if let Some(data) = src {
+        // SAFETY: the fresh map spans `len` writable bytes and `data.len() == len`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), map.as_mut_ptr(), data.len()) };
+    }
+    Ok(Region {
+        map,
+        path: None,
+        mode: MapMode::Shared,
+        file: None,
+        archive: None,
+    })
+}
+
+/// Windows: one pagefile-backed map, parts copied in.
+#[cfg(windows)]
+pub fn anonymous_arena(parts: &[(Option<&[u8]>, usize)]) -> Result<(Region, Vec<usize>)> {
+    let (offsets, total) = arena_layout(parts)?;
+    let region = anonymous(None, total)?;
+    for (&(data, _), &off) in parts.iter().zip(&offsets) {
+        if let Some(data) = data {
+            // SAFETY: `off + data.len() <= total`, the map's length, and the map is fresh.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), region.as_ptr().add(off), data.len()) };
+        }
+    }
+    Ok((region, offsets))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_map_shares_writes() {
+        let dir = std::env::temp_dir().join(format!("tdrs-test-{}", random_suffix()));
+        std::fs::create_dir(&dir).unwrap();
+        let path = dir.join("x.bin");
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        fill_file(&file, Some(&[1, 2, 3, 4]), 4).unwrap();
+        let r = map_file(&file, 4, Some(path.clone()), MapMode::Shared).unwrap();
+        drop(file);
+        // SAFETY: r spans 4 writable bytes.
+        unsafe { *r.as_ptr() = 9 };
+        r.flush().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), vec![9, 2, 3, 4]);
+        drop(r); // Windows refuses to delete a mapped file.
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn arena_offset_is_inside_anonymous_memory_only() {
+        let region = anonymous(None, 256).unwrap();
+        let start = region.as_ptr() as usize;
+        assert_eq!(region.arena_offset(start + 64, 192), Some(64));
+        assert_eq!(region.arena_offset(start, 256), Some(0));
+        assert_eq!(region.arena_offset(start + 64, 193), None, "past the end");
+        assert_eq!(
+            region.arena_offset(start.wrapping_sub(1), 2),
+            None,
+            "before the start"
+        );
+        assert_eq!(region.arena_offset(start, 0), None, "empty");
+        assert_eq!(region.arena_offset(usize::MAX, 2), None, "overflow");
+        let path = std::env::temp_dir().join(format!("tdrs-test-{}", random_suffix()));
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        fill_file(&file, Some(&[1, 2, 3, 4]), 4).unwrap();
+        let mapped = map_file(&file, 4, Some(path.clone()), MapMode::Shared).unwrap();
+        assert_eq!(mapped.arena_offset(mapped.as_ptr() as usize, 4), None, "a file");
+        drop((mapped, file));
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn reserve_sets_length() {
+        let path = std::env::temp_dir().join(format!("tdrs-test-{}", random_suffix()));
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        reserve(&file, 12345).unwrap();
+        assert_eq!(file.metadata().unwrap().len(), 12345);
+        std::fs::remove_file(&path).unwrap();
+    }
+}

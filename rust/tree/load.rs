@@ -1,0 +1,602 @@
+//! Validating loads and integrity checks of saved trees. No pyo3 here.
+//!
+//! The loader is a validator first: meta.json size is bounded, shapes use checked arithmetic,
+//! dtypes come from a fixed table, every data file must hold at least shape x itemsize bytes,
+//! keys are encoded into single path components and opened with `O_NOFOLLOW` relative to their
+//! directory, so nothing resolves outside the prefix or through a symlink, and pickles are
+//! never read. A damaged directory raises; it never loads as wrong data.
+
+use std::io;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::format::layout::{self, Entry, LeafMeta, NodeMeta, TensorDictMeta};
+use crate::sys::dir::{self, Dir, EntryKind};
+use crate::sys::parallel;
+use crate::sys::storage::{self, MapMode, Region};
+use crate::tree::commit;
+
+/// One loaded entry. Leaves point into the flat region list returned beside the tree.
+#[derive(Debug)]
+pub enum LoadedEntry {
+    Leaf {
+        dtype: &'static str,
+        shape: Vec<u64>,
+        index: usize,
+    },
+    Node(LoadedNode),
+    NonTensor(Value),
+}
+
+/// A loaded TensorDict directory.
+#[derive(Debug)]
+pub struct LoadedNode {
+    pub batch: Vec<u64>,
+    pub device: Option<String>,
+    pub entries: Vec<(String, LoadedEntry)>,
+}
+
+/// A leaf file to open and map, found while walking.
+struct LeafJob {
+    name: String,
+    /// The leaf's key (None: a single file, see `open_file`), for messages only.
+    key: Option<String>,
+    nbytes: usize,
+}
+
+impl LeafJob {
+    /// How messages name the leaf, e.g. `key "obs"` (made only when a message is).
+    fn label(&self) -> String {
+        match &self.key {
+            Some(key) => format!("key {key:?}"),
+            None => "this tensor".into(),
+        }
+    }
+}
+
+/// How many times a load starts again when a save commits into the tree under it.
+const COMMIT_RETRIES: usize = 50;
+
+/// Loads and validates the tree at `prefix`, mapping every leaf.
+/// Returns the tree and one region per leaf (None for empty leaves).
+///
+/// A commit that an earlier save left unfinished is finished first (see `commit.rs`). The
+/// load then reads without a lock and checks at the end that no commit ran meanwhile: no
+/// journal appeared, and the root meta.json is still the file it opened first (held open, so
+/// its inode cannot be reused). Otherwise it starts again, so a reader sees one whole version.
+pub fn load_tree(prefix: &Path) -> Result<(LoadedNode, Vec<Option<Region>>)> {
+    let mut attempt = 0;
+    loop {
+        let root = Dir::open(prefix).map_err(|e| Error::io(prefix, e))?;
+        let identity = root.identity().map_err(|e| Error::io(prefix, e))?;
+        commit::settle(&root)?;
+        // Held open for the whole load, the root meta.json's inode cannot be reused.
+        let pin = root.open_read(layout::META_FILE).ok();
+        let pinned = pin.as_ref().and_then(dir::file_id);
+        let result = load_from(&root);
+        let changed = commit::journal_present(&root)
+            || pinned.is_none()
+            || meta_identity(&root) != pinned
+            || dir::path_identity(prefix).ok() != Some(identity);
+        if !changed {
+            return result;
+        }
+        if attempt >= COMMIT_RETRIES {
+            return result.and(Err(Error::invalid(
+                prefix,
+                "saves kept replacing this tree while it was being loaded; try again",
+            )));
+        }
+        attempt += 1;
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// The identity of the root meta.json now in place.
+fn meta_identity(root: &Dir) -> Option<(u64, u64)> {
+    root.stat(layout::META_FILE)
+        .ok()
+        .flatten()
+        .map(|st| (st.dev, st.ino))
+}
+
+/// Leaves mapped per claim of the worker pool: one directory open per claim.
+const MAP_GROUP: usize = 128;
+
+/// The leaf files of one directory (at most `MAP_GROUP` of them), to map together.
+struct MapGroup {
+    rel: Vec<String>,
+    jobs: Vec<LeafJob>,
+}
+
+fn load_from(root: &Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
+    let mut groups = Vec::new();
+    let mut count = 0;
+    let meta = match read_meta(root)? {
+        NodeMeta::TensorDict(m) => m,
+        NodeMeta::NonTensor(_) => {
+            return Err(Error::unsupported(
+                root.path(),
+                "this directory holds a single non-tensor value, not a TensorDict",
+            ))
+        }
+    };
+    let node = walk(root, &mut Vec::new(), 0, &[], meta, &mut groups, &mut count)?;
+    // Every directory's meta.json is read first; then the files are mapped in parallel, a
+    // group at a time (each worker holds one directory open while it maps its group).
+    let leaves: usize = groups.iter().map(|g: &MapGroup| g.jobs.len()).sum();
+    let workers = parallel::worker_count(0, leaves / 256);
+    let mapped = parallel::run(
+        &groups,
+        workers,
+        |g| g.jobs.len(),
+        |group| {
+            let path = group.rel.iter().fold(root.path().to_path_buf(), |p, c| p.join(c));
+            let dir = root.open_rel(&group.rel).map_err(|e| Error::io(&path, e))?;
+            group
+                .jobs
+                .iter()
+                .map(|job| map_leaf(&dir, job))
+                .collect::<Result<Vec<_>>>()
+        },
+    )?;
+    let regions: Vec<Option<Region>> = mapped.into_iter().flatten().collect();
+    debug_assert_eq!(regions.len(), count);
+    Ok((node, regions))
+}
+
+fn read_meta(dir: &Dir) -> Result<NodeMeta> {
+    let path = dir.child_path(layout::META_FILE);
+    let bytes = dir
+        .read_limited(layout::META_FILE, layout::META_LIMIT)
+        .map_err(|e| match e.raw_os_error() {
+            #[cfg(unix)]
+            Some(libc::ELOOP) => Error::symlink(&path, "meta.json is a symlink; refusing to follow it"),
+            _ if dir::is_not_regular(&e) => Error::invalid(&path, format!("meta.json is {e}")),
+            _ if e.kind() == io::ErrorKind::InvalidData => Error::invalid(&path, e.to_string()),
+            _ => Error::io(&path, e),
+        })?;
+    layout::parse_meta(&bytes, &path)
+}
+
+fn open_child_dir(parent: &Dir, key: &str) -> Result<Dir> {
+    let name = layout::encode_key(key);
+    let path = parent.child_path(&name);
+    match parent.kind(&name).map_err(|e| Error::io(&path, e))? {
+        EntryKind::Dir => parent.open_dir(&name).map_err(|e| Error::io(&path, e)),
+        EntryKind::Missing => Err(Error::invalid(
+            &path,
+            format!("the sub-directory of key {key:?} is missing"),
+        )),
+        EntryKind::Symlink => Err(Error::symlink(
+            &path,
+            format!("key {key:?} is a symlink; refusing to follow it"),
+        )),
+        _ => Err(Error::invalid(
+            &path,
+            format!("key {key:?} should be a directory"),
+        )),
+    }
+}
+
+/// Loads the directory at `rel` below `root`, whose meta.json (`meta`) its parent read
+/// (each meta.json is read and parsed once). Only this directory is open while its entries
+/// are walked; sub-trees are opened afresh from the root afterwards, so the descriptors in
+/// use stay a small constant whatever the shape of the tree.
+fn walk(
+    root: &Dir,
+    rel: &mut Vec<String>,
+    depth: usize,
+    parent_batch: &[u64],
+    meta: TensorDictMeta,
+    groups: &mut Vec<MapGroup>,
+    count: &mut usize,
+) -> Result<LoadedNode> {
+    let path = rel.iter().fold(root.path().to_path_buf(), |p, c| p.join(c));
+    if depth > layout::MAX_DEPTH {
+        return Err(Error::invalid(&path, "the tree is nested too deeply"));
+    }
+    let dir = root.open_rel(rel).map_err(|e| Error::io(&path, e))?;
+    if !meta.batch.starts_with(parent_batch) {
+        return Err(Error::invalid(
+            &path,
+            format!(
+                "batch size {:?} does not start with its parent's {:?}",
+                meta.batch, parent_batch
+            ),
+        ));
+    }
+    let mut entries: Vec<(String, Option<LoadedEntry>)> = Vec::with_capacity(meta.entries.len());
+    let mut jobs = Vec::new();
+    let mut children = Vec::new();
+    for (key, entry) in meta.entries {
+        match entry {
+            Entry::Leaf(leaf) => {
+                let LeafMeta { dtype, shape, nbytes } = leaf;
+                let index = *count + jobs.len();
+                let name = if nbytes > 0 {
+                    leaf_name(&dir, &key)?
+                } else {
+                    String::new()
+                };
+                jobs.push(LeafJob {
+                    name,
+                    key: Some(key.clone()),
+                    nbytes,
+                });
+                entries.push((
+                    key,
+                    Some(LoadedEntry::Leaf {
+                        dtype: dtype.name,
+                        shape,
+                        index,
+                    }),
+                ));
+            }
+            Entry::Collection => {
+                let child = open_child_dir(&dir, &key)?;
+                match read_meta(&child)? {
+                    NodeMeta::NonTensor(value) => entries.push((key, Some(LoadedEntry::NonTensor(value)))),
+                    NodeMeta::TensorDict(sub) => {
+                        children.push((entries.len(), layout::encode_key(&key), sub));
+                        entries.push((key, None));
+                    }
+                }
+            }
+        }
+    }
+    *count += jobs.len();
+    let mut jobs = jobs.into_iter().peekable();
+    while jobs.peek().is_some() {
+        groups.push(MapGroup {
+            rel: rel.clone(),
+            jobs: jobs.by_ref().take(MAP_GROUP).collect(),
+        });
+    }
+    drop(dir);
+    for (at, name, sub) in children {
+        rel.push(name);
+        let node = walk(root, rel, depth + 1, &meta.batch, sub, groups, count);
+        rel.pop();
+        entries[at].1 = Some(LoadedEntry::Node(node?));
+    }
+    Ok(LoadedNode {
+        batch: meta.batch,
+        device: meta.device,
+        entries: entries
+            .into_iter()
+            .map(|(k, e)| (k, e.expect("every entry was filled")))
+            .collect(),
+    })
+}
+
+/// The file name of a leaf: the encoded key, or the raw legacy name when only that exists.
+fn leaf_name(dir: &Dir, key: &str) -> Result<String> {
+    let encoded = layout::leaf_file(key);
+    if let Some(raw) = layout::legacy_name(key) {
+        // (most keys encode to themselves: then there is no other name to look for)
+        if encoded.strip_suffix(layout::LEAF_SUFFIX) == Some(raw) {
+            return Ok(encoded);
+        }
+        let legacy = format!("{raw}{}", layout::LEAF_SUFFIX);
+        if dir
+            .kind(&encoded)
+            .map_err(|e| Error::io(dir.child_path(&encoded), e))?
+            == EntryKind::Missing
+            && dir
+                .kind(&legacy)
+                .map_err(|e| Error::io(dir.child_path(&legacy), e))?
+                != EntryKind::Missing
+        {
+            return Ok(legacy);
+        }
+    }
+    Ok(encoded)
+}
+
+/// Opens a leaf file (never blocking), checks it is a regular file long enough for its shape.
+/// `path` is the file's path (`dir.child_path(&job.name)`), for messages.
+fn check_leaf(dir: &Dir, job: &LeafJob, path: &Path) -> Result<(std::fs::File, bool, std::fs::Metadata)> {
+    let (file, writable) = dir.open_file(&job.name).map_err(|e| match e.raw_os_error() {
+        #[cfg(unix)]
+        Some(libc::ELOOP) => Error::symlink(
+            path,
+            format!(
+                "the data file of {} is a symlink; refusing to follow it",
+                job.label()
+            ),
+        ),
+        _ if e.kind() == io::ErrorKind::NotFound => {
+            Error::invalid(path, format!("the data file of {} is missing", job.label()))
+        }
+        _ if dir::is_not_regular(&e) => Error::invalid(path, format!("the data of {} is {e}", job.label())),
+        _ => Error::io(path, e),
+    })?;
+    let md = file.metadata().map_err(|e| Error::io(path, e))?;
+    if md.len() < job.nbytes as u64 {
+        return Err(Error::invalid(
+            path,
+            format!(
+                "the data file of {} is truncated: {} bytes, its shape needs {}",
+                job.label(),
+                md.len(),
+                job.nbytes
+            ),
+        ));
+    }
+    Ok((file, writable, md))
+}
+
+/// Maps a checked leaf file: writable files shared (their space reserved first, so a full
+/// disk is ENOSPC now and not SIGBUS on a later write), read-only files copy-on-write.
+/// A file whose blocks already cover `nbytes` has nothing to reserve (the common case: files
+/// written by a save), which spares a fallocate per leaf.
+fn map_checked(
+    file: &std::fs::File,
+    writable: bool,
+    md: &std::fs::Metadata,
+    nbytes: usize,
+    path: &Path,
+) -> Result<Region> {
+    let mode = if writable {
+        if !storage::fully_allocated(md, nbytes) {
+            storage::reserve_existing(file, nbytes).map_err(|e| Error::io(path, e))?;
+        }
+        MapMode::Shared
+    } else {
+        MapMode::CopyOnWrite
+    };
+    storage::map_file_as(
+        file,
+        nbytes,
+        Some(path.to_path_buf()),
+        mode,
+        storage::identity_of(md),
+    )
+    .map_err(|e| Error::io(path, e))
+}
+
+fn map_leaf(dir: &Dir, job: &LeafJob) -> Result<Option<Region>> {
+    if job.nbytes == 0 {
+        return Ok(None);
+    }
+    let path = dir.child_path(&job.name);
+    let (file, writable, md) = check_leaf(dir, job, &path)?;
+    map_checked(&file, writable, &md, job.nbytes, &path).map(Some)
+}
+
+/// Opens and maps one existing data file of at least `nbytes` bytes (read-only files are
+/// mapped copy-on-write). The last path component must not be a symlink.
+pub fn open_file(path: &Path, nbytes: usize) -> Result<Region> {
+    let (dir, name) = split_file_path(path)?;
+    let job = LeafJob {
+        name,
+        key: None,
+        nbytes,
+    };
+    let path = dir.child_path(&job.name);
+    let (file, writable, md) = check_leaf(&dir, &job, &path)?;
+    map_checked(&file, writable, &md, nbytes, &path)
+}
+
+/// The open parent directory of a file path and the file's name.
+pub fn split_file_path(path: &Path) -> Result<(Dir, String)> {
+    let absolute = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
+    let name = absolute
+        .file_name()
+        .ok_or_else(|| Error::tree(&absolute, "not a file name"))?
+        .to_string_lossy()
+        .into_owned();
+    let parent = absolute.parent().unwrap_or(Path::new("/"));
+    let dir = Dir::open(parent).map_err(|e| Error::io(parent, e))?;
+    Ok((dir, name))
+}
+
+/// Walks the tree at `prefix` and returns every problem found, without mapping any data.
+/// An empty list means the directory loads. An interrupted save is reported, not finished.
+pub fn verify_tree(prefix: &Path) -> Vec<String> {
+    let mut problems = Vec::new();
+    match Dir::open(prefix) {
+        Ok(root) => {
+            if commit::journal_present(&root) {
+                problems.push(
+                    Error::invalid(
+                        root.child_path(commit::JOURNAL),
+                        "a save into this directory is committing or was interrupted; the next save or load finishes it",
+                    )
+                    .to_string(),
+                );
+            }
+            verify_dir(&root, &mut Vec::new(), 0, None, &mut problems)
+        }
+        Err(e) => problems.push(Error::io(prefix, e).to_string()),
+    }
+    problems
+}
+
+/// Verifies the directory at `rel` below `root`; `known` is its meta.json when its parent
+/// already read it (each meta.json is read and parsed once).
+fn verify_dir(
+    root: &Dir,
+    rel: &mut Vec<String>,
+    depth: usize,
+    known: Option<TensorDictMeta>,
+    problems: &mut Vec<String>,
+) {
+    let path = rel.iter().fold(root.path().to_path_buf(), |p, c| p.join(c));
+    if depth > layout::MAX_DEPTH {
+        problems.push(Error::invalid(&path, "the tree is nested too deeply").to_string());
+        return;
+    }
+    let dir = match root.open_rel(rel) {
+        Ok(d) => d,
+        Err(e) => {
+            problems.push(Error::io(&path, e).to_string());
+            return;
+        }
+    };
+    let meta = match known
+        .map(NodeMeta::TensorDict)
+        .map_or_else(|| read_meta(&dir), Ok)
+    {
+        Ok(NodeMeta::TensorDict(m)) => m,
+        Ok(NodeMeta::NonTensor(_)) => {
+            problems
+                .push(Error::unsupported(&path, "a single non-tensor value, not a TensorDict").to_string());
+            return;
+        }
+        Err(e) => {
+            problems.push(e.to_string());
+            return;
+        }
+    };
+    let mut children = Vec::new();
+    for (key, entry) in meta.entries {
+        match entry {
+            Entry::Leaf(leaf) if leaf.nbytes == 0 => {}
+            Entry::Leaf(leaf) => {
+                let checked = leaf_name(&dir, &key).and_then(|name| {
+                    let path = dir.child_path(&name);
+                    let job = LeafJob {
+                        name,
+                        key: Some(key.clone()),
+                        nbytes: leaf.nbytes,
+                    };
+                    check_leaf(&dir, &job, &path)
+                });
+                if let Err(e) = checked {
+                    problems.push(e.to_string());
+                }
+            }
+            Entry::Collection => match open_child_dir(&dir, &key) {
+                Ok(child) => match read_meta(&child) {
+                    Ok(NodeMeta::NonTensor(_)) => {}
+                    Ok(NodeMeta::TensorDict(sub)) if !sub.batch.starts_with(&meta.batch) => problems.push(
+                        Error::invalid(
+                            child.path(),
+                            format!(
+                                "key {key:?}: batch size {:?} does not start with its parent's {:?}",
+                                sub.batch, meta.batch
+                            ),
+                        )
+                        .to_string(),
+                    ),
+                    Ok(NodeMeta::TensorDict(sub)) => children.push((layout::encode_key(&key), sub)),
+                    Err(e) => problems.push(e.to_string()),
+                },
+                Err(e) => problems.push(e.to_string()),
+            },
+        }
+    }
+    drop(dir);
+    for (name, sub) in children {
+        rel.push(name);
+        verify_dir(root, rel, depth + 1, Some(sub), problems);
+        rel.pop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::save::{write_tree, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
+
+    fn saved() -> std::path::PathBuf {
+        let p = std::env::temp_dir().join(format!("tdrs-load-{}", storage::random_suffix()));
+        let data: Vec<u8> = (0..24).collect();
+        let leaves = vec![LeafSpec {
+            dtype: "torch.float32".into(),
+            shape: vec![3, 2],
+            device: "cpu".into(),
+            data: Some(&data),
+            nbytes: 24,
+            same_file: None,
+        }];
+        let child = NodeSpec {
+            batch: vec![3],
+            entries: vec![("x".into(), EntrySpec::Leaf(0))],
+        };
+        let root = NodeSpec {
+            batch: vec![3],
+            entries: vec![("sub".into(), EntrySpec::Node(child))],
+        };
+        write_tree(
+            &p,
+            &root,
+            &leaves,
+            SaveOptions {
+                existsok: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        p
+    }
+
+    fn load_err(p: &Path) -> String {
+        load_tree(p).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn loads_a_saved_tree() {
+        let p = saved();
+        let (node, regions) = load_tree(&p).unwrap();
+        let LoadedEntry::Node(sub) = &node.entries[0].1 else {
+            panic!()
+        };
+        let LoadedEntry::Leaf { dtype, shape, index } = &sub.entries[0].1 else {
+            panic!()
+        };
+        assert_eq!((*dtype, shape.as_slice()), ("torch.float32", &[3u64, 2][..]));
+        assert_eq!(
+            regions[*index].as_ref().unwrap().to_vec(),
+            (0..24).collect::<Vec<u8>>()
+        );
+        assert!(verify_tree(&p).is_empty());
+        drop(regions); // Windows refuses to delete a mapped file.
+        std::fs::remove_dir_all(&p).unwrap();
+    }
+
+    #[test]
+    fn refuses_truncated_missing_and_symlinked_files() {
+        let p = saved();
+        let file = p.join("sub/x.memmap");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        assert!(load_err(&p).contains("truncated"));
+        assert_eq!(verify_tree(&p).len(), 1);
+        std::fs::remove_file(&file).unwrap();
+        assert!(load_err(&p).contains("missing"));
+        #[cfg(unix)]
+        {
+            let outside = p.with_extension("outside");
+            std::fs::write(&outside, [0u8; 24]).unwrap();
+            std::os::unix::fs::symlink(&outside, &file).unwrap();
+            assert!(load_err(&p).contains("symlink"));
+            std::fs::remove_file(&outside).unwrap();
+        }
+        std::fs::remove_dir_all(p.join("sub")).unwrap();
+        assert!(load_err(&p).contains("sub-directory"));
+        std::fs::remove_dir_all(&p).unwrap();
+    }
+
+    #[test]
+    fn longer_files_load() {
+        let p = saved();
+        let file = p.join("sub/x.memmap");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_len(100)
+            .unwrap();
+        assert!(load_tree(&p).is_ok());
+        std::fs::remove_dir_all(&p).unwrap();
+    }
+}

@@ -1,0 +1,240 @@
+//! Owns: saves of a whole tree: validation, the plan against the old tree, fresh prefixes, single files.
+//! Uses: `error`, `sys`, `format`, and `tree::commit`.
+//!
+//! Saves of a whole tree into a directory that stays the user's. No pyo3 here.
+//!
+//! The target directory is kept (see `commit.rs` for the staging, the journal and the
+//! recovery): new data files and meta.json files are staged inside it, then renamed over the
+//! old names after the commit point. A leaf whose source already is the file at its target
+//! name (same device and inode, mapped shared) keeps that file, so handles on it and other
+//! processes' maps stay shared with the directory; every other leaf gets a new file, so
+//! readers of the old version keep theirs. Files of the old tree that the new one drops are
+//! removed; anything the old tree does not own (a user's files, sub-directories, mounts,
+//! symlinks) is never replaced, moved or followed: a save that would have to replace one
+//! refuses before it changes anything.
+
+//!
+//! `save_validate.rs` checks a tree before anything is written, `save_plan.rs` walks it against
+//! the old one and stages its files, `save_file.rs` writes single files (`from_tensor`).
+
+use std::io;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::format::layout;
+use crate::sys::dir::{Dir, EntryKind};
+use crate::sys::storage::Region;
+use crate::tree::commit::{self, SaveLock, Staging};
+
+mod file;
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub mod fresh;
+mod plan;
+mod validate;
+
+pub use file::write_file;
+use plan::Plan;
+pub use validate::validate;
+
+/// One tensor leaf to save. `data` is `None` for `memmap_like` (an existing file is kept
+/// as it is; a new one is zero-filled).
+pub struct LeafSpec<'a> {
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    pub device: String,
+    pub data: Option<&'a [u8]>,
+    pub nbytes: usize,
+    /// (device, inode) of the file the source maps (shared), when that file may be the
+    /// one at the leaf's target name: then it is kept instead of rewritten.
+    pub same_file: Option<(u64, u64)>,
+}
+
+/// One entry of a node: a leaf (index into the flat leaf list), a sub-tree or a JSON value.
+pub enum EntrySpec {
+    Leaf(usize),
+    Node(NodeSpec),
+    NonTensor(Value),
+}
+
+/// A TensorDict to save.
+pub struct NodeSpec {
+    pub batch: Vec<u64>,
+    pub entries: Vec<(String, EntrySpec)>,
+}
+
+/// How to save.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SaveOptions {
+    /// Replace an existing tree at the prefix (otherwise `FileExistsError`).
+    pub existsok: bool,
+    /// fsync data files, meta.json files and directories before returning.
+    pub durable: bool,
+    /// Writer threads; 0 picks one per CPU.
+    pub num_threads: usize,
+    /// New zero-filled files (`memmap_like`) are sparse instead of reserved: faster, but a
+    /// full disk then shows as SIGBUS on first write instead of ENOSPC here.
+    pub sparse: bool,
+}
+
+/// Writes the tree to `prefix` (created if missing) and maps every leaf file.
+/// Returns one region per leaf (None for empty leaves, which have no file).
+pub fn write_tree(
+    prefix: &Path,
+    root: &NodeSpec,
+    leaves: &[LeafSpec<'_>],
+    opts: SaveOptions,
+) -> Result<Vec<Option<Region>>> {
+    write_tree_hooked(prefix, root, leaves, opts, &|| {})
+}
+
+/// `write_tree`; `before_publish` runs just before a new prefix is renamed into place
+/// (`fresh::write`), for tests that make the prefix appear there.
+pub(crate) fn write_tree_hooked(
+    prefix: &Path,
+    root: &NodeSpec,
+    leaves: &[LeafSpec<'_>],
+    opts: SaveOptions,
+    before_publish: &dyn Fn(),
+) -> Result<Vec<Option<Region>>> {
+    validate(root, leaves, prefix)?;
+    let target = std::path::absolute(prefix).map_err(|e| Error::io(prefix, e))?;
+    let existing = match Dir::open(&target) {
+        Ok(dir) => Some(dir),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io(&target, e)),
+    };
+    let (dir, created) = match existing {
+        Some(dir) => (dir, false),
+        None => {
+            // A new prefix is built whole beside it and moved in with one rename.
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            if let fresh::Outcome::Done(regions) = fresh::write(&target, root, leaves, opts, before_publish)?
+            {
+                return Ok(regions);
+            }
+            #[cfg(not(any(target_os = "linux", target_os = "android")))]
+            before_publish();
+            open_or_create(&target)?
+        }
+    };
+    let lock = SaveLock::acquire(&dir)?;
+    let result = (|| {
+        commit::recover(&dir)?;
+        commit::sweep(&dir);
+        if !opts.existsok {
+            refuse_existing(&dir, root)?;
+        }
+        save_locked(&dir, root, leaves, opts)
+    })();
+    // Released first: on Windows the lock is a file inside the directory.
+    drop(lock);
+    if result.is_err() && created {
+        // We made the directory for this save: leave no empty one behind.
+        let _ = std::fs::remove_dir(&target);
+    }
+    result
+}
+
+/// Opens the prefix (following a symlink the user gave as the prefix), creating it when
+/// missing. Returns whether this call created it.
+fn open_or_create(target: &Path) -> Result<(Dir, bool)> {
+    match Dir::open(target) {
+        Ok(dir) => return Ok((dir, false)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(target, e)),
+    }
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    }
+    let created = match std::fs::create_dir(target) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(Error::io(target, e)),
+    };
+    let dir = Dir::open(target).map_err(|e| Error::io(target, e))?;
+    Ok((dir, created))
+}
+
+pub(crate) fn already_exists() -> io::Error {
+    #[cfg(unix)]
+    {
+        io::Error::from_raw_os_error(libc::EEXIST)
+    }
+    #[cfg(not(unix))]
+    {
+        io::ErrorKind::AlreadyExists.into()
+    }
+}
+
+/// With `existsok=False`, an existing tree (or any entry this tree would write) is an error.
+/// Decided under the save lock, and checked again after the commit point.
+fn refuse_existing(dir: &Dir, root: &NodeSpec) -> Result<()> {
+    let mut names = vec![layout::META_FILE.to_string()];
+    for (key, entry) in &root.entries {
+        names.push(match entry {
+            EntrySpec::Leaf(_) => layout::leaf_file(key),
+            _ => layout::encode_key(key),
+        });
+    }
+    for name in names {
+        if dir.kind(&name).map_err(|e| Error::io(dir.child_path(&name), e))? != EntryKind::Missing {
+            return Err(Error::io(dir.child_path(&name), already_exists()));
+        }
+    }
+    Ok(())
+}
+
+/// The save itself, under the lock: plan and stage, commit, apply.
+fn save_locked(
+    root: &Dir,
+    spec: &NodeSpec,
+    leaves: &[LeafSpec<'_>],
+    opts: SaveOptions,
+) -> Result<Vec<Option<Region>>> {
+    let mut staging = Staging::new(root)?;
+    let mut plan = Plan::new(leaves.len(), root.path());
+    let staged = (|| {
+        plan.node(
+            root,
+            &mut staging,
+            &mut Vec::new(),
+            spec,
+            leaves,
+            opts,
+            true,
+            0,
+            None,
+        )?;
+        plan.write_data(&staging, leaves, opts)?;
+        if opts.durable {
+            plan.sync_staged_dirs(&staging)?;
+            staging.sync()?;
+        }
+        let (journal, regions) = plan.journal(&staging);
+        commit::write_journal(root, &staging, &journal, opts.durable)?;
+        Ok((journal, regions))
+    })();
+    let (journal, regions) = match staged {
+        Ok(done) => done,
+        Err(e) => {
+            staging.remove(root);
+            return Err(e);
+        }
+    };
+    // Past the commit point. Without flock another save may have got in first: look again.
+    if !opts.existsok && journal_would_replace(root) {
+        commit::withdraw_journal(root);
+        staging.remove(root);
+        return Err(Error::io(root.child_path(layout::META_FILE), already_exists()));
+    }
+    commit::apply(root, &journal, opts.durable)?;
+    drop(staging);
+    Ok(regions)
+}
+
+fn journal_would_replace(root: &Dir) -> bool {
+    root.kind(layout::META_FILE)
+        .map_or(true, |k| k != EntryKind::Missing)
+}

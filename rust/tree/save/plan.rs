@@ -1,0 +1,557 @@
+//! The plan of one save: the new tree walked against the old one, its files staged. No pyo3.
+
+use std::collections::HashSet;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::{EntrySpec, LeafSpec, NodeSpec, SaveOptions};
+use crate::error::{Error, Result};
+use crate::format::layout::{self, EntryMeta};
+use crate::sys::dir::{Dir, EntryKind, EntryStat};
+use crate::sys::parallel;
+use crate::sys::storage::{self, MapMode, Region};
+use crate::tree::commit::{Journal, Op, Staging};
+
+/// A data file to write into a staging directory.
+struct FileJob {
+    stage: usize,
+    staged: String,
+    final_path: PathBuf,
+    leaf: usize,
+}
+
+/// Everything one save will do, gathered while walking the new tree against the old one.
+pub(super) struct Plan {
+    mkdirs: Vec<Op>,
+    data: Vec<Op>,
+    metas: Vec<Op>,
+    removals: Vec<Op>,
+    jobs: Vec<FileJob>,
+    regions: Vec<Option<Region>>,
+    staged_metas: usize,
+    /// Sub-trees the target lacks, staged whole as `d<n>` (one rename each at the commit).
+    staged_dirs: usize,
+    /// Every directory made inside the staging directories (stage, path in it).
+    synced_dirs: Vec<(usize, String)>,
+    /// Where the tree goes (for messages and the maps' paths).
+    root_path: PathBuf,
+}
+
+/// The names a directory of the old tree owns, from its meta.json (read leniently: a damaged
+/// old tree still tells what is its own).
+#[derive(Default)]
+struct OldDir {
+    files: Vec<String>,
+    dirs: Vec<String>,
+}
+
+impl OldDir {
+    fn read(dir: &Dir) -> OldDir {
+        let mut old = OldDir::default();
+        let Ok(bytes) = dir.read_limited(layout::META_FILE, layout::META_LIMIT) else {
+            return old;
+        };
+        let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&bytes) else {
+            return old;
+        };
+        for (key, value) in map {
+            if let Value::Object(entry) = value {
+                if entry.contains_key("type") {
+                    old.dirs.push(layout::encode_key(&key));
+                } else if entry.contains_key("dtype") || entry.contains_key("shape") {
+                    old.files.push(layout::leaf_file(&key));
+                }
+            }
+        }
+        old
+    }
+
+    fn owns_file(&self, name: &str) -> bool {
+        self.files.iter().any(|n| n == name)
+    }
+}
+
+/// True when `dir/meta.json` is absent or a tensordict meta.json (ours to replace).
+fn meta_is_ours(dir: &Dir) -> Result<bool> {
+    let path = dir.child_path(layout::META_FILE);
+    match dir.stat(layout::META_FILE).map_err(|e| Error::io(&path, e))? {
+        None => Ok(true),
+        Some(st) if st.kind == EntryKind::File => {
+            let Ok(bytes) = dir.read_limited(layout::META_FILE, layout::META_LIMIT) else {
+                return Ok(false);
+            };
+            Ok(matches!(
+                serde_json::from_slice::<Value>(&bytes),
+                Ok(Value::Object(map)) if map.contains_key("_type") || map.contains_key("shape")
+            ))
+        }
+        Some(_) => Ok(false),
+    }
+}
+
+/// Whether a sub-directory the new tree needs is there: missing is fine, a directory is kept,
+/// anything else is in the way.
+fn dir_present(at: &Path, name: &str, st: Option<EntryStat>) -> Result<bool> {
+    match st {
+        None => Ok(false),
+        Some(st) if st.kind == EntryKind::Dir => Ok(true),
+        Some(st) => Err(foreign(&at.join(name), kind_name(st.kind))),
+    }
+}
+
+fn foreign(path: &Path, what: &str) -> Error {
+    Error::io(
+        path,
+        io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{what} that the saved tree does not own is in the way; refusing to replace it (move it away first)"),
+        ),
+    )
+}
+
+fn kind_name(kind: EntryKind) -> &'static str {
+    match kind {
+        EntryKind::File => "a file",
+        EntryKind::Dir => "a directory",
+        EntryKind::Symlink => "a symlink",
+        _ => "a special file",
+    }
+}
+
+fn with(rel: &[String], name: &str) -> Vec<String> {
+    let mut path = rel.to_vec();
+    path.push(name.to_string());
+    path
+}
+
+/// Maps an existing file in place (writable files shared, read-only ones copy-on-write).
+fn map_existing(dir: &Dir, name: &str, nbytes: usize) -> Result<Region> {
+    let path = dir.child_path(name);
+    let (file, writable) = dir.open_file(name).map_err(|e| Error::io(&path, e))?;
+    let mode = if writable {
+        MapMode::Shared
+    } else {
+        MapMode::CopyOnWrite
+    };
+    if writable {
+        storage::reserve_existing(&file, nbytes).map_err(|e| Error::io(&path, e))?;
+    }
+    storage::map_file(&file, nbytes, Some(path.clone()), mode).map_err(|e| Error::io(&path, e))
+}
+
+impl Plan {
+    /// An empty plan for a tree of `leaves` leaves that goes to `root_path`.
+    pub(super) fn new(leaves: usize, root_path: &Path) -> Plan {
+        Plan {
+            mkdirs: Vec::new(),
+            data: Vec::new(),
+            metas: Vec::new(),
+            removals: Vec::new(),
+            jobs: Vec::new(),
+            regions: std::iter::repeat_with(|| None).take(leaves).collect(),
+            staged_metas: 0,
+            staged_dirs: 0,
+            synced_dirs: Vec::new(),
+            root_path: root_path.to_path_buf(),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn node(
+        &mut self,
+        root: &Dir,
+        staging: &mut Staging,
+        rel: &mut Vec<String>,
+        node: &NodeSpec,
+        leaves: &[LeafSpec<'_>],
+        opts: SaveOptions,
+        exists: bool,
+        parent_stage: usize,
+        parent_staged: Option<&str>,
+    ) -> Result<()> {
+        let final_path = commit_path(&self.root_path, rel);
+        let dir = if exists {
+            let dir = root.open_rel(rel).map_err(|e| Error::io(&final_path, e))?;
+            if !meta_is_ours(&dir)? {
+                return Err(foreign(
+                    &final_path.join(layout::META_FILE),
+                    "a meta.json that is not a tensordict's",
+                ));
+            }
+            Some(dir)
+        } else {
+            None
+        };
+        let old = dir.as_ref().map(OldDir::read).unwrap_or_default();
+        let stage = match &dir {
+            Some(d) => {
+                let mount = d.mount().map_err(|e| Error::io(&final_path, e))?;
+                staging.for_mount(d, rel, mount)?
+            }
+            None => parent_stage,
+        };
+        // A directory the target lacks is built whole inside the staging directory (files at
+        // their final names) and goes into place with one rename: `staged` is where it is.
+        // A root that does not exist is the staging directory itself (`save_fresh.rs`).
+        let staged: Option<String> = if exists {
+            None
+        } else if rel.is_empty() {
+            Some(String::new())
+        } else {
+            let name = rel.last().expect("a non-empty path has a last component");
+            let at = match parent_staged {
+                Some(parent) => inside(parent, name),
+                None => {
+                    let top = format!("d{}", self.staged_dirs);
+                    self.staged_dirs += 1;
+                    self.data.push(Op::Rename {
+                        stage,
+                        name: top.clone(),
+                        to: rel.clone(),
+                    });
+                    top
+                }
+            };
+            staging
+                .dir(stage)
+                .create_dir(&at)
+                .map_err(|e| Error::io(&final_path, e))?;
+            self.synced_dirs.push((stage, at.clone()));
+            Some(at)
+        };
+        let stat = |name: &str| -> Result<Option<EntryStat>> {
+            match &dir {
+                Some(d) => d.stat(name).map_err(|e| Error::io(final_path.join(name), e)),
+                None => Ok(None),
+            }
+        };
+        let mut written: HashSet<String> = HashSet::new();
+        let mut metas = Vec::with_capacity(node.entries.len());
+        // Sub-trees are walked after this directory's own files, one open directory at a time.
+        let mut children: Vec<(String, &NodeSpec, bool)> = Vec::new();
+        for (key, entry) in &node.entries {
+            match entry {
+                EntrySpec::Leaf(i) => {
+                    let leaf = &leaves[*i];
+                    metas.push((
+                        key.as_str(),
+                        EntryMeta::Leaf {
+                            dtype: &leaf.dtype,
+                            shape: &leaf.shape,
+                            device: &leaf.device,
+                        },
+                    ));
+                    if leaf.nbytes == 0 {
+                        continue;
+                    }
+                    let name = layout::leaf_file(key);
+                    if dir.is_some() {
+                        // (only a directory that exists has old files to keep or remove)
+                        written.insert(name.clone());
+                    }
+                    let path = final_path.join(&name);
+                    match stat(&name)? {
+                        None => {}
+                        Some(st) if st.kind == EntryKind::File => {
+                            let same = leaf.same_file == Some((st.dev, st.ino));
+                            if (same || leaf.data.is_none()) && st.size >= leaf.nbytes as u64 {
+                                // The source is this very file, or memmap_like reopens it.
+                                let d = dir.as_ref().expect("a file exists, so its directory does");
+                                self.regions[*i] = Some(map_existing(d, &name, leaf.nbytes)?);
+                                continue;
+                            }
+                            if leaf.data.is_none() {
+                                return Err(Error::tree(
+                                    &path,
+                                    format!(
+                                        "key {key:?}: the existing file holds {} bytes and the shape {:?} needs {}; memmap_like maps existing files as they are and does not grow them",
+                                        st.size, leaf.shape, leaf.nbytes
+                                    ),
+                                ));
+                            }
+                            if !old.owns_file(&name) {
+                                return Err(foreign(&path, "a file"));
+                            }
+                        }
+                        Some(st) => return Err(foreign(&path, kind_name(st.kind))),
+                    }
+                    let staged = match &staged {
+                        Some(at) => inside(at, &name),
+                        None => {
+                            let staged = format!("f{i}");
+                            self.data.push(Op::Rename {
+                                stage,
+                                name: staged.clone(),
+                                to: with(rel, &name),
+                            });
+                            staged
+                        }
+                    };
+                    self.jobs.push(FileJob {
+                        stage,
+                        staged,
+                        final_path: path,
+                        leaf: *i,
+                    });
+                }
+                EntrySpec::Node(child) => {
+                    let name = layout::encode_key(key);
+                    written.insert(name.clone());
+                    // a missing sub-tree is staged whole (see `staged`), not made with a mkdir step
+                    let present = dir_present(&final_path, &name, stat(&name)?)?;
+                    children.push((name, child, present));
+                    metas.push((key.as_str(), EntryMeta::TensorDict));
+                }
+                EntrySpec::NonTensor(value) => {
+                    let name = layout::encode_key(key);
+                    written.insert(name.clone());
+                    let bytes = layout::non_tensor_meta(value);
+                    if let Some(at) = &staged {
+                        let sub = inside(at, &name);
+                        let sub_meta = format!("{sub}/{}", layout::META_FILE);
+                        let io_err = |e| Error::io(final_path.join(&name), e);
+                        staging.dir(stage).create_dir(&sub).map_err(io_err)?;
+                        self.synced_dirs.push((stage, sub));
+                        staging
+                            .dir(stage)
+                            .write_new(&sub_meta, &bytes, opts.durable)
+                            .map_err(io_err)?;
+                        metas.push((key.as_str(), EntryMeta::NonTensorData));
+                        continue;
+                    }
+                    let present = self.need_dir(&final_path, rel, &name, stat(&name)?)?;
+                    if present {
+                        let d = dir.as_ref().expect("a child exists, so its directory does");
+                        let sub = d
+                            .open_dir(&name)
+                            .map_err(|e| Error::io(final_path.join(&name), e))?;
+                        if !meta_is_ours(&sub)? {
+                            return Err(foreign(
+                                &final_path.join(&name).join(layout::META_FILE),
+                                "a meta.json that is not a tensordict's",
+                            ));
+                        }
+                    }
+                    let to = with(&with(rel, &name), layout::META_FILE);
+                    self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)?;
+                    metas.push((key.as_str(), EntryMeta::NonTensorData));
+                }
+            }
+        }
+        let bytes = layout::tensordict_meta(metas, &node.batch);
+        if let Some(d) = &dir {
+            self.plan_removals(d, rel, &old, &written, 0)?;
+        }
+        drop(dir);
+        for (name, child, present) in children {
+            rel.push(name);
+            let result = self.node(
+                root,
+                staging,
+                rel,
+                child,
+                leaves,
+                opts,
+                present,
+                stage,
+                staged.as_deref(),
+            );
+            rel.pop();
+            result?;
+        }
+        if let Some(at) = &staged {
+            // inside a staged sub-tree: meta.json is written at its final name
+            return staging
+                .dir(stage)
+                .write_new(&inside(at, layout::META_FILE), &bytes, opts.durable)
+                .map_err(|e| Error::io(final_path.join(layout::META_FILE), e));
+        }
+        // Post-order: a directory's meta.json goes in after its children's, the root's last.
+        let to = with(rel, layout::META_FILE);
+        self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)
+    }
+
+    /// A sub-directory the new tree needs: kept when it is one, created when missing.
+    /// Returns whether it exists now.
+    fn need_dir(&mut self, at: &Path, rel: &[String], name: &str, st: Option<EntryStat>) -> Result<bool> {
+        let present = dir_present(at, name, st)?;
+        if !present {
+            self.mkdirs.push(Op::Mkdir {
+                path: with(rel, name),
+            });
+        }
+        Ok(present)
+    }
+
+    /// Fsyncs the directories staged whole (their entries' names), for durable saves.
+    pub(super) fn sync_staged_dirs(&self, staging: &Staging) -> Result<()> {
+        for (stage, at) in &self.synced_dirs {
+            let parts: Vec<String> = at.split('/').map(str::to_string).collect();
+            let dir = staging.dir(*stage);
+            let path = dir.path().join(at);
+            let sub = dir.open_rel(&parts).map_err(|e| Error::io(&path, e))?;
+            sub.sync().map_err(|e| Error::io(&path, e))?;
+        }
+        Ok(())
+    }
+
+    fn stage_meta(
+        &mut self,
+        staging: &Staging,
+        stage: usize,
+        bytes: &[u8],
+        to: Vec<String>,
+        at: &Path,
+        durable: bool,
+    ) -> Result<()> {
+        let staged = format!("m{}", self.staged_metas);
+        self.staged_metas += 1;
+        staging
+            .dir(stage)
+            .write_new(&staged, bytes, durable)
+            .map_err(|e| Error::io(at.join(layout::META_FILE), e))?;
+        self.metas.push(Op::Rename {
+            stage,
+            name: staged,
+            to,
+        });
+        Ok(())
+    }
+
+    /// Removal steps for what the old tree owned in `dir` and the new one no longer has:
+    /// files (only if still the same file when the step runs) and sub-directories (their
+    /// owned contents, then the directory if nothing foreign is left in it).
+    fn plan_removals(
+        &mut self,
+        dir: &Dir,
+        rel: &[String],
+        old: &OldDir,
+        keep: &HashSet<String>,
+        depth: usize,
+    ) -> Result<()> {
+        for name in old.files.iter().filter(|n| !keep.contains(*n)) {
+            if let Ok(Some(st)) = dir.stat(name) {
+                if st.kind == EntryKind::File {
+                    self.removals.push(Op::Unlink {
+                        path: with(rel, name),
+                        dev: st.dev,
+                        ino: st.ino,
+                    });
+                }
+            }
+        }
+        if depth >= layout::MAX_DEPTH {
+            return Ok(());
+        }
+        for name in old.dirs.iter().filter(|n| !keep.contains(*n)) {
+            if dir.kind(name).ok() != Some(EntryKind::Dir) {
+                continue;
+            }
+            let Ok(sub) = dir.open_dir(name) else { continue };
+            let sub_rel = with(rel, name);
+            let sub_old = OldDir::read(&sub);
+            self.plan_removals(&sub, &sub_rel, &sub_old, &HashSet::new(), depth + 1)?;
+            if let Ok(Some(st)) = sub.stat(layout::META_FILE) {
+                if st.kind == EntryKind::File {
+                    self.removals.push(Op::Unlink {
+                        path: with(&sub_rel, layout::META_FILE),
+                        dev: st.dev,
+                        ino: st.ino,
+                    });
+                }
+            }
+            self.removals.push(Op::Rmdir { path: sub_rel });
+        }
+        Ok(())
+    }
+
+    /// Writes the staged data files (in parallel) and maps them.
+    pub(super) fn write_data(
+        &mut self,
+        staging: &Staging,
+        leaves: &[LeafSpec<'_>],
+        opts: SaveOptions,
+    ) -> Result<()> {
+        let workers = parallel::worker_count(opts.num_threads, self.jobs.len());
+        let mapped = parallel::run(
+            &self.jobs,
+            workers,
+            |job| leaves[job.leaf].nbytes,
+            |job| {
+                let leaf = &leaves[job.leaf];
+                let io_err = |e| Error::io(&job.final_path, e);
+                let file = staging.dir(job.stage).create_file(&job.staged).map_err(io_err)?;
+                match leaf.data {
+                    Some(data) => storage::write_all_at(&file, data, 0).map_err(io_err)?,
+                    None if opts.sparse => file.set_len(leaf.nbytes as u64).map_err(io_err)?,
+                    None => storage::reserve(&file, leaf.nbytes).map_err(io_err)?,
+                }
+                if opts.durable {
+                    file.sync_data().map_err(io_err)?;
+                }
+                let identity = new_file_identity(&file);
+                storage::map_file_as(
+                    &file,
+                    leaf.nbytes,
+                    Some(job.final_path.clone()),
+                    MapMode::Shared,
+                    identity,
+                )
+                .map_err(io_err)
+            },
+        )?;
+        for (job, region) in self.jobs.iter().zip(mapped) {
+            self.regions[job.leaf] = Some(region);
+        }
+        Ok(())
+    }
+
+    /// The maps of the written leaves, for a save that needs no journal (`save_fresh.rs`).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    pub(super) fn into_regions(self) -> Vec<Option<Region>> {
+        self.regions
+    }
+
+    pub(super) fn journal(self, staging: &Staging) -> (Journal, Vec<Option<Region>>) {
+        let mut ops = self.mkdirs;
+        ops.extend(self.data);
+        ops.extend(self.metas);
+        ops.extend(self.removals);
+        let journal = Journal {
+            token: staging.token.clone(),
+            stagings: staging.locations(),
+            ops,
+        };
+        (journal, self.regions)
+    }
+}
+
+/// (device, inode) of a file just created, for its map: one `fstat` (std's `metadata` is a
+/// `statx` with an empty path, which costs more per call).
+#[cfg(unix)]
+#[allow(clippy::unnecessary_cast)] // dev_t and ino_t are not u64 on every Unix
+fn new_file_identity(file: &std::fs::File) -> Option<(u64, u64)> {
+    rustix::fs::fstat(file)
+        .ok()
+        .map(|st| (st.st_dev as u64, st.st_ino as u64))
+}
+
+#[cfg(not(unix))]
+fn new_file_identity(file: &std::fs::File) -> Option<(u64, u64)> {
+    crate::sys::dir::file_id(file)
+}
+
+/// `name` inside the staged directory `at` ("" is the staging directory itself).
+fn inside(at: &str, name: &str) -> String {
+    if at.is_empty() {
+        name.to_string()
+    } else {
+        format!("{at}/{name}")
+    }
+}
+
+pub(super) fn commit_path(root: &Path, rel: &[String]) -> PathBuf {
+    rel.iter().fold(root.to_path_buf(), |p, c| p.join(c))
+}
