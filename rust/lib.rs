@@ -72,6 +72,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FileExistsRuntimeError", error::file_exists_runtime_error(py)?)?;
     m.add("SymlinkError", error::symlink_error(py)?)?;
     m.add("LockedError", error::locked_error(py)?)?;
-    m.add("FORMAT_VERSION", format::layout::FORMAT_VERSION)?;
+    m.add("FORMAT_VERSION", format::FORMAT_VERSION)?;
     Ok(())
 }

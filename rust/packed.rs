@@ -20,8 +20,9 @@ use std::io::Write;
 use serde::de::{self, DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use crate::format::layout;
-use crate::format::meta_parse::{OptStr, Str};
+use crate::format;
+use crate::format::fast::{OptStr, Str};
+use crate::format::meta::{NTD_TYPE, TD_CLASS, TD_TYPE};
 use crate::sys::gather::{self, Copy, Overlap, Range};
 
 /// Every leaf starts at a multiple of this many bytes (every dtype can be viewed in place): the
@@ -29,11 +30,7 @@ use crate::sys::gather::{self, Copy, Overlap, Range};
 /// packed order, so that such a tree's arena is its message as it is (no copy either way).
 pub const ALIGN: usize = crate::sys::storage::ARENA_ALIGN;
 /// The longest description accepted (the meta.json limit of the loader).
-pub const DESCRIPTION_LIMIT: usize = layout::META_LIMIT as usize;
-
-const TD_TYPE: &str = "<class 'tensordict._td.TensorDict'>";
-const TD_CLASS: &str = "tensordict:TensorDict";
-const NTD_TYPE: &str = "<class 'tensordict.tensorclass.NonTensorData'>";
+pub const DESCRIPTION_LIMIT: usize = format::META_LIMIT as usize;
 
 /// `n` rounded up to [`ALIGN`], or `None` on overflow.
 pub fn aligned(n: usize) -> Option<usize> {
@@ -138,7 +135,7 @@ fn write_node(out: &mut Vec<u8>, node: &DescribedNode<'_>) {
     write!(
         out,
         ", \"_format_version\": {}, \"_class\": ",
-        layout::FORMAT_VERSION
+        format::FORMAT_VERSION
     )
     .expect("writing to a Vec never fails");
     json_str(out, TD_CLASS);
@@ -216,7 +213,7 @@ pub fn parse(text: &[u8]) -> Result<(ParsedNode<'_>, usize), String> {
 
 /// One object of a description, classified when it closes.
 enum Raw<'de> {
-    Leaf(&'static layout::DType, Vec<u64>),
+    Leaf(&'static format::DType, Vec<u64>),
     Node(Box<RawNode<'de>>),
     /// A non-tensor value, as JSON text.
     Value(String),
@@ -283,7 +280,7 @@ impl<'de> EntrySeed<'_, 'de> {
     /// Classifies a closed object from its fields.
     fn classify<E: de::Error>(&self, fields: Fields<'de>) -> Result<Field<'de>, E> {
         if let Some(name) = fields.dtype {
-            let Some(dtype) = layout::dtype(&name) else {
+            let Some(dtype) = format::dtype(&name) else {
                 return Err(self.state.fail(format!("unknown dtype {name:?}")));
             };
             if fields.is_nested == Some(true) {
@@ -328,10 +325,10 @@ impl<'de> Visitor<'de> for EntrySeed<'_, 'de> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Field<'de>, A::Error> {
-        if self.state.path.borrow().len() > layout::MAX_DEPTH {
+        if self.state.path.borrow().len() > format::MAX_DEPTH {
             return Err(A::Error::custom(format!(
                 "nested deeper than {}",
-                layout::MAX_DEPTH
+                format::MAX_DEPTH
             )));
         }
         let mut out = Fields::default();
@@ -461,7 +458,7 @@ enum Checked<'a> {
 }
 
 fn check_leaf(
-    dtype: &'static layout::DType,
+    dtype: &'static format::DType,
     shape: Vec<u64>,
     batch: &[u64],
     path: &[Cow<'_, str>],
@@ -474,7 +471,7 @@ fn check_leaf(
         ));
     }
     let overflow = || bad(path, format!("shape {shape:?} overflows"));
-    let nbytes = layout::nbytes(&shape, dtype.itemsize).ok_or_else(overflow)?;
+    let nbytes = format::nbytes(&shape, dtype.itemsize).ok_or_else(overflow)?;
     let offset = aligned(*end).ok_or_else(overflow)?;
     *end = offset.checked_add(nbytes).ok_or_else(overflow)?;
     Ok(ParsedLeaf {

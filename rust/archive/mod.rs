@@ -30,7 +30,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{Error, Result};
-use crate::format::layout;
+use crate::format;
 use crate::sys::parallel;
 use crate::sys::storage::{self, MapMode, Region};
 
@@ -199,14 +199,14 @@ pub fn is_archive(path: &Path) -> bool {
     if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
         return false;
     }
-    Archive::open(path, MapMode::ReadOnly).is_ok_and(|ar| ar.entry(layout::META_FILE).is_some())
+    Archive::open(path, MapMode::ReadOnly).is_ok_and(|ar| ar.entry(format::META_FILE).is_some())
 }
 
 /// Recomputes the CRC-32 of every STORED entry after in-place writes and patches the local
 /// headers (or data descriptors) and the central directory. Returns the entries changed.
 pub fn refresh_checksums(path: &Path, num_threads: usize) -> Result<Vec<String>> {
     let ar = Archive::open(path, MapMode::ReadOnly)?;
-    if ar.entry(layout::META_FILE).is_none() {
+    if ar.entry(format::META_FILE).is_none() {
         return Err(bad(&ar.path, "not a tensordict archive: no top-level meta.json"));
     }
     let stored: Vec<usize> = (0..ar.entries.len())

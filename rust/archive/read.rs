@@ -13,7 +13,7 @@ use std::path::Path;
 use crate::archive::zip::{bad, entry_path, Archive};
 use crate::archive::*;
 use crate::error::{Error, Result};
-use crate::format::layout::{self, Entry, LeafMeta, NodeMeta};
+use crate::format::{self, Entry, LeafMeta, NodeMeta};
 use crate::sys::parallel;
 use crate::sys::storage::{self, MapMode};
 use crate::tree::load::{LoadedEntry, LoadedNode};
@@ -42,9 +42,9 @@ pub(crate) fn parse_ahead(ar: &Archive) -> Parsed {
         .filter(|&i| {
             let e = &ar.entries[i];
             e.method == STORED
-                && (e.name == layout::META_FILE
+                && (e.name == format::META_FILE
                     || e.name
-                        .strip_suffix(layout::META_FILE)
+                        .strip_suffix(format::META_FILE)
                         .is_some_and(|d| d.ends_with('/')))
         })
         .collect();
@@ -82,9 +82,9 @@ pub(crate) fn walk(
     depth: usize,
     jobs: &mut Vec<Option<LeafJob>>,
 ) -> Result<LoadedNode> {
-    let meta_name = format!("{dir}{}", layout::META_FILE);
+    let meta_name = format!("{dir}{}", format::META_FILE);
     let meta_path = entry_path(&ar.path, &meta_name);
-    if depth > layout::MAX_DEPTH {
+    if depth > format::MAX_DEPTH {
         return Err(bad(&meta_path, "the tree is nested too deeply"));
     }
     let meta = match take_meta(ar, parsed, &meta_name)? {
@@ -104,10 +104,10 @@ pub(crate) fn walk(
                 if nbytes == 0 {
                     jobs.push(None);
                 } else {
-                    let encoded = format!("{dir}{}", layout::portable_leaf_file(&key));
-                    let name = match layout::legacy_name(&key) {
+                    let encoded = format!("{dir}{}", format::portable_leaf_file(&key));
+                    let name = match format::legacy_name(&key) {
                         Some(raw) if ar.entry(&encoded).is_none() => {
-                            format!("{dir}{raw}{}", layout::LEAF_SUFFIX)
+                            format!("{dir}{raw}{}", format::LEAF_SUFFIX)
                         }
                         _ => encoded,
                     };
@@ -143,8 +143,8 @@ pub(crate) fn walk(
                 ));
             }
             Entry::Collection => {
-                let child = format!("{dir}{}/", layout::portable_key(&key));
-                let child_meta = format!("{child}{}", layout::META_FILE);
+                let child = format!("{dir}{}/", format::portable_key(&key));
+                let child_meta = format!("{child}{}", format::META_FILE);
                 if ar.entry(&child_meta).is_none() {
                     let at = entry_path(&ar.path, &child_meta);
                     let what = if ar.dirs.contains(child.trim_end_matches('/'))
@@ -187,8 +187,8 @@ pub(crate) fn walk(
 pub(crate) fn read_meta(ar: &Archive, name: &str) -> Result<NodeMeta> {
     let at = entry_path(&ar.path, name);
     let e = ar.entry(name).ok_or_else(|| bad(&at, "meta.json is missing"))?;
-    let bytes = ar.read(e, layout::META_LIMIT)?;
-    layout::parse_meta(&bytes, &at)
+    let bytes = ar.read(e, format::META_LIMIT)?;
+    format::parse_meta(&bytes, &at)
 }
 
 /// The bytes of one leaf: a view when STORED and aligned for its dtype, else a copy.

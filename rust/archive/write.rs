@@ -22,7 +22,7 @@ use std::sync::Arc;
 use crate::archive::staging::{create_staging, sweep_stale};
 use crate::archive::*;
 use crate::error::{Error, Result};
-use crate::format::layout::{self, EntryMeta};
+use crate::format::{self, EntryMeta};
 use crate::sys::dir::Dir;
 use crate::sys::parallel;
 use crate::sys::storage;
@@ -111,7 +111,7 @@ fn plan_node(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Vec<
             EntrySpec::Leaf(i) => {
                 let leaf = &leaves[*i];
                 if leaf.nbytes > 0 {
-                    files.push((layout::portable_leaf_file(key), *i));
+                    files.push((format::portable_leaf_file(key), *i));
                 }
                 metas.push((
                     key.as_str(),
@@ -123,18 +123,18 @@ fn plan_node(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Vec<
                 ));
             }
             EntrySpec::Node(_) => {
-                dirs.push((layout::portable_key(key), entry));
+                dirs.push((format::portable_key(key), entry));
                 metas.push((key.as_str(), EntryMeta::TensorDict));
             }
             EntrySpec::NonTensor(_) => {
-                dirs.push((layout::portable_key(key), entry));
+                dirs.push((format::portable_key(key), entry));
                 metas.push((key.as_str(), EntryMeta::NonTensorData));
             }
         }
     }
     out.push(meta_entry(
-        format!("{dir}{}", layout::META_FILE),
-        layout::tensordict_meta(metas, &node.batch),
+        format!("{dir}{}", format::META_FILE),
+        format::tensordict_meta(metas, &node.batch),
     ));
     files.sort();
     for (name, i) in files {
@@ -156,8 +156,8 @@ fn plan_node(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Vec<
         match entry {
             EntrySpec::Node(child) => plan_node(&format!("{dir}{name}/"), child, leaves, out),
             EntrySpec::NonTensor(value) => out.push(meta_entry(
-                format!("{dir}{name}/{}", layout::META_FILE),
-                layout::non_tensor_meta(value),
+                format!("{dir}{name}/{}", format::META_FILE),
+                format::non_tensor_meta(value),
             )),
             EntrySpec::Leaf(_) => {}
         }

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::archive;
 use crate::error::Error;
-use crate::format::layout;
+use crate::format;
 use crate::py::buffer::Buffer;
 use crate::report::render;
 use crate::report::summary;
@@ -244,7 +244,7 @@ pub fn flush_buffers(py: Python<'_>, buffers: Vec<Bound<'_, Buffer>>) -> PyResul
 /// The file-name component a key is stored under (tensordict's robust key encoding).
 #[pyfunction]
 pub fn encode_key(key: &str) -> String {
-    layout::encode_key(key)
+    format::encode_key(key)
 }
 
 fn summary_to_py<'py>(py: Python<'py>, node: summary::SummaryNode) -> PyResult<Bound<'py, PyTuple>> {

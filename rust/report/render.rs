@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use crate::format::layout::PyJsonFormatter;
+use crate::format::write::PyJsonFormatter;
 use crate::report::summary::{SummaryEntry, SummaryNode};
 
 /// The repr's line width (`_repr.WIDTH`).

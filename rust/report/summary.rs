@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::archive::Archive;
 use crate::error::{Error, Result};
-use crate::format::layout::{self, Entry, NodeMeta, TensorDictMeta};
+use crate::format::{self, Entry, NodeMeta, TensorDictMeta};
 use crate::sys::dir::{Dir, EntryKind};
 use crate::sys::storage::MapMode;
 
@@ -36,16 +36,16 @@ pub struct SummaryNode {
 }
 
 fn read_meta(dir: &Dir) -> Result<NodeMeta> {
-    let path = dir.child_path(layout::META_FILE);
+    let path = dir.child_path(format::META_FILE);
     let bytes = dir
-        .read_limited(layout::META_FILE, layout::META_LIMIT)
+        .read_limited(format::META_FILE, format::META_LIMIT)
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::InvalidData | std::io::ErrorKind::Other => {
                 Error::invalid(&path, e.to_string())
             }
             _ => Error::io(&path, e),
         })?;
-    layout::parse_meta(&bytes, &path)
+    format::parse_meta(&bytes, &path)
 }
 
 fn tensordict(meta: NodeMeta, at: &Path, what: &str) -> Result<TensorDictMeta> {
@@ -59,7 +59,7 @@ fn tensordict(meta: NodeMeta, at: &Path, what: &str) -> Result<TensorDictMeta> {
 }
 
 fn child_dir(parent: &Dir, key: &str) -> Result<Dir> {
-    let name = layout::encode_key(key);
+    let name = format::encode_key(key);
     let path = parent.child_path(&name);
     match parent.kind(&name).map_err(|e| Error::io(&path, e))? {
         EntryKind::Dir => parent.open_dir(&name).map_err(|e| Error::io(&path, e)),
@@ -81,7 +81,7 @@ fn child_dir(parent: &Dir, key: &str) -> Result<Dir> {
 /// Summarizes `dir`, whose meta.json (`meta`) was read by its parent (each meta.json is read
 /// and parsed once).
 fn summarize_dir(dir: &Dir, meta: TensorDictMeta, depth: usize) -> Result<SummaryNode> {
-    if depth > layout::MAX_DEPTH {
+    if depth > format::MAX_DEPTH {
         return Err(Error::invalid(dir.path(), "the tree is nested too deeply"));
     }
     let mut entries = Vec::with_capacity(meta.entries.len());
@@ -122,7 +122,7 @@ pub fn summarize(prefix: &Path) -> Result<SummaryNode> {
 /// validated as the loader does; data entries are neither read nor inflated).
 pub fn summarize_archive(path: &Path) -> Result<SummaryNode> {
     let ar = Archive::open(path, MapMode::ReadOnly)?;
-    let at = ar.path.join(layout::META_FILE);
+    let at = ar.path.join(format::META_FILE);
     let meta = match archive_meta(&ar, "")? {
         None => return Err(Error::invalid(&at, "meta.json is missing")),
         Some(meta) => tensordict(meta, &at, "archive")?,
@@ -131,16 +131,16 @@ pub fn summarize_archive(path: &Path) -> Result<SummaryNode> {
 }
 
 fn archive_meta(ar: &Archive, dir: &str) -> Result<Option<NodeMeta>> {
-    let name = format!("{dir}{}", layout::META_FILE);
+    let name = format!("{dir}{}", format::META_FILE);
     let Some(e) = ar.entry(&name) else { return Ok(None) };
-    let bytes = ar.read(e, layout::META_LIMIT)?;
-    layout::parse_meta(&bytes, &ar.path.join(&name)).map(Some)
+    let bytes = ar.read(e, format::META_LIMIT)?;
+    format::parse_meta(&bytes, &ar.path.join(&name)).map(Some)
 }
 
 /// Summarizes the archive directory `dir`, whose meta.json (`meta`) was read by its parent.
 fn summarize_entry(ar: &Archive, dir: &str, meta: TensorDictMeta, depth: usize) -> Result<SummaryNode> {
-    if depth > layout::MAX_DEPTH {
-        let at = ar.path.join(format!("{dir}{}", layout::META_FILE));
+    if depth > format::MAX_DEPTH {
+        let at = ar.path.join(format!("{dir}{}", format::META_FILE));
         return Err(Error::invalid(&at, "the tree is nested too deeply"));
     }
     let mut entries = Vec::with_capacity(meta.entries.len());
@@ -152,7 +152,7 @@ fn summarize_entry(ar: &Archive, dir: &str, meta: TensorDictMeta, depth: usize) 
                 nbytes: leaf.nbytes,
             },
             Entry::Collection => {
-                let child = format!("{dir}{}/", layout::encode_key(&key));
+                let child = format!("{dir}{}/", format::encode_key(&key));
                 match archive_meta(ar, &child)? {
                     None => {
                         return Err(Error::invalid(
@@ -215,7 +215,7 @@ mod tests {
         std::fs::remove_file(p.join("sub/x.memmap")).unwrap();
         let s = summarize(&p).unwrap();
         assert_eq!(s.batch, vec![3]);
-        assert_eq!(s.format_version, Some(layout::FORMAT_VERSION));
+        assert_eq!(s.format_version, Some(format::FORMAT_VERSION));
         let SummaryEntry::Node(sub) = &s.entries[0].1 else {
             panic!()
         };

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::format::layout;
+use crate::format;
 use crate::sys::dir::{self, Dir, EntryKind};
 use crate::sys::storage;
 
@@ -82,7 +82,7 @@ fn valid_component(name: &str) -> bool {
 }
 
 fn valid_path(path: &[String]) -> bool {
-    path.len() <= layout::MAX_DEPTH + 2 && path.iter().all(|c| valid_component(c))
+    path.len() <= format::MAX_DEPTH + 2 && path.iter().all(|c| valid_component(c))
 }
 
 /// A staged entry's name: `f<n>` (data), `m<n>` (meta.json) or `d<n>` (a whole new
@@ -225,7 +225,7 @@ fn append(dir: &Dir, name: &str, bytes: &[u8]) -> Result<()> {
 /// Removes what a staged sub-directory holds (made by this save inside its own 0700 staging
 /// directory, so all of it is the save's), then the directory. Links are removed, not followed.
 fn remove_staged_tree(parent: &Dir, name: &str, depth: usize) {
-    if depth <= layout::MAX_DEPTH + 1 {
+    if depth <= format::MAX_DEPTH + 1 {
         if let Ok(sub) = parent.open_dir(name) {
             for entry in sub.entry_names().unwrap_or_default() {
                 match sub.kind(&entry) {

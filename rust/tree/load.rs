@@ -12,7 +12,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::format::layout::{self, Entry, LeafMeta, NodeMeta, TensorDictMeta};
+use crate::format::{self, Entry, LeafMeta, NodeMeta, TensorDictMeta};
 use crate::sys::dir::{self, Dir, EntryKind};
 use crate::sys::parallel;
 use crate::sys::storage::{self, MapMode, Region};
@@ -73,7 +73,7 @@ pub fn load_tree(prefix: &Path) -> Result<(LoadedNode, Vec<Option<Region>>)> {
         let identity = root.identity().map_err(|e| Error::io(prefix, e))?;
         commit::settle(&root)?;
         // Held open for the whole load, the root meta.json's inode cannot be reused.
-        let pin = root.open_read(layout::META_FILE).ok();
+        let pin = root.open_read(format::META_FILE).ok();
         let pinned = pin.as_ref().and_then(dir::file_id);
         let result = load_from(&root);
         let changed = commit::journal_present(&root)
@@ -96,7 +96,7 @@ pub fn load_tree(prefix: &Path) -> Result<(LoadedNode, Vec<Option<Region>>)> {
 
 /// The identity of the root meta.json now in place.
 fn meta_identity(root: &Dir) -> Option<(u64, u64)> {
-    root.stat(layout::META_FILE)
+    root.stat(format::META_FILE)
         .ok()
         .flatten()
         .map(|st| (st.dev, st.ino))
@@ -148,9 +148,9 @@ fn load_from(root: &Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
 }
 
 fn read_meta(dir: &Dir) -> Result<NodeMeta> {
-    let path = dir.child_path(layout::META_FILE);
+    let path = dir.child_path(format::META_FILE);
     let bytes = dir
-        .read_limited(layout::META_FILE, layout::META_LIMIT)
+        .read_limited(format::META_FILE, format::META_LIMIT)
         .map_err(|e| match e.raw_os_error() {
             #[cfg(unix)]
             Some(libc::ELOOP) => Error::symlink(&path, "meta.json is a symlink; refusing to follow it"),
@@ -158,11 +158,11 @@ fn read_meta(dir: &Dir) -> Result<NodeMeta> {
             _ if e.kind() == io::ErrorKind::InvalidData => Error::invalid(&path, e.to_string()),
             _ => Error::io(&path, e),
         })?;
-    layout::parse_meta(&bytes, &path)
+    format::parse_meta(&bytes, &path)
 }
 
 fn open_child_dir(parent: &Dir, key: &str) -> Result<Dir> {
-    let name = layout::encode_key(key);
+    let name = format::encode_key(key);
     let path = parent.child_path(&name);
     match parent.kind(&name).map_err(|e| Error::io(&path, e))? {
         EntryKind::Dir => parent.open_dir(&name).map_err(|e| Error::io(&path, e)),
@@ -195,7 +195,7 @@ fn walk(
     count: &mut usize,
 ) -> Result<LoadedNode> {
     let path = rel.iter().fold(root.path().to_path_buf(), |p, c| p.join(c));
-    if depth > layout::MAX_DEPTH {
+    if depth > format::MAX_DEPTH {
         return Err(Error::invalid(&path, "the tree is nested too deeply"));
     }
     let dir = root.open_rel(rel).map_err(|e| Error::io(&path, e))?;
@@ -240,7 +240,7 @@ fn walk(
                 match read_meta(&child)? {
                     NodeMeta::NonTensor(value) => entries.push((key, Some(LoadedEntry::NonTensor(value)))),
                     NodeMeta::TensorDict(sub) => {
-                        children.push((entries.len(), layout::encode_key(&key), sub));
+                        children.push((entries.len(), format::encode_key(&key), sub));
                         entries.push((key, None));
                     }
                 }
@@ -274,13 +274,13 @@ fn walk(
 
 /// The file name of a leaf: the encoded key, or the raw legacy name when only that exists.
 fn leaf_name(dir: &Dir, key: &str) -> Result<String> {
-    let encoded = layout::leaf_file(key);
-    if let Some(raw) = layout::legacy_name(key) {
+    let encoded = format::leaf_file(key);
+    if let Some(raw) = format::legacy_name(key) {
         // (most keys encode to themselves: then there is no other name to look for)
-        if encoded.strip_suffix(layout::LEAF_SUFFIX) == Some(raw) {
+        if encoded.strip_suffix(format::LEAF_SUFFIX) == Some(raw) {
             return Ok(encoded);
         }
-        let legacy = format!("{raw}{}", layout::LEAF_SUFFIX);
+        let legacy = format!("{raw}{}", format::LEAF_SUFFIX);
         if dir
             .kind(&encoded)
             .map_err(|e| Error::io(dir.child_path(&encoded), e))?
@@ -426,7 +426,7 @@ fn verify_dir(
     problems: &mut Vec<String>,
 ) {
     let path = rel.iter().fold(root.path().to_path_buf(), |p, c| p.join(c));
-    if depth > layout::MAX_DEPTH {
+    if depth > format::MAX_DEPTH {
         problems.push(Error::invalid(&path, "the tree is nested too deeply").to_string());
         return;
     }
@@ -483,7 +483,7 @@ fn verify_dir(
                         )
                         .to_string(),
                     ),
-                    Ok(NodeMeta::TensorDict(sub)) => children.push((layout::encode_key(&key), sub)),
+                    Ok(NodeMeta::TensorDict(sub)) => children.push((format::encode_key(&key), sub)),
                     Err(e) => problems.push(e.to_string()),
                 },
                 Err(e) => problems.push(e.to_string()),

@@ -1,7 +1,7 @@
 use serde_json::json;
 
 use super::*;
-use crate::format::layout::DTYPES;
+use crate::format::DTYPES;
 
 fn leaf(key: &str, dtype: &'static str, shape: &[u64], nbytes: usize) -> (String, SummaryEntry) {
     let shape = shape.to_vec();

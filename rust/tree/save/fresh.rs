@@ -19,7 +19,7 @@ use std::path::Path;
 use super::plan::Plan;
 use super::{LeafSpec, NodeSpec, SaveOptions};
 use crate::error::{Error, Result};
-use crate::format::layout;
+use crate::format;
 use crate::sys::dir::{Dir, EntryKind};
 use crate::sys::storage::Region;
 use crate::tree::commit::Staging;
@@ -174,14 +174,14 @@ fn remove_layout(dir: &Dir, depth: usize) {
     let Ok(names) = dir.entry_names() else { return };
     for name in names {
         match dir.kind(&name) {
-            Ok(EntryKind::Dir) if depth <= layout::MAX_DEPTH => {
+            Ok(EntryKind::Dir) if depth <= format::MAX_DEPTH => {
                 if let Ok(sub) = dir.open_dir(&name) {
                     remove_layout(&sub, depth + 1);
                 }
                 // A directory still holding something foreign stays: nothing is lost.
                 let _ = dir.remove_dir(&name);
             }
-            Ok(EntryKind::File) if name == layout::META_FILE || name.ends_with(".memmap") => {
+            Ok(EntryKind::File) if name == format::META_FILE || name.ends_with(".memmap") => {
                 // One that cannot go stays for the next attempt: nothing is lost.
                 let _ = dir.remove_file(&name);
             }

@@ -23,7 +23,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::format::layout;
+use crate::format;
 use crate::sys::dir::{Dir, EntryKind};
 use crate::sys::storage::Region;
 use crate::tree::commit::{self, SaveLock, Staging};
@@ -171,11 +171,11 @@ pub(crate) fn already_exists() -> io::Error {
 /// With `existsok=False`, an existing tree (or any entry this tree would write) is an error.
 /// Decided under the save lock, and checked again after the commit point.
 fn refuse_existing(dir: &Dir, root: &NodeSpec) -> Result<()> {
-    let mut names = vec![layout::META_FILE.to_string()];
+    let mut names = vec![format::META_FILE.to_string()];
     for (key, entry) in &root.entries {
         names.push(match entry {
-            EntrySpec::Leaf(_) => layout::leaf_file(key),
-            _ => layout::encode_key(key),
+            EntrySpec::Leaf(_) => format::leaf_file(key),
+            _ => format::encode_key(key),
         });
     }
     for name in names {
@@ -227,7 +227,7 @@ fn save_locked(
     if !opts.existsok && journal_would_replace(root) {
         commit::withdraw_journal(root);
         staging.remove(root);
-        return Err(Error::io(root.child_path(layout::META_FILE), already_exists()));
+        return Err(Error::io(root.child_path(format::META_FILE), already_exists()));
     }
     commit::apply(root, &journal, opts.durable)?;
     drop(staging);
@@ -235,6 +235,6 @@ fn save_locked(
 }
 
 fn journal_would_replace(root: &Dir) -> bool {
-    root.kind(layout::META_FILE)
+    root.kind(format::META_FILE)
         .map_or(true, |k| k != EntryKind::Missing)
 }

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::{EntrySpec, LeafSpec, NodeSpec, SaveOptions};
 use crate::error::{Error, Result};
-use crate::format::layout::{self, EntryMeta};
+use crate::format::{self, EntryMeta};
 use crate::sys::dir::{Dir, EntryKind, EntryStat};
 use crate::sys::parallel;
 use crate::sys::storage::{self, MapMode, Region};
@@ -50,7 +50,7 @@ struct OldDir {
 impl OldDir {
     fn read(dir: &Dir) -> OldDir {
         let mut old = OldDir::default();
-        let Ok(bytes) = dir.read_limited(layout::META_FILE, layout::META_LIMIT) else {
+        let Ok(bytes) = dir.read_limited(format::META_FILE, format::META_LIMIT) else {
             return old;
         };
         let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&bytes) else {
@@ -59,9 +59,9 @@ impl OldDir {
         for (key, value) in map {
             if let Value::Object(entry) = value {
                 if entry.contains_key("type") {
-                    old.dirs.push(layout::encode_key(&key));
+                    old.dirs.push(format::encode_key(&key));
                 } else if entry.contains_key("dtype") || entry.contains_key("shape") {
-                    old.files.push(layout::leaf_file(&key));
+                    old.files.push(format::leaf_file(&key));
                 }
             }
         }
@@ -75,11 +75,11 @@ impl OldDir {
 
 /// True when `dir/meta.json` is absent or a tensordict meta.json (ours to replace).
 fn meta_is_ours(dir: &Dir) -> Result<bool> {
-    let path = dir.child_path(layout::META_FILE);
-    match dir.stat(layout::META_FILE).map_err(|e| Error::io(&path, e))? {
+    let path = dir.child_path(format::META_FILE);
+    match dir.stat(format::META_FILE).map_err(|e| Error::io(&path, e))? {
         None => Ok(true),
         Some(st) if st.kind == EntryKind::File => {
-            let Ok(bytes) = dir.read_limited(layout::META_FILE, layout::META_LIMIT) else {
+            let Ok(bytes) = dir.read_limited(format::META_FILE, format::META_LIMIT) else {
                 return Ok(false);
             };
             Ok(matches!(
@@ -176,7 +176,7 @@ impl Plan {
             let dir = root.open_rel(rel).map_err(|e| Error::io(&final_path, e))?;
             if !meta_is_ours(&dir)? {
                 return Err(foreign(
-                    &final_path.join(layout::META_FILE),
+                    &final_path.join(format::META_FILE),
                     "a meta.json that is not a tensordict's",
                 ));
             }
@@ -246,7 +246,7 @@ impl Plan {
                     if leaf.nbytes == 0 {
                         continue;
                     }
-                    let name = layout::leaf_file(key);
+                    let name = format::leaf_file(key);
                     if dir.is_some() {
                         // (only a directory that exists has old files to keep or remove)
                         written.insert(name.clone());
@@ -297,7 +297,7 @@ impl Plan {
                     });
                 }
                 EntrySpec::Node(child) => {
-                    let name = layout::encode_key(key);
+                    let name = format::encode_key(key);
                     written.insert(name.clone());
                     // a missing sub-tree is staged whole (see `staged`), not made with a mkdir step
                     let present = dir_present(&final_path, &name, stat(&name)?)?;
@@ -305,12 +305,12 @@ impl Plan {
                     metas.push((key.as_str(), EntryMeta::TensorDict));
                 }
                 EntrySpec::NonTensor(value) => {
-                    let name = layout::encode_key(key);
+                    let name = format::encode_key(key);
                     written.insert(name.clone());
-                    let bytes = layout::non_tensor_meta(value);
+                    let bytes = format::non_tensor_meta(value);
                     if let Some(at) = &staged {
                         let sub = inside(at, &name);
-                        let sub_meta = format!("{sub}/{}", layout::META_FILE);
+                        let sub_meta = format!("{sub}/{}", format::META_FILE);
                         let io_err = |e| Error::io(final_path.join(&name), e);
                         staging.dir(stage).create_dir(&sub).map_err(io_err)?;
                         self.synced_dirs.push((stage, sub));
@@ -329,18 +329,18 @@ impl Plan {
                             .map_err(|e| Error::io(final_path.join(&name), e))?;
                         if !meta_is_ours(&sub)? {
                             return Err(foreign(
-                                &final_path.join(&name).join(layout::META_FILE),
+                                &final_path.join(&name).join(format::META_FILE),
                                 "a meta.json that is not a tensordict's",
                             ));
                         }
                     }
-                    let to = with(&with(rel, &name), layout::META_FILE);
+                    let to = with(&with(rel, &name), format::META_FILE);
                     self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)?;
                     metas.push((key.as_str(), EntryMeta::NonTensorData));
                 }
             }
         }
-        let bytes = layout::tensordict_meta(metas, &node.batch);
+        let bytes = format::tensordict_meta(metas, &node.batch);
         if let Some(d) = &dir {
             self.plan_removals(d, rel, &old, &written, 0)?;
         }
@@ -365,11 +365,11 @@ impl Plan {
             // inside a staged sub-tree: meta.json is written at its final name
             return staging
                 .dir(stage)
-                .write_new(&inside(at, layout::META_FILE), &bytes, opts.durable)
-                .map_err(|e| Error::io(final_path.join(layout::META_FILE), e));
+                .write_new(&inside(at, format::META_FILE), &bytes, opts.durable)
+                .map_err(|e| Error::io(final_path.join(format::META_FILE), e));
         }
         // Post-order: a directory's meta.json goes in after its children's, the root's last.
-        let to = with(rel, layout::META_FILE);
+        let to = with(rel, format::META_FILE);
         self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)
     }
 
@@ -411,7 +411,7 @@ impl Plan {
         staging
             .dir(stage)
             .write_new(&staged, bytes, durable)
-            .map_err(|e| Error::io(at.join(layout::META_FILE), e))?;
+            .map_err(|e| Error::io(at.join(format::META_FILE), e))?;
         self.metas.push(Op::Rename {
             stage,
             name: staged,
@@ -442,7 +442,7 @@ impl Plan {
                 }
             }
         }
-        if depth >= layout::MAX_DEPTH {
+        if depth >= format::MAX_DEPTH {
             return Ok(());
         }
         for name in old.dirs.iter().filter(|n| !keep.contains(*n)) {
@@ -453,10 +453,10 @@ impl Plan {
             let sub_rel = with(rel, name);
             let sub_old = OldDir::read(&sub);
             self.plan_removals(&sub, &sub_rel, &sub_old, &HashSet::new(), depth + 1)?;
-            if let Ok(Some(st)) = sub.stat(layout::META_FILE) {
+            if let Ok(Some(st)) = sub.stat(format::META_FILE) {
                 if st.kind == EntryKind::File {
                     self.removals.push(Op::Unlink {
-                        path: with(&sub_rel, layout::META_FILE),
+                        path: with(&sub_rel, format::META_FILE),
                         dev: st.dev,
                         ino: st.ino,
                     });

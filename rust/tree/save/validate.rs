@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::{EntrySpec, LeafSpec, NodeSpec};
 use crate::error::{Error, Result};
-use crate::format::layout;
+use crate::format;
 
 /// Checks that the tree can be stored and loaded back: no reserved keys, no two entries on
 /// one file name, sizes consistent with shapes (within the limits the loader enforces),
@@ -15,29 +15,29 @@ pub fn validate(node: &NodeSpec, leaves: &[LeafSpec<'_>], path: &Path) -> Result
 }
 
 fn validate_at(node: &NodeSpec, leaves: &[LeafSpec<'_>], path: &Path, depth: usize) -> Result<()> {
-    if depth > layout::MAX_DEPTH {
+    if depth > format::MAX_DEPTH {
         return Err(Error::tree(
             path,
             format!(
                 "the tree is nested more than {} levels deep, which no loader here would read back",
-                layout::MAX_DEPTH
+                format::MAX_DEPTH
             ),
         ));
     }
     let mut names: HashSet<String> = HashSet::new();
     for (key, entry) in &node.entries {
-        if layout::RESERVED_KEYS.contains(&key.as_str()) {
+        if format::RESERVED_KEYS.contains(&key.as_str()) {
             return Err(Error::tree(
                 path,
                 format!("key {key:?} is reserved by the meta.json format and would be lost; rename it"),
             ));
         }
         let name = match entry {
-            EntrySpec::Leaf(_) => layout::leaf_file(key),
-            _ => layout::encode_key(key),
+            EntrySpec::Leaf(_) => format::leaf_file(key),
+            _ => format::encode_key(key),
         };
-        let folded = layout::fold_case(&name);
-        if folded == layout::META_FILE || !names.insert(folded) {
+        let folded = format::fold_case(&name);
+        if folded == format::META_FILE || !names.insert(folded) {
             return Err(Error::tree(
                 path,
                 format!("key {key:?} would be stored as {name:?}, which another entry uses"),
@@ -48,13 +48,13 @@ fn validate_at(node: &NodeSpec, leaves: &[LeafSpec<'_>], path: &Path, depth: usi
                 let leaf = leaves
                     .get(*i)
                     .ok_or_else(|| Error::tree(path, format!("key {key:?}: no such leaf")))?;
-                let dt = layout::dtype(&leaf.dtype).ok_or_else(|| {
+                let dt = format::dtype(&leaf.dtype).ok_or_else(|| {
                     Error::tree(
                         path,
                         format!("key {key:?}: dtype {:?} cannot be stored", leaf.dtype),
                     )
                 })?;
-                let expect = layout::nbytes(&leaf.shape, dt.itemsize).ok_or_else(|| {
+                let expect = format::nbytes(&leaf.shape, dt.itemsize).ok_or_else(|| {
                     Error::tree(path, format!("key {key:?}: shape {:?} overflows", leaf.shape))
                 })?;
                 if expect != leaf.nbytes || leaf.data.is_some_and(|d| d.len() != expect) {

@@ -1,7 +1,7 @@
 use std::path::Path;
 
 use super::parse;
-use crate::format::layout::{
+use crate::format::{
     non_tensor_meta, parse_meta, parse_meta_generic, tensordict_meta, Entry, EntryMeta, NodeMeta, DTYPES,
 };
 
@@ -31,7 +31,7 @@ fn agree(bytes: &[u8]) -> Option<NodeMeta> {
     fast
 }
 
-fn tensordict(json: &str) -> crate::format::layout::TensorDictMeta {
+fn tensordict(json: &str) -> crate::format::TensorDictMeta {
     match agree(json.as_bytes()) {
         Some(NodeMeta::TensorDict(td)) => td,
         other => panic!("not on the fast path as a TensorDict: {other:?} for {json}"),

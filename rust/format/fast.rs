@@ -5,7 +5,7 @@
 //!
 //! It accepts only the files it understands completely: anything unusual (a duplicated key, a
 //! value of an unexpected type, an unknown dtype, a shape that does not fit, a format version
-//! from the future, broken JSON) makes it give up (`None`), and `layout::parse_meta` parses
+//! from the future, broken JSON) makes it give up (`None`), and `format::parse_meta` parses
 //! the file again with the generic code, which is the reference behaviour and words the
 //! error. So a file this path accepts yields what the generic parser yields (the unit tests
 //! check that on valid, odd and damaged files), and a damaged file still gets the generic
@@ -23,7 +23,8 @@ use std::path::Path;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use crate::format::layout::{self, DType, Entry, LeafMeta, NodeMeta, TensorDictMeta};
+use super::meta::{self, DType, Entry, LeafMeta, NodeMeta, TensorDictMeta};
+use super::parse::parse_entry;
 
 /// One top-level value, as far as the fast path reads it.
 enum Slot {
@@ -60,7 +61,7 @@ pub fn parse(bytes: &[u8]) -> Option<NodeMeta> {
 }
 
 fn finish(top: Top<'_>) -> Option<NodeMeta> {
-    if top.format_version.is_some_and(|v| v > layout::FORMAT_VERSION) {
+    if top.format_version.is_some_and(|v| v > meta::FORMAT_VERSION) {
         return None;
     }
     // A key given twice: the generic parser decides what that means (the last one wins).
@@ -96,7 +97,7 @@ fn tensordict(top: Top<'_>) -> Option<TensorDictMeta> {
     let device = match top.device {
         None | Some(None) => None,
         Some(Some(s)) if s == "None" => None,
-        Some(Some(s)) if layout::valid_device(&s) => Some(s.into_owned()),
+        Some(Some(s)) if meta::valid_device(&s) => Some(s.into_owned()),
         Some(Some(_)) => return None,
     };
     let mut entries = Vec::with_capacity(top.entries.len());
@@ -109,10 +110,10 @@ fn tensordict(top: Top<'_>) -> Option<TensorDictMeta> {
                 if !prefix || shape.iter().any(|&d| d > i64::MAX as u64) {
                     return None;
                 }
-                let nbytes = layout::nbytes(&shape, dtype.itemsize)?;
+                let nbytes = meta::nbytes(&shape, dtype.itemsize)?;
                 Entry::Leaf(LeafMeta { dtype, shape, nbytes })
             }
-            Slot::Generic(value) => match layout::parse_entry(&key, &value, &batch, Path::new("")) {
+            Slot::Generic(value) => match parse_entry(&key, &value, &batch, Path::new("")) {
                 Ok(Some(entry)) => entry,
                 Ok(None) => continue,
                 Err(_) => return None,
@@ -206,7 +207,7 @@ impl<'de> Visitor<'de> for DtypeSeed {
         f.write_str("a dtype")
     }
     fn visit_str<E: de::Error>(self, s: &str) -> Result<&'static DType, E> {
-        layout::dtype(s).ok_or_else(give_up)
+        meta::dtype(s).ok_or_else(give_up)
     }
 }
 
