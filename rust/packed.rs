@@ -28,7 +28,7 @@ use crate::sys::gather::{self, Copy, Overlap, Range};
 /// Every leaf starts at a multiple of this many bytes (every dtype can be viewed in place): the
 /// alignment of the parts of an anonymous arena, whose small parts `memmap_()` lays out in
 /// packed order, so that such a tree's arena is its message as it is (no copy either way).
-pub const ALIGN: usize = crate::sys::storage::ARENA_ALIGN;
+pub const ALIGN: usize = crate::sys::anon::ARENA_ALIGN;
 /// The longest description accepted (the meta.json limit of the loader).
 pub const DESCRIPTION_LIMIT: usize = format::META_LIMIT as usize;
 

@@ -119,7 +119,7 @@ pub fn read(path: &Path) -> Result<ReadFile> {
         } else if offset % (info.dtype.bitsize() / 8).max(1) == 0 {
             Some(TensorBytes::InFile { offset, len })
         } else {
-            let copy = storage::anonymous(Some(&bytes[offset..offset + len]), len)?;
+            let copy = crate::sys::anon::anonymous(Some(&bytes[offset..offset + len]), len)?;
             Some(TensorBytes::Copied(copy))
         };
         tensors.push(ReadTensor {

@@ -15,7 +15,7 @@ use crate::archive::*;
 use crate::error::{Error, Result};
 use crate::format::{self, Entry, LeafMeta, NodeMeta};
 use crate::sys::parallel;
-use crate::sys::storage::{self, MapMode};
+use crate::sys::storage::MapMode;
 use crate::tree::load::{LoadedEntry, LoadedNode};
 
 /// A leaf to materialize after the walk.
@@ -200,7 +200,7 @@ pub(crate) fn leaf_data(ar: &Archive, job: &LeafJob) -> Result<LeafData> {
             len: job.nbytes,
         });
     }
-    let copy = storage::anonymous(None, job.nbytes)?;
+    let copy = crate::sys::anon::anonymous(None, job.nbytes)?;
     let fill = |src: &[u8]| {
         // SAFETY: `copy` is a fresh writable map of `nbytes` bytes that nothing else sees yet,
         // and `src` holds at least `nbytes` bytes (the entry size was checked in the walk).

@@ -161,7 +161,7 @@ fn an_arena_of_small_parts_is_the_packed_layout() {
     // arena's offsets must then be the packed offsets, so that the arena is the message
     let sizes = [1usize, 0, 64, 65, 3, 4096 * 3 + 1, 7, 0, 1 << 19];
     let parts: Vec<(Option<&[u8]>, usize)> = sizes.iter().map(|&n| (None, n)).collect();
-    let (offsets, total) = crate::sys::storage::arena_layout(&parts).unwrap();
+    let (offsets, total) = crate::sys::anon::arena_layout(&parts).unwrap();
     let mut end = 0;
     for (&n, &off) in sizes.iter().zip(&offsets) {
         let packed = aligned(end).unwrap();

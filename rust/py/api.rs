@@ -131,7 +131,7 @@ pub fn write_tree(
 /// zero-filled), with the GIL released. They live in shared arenas (memfds, or unlinked
 /// files) whose descriptors stay open so that the memory can be handed to other processes:
 /// small sources packed back to back in one arena, large ones on their own pages, spread over
-/// one arena per writer thread (see `shared::create`).
+/// one arena per writer thread (see `sys::anon::create`; on Windows one pagefile-backed arena).
 #[pyfunction]
 #[pyo3(signature = (sources, *, num_threads = 0))]
 pub fn anonymous_buffers(
@@ -152,15 +152,7 @@ pub fn anonymous_buffers(
         .iter()
         .map(|&(p, n)| (unsafe { source_slice(p, n) }, n))
         .collect();
-    #[cfg(unix)]
-    let (regions, places) = py.detach(|| crate::sys::shared::create(&slices, num_threads))?;
-    #[cfg(not(unix))]
-    let (regions, places) = {
-        let _ = num_threads;
-        let (region, offsets) = py.detach(|| crate::sys::storage::anonymous_arena(&slices))?;
-        let places: Vec<(usize, usize)> = offsets.into_iter().map(|off| (0, off)).collect();
-        (vec![std::sync::Arc::new(region)], places)
-    };
+    let (regions, places) = py.detach(|| crate::sys::anon::create(&slices, num_threads))?;
     Ok(slices
         .iter()
         .zip(places)

@@ -561,7 +561,7 @@ pub fn build_packed_tree<'py>(
         }
         None if arena && capacity > 0 => {
             let region = py.detach(|| {
-                let region = storage::anonymous(None, capacity)?;
+                let region = crate::sys::anon::anonymous(None, capacity)?;
                 populate(&region);
                 Ok::<_, crate::error::Error>(region)
             })?;
@@ -598,7 +598,7 @@ pub fn build_packed_tree<'py>(
 #[pyo3(signature = (nbytes, populate = true))]
 pub fn packed_arena<'py>(py: Python<'py>, nbytes: usize, populate: bool) -> PyResult<Bound<'py, Buffer>> {
     let region = py.detach(|| {
-        let region = storage::anonymous(None, nbytes.max(1))?;
+        let region = crate::sys::anon::anonymous(None, nbytes.max(1))?;
         if populate {
             self::populate(&region);
         }

@@ -1,5 +1,5 @@
 //! The `#[pyfunction]`s of sharing across processes: mapping memory received from another
-//! process (`shared.rs`) and opening many files at once. GIL released for the work.
+//! process (`sys::anon`) and opening many files at once. GIL released for the work.
 
 use std::path::PathBuf;
 
@@ -36,7 +36,7 @@ pub fn receive_shared(
             "slice of {n} bytes at {off} is outside the {nbytes} bytes of shared memory"
         )));
     }
-    let region = py.detach(|| crate::sys::shared::receive(owned, nbytes))?;
+    let region = py.detach(|| crate::sys::anon::receive(owned, nbytes))?;
     Ok(slices
         .into_iter()
         .map(|(off, n)| Buffer::slice(&region, off, n))
@@ -81,7 +81,7 @@ pub fn group_shared(buffers: Vec<Bound<'_, Buffer>>) -> (Vec<ArenaGroup>, Vec<us
 #[cfg(unix)]
 #[pyfunction]
 pub fn shared_regions() -> usize {
-    crate::sys::shared::live_regions()
+    crate::sys::anon::live_regions()
 }
 
 /// Maps the first `nbytes` of each `(path, nbytes)` file (which must be at least that long),

@@ -1,9 +1,8 @@
 //! Owns: the operating system: directories and their identity, memory maps, anonymous memory, the thread pools and the progress counter, raw copies (where pointer `unsafe` lives).
 //! Uses: `error` only.
 
+pub mod anon;
 pub mod dir;
 pub mod gather;
 pub mod parallel;
-#[cfg(unix)]
-pub mod shared;
 pub mod storage;

@@ -1,9 +1,11 @@
-//! Memory maps: anonymous shared memory and mapped files. No pyo3 here.
+//! Memory maps and the files behind them: the `Region` every map is, mapping files (shared,
+//! copy-on-write, read-only), reserving their space, positioned writes, temporary names.
+//! Anonymous memory (`anon`) is made of the same regions.
 //!
 //! Every map is created with its space already reserved (written, or `fallocate`d), so that a
 //! full file system shows up as an `ENOSPC` error at creation and never as a SIGBUS on first
 //! touch. File maps close their descriptor as soon as the map exists: a tree of 10,000 leaves
-//! keeps no descriptor open. Anonymous memory (`shared.rs`) keeps one per arena, to share it.
+//! keeps no descriptor open. Anonymous memory keeps one per arena, to share it.
 
 use std::fs::File;
 use std::io;
@@ -30,7 +32,7 @@ pub struct Region {
     path: Option<PathBuf>,
     mode: MapMode,
     file: Option<(u64, u64)>,
-    /// The open backing file of shareable anonymous memory (see `shared.rs`): kept so that the
+    /// The open backing file of shareable anonymous memory (see `anon`): kept so that the
     /// memory can be handed to another process. `None` for file maps (they travel by path).
     #[cfg(unix)]
     fd: Option<std::os::fd::OwnedFd>,
@@ -140,6 +142,20 @@ impl Region {
         // SAFETY: the map is alive for the borrow of self and spans len() readable bytes.
         unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()).to_vec() }
     }
+}
+
+/// A new pagefile-backed map of `len` zeroed bytes (Windows' anonymous memory, see
+/// `sys/anon/windows.rs`).
+#[cfg(windows)]
+pub fn map_anonymous(len: usize) -> io::Result<Region> {
+    let map = MmapRaw::from(MmapOptions::new().len(len).map_anon()?);
+    Ok(Region {
+        map,
+        path: None,
+        mode: MapMode::Shared,
+        file: None,
+        archive: None,
+    })
 }
 
 /// Maps the first `len` bytes of an open file.
@@ -350,203 +366,6 @@ pub fn random_suffix() -> String {
     format!("{:016x}", h.finish())
 }
 
-/// Where anonymous maps live: `TENSORDICT_RS_ANON_DIR` when set (used as is, for tests and
-/// for machines with a better place), else `/dev/shm` when it has room, else the temp dir.
-#[cfg(unix)]
-pub(crate) fn anonymous_dirs(len: usize) -> Vec<PathBuf> {
-    if let Some(dir) = std::env::var_os("TENSORDICT_RS_ANON_DIR") {
-        return vec![PathBuf::from(dir)];
-    }
-    let temp = std::env::temp_dir();
-    let shm = Path::new("/dev/shm");
-    if cfg!(target_os = "linux") && free_bytes(shm).is_some_and(|free| free >= len as u64) {
-        vec![shm.to_path_buf(), temp]
-    } else {
-        vec![temp]
-    }
-}
-
-#[cfg(unix)]
-fn free_bytes(dir: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs is plain old data; zeroed is a valid initial value.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out-pointer for the call.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
-}
-
-/// Creates an unnamed file in `dir`: `O_TMPFILE` where the file system has it, else an
-/// exclusively created file with an unguessable name, unlinked at once.
-#[cfg(unix)]
-pub(crate) fn unnamed_file(dir: &Path) -> Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    #[cfg(target_os = "linux")]
-    {
-        match std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
-            .open(dir)
-        {
-            Ok(file) => return Ok(file),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
-                ) => {}
-            Err(e) => return Err(Error::io(dir, e)),
-        }
-    }
-    let path = dir.join(format!("tdrs-{}-{}", std::process::id(), random_suffix()));
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|e| Error::io(&path, e))?;
-    std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
-    Ok(file)
-}
-
-/// Anonymous shared memory of `len` bytes, filled from `src` or zeroed (one memfd, see
-/// `shared.rs`).
-#[cfg(unix)]
-pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
-    crate::sys::shared::anonymous(src, len)
-}
-
-/// Alignment of each part inside an arena (a cache line; enough for every dtype).
-pub const ARENA_ALIGN: usize = 64;
-
-/// Parts of an arena from this size on get their own pages (and are written in parallel).
-pub const LARGE_PART: usize = 1 << 20;
-
-/// Offsets of the parts of an arena and its total length (at least 1 byte): each part at a
-/// multiple of `ARENA_ALIGN`, parts of `LARGE_PART` bytes or more on their own pages.
-pub(crate) fn arena_layout(parts: &[(Option<&[u8]>, usize)]) -> Result<(Vec<usize>, usize)> {
-    const PAGE: usize = 4096;
-    let mut offsets = Vec::with_capacity(parts.len());
-    let mut end = 0usize;
-    for &(_, len) in parts {
-        let align = if len >= LARGE_PART { PAGE } else { ARENA_ALIGN };
-        let offset = end
-            .checked_next_multiple_of(align)
-            .ok_or_else(|| Error::tree("<anonymous>", "the tensors are too large to map"))?;
-        offsets.push(offset);
-        end = offset
-            .checked_add(len)
-            .ok_or_else(|| Error::tree("<anonymous>", "the tensors are too large to map"))?;
-    }
-    Ok((offsets, end.max(1)))
-}
-
-/// Writes the parts that have data at their offsets with `pwritev`, 1024 at a time; the
-/// gaps (alignment, zero-filled parts) are already reserved zeros.
-#[cfg(unix)]
-pub(crate) fn write_parts(
-    file: &File,
-    parts: &[(Option<&[u8]>, usize)],
-    offsets: &[usize],
-) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    static ZEROS: [u8; ARENA_ALIGN] = [0; ARENA_ALIGN];
-    const MAX_IOV: usize = 1024;
-    let mut i = 0;
-    while i < parts.len() {
-        // One run: consecutive parts with data, padding included, up to MAX_IOV vectors.
-        let Some(start) = parts[i].0.map(|_| offsets[i]) else {
-            i += 1;
-            continue;
-        };
-        let mut pieces: Vec<&[u8]> = Vec::with_capacity(MAX_IOV);
-        let mut end = start;
-        while i < parts.len() && pieces.len() + 2 <= MAX_IOV {
-            let (Some(data), len) = parts[i] else { break };
-            if offsets[i] != end {
-                pieces.push(&ZEROS[..offsets[i] - end]);
-            }
-            pieces.push(&data[..len]);
-            end = offsets[i] + len;
-            i += 1;
-        }
-        let iov: Vec<libc::iovec> = pieces
-            .iter()
-            .map(|p| libc::iovec {
-                iov_base: p.as_ptr() as *mut _,
-                iov_len: p.len(),
-            })
-            .collect();
-        // SAFETY: every iovec points into a live slice of `pieces` for its length; pwritev only
-        // reads them.
-        let n = unsafe {
-            libc::pwritev(
-                file.as_raw_fd(),
-                iov.as_ptr(),
-                iov.len() as libc::c_int,
-                start as libc::off_t,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // A short write (signals, runs past the 2 GiB a call writes): finish piece by piece.
-        let mut done = n as usize;
-        let mut at = start;
-        for piece in pieces {
-            if done >= piece.len() {
-                done -= piece.len();
-            } else {
-                write_all_at(file, &piece[done..], (at + done) as u64)?;
-                done = 0;
-            }
-            at += piece.len();
-        }
-    }
-    Ok(())
-}
-
-/// Anonymous shared memory on Windows: a pagefile-backed mapping (memmap2 uses
-/// `CreateFileMappingW` with `INVALID_HANDLE_VALUE`), tested under Wine (`windows_tests.rs`).
-#[cfg(windows)]
-pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
-    let name = std::env::temp_dir().join(format!("tdrs-{}-{}", std::process::id(), random_suffix()));
-    let map = MmapOptions::new()
-        .len(len)
-        .map_anon()
-        .map_err(|e| Error::io(&name, e))?;
-    let map = MmapRaw::from(map);
-    if let Some(data) = src {
-        // SAFETY: the fresh map spans `len` writable bytes and `data.len() == len`.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), map.as_mut_ptr(), data.len()) };
-    }
-    Ok(Region {
-        map,
-        path: None,
-        mode: MapMode::Shared,
-        file: None,
-        archive: None,
-    })
-}
-
-/// Windows: one pagefile-backed map, parts copied in.
-#[cfg(windows)]
-pub fn anonymous_arena(parts: &[(Option<&[u8]>, usize)]) -> Result<(Region, Vec<usize>)> {
-    let (offsets, total) = arena_layout(parts)?;
-    let region = anonymous(None, total)?;
-    for (&(data, _), &off) in parts.iter().zip(&offsets) {
-        if let Some(data) = data {
-            // SAFETY: `off + data.len() <= total`, the map's length, and the map is fresh.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), region.as_ptr().add(off), data.len()) };
-        }
-    }
-    Ok((region, offsets))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -575,7 +394,7 @@ mod tests {
 
     #[test]
     fn arena_offset_is_inside_anonymous_memory_only() {
-        let region = anonymous(None, 256).unwrap();
+        let region = crate::sys::anon::anonymous(None, 256).unwrap();
         let start = region.as_ptr() as usize;
         assert_eq!(region.arena_offset(start + 64, 192), Some(64));
         assert_eq!(region.arena_offset(start, 256), Some(0));

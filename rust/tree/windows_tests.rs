@@ -8,6 +8,7 @@ use std::process::Command;
 use windows_sys::Win32::System::Memory::{VirtualQuery, MEMORY_BASIC_INFORMATION, MEM_COMMIT, MEM_MAPPED};
 use windows_sys::Win32::System::Threading::{GetCurrentProcess, GetProcessHandleCount};
 
+use crate::sys::anon;
 use crate::sys::dir::{self, Dir};
 use crate::sys::storage::{self, Region};
 use crate::tree::commit;
@@ -36,7 +37,7 @@ fn handle_count() -> u32 {
 fn pagefile_map_is_created_written_read_back_and_freed() {
     let len = 24 << 20 | 4096;
     let data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
-    let region = storage::anonymous(Some(&data), len).unwrap();
+    let region = anon::anonymous(Some(&data), len).unwrap();
     let base = region.as_ptr();
     let info = query(base);
     assert_eq!((info.Type, info.State), (MEM_MAPPED, MEM_COMMIT));
@@ -52,25 +53,23 @@ fn pagefile_map_is_created_written_read_back_and_freed() {
     let after = query(base);
     assert!(after.Type != MEM_MAPPED || after.RegionSize < len, "still mapped");
 
-    let zeroed = storage::anonymous(None, 10_000).unwrap();
+    let zeroed = anon::anonymous(None, 10_000).unwrap();
     assert!(zeroed.to_vec().iter().all(|&b| b == 0));
 }
 
 #[test]
 fn anonymous_maps_and_arenas_keep_no_handle() {
     let before = handle_count();
-    let maps: Vec<_> = (0..256)
-        .map(|_| storage::anonymous(None, 4096).unwrap())
-        .collect();
+    let maps: Vec<_> = (0..256).map(|_| anon::anonymous(None, 4096).unwrap()).collect();
     let a = [1u8; 100];
     let arenas: Vec<_> = (0..64)
-        .map(|_| storage::anonymous_arena(&[(Some(&a[..]), 100), (None, 30)]).unwrap())
+        .map(|_| anon::create(&[(Some(&a[..]), 100), (None, 30)], 1).unwrap())
         .collect();
     let after = handle_count();
     assert!(after < before + 32, "{before} -> {after} handles for 320 maps");
-    let (arena, offsets) = &arenas[0];
-    assert_eq!(offsets, &[0, 128]);
-    assert_eq!(&arena.to_vec()[..100], &a[..]);
+    let (arena, places) = &arenas[0];
+    assert_eq!((arena.len(), places.as_slice()), (1, &[(0, 0), (0, 128)][..]));
+    assert_eq!(&arena[0].to_vec()[..100], &a[..]);
     drop((maps, arenas));
 }
 

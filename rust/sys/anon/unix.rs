@@ -1,4 +1,4 @@
-//! Anonymous shared memory that crosses processes. No pyo3 here.
+//! Anonymous shared memory on Unix, which crosses processes.
 //!
 //! The anonymous memory of one call is one kernel object per arena: on Linux a `memfd`, sealed
 //! against shrinking and growing once filled; with `TENSORDICT_RS_ANON_DIR` set (or where
@@ -26,9 +26,10 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use super::{arena_layout, Arenas, ARENA_ALIGN, LARGE_PART};
 use crate::error::{Error, Result};
 use crate::sys::parallel;
-use crate::sys::storage::{self, MapMode, Region, LARGE_PART};
+use crate::sys::storage::{self, write_all_at, MapMode, Region};
 
 /// What the error of a memfd names in place of a path.
 const MEMFD_NAME: &str = "memfd:tensordict-rs";
@@ -155,10 +156,10 @@ fn backing_file(total: usize, holes: &[(usize, usize)]) -> Result<(File, PathBuf
             return Ok((file, PathBuf::from(MEMFD_NAME), true));
         }
     }
-    let dirs = storage::anonymous_dirs(total);
+    let dirs = anonymous_dirs(total);
     let mut last = None;
     for dir in &dirs {
-        let attempt = storage::unnamed_file(dir).and_then(|file| {
+        let attempt = unnamed_file(dir).and_then(|file| {
             storage::reserve_holes(&file, total, holes)
                 .map(|()| file)
                 .map_err(|e| Error::io(dir, e))
@@ -171,6 +172,130 @@ fn backing_file(total: usize, holes: &[(usize, usize)]) -> Result<(File, PathBuf
         }
     }
     Err(last.unwrap_or_else(|| Error::io(std::env::temp_dir(), io::ErrorKind::NotFound.into())))
+}
+
+/// Where anonymous maps live: `TENSORDICT_RS_ANON_DIR` when set (used as is, for tests and
+/// for machines with a better place), else `/dev/shm` when it has room, else the temp dir.
+fn anonymous_dirs(len: usize) -> Vec<PathBuf> {
+    if let Some(dir) = std::env::var_os("TENSORDICT_RS_ANON_DIR") {
+        return vec![PathBuf::from(dir)];
+    }
+    let temp = std::env::temp_dir();
+    let shm = Path::new("/dev/shm");
+    if cfg!(target_os = "linux") && free_bytes(shm).is_some_and(|free| free >= len as u64) {
+        vec![shm.to_path_buf(), temp]
+    } else {
+        vec![temp]
+    }
+}
+
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data; zeroed is a valid initial value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out-pointer for the call.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Creates an unnamed file in `dir`: `O_TMPFILE` where the file system has it, else an
+/// exclusively created file with an unguessable name, unlinked at once.
+fn unnamed_file(dir: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    #[cfg(target_os = "linux")]
+    {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+            .open(dir)
+        {
+            Ok(file) => return Ok(file),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+                ) => {}
+            Err(e) => return Err(Error::io(dir, e)),
+        }
+    }
+    let path = dir.join(format!(
+        "tdrs-{}-{}",
+        std::process::id(),
+        storage::random_suffix()
+    ));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+    Ok(file)
+}
+
+/// Writes the parts that have data at their offsets with `pwritev`, 1024 at a time; the
+/// gaps (alignment, zero-filled parts) are already reserved zeros.
+fn write_parts(file: &File, parts: &[(Option<&[u8]>, usize)], offsets: &[usize]) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    static ZEROS: [u8; ARENA_ALIGN] = [0; ARENA_ALIGN];
+    const MAX_IOV: usize = 1024;
+    let mut i = 0;
+    while i < parts.len() {
+        // One run: consecutive parts with data, padding included, up to MAX_IOV vectors.
+        let Some(start) = parts[i].0.map(|_| offsets[i]) else {
+            i += 1;
+            continue;
+        };
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(MAX_IOV);
+        let mut end = start;
+        while i < parts.len() && pieces.len() + 2 <= MAX_IOV {
+            let (Some(data), len) = parts[i] else { break };
+            if offsets[i] != end {
+                pieces.push(&ZEROS[..offsets[i] - end]);
+            }
+            pieces.push(&data[..len]);
+            end = offsets[i] + len;
+            i += 1;
+        }
+        let iov: Vec<libc::iovec> = pieces
+            .iter()
+            .map(|p| libc::iovec {
+                iov_base: p.as_ptr() as *mut _,
+                iov_len: p.len(),
+            })
+            .collect();
+        // SAFETY: every iovec points into a live slice of `pieces` for its length; pwritev only
+        // reads them.
+        let n = unsafe {
+            libc::pwritev(
+                file.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len() as libc::c_int,
+                start as libc::off_t,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // A short write (signals, runs past the 2 GiB a call writes): finish piece by piece.
+        let mut done = n as usize;
+        let mut at = start;
+        for piece in pieces {
+            if done >= piece.len() {
+                done -= piece.len();
+            } else {
+                write_all_at(file, &piece[done..], (at + done) as u64)?;
+                done = 0;
+            }
+            at += piece.len();
+        }
+    }
+    Ok(())
 }
 
 /// Large parts are spread over more than one arena only when each would get this much: an
@@ -204,9 +329,6 @@ fn assign(parts: &[(Option<&[u8]>, usize)], num_threads: usize) -> (usize, Vec<u
     (count, arena)
 }
 
-/// The arenas of a call and where each part went in them: `(arena, offset)`.
-pub type Arenas = (Vec<Arc<Region>>, Vec<(usize, usize)>);
-
 /// The shareable anonymous arenas holding `parts` (`(data, len)`, data `None`: zeros), and
 /// where each part went: `(arena, offset)`. Small parts are packed back to back into the first
 /// arena (vectored writes); parts of `LARGE_PART` bytes and more sit on their own pages, spread
@@ -221,7 +343,7 @@ pub fn create(parts: &[(Option<&[u8]>, usize)], num_threads: usize) -> Result<Ar
     }
     let layouts = members
         .iter()
-        .map(|idx| storage::arena_layout(&idx.iter().map(|&i| parts[i]).collect::<Vec<_>>()))
+        .map(|idx| arena_layout(&idx.iter().map(|&i| parts[i]).collect::<Vec<_>>()))
         .collect::<Result<Vec<_>>>()?;
     if memfds_wanted() {
         check_memory(layouts.iter().map(|(_, total)| total).sum())?;
@@ -262,7 +384,7 @@ pub fn create(parts: &[(Option<&[u8]>, usize)], num_threads: usize) -> Result<Ar
 /// not entered in the registry (its owner wraps it on its own).
 pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
     let parts = [(src, len)];
-    let (offsets, total) = storage::arena_layout(&parts)?;
+    let (offsets, total) = arena_layout(&parts)?;
     if memfds_wanted() {
         check_memory(total)?;
     }
@@ -291,10 +413,10 @@ fn fill(parts: &[(Option<&[u8]>, usize)], offsets: &[usize], total: usize) -> Re
         .iter()
         .map(|&(data, len)| (data.filter(|_| len < LARGE_PART), len))
         .collect();
-    storage::write_parts(&file, &small, offsets).map_err(|e| Error::io(&place, e))?;
+    write_parts(&file, &small, offsets).map_err(|e| Error::io(&place, e))?;
     for (&(data, len), &off) in parts.iter().zip(offsets) {
         if let Some(data) = data.filter(|_| len >= LARGE_PART) {
-            storage::write_all_at(&file, data, off as u64).map_err(|e| Error::io(&place, e))?;
+            write_all_at(&file, data, off as u64).map_err(|e| Error::io(&place, e))?;
         }
     }
     #[cfg(target_os = "linux")]
