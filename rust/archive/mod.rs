@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{Error, Result};
 use crate::format;
+use crate::sys::identity::{self, FileId};
 use crate::sys::parallel;
 use crate::sys::storage::{self, MapMode, Region};
 
@@ -172,20 +173,6 @@ pub(crate) fn zeros_crc(len: u64) -> u32 {
     h.finalize()
 }
 
-pub(crate) fn file_identity(file: &File) -> io::Result<(u64, u64)> {
-    let md = file.metadata()?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        Ok((md.dev(), md.ino()))
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = md;
-        Ok((0, 0))
-    }
-}
-
 pub(crate) fn os_error(errno_unix: i32, kind: io::ErrorKind) -> io::Error {
     if cfg!(unix) {
         io::Error::from_raw_os_error(errno_unix)
@@ -290,7 +277,7 @@ static REOPENED: Mutex<Reopened> = Mutex::new(Vec::new());
 /// shared by all the leaves of an archive in a process.
 pub fn reopen(
     path: &Path,
-    identity: (u64, u64),
+    identity: FileId,
     offset: usize,
     nbytes: usize,
     shared: bool,
@@ -315,7 +302,7 @@ pub fn reopen(
                 _ => File::open(path),
             }
             .map_err(|e| Error::io(path, e))?;
-            if file_identity(&file).map_err(|e| Error::io(path, e))? != identity {
+            if identity::of_file(&file).map_err(|e| Error::io(path, e))? != identity {
                 return Err(bad(
                     path,
                     "the archive was replaced since this tensor was pickled",

@@ -10,9 +10,9 @@
 use std::fs::File;
 use std::io;
 
-use crate::archive::file_identity;
 use crate::error::{Error, Result};
 use crate::sys::dir::{self, Dir, EntryKind};
+use crate::sys::identity;
 use crate::sys::storage;
 
 /// The name of a staging file of a save to `base`: `.{base}.tdrs-{pid}-{16 hex digits}`.
@@ -60,7 +60,7 @@ fn still_named(parent: &Dir, name: &str, file: &File) -> bool {
     let Ok(Some(st)) = parent.stat(name) else {
         return false;
     };
-    file_identity(file).is_ok_and(|id| id == (st.dev, st.ino)) && st.kind == EntryKind::File
+    identity::of_file(file).is_ok_and(|id| id == st.id()) && st.kind == EntryKind::File
 }
 
 /// Creates the staging file of a save beside the target and locks it for the whole save (the

@@ -24,6 +24,7 @@ use crate::archive::*;
 use crate::error::{Error, Result};
 use crate::format::{self, EntryMeta};
 use crate::sys::dir::Dir;
+use crate::sys::identity;
 use crate::sys::parallel;
 use crate::sys::storage;
 use crate::tree::save::{self, EntrySpec, LeafSpec, NodeSpec};
@@ -483,7 +484,7 @@ pub fn write_archive(
             file.sync_all().map_err(|e| Error::io(&staging_path, e))?;
         }
         let len = file.metadata().map_err(|e| Error::io(&staging_path, e))?.len() as usize;
-        let identity = file_identity(&file).map_err(|e| Error::io(&staging_path, e))?;
+        let identity = identity::of_file(&file).map_err(|e| Error::io(&staging_path, e))?;
         let region = if opts.compression == Compression::Stored {
             Some(
                 storage::map_file(&file, len, Some(target.clone()), opts.mode)

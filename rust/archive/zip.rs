@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::archive::*;
 use crate::error::{Error, Result};
+use crate::sys::identity;
 use crate::sys::storage::{self, MapMode, Region};
 
 /// One validated data entry of an archive.
@@ -110,7 +111,7 @@ impl Archive {
         if len < EOCD_LEN {
             return Err(bad(&path, "not a zip archive: the file is too short"));
         }
-        let identity = file_identity(&file).map_err(|e| Error::io(&path, e))?;
+        let identity = identity::of_file(&file).map_err(|e| Error::io(&path, e))?;
         let region = storage::map_file(&file, len, Some(path.clone()), mode)
             .map_err(|e| Error::io(&path, e))?
             .as_archive(identity);

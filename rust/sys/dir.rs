@@ -11,6 +11,8 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
+use crate::sys::identity::{self, FileId};
+
 /// What a directory entry is, seen without following links.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EntryKind {
@@ -28,6 +30,13 @@ pub struct EntryStat {
     pub dev: u64,
     pub ino: u64,
     pub size: u64,
+}
+
+impl EntryStat {
+    /// The entry's identity (see `sys::identity`).
+    pub fn id(&self) -> FileId {
+        (self.dev, self.ino)
+    }
 }
 
 /// The error of opening something that is not a regular file where one is needed.
@@ -177,12 +186,15 @@ mod imp {
         /// `lstat` of a child: None when it does not exist.
         pub fn stat(&self, name: &str) -> io::Result<Option<EntryStat>> {
             match rfs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => Ok(Some(EntryStat {
-                    kind: kind_of(st.st_mode as u32),
-                    dev: st.st_dev as u64,
-                    ino: st.st_ino as u64,
-                    size: st.st_size as u64,
-                })),
+                Ok(st) => {
+                    let (dev, ino) = identity::of_stat(&st);
+                    Ok(Some(EntryStat {
+                        kind: kind_of(st.st_mode as u32),
+                        dev,
+                        ino,
+                        size: st.st_size as u64,
+                    }))
+                }
                 Err(rustix::io::Errno::NOENT) => Ok(None),
                 Err(e) => Err(e.into()),
             }
@@ -258,9 +270,8 @@ mod imp {
         }
 
         /// Device and inode of the open directory.
-        pub fn identity(&self) -> io::Result<(u64, u64)> {
-            let st = rfs::fstat(&self.fd)?;
-            Ok((st.st_dev as u64, st.st_ino as u64))
+        pub fn identity(&self) -> io::Result<FileId> {
+            identity::of_file(&self.fd)
         }
 
         /// Which mount the directory is on: a rename can only stay within one. The mount id
@@ -315,13 +326,6 @@ mod imp {
         }
     }
 
-    /// Device and inode of a path, following a final symlink like `Dir::open` does.
-    pub fn path_identity(path: &Path) -> io::Result<(u64, u64)> {
-        use std::os::unix::fs::MetadataExt;
-        let md = std::fs::metadata(path)?;
-        Ok((md.dev(), md.ino()))
-    }
-
     /// True for the errors of a file system that has no `flock`.
     pub fn locks_unsupported(e: &io::Error) -> bool {
         matches!(
@@ -336,22 +340,9 @@ mod windows;
 #[cfg(windows)]
 use windows as imp;
 
+pub use imp::locks_unsupported;
 #[cfg(windows)]
-pub use imp::{handle_identity, in_use, LOCK_FILE};
-pub use imp::{locks_unsupported, path_identity};
-
-/// Device and inode of an open file.
-pub fn file_id(file: &File) -> Option<(u64, u64)> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        file.metadata().ok().map(|md| (md.dev(), md.ino()))
-    }
-    #[cfg(windows)]
-    {
-        imp::handle_identity(file).ok()
-    }
-}
+pub use imp::{in_use, LOCK_FILE};
 
 impl Dir {
     /// The path this directory was reached by.

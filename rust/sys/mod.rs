@@ -4,5 +4,6 @@
 pub mod anon;
 pub mod dir;
 pub mod gather;
+pub mod identity;
 pub mod parallel;
 pub mod storage;

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::{Error, Result};
+use crate::sys::identity::{self, FileId};
 
 /// How a file is mapped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,14 +32,14 @@ pub struct Region {
     map: MmapRaw,
     path: Option<PathBuf>,
     mode: MapMode,
-    file: Option<(u64, u64)>,
+    file: Option<FileId>,
     /// The open backing file of shareable anonymous memory (see `anon`): kept so that the
     /// memory can be handed to another process. `None` for file maps (they travel by path).
     #[cfg(unix)]
     fd: Option<std::os::fd::OwnedFd>,
     /// Device and inode of a whole `.tdz` archive this region maps: leaves are parts of it, it
     /// is no leaf's own file (so `file` stays None), and pickles reopen it by this identity.
-    archive: Option<(u64, u64)>,
+    archive: Option<FileId>,
 }
 
 impl std::fmt::Debug for Region {
@@ -75,7 +76,7 @@ impl Region {
     /// Device and inode of the named file this region maps shared (None for anonymous
     /// memory and copy-on-write maps, whose bytes may differ from the file's): a later save
     /// keeps the file at a leaf's name when it still is this one.
-    pub fn file_id(&self) -> Option<(u64, u64)> {
+    pub fn file_id(&self) -> Option<FileId> {
         self.file
     }
 
@@ -96,14 +97,14 @@ impl Region {
 
     /// Marks the region as the map of the whole `.tdz` archive with this device and inode
     /// (see `archive.rs`).
-    pub fn as_archive(mut self, identity: (u64, u64)) -> Self {
+    pub fn as_archive(mut self, identity: FileId) -> Self {
         self.file = None;
         self.archive = Some(identity);
         self
     }
 
     /// Device and inode of the whole `.tdz` archive this region maps, if it maps one.
-    pub fn archive_id(&self) -> Option<(u64, u64)> {
+    pub fn archive_id(&self) -> Option<FileId> {
         self.archive
     }
 
@@ -161,7 +162,7 @@ pub fn map_anonymous(len: usize) -> io::Result<Region> {
 /// Maps the first `len` bytes of an open file.
 pub fn map_file(file: &File, len: usize, path: Option<PathBuf>, mode: MapMode) -> io::Result<Region> {
     let identity = match (mode, &path) {
-        (MapMode::Shared, Some(_)) => file_identity(file),
+        (MapMode::Shared, Some(_)) => identity::of_file(file).ok(),
         _ => None,
     };
     map_file_as(file, len, path, mode, identity)
@@ -174,7 +175,7 @@ pub fn map_file_as(
     len: usize,
     path: Option<PathBuf>,
     mode: MapMode,
-    identity: Option<(u64, u64)>,
+    identity: Option<FileId>,
 ) -> io::Result<Region> {
     let mut opts = MmapOptions::new();
     opts.len(len);
@@ -198,29 +199,6 @@ pub fn map_file_as(
         fd: None,
         archive: None,
     })
-}
-
-#[cfg(unix)]
-fn file_identity(file: &File) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    file.metadata().ok().map(|md| (md.dev(), md.ino()))
-}
-
-#[cfg(windows)]
-fn file_identity(file: &File) -> Option<(u64, u64)> {
-    crate::sys::dir::handle_identity(file).ok()
-}
-
-/// The (device, inode) of a file from its metadata.
-#[cfg(unix)]
-pub fn identity_of(md: &std::fs::Metadata) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    Some((md.dev(), md.ino()))
-}
-
-#[cfg(not(unix))]
-pub fn identity_of(_md: &std::fs::Metadata) -> Option<(u64, u64)> {
-    None
 }
 
 /// True when the file has no hole: its allocated blocks cover its whole size (which is at

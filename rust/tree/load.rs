@@ -14,6 +14,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::format::{self, Entry, LeafMeta, NodeMeta, TensorDictMeta};
 use crate::sys::dir::{self, Dir, EntryKind};
+use crate::sys::identity::{self, FileId};
 use crate::sys::parallel;
 use crate::sys::storage::{self, MapMode, Region};
 use crate::tree::commit;
@@ -70,16 +71,16 @@ pub fn load_tree(prefix: &Path) -> Result<(LoadedNode, Vec<Option<Region>>)> {
     let mut attempt = 0;
     loop {
         let root = Dir::open(prefix).map_err(|e| Error::io(prefix, e))?;
-        let identity = root.identity().map_err(|e| Error::io(prefix, e))?;
+        let root_id = root.identity().map_err(|e| Error::io(prefix, e))?;
         commit::settle(&root)?;
         // Held open for the whole load, the root meta.json's inode cannot be reused.
         let pin = root.open_read(format::META_FILE).ok();
-        let pinned = pin.as_ref().and_then(dir::file_id);
+        let pinned = pin.as_ref().and_then(|f| identity::of_file(f).ok());
         let result = load_from(&root);
         let changed = commit::journal_present(&root)
             || pinned.is_none()
             || meta_identity(&root) != pinned
-            || dir::path_identity(prefix).ok() != Some(identity);
+            || identity::of_path(prefix).ok() != Some(root_id);
         if !changed {
             return result;
         }
@@ -95,11 +96,8 @@ pub fn load_tree(prefix: &Path) -> Result<(LoadedNode, Vec<Option<Region>>)> {
 }
 
 /// The identity of the root meta.json now in place.
-fn meta_identity(root: &Dir) -> Option<(u64, u64)> {
-    root.stat(format::META_FILE)
-        .ok()
-        .flatten()
-        .map(|st| (st.dev, st.ino))
+fn meta_identity(root: &Dir) -> Option<FileId> {
+    root.stat(format::META_FILE).ok().flatten().map(|st| st.id())
 }
 
 /// Leaves mapped per claim of the worker pool: one directory open per claim.
@@ -353,7 +351,7 @@ fn map_checked(
         nbytes,
         Some(path.to_path_buf()),
         mode,
-        storage::identity_of(md),
+        identity::of_metadata(md),
     )
     .map_err(|e| Error::io(path, e))
 }

@@ -28,26 +28,25 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::{arena_layout, Arenas, ARENA_ALIGN, LARGE_PART};
 use crate::error::{Error, Result};
+use crate::sys::identity::{self, FileId};
 use crate::sys::parallel;
 use crate::sys::storage::{self, write_all_at, MapMode, Region};
 
 /// What the error of a memfd names in place of a path.
 const MEMFD_NAME: &str = "memfd:tensordict-rs";
 
-type Identity = (u64, u64);
-
-fn registry() -> &'static Mutex<HashMap<Identity, Weak<Region>>> {
-    static REGISTRY: OnceLock<Mutex<HashMap<Identity, Weak<Region>>>> = OnceLock::new();
+fn registry() -> &'static Mutex<HashMap<FileId, Weak<Region>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<FileId, Weak<Region>>>> = OnceLock::new();
     REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-fn identity(fd: BorrowedFd<'_>) -> io::Result<(Identity, u64)> {
+fn identity(fd: BorrowedFd<'_>) -> io::Result<(FileId, u64)> {
     let st = rustix::fs::fstat(fd)?;
-    Ok(((st.st_dev as u64, st.st_ino as u64), st.st_size as u64))
+    Ok((identity::of_stat(&st), st.st_size as u64))
 }
 
 /// Records `region` as the mapping of its object in this process.
-fn register(id: Identity, region: &Arc<Region>) {
+fn register(id: FileId, region: &Arc<Region>) {
     let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
     if map.len() >= 32 {
         map.retain(|_, weak| weak.strong_count() > 0);
@@ -56,7 +55,7 @@ fn register(id: Identity, region: &Arc<Region>) {
 }
 
 /// The live region of object `id` in this process, if it is mapped and spans `len` bytes.
-fn lookup(id: Identity, len: usize) -> Option<Arc<Region>> {
+fn lookup(id: FileId, len: usize) -> Option<Arc<Region>> {
     let map = registry().lock().unwrap_or_else(|p| p.into_inner());
     map.get(&id)
         .and_then(Weak::upgrade)
@@ -398,7 +397,7 @@ pub fn anonymous(src: Option<&[u8]>, len: usize) -> Result<Region> {
 /// never a SIGBUS later: the large parts with data by their `pwrite`, everything else (small
 /// parts, zeros, padding) by `fallocate` first. Reserving the whole arena first, as for a
 /// file, would allocate the large parts' pages twice (a fifth more CPU time for 1 GiB).
-fn fill(parts: &[(Option<&[u8]>, usize)], offsets: &[usize], total: usize) -> Result<(Region, Identity)> {
+fn fill(parts: &[(Option<&[u8]>, usize)], offsets: &[usize], total: usize) -> Result<(Region, FileId)> {
     let mut holes = Vec::new();
     let mut end = 0;
     for (&(data, len), &off) in parts.iter().zip(offsets) {
@@ -445,7 +444,7 @@ pub fn receive(fd: OwnedFd, len: usize) -> Result<Arc<Region>> {
             "the received descriptor is not shared memory",
         ));
     }
-    let id = (st.st_dev as u64, st.st_ino as u64);
+    let id = identity::of_stat(&st);
     if let Some(region) = lookup(id, len) {
         return Ok(region); // `fd` closes here: this process already maps the object
     }
@@ -469,7 +468,7 @@ mod tests {
 
     /// Whether descriptor number `raw` still refers to the object `id` (`st_dev`, `st_ino`):
     /// a closed number may be free or reused by another test's file, never that object.
-    fn still_open(raw: i32, id: Identity) -> bool {
+    fn still_open(raw: i32, id: FileId) -> bool {
         // SAFETY: the number is only fstat-ed while borrowed, never closed or kept.
         identity(unsafe { BorrowedFd::borrow_raw(raw) }).is_ok_and(|(now, _)| now == id)
     }

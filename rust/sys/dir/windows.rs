@@ -3,13 +3,16 @@
 //! open is not seen.
 //! A directory's lock is `LockFileEx` on a lock file inside it, `LOCK_FILE`, deleted again
 //! when an exclusive lock is released (a killed process leaves it; the next lock reuses it).
-use super::*;
 use std::os::windows::ffi::OsStrExt;
 use std::os::windows::fs::OpenOptionsExt;
 use std::os::windows::io::AsRawHandle;
 use std::sync::Mutex;
+
 use windows_sys::Win32::Foundation::{ERROR_ACCESS_DENIED, ERROR_LOCK_VIOLATION, ERROR_SHARING_VIOLATION};
 use windows_sys::Win32::Storage::FileSystem as wfs;
+
+use super::*;
+use crate::sys::identity::{self, open_entry, FileId};
 
 /// The lock file of a locked directory. `%l` is no `%XX` escape: no key is stored so.
 pub const LOCK_FILE: &str = ".tdrs%lock";
@@ -31,37 +34,6 @@ impl Drop for Held {
             let _ = std::fs::remove_file(&self.path);
         }
     }
-}
-
-fn info(file: &File) -> io::Result<wfs::BY_HANDLE_FILE_INFORMATION> {
-    // SAFETY: the struct is plain old data; zeroed is a valid initial value.
-    let mut info: wfs::BY_HANDLE_FILE_INFORMATION = unsafe { std::mem::zeroed() };
-    // SAFETY: `file` owns a valid handle for the call and `info` is a valid out-pointer.
-    if unsafe { wfs::GetFileInformationByHandle(file.as_raw_handle(), &mut info) } == 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(info)
-}
-
-/// Volume serial number and file index: Windows' device and inode.
-pub fn handle_identity(file: &File) -> io::Result<(u64, u64)> {
-    let info = info(file)?;
-    let index = (u64::from(info.nFileIndexHigh) << 32) | u64::from(info.nFileIndexLow);
-    Ok((u64::from(info.dwVolumeSerialNumber), index))
-}
-
-/// Opens an entry for its metadata only (no access rights, every share mode), without
-/// following a final link; backup semantics let a directory be opened too.
-fn open_entry(path: &Path, follow: bool) -> io::Result<File> {
-    let mut flags = wfs::FILE_FLAG_BACKUP_SEMANTICS;
-    if !follow {
-        flags |= wfs::FILE_FLAG_OPEN_REPARSE_POINT;
-    }
-    File::options()
-        .access_mode(0)
-        .share_mode(SHARE_ALL)
-        .custom_flags(flags)
-        .open(path)
 }
 
 fn refuse_link(path: &Path) -> io::Result<()> {
@@ -139,7 +111,7 @@ impl Dir {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let info = info(&file)?;
+        let info = identity::handle_info(&file)?;
         let attrs = info.dwFileAttributes;
         let kind = if attrs & wfs::FILE_ATTRIBUTE_REPARSE_POINT != 0 {
             EntryKind::Symlink
@@ -148,7 +120,7 @@ impl Dir {
         } else {
             EntryKind::File
         };
-        let (dev, ino) = handle_identity(&file)?;
+        let (dev, ino) = identity::of_info(&info);
         Ok(Some(EntryStat {
             kind,
             dev,
@@ -189,8 +161,8 @@ impl Dir {
     pub fn link_unnamed(&self, _file: &File, _name: &str) -> io::Result<()> {
         Err(io::ErrorKind::Unsupported.into())
     }
-    pub fn identity(&self) -> io::Result<(u64, u64)> {
-        path_identity(&self.path)
+    pub fn identity(&self) -> io::Result<FileId> {
+        identity::of_path(&self.path)
     }
     /// The volume (a rename stays within one).
     pub fn mount(&self) -> io::Result<u64> {
@@ -249,8 +221,8 @@ impl Dir {
             }
             // The lock counts only if the file still has the name: a holder deletes it
             // on release, so a waiter may have locked a file that is gone.
-            let current = open_entry(&path, false).and_then(|f| handle_identity(&f));
-            if current.ok() == handle_identity(&file).ok() {
+            let current = open_entry(&path, false).and_then(|f| identity::of_file(&f));
+            if current.ok() == identity::of_file(&file).ok() {
                 *slot = Some(Held {
                     _file: file,
                     path,
@@ -271,11 +243,6 @@ impl Dir {
         names.sort();
         Ok(names)
     }
-}
-
-/// Volume serial number and file index of a directory (following a final link).
-pub fn path_identity(path: &Path) -> io::Result<(u64, u64)> {
-    handle_identity(&open_entry(path, true)?)
 }
 
 /// True for the error of a directory where no lock file can be made.

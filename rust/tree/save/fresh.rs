@@ -140,7 +140,7 @@ fn claim(parent: &Dir, name: &str) -> Option<Dir> {
 /// True while `dir` is the directory at `name` in `parent` (not renamed into place yet).
 fn still_at(parent: &Dir, name: &str, dir: &Dir) -> bool {
     match (parent.stat(name), dir.identity()) {
-        (Ok(Some(st)), Ok(id)) => st.kind == EntryKind::Dir && (st.dev, st.ino) == id,
+        (Ok(Some(st)), Ok(id)) => st.kind == EntryKind::Dir && st.id() == id,
         _ => false,
     }
 }

@@ -25,6 +25,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::format;
 use crate::sys::dir::{Dir, EntryKind};
+use crate::sys::identity::FileId;
 use crate::sys::storage::Region;
 use crate::tree::commit::{self, SaveLock, Staging};
 
@@ -48,7 +49,7 @@ pub struct LeafSpec<'a> {
     pub nbytes: usize,
     /// (device, inode) of the file the source maps (shared), when that file may be the
     /// one at the leaf's target name: then it is kept instead of rewritten.
-    pub same_file: Option<(u64, u64)>,
+    pub same_file: Option<FileId>,
 }
 
 /// One entry of a node: a leaf (index into the flat leaf list), a sub-tree or a JSON value.

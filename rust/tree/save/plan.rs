@@ -10,6 +10,7 @@ use super::{EntrySpec, LeafSpec, NodeSpec, SaveOptions};
 use crate::error::{Error, Result};
 use crate::format::{self, EntryMeta};
 use crate::sys::dir::{Dir, EntryKind, EntryStat};
+use crate::sys::identity;
 use crate::sys::parallel;
 use crate::sys::storage::{self, MapMode, Region};
 use crate::tree::commit::{Journal, Op, Staging};
@@ -255,7 +256,7 @@ impl Plan {
                     match stat(&name)? {
                         None => {}
                         Some(st) if st.kind == EntryKind::File => {
-                            let same = leaf.same_file == Some((st.dev, st.ino));
+                            let same = leaf.same_file == Some(st.id());
                             if (same || leaf.data.is_none()) && st.size >= leaf.nbytes as u64 {
                                 // The source is this very file, or memmap_like reopens it.
                                 let d = dir.as_ref().expect("a file exists, so its directory does");
@@ -491,7 +492,7 @@ impl Plan {
                 if opts.durable {
                     file.sync_data().map_err(io_err)?;
                 }
-                let identity = new_file_identity(&file);
+                let identity = identity::of_file(&file).ok();
                 storage::map_file_as(
                     &file,
                     leaf.nbytes,
@@ -526,21 +527,6 @@ impl Plan {
         };
         (journal, self.regions)
     }
-}
-
-/// (device, inode) of a file just created, for its map: one `fstat` (std's `metadata` is a
-/// `statx` with an empty path, which costs more per call).
-#[cfg(unix)]
-#[allow(clippy::unnecessary_cast)] // dev_t and ino_t are not u64 on every Unix
-fn new_file_identity(file: &std::fs::File) -> Option<(u64, u64)> {
-    rustix::fs::fstat(file)
-        .ok()
-        .map(|st| (st.st_dev as u64, st.st_ino as u64))
-}
-
-#[cfg(not(unix))]
-fn new_file_identity(file: &std::fs::File) -> Option<(u64, u64)> {
-    crate::sys::dir::file_id(file)
 }
 
 /// `name` inside the staged directory `at` ("" is the staging directory itself).

@@ -87,11 +87,11 @@ fn a_prefix_made_meanwhile_is_kept_and_saved_into() {
     let hook = || {
         std::fs::create_dir(&prefix).unwrap();
         std::fs::write(prefix.join("mine.txt"), b"mine").unwrap();
-        made.set(Some(crate::sys::dir::path_identity(&prefix).unwrap()));
+        made.set(Some(crate::sys::identity::of_path(&prefix).unwrap()));
     };
     write_tree_hooked(&prefix, &tree(), &leaves, opts(), &hook).unwrap();
     assert_eq!(
-        crate::sys::dir::path_identity(&prefix).unwrap(),
+        crate::sys::identity::of_path(&prefix).unwrap(),
         made.get().unwrap(),
         "the same directory"
     );
