@@ -9,14 +9,33 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::archive::zip::{bad, entry_path, Archive};
-use crate::archive::*;
+use crate::archive::zip::{bad, crc32, entry_path, Archive, STORED};
 use crate::error::{Error, Result};
 use crate::format::{self, Entry, LeafMeta, NodeMeta};
 use crate::sys::parallel;
-use crate::sys::storage::MapMode;
+use crate::sys::storage::{MapMode, Region};
 use crate::tree::load::{LoadedEntry, LoadedNode};
+
+/// The bytes of one loaded leaf: a view of the archive's map, or a copy.
+#[derive(Debug)]
+pub enum LeafData {
+    View {
+        offset: usize,
+        len: usize,
+    },
+    /// Decompressed or realigned into anonymous memory (writes do not reach the archive).
+    Copy(Region),
+}
+
+/// A loaded or freshly written archive: its map, and one entry per leaf (None when empty).
+pub struct Loaded {
+    pub region: Arc<Region>,
+    pub leaves: Vec<Option<LeafData>>,
+    /// Names of the entries that had to be copied (compressed or unaligned).
+    pub copied: Vec<String>,
+}
 
 /// A leaf to materialize after the walk.
 pub(crate) struct LeafJob {

@@ -19,15 +19,43 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::archive::read::{load_archive, LeafData, Loaded};
 use crate::archive::staging::{create_staging, sweep_stale};
-use crate::archive::*;
+use crate::archive::zip::{
+    crc32, os_error, put16, put32, put64, zeros_crc, ALIGNMENT, CENTRAL_LEN, CENTRAL_SIG, DEFLATED, EOCD_SIG,
+    EXTERNAL_ATTR, FLAG_UTF8, LOCAL_LEN, LOCAL_SIG, MADE_BY, PAD_EXTRA_ID, STORED, VERSION, ZIP64_EOCD_SIG,
+    ZIP64_EXTRA_ID, ZIP64_LIMIT, ZIP64_LOCAL_EXTRA, ZIP64_LOCATOR_SIG,
+};
 use crate::error::{Error, Result};
 use crate::format::{self, EntryMeta};
 use crate::sys::dir::Dir;
 use crate::sys::identity;
 use crate::sys::parallel;
-use crate::sys::storage;
+use crate::sys::storage::{self, MapMode};
 use crate::tree::save::{self, EntrySpec, LeafSpec, NodeSpec};
+
+/// How leaf payloads are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    Stored,
+    /// Raw deflate (zip method 8) at this level (0-10; 6 is zlib's default).
+    Deflate(u8),
+}
+
+/// How to write an archive.
+#[derive(Clone, Copy, Debug)]
+pub struct ArchiveOptions {
+    pub existsok: bool,
+    /// fsync the archive and its directory before returning.
+    pub durable: bool,
+    pub num_threads: usize,
+    pub compression: Compression,
+    /// How the new archive is mapped for the returned leaves.
+    pub mode: MapMode,
+    /// MS-DOS time and date of the entries (the caller's local time, as zipfile writes).
+    pub dos_time: u16,
+    pub dos_date: u16,
+}
 
 /// Stored leaves at least this big are written straight from their source, in chunks.
 const BIG_LEAF: u64 = 1 << 20;

@@ -14,10 +14,108 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::archive::*;
 use crate::error::{Error, Result};
 use crate::sys::identity;
 use crate::sys::storage::{self, MapMode, Region};
+
+// ---------------------------------------------------------------------------------------------
+// The zip format's constants
+
+/// Payload alignment of STORED leaves (a multiple of every itemsize; torch.save's default).
+pub const ALIGNMENT: u64 = 64;
+pub(crate) const PAD_EXTRA_ID: u16 = 0x6474;
+pub(crate) const ZIP64_EXTRA_ID: u16 = 0x0001;
+pub(crate) const LOCAL_SIG: u32 = 0x0403_4b50;
+pub(crate) const CENTRAL_SIG: u32 = 0x0201_4b50;
+pub(crate) const EOCD_SIG: u32 = 0x0605_4b50;
+pub(crate) const ZIP64_EOCD_SIG: u32 = 0x0606_4b50;
+pub(crate) const ZIP64_LOCATOR_SIG: u32 = 0x0706_4b50;
+pub(crate) const DESCRIPTOR_SIG: u32 = 0x0807_4b50;
+pub(crate) const LOCAL_LEN: u64 = 30;
+pub(crate) const CENTRAL_LEN: usize = 46;
+pub(crate) const EOCD_LEN: usize = 22;
+pub(crate) const ZIP64_EOCD_LEN: usize = 56;
+pub(crate) const ZIP64_LOCATOR_LEN: usize = 20;
+/// The zip64 block of a local header: id, length, uncompressed and compressed size.
+pub(crate) const ZIP64_LOCAL_EXTRA: u64 = 20;
+/// Python's zipfile moves sizes and offsets into zip64 fields above this (not at 0xFFFFFFFF).
+pub(crate) const ZIP64_LIMIT: u64 = (1 << 31) - 1;
+pub(crate) const VERSION: u16 = 45;
+pub(crate) const MADE_BY: u16 = (3 << 8) | VERSION;
+pub(crate) const EXTERNAL_ATTR: u32 = 0o644 << 16;
+pub(crate) const FLAG_ENCRYPTED: u16 = 0x1;
+pub(crate) const FLAG_DESCRIPTOR: u16 = 0x8;
+pub(crate) const FLAG_UTF8: u16 = 0x800;
+pub(crate) const STORED: u16 = 0;
+pub(crate) const DEFLATED: u16 = 8;
+/// Deflate cannot expand data more than ~1032:1; a larger claim is a zip bomb.
+pub(crate) const MAX_DEFLATE_RATIO: u64 = 1032;
+
+// ---------------------------------------------------------------------------------------------
+// Little-endian helpers
+
+pub(crate) fn put16(out: &mut Vec<u8>, v: u16) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+pub(crate) fn put32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+pub(crate) fn put64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+pub(crate) fn get16(b: &[u8], at: u64) -> Option<u16> {
+    let at = usize::try_from(at).ok()?;
+    Some(u16::from_le_bytes(
+        b.get(at..at.checked_add(2)?)?.try_into().ok()?,
+    ))
+}
+pub(crate) fn get32(b: &[u8], at: u64) -> Option<u32> {
+    let at = usize::try_from(at).ok()?;
+    Some(u32::from_le_bytes(
+        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
+}
+pub(crate) fn get64(b: &[u8], at: u64) -> Option<u64> {
+    let at = usize::try_from(at).ok()?;
+    Some(u64::from_le_bytes(
+        b.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
+}
+pub(crate) fn bytes_at(b: &[u8], at: u64, len: u64) -> Option<&[u8]> {
+    let at = usize::try_from(at).ok()?;
+    let len = usize::try_from(len).ok()?;
+    b.get(at..at.checked_add(len)?)
+}
+
+pub(crate) fn crc32(data: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(data);
+    h.finalize()
+}
+
+/// CRC-32 of `len` zero bytes.
+pub(crate) fn zeros_crc(len: u64) -> u32 {
+    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+    let mut h = crc32fast::Hasher::new();
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(ZEROS.len() as u64) as usize;
+        h.update(&ZEROS[..n]);
+        left -= n as u64;
+    }
+    h.finalize()
+}
+
+pub(crate) fn os_error(errno_unix: i32, kind: io::ErrorKind) -> io::Error {
+    if cfg!(unix) {
+        io::Error::from_raw_os_error(errno_unix)
+    } else {
+        kind.into()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The validated index
 
 /// One validated data entry of an archive.
 #[derive(Debug, Clone)]
@@ -451,6 +549,7 @@ fn index(path: &Path, b: &[u8]) -> Result<Index> {
 mod tests {
     use super::*;
     use crate::archive::tests::{opts, sample, tmp};
+    use crate::archive::{is_archive, load_archive, write_archive, Compression};
 
     #[test]
     fn hostile_names_are_refused() {
