@@ -11,7 +11,11 @@ use std::sync::Mutex;
 use windows_sys::Win32::Foundation::{ERROR_ACCESS_DENIED, ERROR_LOCK_VIOLATION, ERROR_SHARING_VIOLATION};
 use windows_sys::Win32::Storage::FileSystem as wfs;
 
-use super::*;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::{Dir, EntryKind, EntryStat, NotRegular};
 use crate::sys::identity::{self, open_entry, FileId};
 
 /// The lock file of a locked directory. `%l` is no `%XX` escape: no key is stored so.
