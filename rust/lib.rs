@@ -59,19 +59,22 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::api::refresh_archive_checksums, m)?)?;
     m.add_function(wrap_pyfunction!(py::api::verify_archive, m)?)?;
     m.add_function(wrap_pyfunction!(py::api::reopen_archive, m)?)?;
-    m.add("TensorDictError", py.get_type::<error::TensorDictError>())?;
+    m.add("TensorDictError", py.get_type::<py::errors::TensorDictError>())?;
     m.add(
         "InvalidDirectoryError",
-        py.get_type::<error::InvalidDirectoryError>(),
+        py.get_type::<py::errors::InvalidDirectoryError>(),
     )?;
     m.add(
         "UnsupportedFormatError",
-        py.get_type::<error::UnsupportedFormatError>(),
+        py.get_type::<py::errors::UnsupportedFormatError>(),
     )?;
-    m.add("InvalidTreeError", py.get_type::<error::InvalidTreeError>())?;
-    m.add("FileExistsRuntimeError", error::file_exists_runtime_error(py)?)?;
-    m.add("SymlinkError", error::symlink_error(py)?)?;
-    m.add("LockedError", error::locked_error(py)?)?;
+    m.add("InvalidTreeError", py.get_type::<py::errors::InvalidTreeError>())?;
+    m.add(
+        "FileExistsRuntimeError",
+        py::errors::file_exists_runtime_error(py)?,
+    )?;
+    m.add("SymlinkError", py::errors::symlink_error(py)?)?;
+    m.add("LockedError", py::errors::locked_error(py)?)?;
     m.add("FORMAT_VERSION", format::FORMAT_VERSION)?;
     Ok(())
 }

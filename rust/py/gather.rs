@@ -442,7 +442,7 @@ impl<'py> TreeBuilder<'py, '_> {
             return Ok(d.clone());
         }
         let d = self.dtypes.get_item(name)?.ok_or_else(|| {
-            crate::error::InvalidTreeError::new_err(format!(
+            crate::py::errors::InvalidTreeError::new_err(format!(
                 "received tree description: dtype {name:?} does not exist in this torch"
             ))
         })?;
@@ -540,17 +540,17 @@ pub fn build_packed_tree<'py>(
 )> {
     let (node, total) = py
         .detach(|| packed::parse(text))
-        .map_err(crate::error::InvalidTreeError::new_err)?;
+        .map_err(crate::py::errors::InvalidTreeError::new_err)?;
     let capacity = capacity.unwrap_or(total);
     if capacity < total {
-        return Err(crate::error::InvalidTreeError::new_err(format!(
+        return Err(crate::py::errors::InvalidTreeError::new_err(format!(
             "received tree description: its leaves hold {total} bytes, more than {capacity}"
         )));
     }
     let (region, whole) = match into {
         Some(into) => {
             if into.get().len() < total {
-                return Err(crate::error::InvalidTreeError::new_err(format!(
+                return Err(crate::py::errors::InvalidTreeError::new_err(format!(
                     "received tree description: its leaves hold {total} bytes, more than the \
                      {} of the buffer they were received into",
                     into.get().len()

@@ -3,5 +3,6 @@
 
 pub mod api;
 pub mod buffer;
+pub mod errors;
 pub mod gather;
 pub mod sharing;
