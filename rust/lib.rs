@@ -23,58 +23,67 @@ use pyo3::prelude::*;
 #[cfg(feature = "python")]
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    use py::{archive, errors, gather, info, memmap, packed, progress, safetensors, sharing, tree};
     let py = m.py();
     m.add_class::<py::buffer::Buffer>()?;
-    m.add_class::<py::api::ProgressCounter>()?;
-    m.add_function(wrap_pyfunction!(py::api::write_tree, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::anonymous_buffers, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::load_tree, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::verify_tree, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::write_file, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::open_file, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::flush_buffers, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::encode_key, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::tree_summary, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::tree_report, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::read_safetensors, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::write_safetensors, m)?)?;
-    m.add_function(wrap_pyfunction!(py::gather::gather_rows, m)?)?;
-    m.add_function(wrap_pyfunction!(py::gather::gather_prepare, m)?)?;
-    m.add_function(wrap_pyfunction!(py::gather::copy_packed, m)?)?;
-    m.add_class::<py::gather::PackedTable>()?;
-    m.add_function(wrap_pyfunction!(py::gather::same_entries, m)?)?;
-    m.add_function(wrap_pyfunction!(py::gather::describe_tree, m)?)?;
-    m.add_function(wrap_pyfunction!(py::gather::build_packed_tree, m)?)?;
-    m.add_function(wrap_pyfunction!(py::gather::packed_arena, m)?)?;
+    // directories
+    m.add_function(wrap_pyfunction!(tree::write_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(tree::load_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(tree::verify_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(tree::flush_buffers, m)?)?;
+    m.add_function(wrap_pyfunction!(tree::encode_key, m)?)?;
+    // memory-mapped tensors
+    m.add_function(wrap_pyfunction!(memmap::anonymous_buffers, m)?)?;
+    m.add_function(wrap_pyfunction!(memmap::write_file, m)?)?;
+    m.add_function(wrap_pyfunction!(memmap::open_file, m)?)?;
+    // sharing across processes
     #[cfg(unix)]
-    m.add_function(wrap_pyfunction!(py::sharing::receive_shared, m)?)?;
+    m.add_function(wrap_pyfunction!(sharing::receive_shared, m)?)?;
     #[cfg(unix)]
-    m.add_function(wrap_pyfunction!(py::sharing::shared_regions, m)?)?;
+    m.add_function(wrap_pyfunction!(sharing::shared_regions, m)?)?;
     #[cfg(unix)]
-    m.add_function(wrap_pyfunction!(py::sharing::group_shared, m)?)?;
-    m.add_function(wrap_pyfunction!(py::sharing::open_files, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::write_archive, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::load_archive, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::is_archive, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::refresh_archive_checksums, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::verify_archive, m)?)?;
-    m.add_function(wrap_pyfunction!(py::api::reopen_archive, m)?)?;
-    m.add("TensorDictError", py.get_type::<py::errors::TensorDictError>())?;
+    m.add_function(wrap_pyfunction!(sharing::group_shared, m)?)?;
+    m.add_function(wrap_pyfunction!(sharing::open_files, m)?)?;
+    // .tdz archives
+    m.add_function(wrap_pyfunction!(archive::write_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(archive::load_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(archive::is_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(archive::refresh_archive_checksums, m)?)?;
+    m.add_function(wrap_pyfunction!(archive::verify_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(archive::reopen_archive, m)?)?;
+    // .safetensors files
+    m.add_function(wrap_pyfunction!(safetensors::read_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(safetensors::write_safetensors, m)?)?;
+    // the command line's info
+    m.add_function(wrap_pyfunction!(info::tree_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(info::tree_report, m)?)?;
+    // progress bars
+    m.add_class::<progress::ProgressCounter>()?;
+    // batches of rows
+    m.add_function(wrap_pyfunction!(gather::gather_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(gather::gather_prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(gather::same_entries, m)?)?;
+    // a tree as one message
+    m.add_class::<packed::PackedTable>()?;
+    m.add_function(wrap_pyfunction!(packed::copy_packed, m)?)?;
+    m.add_function(wrap_pyfunction!(packed::describe_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(packed::build_packed_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(packed::packed_arena, m)?)?;
+    // exceptions
+    m.add("TensorDictError", py.get_type::<errors::TensorDictError>())?;
     m.add(
         "InvalidDirectoryError",
-        py.get_type::<py::errors::InvalidDirectoryError>(),
+        py.get_type::<errors::InvalidDirectoryError>(),
     )?;
     m.add(
         "UnsupportedFormatError",
-        py.get_type::<py::errors::UnsupportedFormatError>(),
+        py.get_type::<errors::UnsupportedFormatError>(),
     )?;
-    m.add("InvalidTreeError", py.get_type::<py::errors::InvalidTreeError>())?;
-    m.add(
-        "FileExistsRuntimeError",
-        py::errors::file_exists_runtime_error(py)?,
-    )?;
-    m.add("SymlinkError", py::errors::symlink_error(py)?)?;
-    m.add("LockedError", py::errors::locked_error(py)?)?;
+    m.add("InvalidTreeError", py.get_type::<errors::InvalidTreeError>())?;
+    m.add("FileExistsRuntimeError", errors::file_exists_runtime_error(py)?)?;
+    m.add("SymlinkError", errors::symlink_error(py)?)?;
+    m.add("LockedError", errors::locked_error(py)?)?;
+    // constants
     m.add("FORMAT_VERSION", format::FORMAT_VERSION)?;
     Ok(())
 }

@@ -1,0 +1,159 @@
+//! Saved directories (`_tree.py`, `_persistence.py`, `verify.py`): a whole tree written or
+//! loaded in one call, the GIL released; the tree crosses as nested tuples whose entries start
+//! with a tag (`LEAF`, `NODE`, `NON_TENSOR`).
+
+use std::path::PathBuf;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+use serde_json::Value;
+
+use super::buffer::Buffer;
+use super::source_slice;
+use crate::format;
+use crate::sys::storage::Region;
+use crate::tree::load::{self, LoadedEntry, LoadedNode};
+use crate::tree::save::{self, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
+
+/// The tag of a tensor entry in the tuples of a tree (saved, loaded, summarized, described).
+pub const LEAF: u8 = 0;
+/// The tag of a nested TensorDict entry.
+pub const NODE: u8 = 1;
+/// The tag of a non-tensor (JSON) entry.
+pub const NON_TENSOR: u8 = 2;
+
+fn parse_json(text: &str, key: &str) -> PyResult<Value> {
+    serde_json::from_str(text).map_err(|e| PyValueError::new_err(format!("key {key:?}: not valid JSON: {e}")))
+}
+
+/// A tensor entry of a save spec: tag, key, dtype, shape, device, data_ptr, nbytes, same_file.
+type LeafTuple = (
+    u8,
+    String,
+    String,
+    Vec<u64>,
+    String,
+    usize,
+    usize,
+    Option<(u64, u64)>,
+);
+
+pub(super) fn node_spec<'a>(node: &Bound<'_, PyAny>, leaves: &mut Vec<LeafSpec<'a>>) -> PyResult<NodeSpec> {
+    let (batch, entries): (Vec<u64>, Bound<'_, PyList>) = node.extract()?;
+    let mut out = Vec::with_capacity(entries.len());
+    for item in entries.iter() {
+        let item = item.cast_into::<PyTuple>()?;
+        let tag: u8 = item.get_item(0)?.extract()?;
+        if tag == LEAF {
+            // the whole tuple at once (the key is not extracted twice)
+            let (_, key, dtype, shape, device, ptr, nbytes, same_file): LeafTuple = item.extract()?;
+            // SAFETY: the Python layer keeps every source tensor and its storage alive
+            // during write_tree.
+            let data = unsafe { source_slice(ptr, nbytes) };
+            leaves.push(LeafSpec {
+                dtype,
+                shape,
+                device,
+                data,
+                nbytes,
+                same_file,
+            });
+            out.push((key, EntrySpec::Leaf(leaves.len() - 1)));
+            continue;
+        }
+        let key: String = item.get_item(1)?.extract()?;
+        let entry = match tag {
+            NODE => EntrySpec::Node(node_spec(&item.get_item(2)?, leaves)?),
+            NON_TENSOR => EntrySpec::NonTensor(parse_json(&item.get_item(2)?.extract::<String>()?, &key)?),
+            other => return Err(PyTypeError::new_err(format!("unknown entry tag {other}"))),
+        };
+        out.push((key, entry));
+    }
+    Ok(NodeSpec { batch, entries: out })
+}
+
+pub(super) fn buffers(regions: Vec<Option<Region>>) -> Vec<Option<Buffer>> {
+    regions.into_iter().map(|r| r.map(Buffer::new)).collect()
+}
+
+/// Saves a whole tree under `prefix` atomically, in one call, with the GIL released.
+///
+/// `tree` is `(batch_size, entries)`; each entry is `(0, key, dtype, shape, device, data_ptr,
+/// nbytes, same_file)` for a tensor (data_ptr 0: memmap_like, an existing file kept as it
+/// is, a new one zero-filled; same_file: the (device, inode) the source maps, kept when it
+/// is the file at the leaf's name), `(1, key, subtree)` for a nested TensorDict, or
+/// `(2, key, json_text)` for a non-tensor value. `sparse` makes new zero-filled files sparse.
+/// Returns one Buffer per tensor leaf in depth-first order (None for empty tensors).
+#[pyfunction]
+#[pyo3(signature = (prefix, tree, *, existsok = true, durable = false, num_threads = 0, sparse = false))]
+pub fn write_tree(
+    py: Python<'_>,
+    prefix: PathBuf,
+    tree: &Bound<'_, PyAny>,
+    existsok: bool,
+    durable: bool,
+    num_threads: usize,
+    sparse: bool,
+) -> PyResult<Vec<Option<Buffer>>> {
+    let mut leaves = Vec::new();
+    let root = node_spec(tree, &mut leaves)?;
+    let opts = SaveOptions {
+        existsok,
+        durable,
+        num_threads,
+        sparse,
+    };
+    let regions = py.detach(|| save::write_tree(&prefix, &root, &leaves, opts))?;
+    Ok(buffers(regions))
+}
+
+pub(super) fn node_to_py<'py>(py: Python<'py>, node: LoadedNode) -> PyResult<Bound<'py, PyTuple>> {
+    let entries = PyList::empty(py);
+    for (key, entry) in node.entries {
+        let item = match entry {
+            LoadedEntry::Leaf { dtype, shape, index } => {
+                (LEAF, key, dtype, PyTuple::new(py, shape)?, index).into_pyobject(py)?
+            }
+            LoadedEntry::Node(child) => (NODE, key, node_to_py(py, child)?).into_pyobject(py)?,
+            LoadedEntry::NonTensor(value) => (NON_TENSOR, key, value.to_string()).into_pyobject(py)?,
+        };
+        entries.append(item)?;
+    }
+    (node.batch, node.device, entries).into_pyobject(py)
+}
+
+/// Loads and validates the tree at `prefix` in one call, mapping every leaf with the GIL
+/// released. Returns `(tree, buffers)`: tree is `(batch_size, device, entries)` with entries
+/// `(0, key, dtype, shape, leaf_index)`, `(1, key, subtree)` or `(2, key, json_text)`.
+#[pyfunction]
+pub fn load_tree<'py>(
+    py: Python<'py>,
+    prefix: PathBuf,
+) -> PyResult<(Bound<'py, PyTuple>, Vec<Option<Buffer>>)> {
+    let (node, regions) = py.detach(|| load::load_tree(&prefix))?;
+    Ok((node_to_py(py, node)?, buffers(regions)))
+}
+
+/// Checks the tree at `prefix` without mapping data; returns the problems found (empty: OK).
+#[pyfunction]
+pub fn verify_tree(py: Python<'_>, prefix: PathBuf) -> Vec<String> {
+    py.detach(|| load::verify_tree(&prefix))
+}
+
+/// Flushes every buffer's dirty pages to its file (msync), with the GIL released.
+#[pyfunction]
+pub fn flush_buffers(py: Python<'_>, buffers: Vec<Bound<'_, Buffer>>) -> PyResult<()> {
+    let regions: Vec<_> = buffers
+        .iter()
+        .map(|b| std::sync::Arc::clone(b.get().region()))
+        .collect();
+    py.detach(|| regions.iter().try_for_each(|r| r.flush()))?;
+    Ok(())
+}
+
+/// The file-name component a key is stored under (tensordict's robust key encoding).
+#[pyfunction]
+pub fn encode_key(key: &str) -> String {
+    format::encode_key(key)
+}
