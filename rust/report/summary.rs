@@ -10,8 +10,9 @@ use serde_json::Value;
 use crate::archive::Archive;
 use crate::error::{Error, Result};
 use crate::format::{self, Entry, NodeMeta, TensorDictMeta};
-use crate::sys::dir::{Dir, EntryKind};
+use crate::sys::dir::Dir;
 use crate::sys::storage::MapMode;
+use crate::tree::read::{open_child_dir, read_meta};
 
 /// One entry of a summarized directory.
 #[derive(Debug)]
@@ -35,45 +36,12 @@ pub struct SummaryNode {
     pub entries: Vec<(String, SummaryEntry)>,
 }
 
-fn read_meta(dir: &Dir) -> Result<NodeMeta> {
-    let path = dir.child_path(format::META_FILE);
-    let bytes = dir
-        .read_limited(format::META_FILE, format::META_LIMIT)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::InvalidData | std::io::ErrorKind::Other => {
-                Error::invalid(&path, e.to_string())
-            }
-            _ => Error::io(&path, e),
-        })?;
-    format::parse_meta(&bytes, &path)
-}
-
 fn tensordict(meta: NodeMeta, at: &Path, what: &str) -> Result<TensorDictMeta> {
     match meta {
         NodeMeta::TensorDict(m) => Ok(m),
         NodeMeta::NonTensor(_) => Err(Error::unsupported(
             at,
             format!("this {what} holds a single non-tensor value, not a TensorDict"),
-        )),
-    }
-}
-
-fn child_dir(parent: &Dir, key: &str) -> Result<Dir> {
-    let name = format::encode_key(key);
-    let path = parent.child_path(&name);
-    match parent.kind(&name).map_err(|e| Error::io(&path, e))? {
-        EntryKind::Dir => parent.open_dir(&name).map_err(|e| Error::io(&path, e)),
-        EntryKind::Missing => Err(Error::invalid(
-            &path,
-            format!("the sub-directory of key {key:?} is missing"),
-        )),
-        EntryKind::Symlink => Err(Error::invalid(
-            &path,
-            format!("key {key:?} is a symlink; refusing to follow it"),
-        )),
-        _ => Err(Error::invalid(
-            &path,
-            format!("key {key:?} should be a directory"),
         )),
     }
 }
@@ -93,7 +61,7 @@ fn summarize_dir(dir: &Dir, meta: TensorDictMeta, depth: usize) -> Result<Summar
                 nbytes: leaf.nbytes,
             },
             Entry::Collection => {
-                let child = child_dir(dir, &key)?;
+                let child = open_child_dir(dir, &key)?;
                 match read_meta(&child)? {
                     NodeMeta::NonTensor(value) => SummaryEntry::NonTensor(value),
                     NodeMeta::TensorDict(sub) => SummaryEntry::Node(summarize_dir(&child, sub, depth + 1)?),
@@ -230,5 +198,42 @@ mod tests {
         std::fs::remove_dir_all(p.join("sub")).unwrap();
         assert!(summarize(&p).unwrap_err().to_string().contains("sub-directory"));
         std::fs::remove_dir_all(&p).unwrap();
+    }
+
+    /// The summary refuses a symlinked sub-directory or meta.json as the loader does: same
+    /// error (a `SymlinkError` naming the path), through the same opener (`tree::read`).
+    #[cfg(unix)]
+    #[test]
+    fn symlinks_are_refused_as_the_loader_refuses_them() {
+        let p = std::env::temp_dir().join(format!("tdrs-summary-{}", storage::random_suffix()));
+        let root = NodeSpec {
+            batch: vec![],
+            entries: vec![(
+                "sub".into(),
+                EntrySpec::Node(NodeSpec {
+                    batch: vec![],
+                    entries: vec![("s".into(), EntrySpec::NonTensor(Value::from(1)))],
+                }),
+            )],
+        };
+        write_tree(&p, &root, &[], SaveOptions::default()).unwrap();
+        let moved = p.with_extension("sub");
+        std::fs::rename(p.join("sub"), &moved).unwrap();
+        std::os::unix::fs::symlink(&moved, p.join("sub")).unwrap();
+        let summary = summarize(&p).unwrap_err();
+        let load = crate::tree::load::load_tree(&p).unwrap_err();
+        assert!(matches!(summary, Error::Symlink { .. }), "{summary}");
+        assert_eq!(summary.to_string(), load.to_string());
+        std::fs::remove_file(p.join("sub")).unwrap();
+        std::fs::rename(&moved, p.join("sub")).unwrap();
+        let meta = p.with_extension("json");
+        std::fs::rename(p.join("meta.json"), &meta).unwrap();
+        std::os::unix::fs::symlink(&meta, p.join("meta.json")).unwrap();
+        let summary = summarize(&p).unwrap_err();
+        let load = crate::tree::load::load_tree(&p).unwrap_err();
+        assert!(matches!(summary, Error::Symlink { .. }), "{summary}");
+        assert_eq!(summary.to_string(), load.to_string());
+        std::fs::remove_dir_all(&p).unwrap();
+        std::fs::remove_file(&meta).unwrap();
     }
 }

@@ -55,6 +55,29 @@ pub fn is_not_regular(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|inner| inner.is::<NotRegular>())
 }
 
+/// The error of a symlink met where a file or directory of the tree should be (Windows; on
+/// Unix the kernel's `ELOOP` says it).
+#[derive(Debug)]
+pub struct SymlinkRefused;
+
+impl std::fmt::Display for SymlinkRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "refusing to follow a symlink")
+    }
+}
+
+impl std::error::Error for SymlinkRefused {}
+
+/// True for the error of opening a name that is a symlink (never followed): `ELOOP` from an
+/// `O_NOFOLLOW` open on Unix, [`SymlinkRefused`] on Windows.
+pub fn is_symlink_refused(e: &io::Error) -> bool {
+    #[cfg(unix)]
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        return true;
+    }
+    e.get_ref().is_some_and(|inner| inner.is::<SymlinkRefused>())
+}
+
 /// An open directory plus the path it was reached by (for messages only).
 #[derive(Debug)]
 pub struct Dir {

@@ -18,6 +18,7 @@ use crate::sys::identity::{self, FileId};
 use crate::sys::parallel;
 use crate::sys::storage::{self, MapMode, Region};
 use crate::tree::commit;
+use crate::tree::read::{open_child_dir, read_meta};
 
 /// One loaded entry. Leaves point into the flat region list returned beside the tree.
 #[derive(Debug)]
@@ -145,40 +146,6 @@ fn load_from(root: &Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
     Ok((node, regions))
 }
 
-fn read_meta(dir: &Dir) -> Result<NodeMeta> {
-    let path = dir.child_path(format::META_FILE);
-    let bytes = dir
-        .read_limited(format::META_FILE, format::META_LIMIT)
-        .map_err(|e| match e.raw_os_error() {
-            #[cfg(unix)]
-            Some(libc::ELOOP) => Error::symlink(&path, "meta.json is a symlink; refusing to follow it"),
-            _ if dir::is_not_regular(&e) => Error::invalid(&path, format!("meta.json is {e}")),
-            _ if e.kind() == io::ErrorKind::InvalidData => Error::invalid(&path, e.to_string()),
-            _ => Error::io(&path, e),
-        })?;
-    format::parse_meta(&bytes, &path)
-}
-
-fn open_child_dir(parent: &Dir, key: &str) -> Result<Dir> {
-    let name = format::encode_key(key);
-    let path = parent.child_path(&name);
-    match parent.kind(&name).map_err(|e| Error::io(&path, e))? {
-        EntryKind::Dir => parent.open_dir(&name).map_err(|e| Error::io(&path, e)),
-        EntryKind::Missing => Err(Error::invalid(
-            &path,
-            format!("the sub-directory of key {key:?} is missing"),
-        )),
-        EntryKind::Symlink => Err(Error::symlink(
-            &path,
-            format!("key {key:?} is a symlink; refusing to follow it"),
-        )),
-        _ => Err(Error::invalid(
-            &path,
-            format!("key {key:?} should be a directory"),
-        )),
-    }
-}
-
 /// Loads the directory at `rel` below `root`, whose meta.json (`meta`) its parent read
 /// (each meta.json is read and parsed once). Only this directory is open while its entries
 /// are walked; sub-trees are opened afresh from the root afterwards, so the descriptors in
@@ -297,20 +264,19 @@ fn leaf_name(dir: &Dir, key: &str) -> Result<String> {
 /// Opens a leaf file (never blocking), checks it is a regular file long enough for its shape.
 /// `path` is the file's path (`dir.child_path(&job.name)`), for messages.
 fn check_leaf(dir: &Dir, job: &LeafJob, path: &Path) -> Result<(std::fs::File, bool, std::fs::Metadata)> {
-    let (file, writable) = dir.open_file(&job.name).map_err(|e| match e.raw_os_error() {
-        #[cfg(unix)]
-        Some(libc::ELOOP) => Error::symlink(
+    let (file, writable) = dir.open_file(&job.name).map_err(|e| match e {
+        e if dir::is_symlink_refused(&e) => Error::symlink(
             path,
             format!(
                 "the data file of {} is a symlink; refusing to follow it",
                 job.label()
             ),
         ),
-        _ if e.kind() == io::ErrorKind::NotFound => {
+        e if e.kind() == io::ErrorKind::NotFound => {
             Error::invalid(path, format!("the data file of {} is missing", job.label()))
         }
-        _ if dir::is_not_regular(&e) => Error::invalid(path, format!("the data of {} is {e}", job.label())),
-        _ => Error::io(path, e),
+        e if dir::is_not_regular(&e) => Error::invalid(path, format!("the data of {} is {e}", job.label())),
+        e => Error::io(path, e),
     })?;
     let md = file.metadata().map_err(|e| Error::io(path, e))?;
     if md.len() < job.nbytes as u64 {

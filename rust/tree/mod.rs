@@ -3,6 +3,7 @@
 
 pub mod commit;
 pub mod load;
+pub mod read;
 pub mod save;
 #[cfg(all(test, windows))]
 mod windows_tests;

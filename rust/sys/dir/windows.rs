@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::{Dir, EntryKind, EntryStat, NotRegular};
+use super::{Dir, EntryKind, EntryStat, NotRegular, SymlinkRefused};
 use crate::sys::identity::{self, open_entry, FileId};
 
 /// The lock file of a locked directory. `%l` is no `%XX` escape: no key is stored so.
@@ -42,7 +42,7 @@ impl Drop for Held {
 
 fn refuse_link(path: &Path) -> io::Result<()> {
     match std::fs::symlink_metadata(path) {
-        Ok(md) if md.file_type().is_symlink() => Err(io::Error::other("refusing to follow a symlink")),
+        Ok(md) if md.file_type().is_symlink() => Err(io::Error::other(SymlinkRefused)),
         _ => Ok(()),
     }
 }
