@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::archive::zip::{bad, crc32, entry_path, Archive, STORED};
 use crate::error::{Error, Result};
 use crate::format::{self, Entry, LeafMeta, NodeMeta};
-use crate::sys::parallel;
+use crate::sys::pool;
 use crate::sys::storage::{MapMode, Region};
 use crate::tree::load::{LoadedEntry, LoadedNode};
 
@@ -70,8 +70,8 @@ pub(crate) fn parse_ahead(ar: &Archive) -> Parsed {
     if metas.len() < PARSE_AHEAD_MIN {
         return HashMap::new();
     }
-    let workers = parallel::worker_count(0, metas.len() / PARSE_AHEAD_MIN);
-    let parsed = parallel::run(
+    let workers = pool::worker_count(0, metas.len() / PARSE_AHEAD_MIN);
+    let parsed = pool::run(
         &metas,
         workers,
         |&i| ar.entries[i].size as usize,
@@ -260,8 +260,8 @@ pub fn load_archive_tree(path: &Path, mode: MapMode) -> Result<(LoadedNode, Load
             })
         })
         .collect();
-    let workers = parallel::worker_count(0, copies.len());
-    let copied_data = parallel::run(
+    let workers = pool::worker_count(0, copies.len());
+    let copied_data = pool::run(
         &copies,
         workers,
         |&i| jobs[i].as_ref().map_or(0, |j| j.nbytes),

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::format;
-use crate::sys::parallel;
+use crate::sys::pool;
 use crate::sys::storage::{self, MapMode};
 
 use super::read::walk;
@@ -29,8 +29,8 @@ pub fn refresh_checksums(path: &Path, num_threads: usize) -> Result<Vec<String>>
     let stored: Vec<usize> = (0..ar.entries.len())
         .filter(|&i| ar.entries[i].method == STORED)
         .collect();
-    let workers = parallel::worker_count(num_threads, stored.len() / 64 + 1);
-    let crcs = parallel::run(
+    let workers = pool::worker_count(num_threads, stored.len() / 64 + 1);
+    let crcs = pool::run(
         &stored,
         workers,
         |&i| ar.entries[i].size as usize,

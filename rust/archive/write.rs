@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::format::{self, EntryMeta};
 use crate::sys::dir::Dir;
 use crate::sys::identity;
-use crate::sys::parallel;
+use crate::sys::pool;
 use crate::sys::storage::{self, MapMode};
 use crate::tree::save::{self, EntrySpec, LeafSpec, NodeSpec};
 
@@ -573,8 +573,8 @@ fn fill(
         let idx: Vec<usize> = (0..entries.len())
             .filter(|&i| entries[i].leaf.is_some())
             .collect();
-        let workers = parallel::worker_count(opts.num_threads, idx.len());
-        let packed = parallel::run(
+        let workers = pool::worker_count(opts.num_threads, idx.len());
+        let packed = pool::run(
             &idx,
             workers,
             |&i| entries[i].size as usize,
@@ -611,8 +611,8 @@ fn fill(
         usize::try_from(cd_start + tail_len).map_err(|_| Error::tree(path, "the archive is too large"))?;
     file.set_len(total as u64).map_err(|e| Error::io(path, e))?;
     let jobs = plan_jobs(&entries);
-    let workers = parallel::worker_count(opts.num_threads, jobs.len());
-    let outs = parallel::run(
+    let workers = pool::worker_count(opts.num_threads, jobs.len());
+    let outs = pool::run(
         &jobs,
         workers,
         |job| match job {

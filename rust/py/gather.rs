@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::sys::gather::{self, Overlap};
+use crate::sys::pool;
 
 pub(super) fn refuse_overlap(what: &str) -> PyErr {
     PyValueError::new_err(format!(
@@ -51,7 +52,7 @@ pub fn gather_rows(
         n.checked_mul(b)
             .ok_or_else(|| PyValueError::new_err("gather_rows: size overflows"))
     };
-    gather::init();
+    pool::init();
     let mut dsts = Vec::with_capacity(leaves.len());
     let mut srcs = Vec::with_capacity(leaves.len() + 1);
     srcs.push((index_address, index_len * 8));
@@ -93,7 +94,7 @@ pub fn gather_rows(
 /// the batch, so that their wake-up overlaps that work). Cheap when they are awake already.
 #[pyfunction]
 pub fn gather_prepare() {
-    gather::prepare();
+    pool::prepare();
 }
 
 /// True when every `(dict, keys, values)` of `nodes` still holds exactly those key and value

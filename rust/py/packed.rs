@@ -18,6 +18,7 @@ use super::tree::{LEAF, NODE};
 use crate::packed::{self, Described, DescribedNode, PackedLayout, Parsed, ParsedNode};
 use crate::sys::anon;
 use crate::sys::gather::{self, Copy, Overlap};
+use crate::sys::pool;
 use crate::sys::storage;
 
 /// Distinct shapes whose tuple [`TreeBuilder`] reuses.
@@ -82,7 +83,7 @@ pub fn copy_packed(
     pack: bool,
 ) -> PyResult<()> {
     let copies = table_copies(py, table, (buffer_address, buffer_len), pack)?;
-    gather::init();
+    pool::init();
     py.detach(|| {
         let dsts: Vec<_> = copies.iter().map(|c| (c.dst, c.len)).collect();
         let srcs: Vec<_> = copies.iter().map(|c| (c.src, c.len)).collect();
@@ -140,7 +141,7 @@ impl PackedTable {
             return Err(refuse_overlap(if pack { "pack" } else { "unpack" }));
         }
         let parallel = pack || !self.layout.leaves_shared();
-        gather::init();
+        pool::init();
         py.detach(|| {
             let copies = self.layout.copies(address, range.0, end, pack);
             // SAFETY: the buffer holds `total` bytes (checked above) and does not overlap a

@@ -4,11 +4,11 @@
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::sys::parallel;
+use crate::sys::progress;
 
 /// A byte counter for progress bars. Used as a context manager around native calls on one
 /// thread (`with counter: _native.write_tree(...)`): the calls made inside it advance it from
-/// their worker threads with the GIL released (see `parallel::counting`), and another Python
+/// their worker threads with the GIL released (see `sys::progress::counting`), and another Python
 /// thread reads `value` to draw a bar. No call takes a parameter for it.
 #[pyclass(frozen, module = "tensordict_rs._native")]
 pub struct ProgressCounter {
@@ -37,14 +37,14 @@ impl ProgressCounter {
 
     /// Counts the native calls this thread makes until `__exit__`.
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        parallel::set_progress(Some(slf.value.clone()));
+        progress::set_progress(Some(slf.value.clone()));
         slf
     }
 
     /// Stops counting this thread's calls.
     #[pyo3(signature = (*_args))]
     fn __exit__(&self, _args: &Bound<'_, PyTuple>) -> bool {
-        parallel::set_progress(None);
+        progress::set_progress(None);
         false
     }
 }

@@ -4,13 +4,14 @@
 //! The work is a list of [`Copy`]s between raw addresses that the pyo3 layer received from
 //! Python (tensors' `data_ptr()`). [`check`] proves that no destination overlaps a source or
 //! another destination before anything runs in parallel; [`run`] then splits the bytes into
-//! pieces of about [`PIECE`] that the calling thread and a few persistent helper threads
-//! claim (a per-call thread spawn costs tens of microseconds, which a DataLoader batch of a few
-//! MiB cannot afford). Small jobs stay on the calling thread.
+//! pieces of about [`PIECE`] that the calling thread and the persistent copy helpers of
+//! `sys::pool` claim (a per-call thread spawn costs tens of microseconds, which a DataLoader
+//! batch of a few MiB cannot afford). Small jobs stay on the calling thread.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::sys::pool::{self, Work};
 
 /// One copy of `len` bytes from address `src` to address `dst`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,131 +169,12 @@ fn pieces(copies: &[Copy], piece: usize) -> Vec<Copy> {
     out
 }
 
-/// How long a helper keeps looking for the next job before it sleeps: long enough that
-/// batches asked for back to back (or announced by [`prepare`] while Python builds the
-/// batch) find it awake, short enough that an idle process does not burn a core.
-const SPIN: Duration = Duration::from_micros(200);
-/// At most this many threads (the caller included) copy one job.
-const MAX_THREADS: usize = 8;
-
-/// The copy helpers: threads of this module that sleep on `wake` until a job is posted.
-///
-/// Rayon's pool was used before; its idle threads fall asleep within microseconds, and
-/// waking one from Python took longer than a 3 MiB batch takes to copy (a helper that
-/// arrived after the work was done). These helpers spin for [`SPIN`] after each job and
-/// after [`prepare`], so that the next one finds them running.
-struct Helpers {
-    /// The process that made them: threads do not survive `fork`, so a forked child (a
-    /// DataLoader worker, say) copies on its own thread instead of posting to nobody.
-    owner: u32,
-    threads: usize,
-    /// Bumped for every post (a job or a wake-up); helpers compare it with the last seen.
-    generation: AtomicU64,
-    slot: Mutex<(u64, Option<Arc<Job>>)>,
-    wake: Condvar,
-}
-
-static HELPERS: OnceLock<Helpers> = OnceLock::new();
-
-/// Makes the helpers' description (no threads yet). The pyo3 layer calls it with the GIL held
-/// before releasing it for a copy: a `fork` (which needs the GIL in Python) can then never
-/// catch this initialisation half done, which would leave the child waiting on it forever.
-pub fn init() {
-    describe();
-}
-
-fn describe() -> &'static Helpers {
-    HELPERS.get_or_init(|| {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = std::env::var("RAYON_NUM_THREADS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or(threads)
-            .min(MAX_THREADS);
-        Helpers {
-            owner: std::process::id(),
-            threads,
-            generation: AtomicU64::new(0),
-            slot: Mutex::new((0, None)),
-            wake: Condvar::new(),
-        }
-    })
-}
-
-fn helpers() -> Option<&'static Helpers> {
-    let h = describe();
-    if h.owner != std::process::id() || h.threads < 2 {
-        return None;
-    }
-    static STARTED: OnceLock<()> = OnceLock::new();
-    STARTED.get_or_init(|| {
-        for i in 1..h.threads {
-            let spawned = std::thread::Builder::new()
-                .name(format!("tdrs-copy-{i}"))
-                .spawn(move || helper_loop(h));
-            if spawned.is_err() {
-                break; // fewer helpers: the caller copies the rest itself
-            }
-        }
-    });
-    Some(h)
-}
-
-impl Helpers {
-    /// Posts `job` (or, with None, only wakes the helpers so that they spin for [`SPIN`]).
-    fn post(&self, job: Option<Arc<Job>>) {
-        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
-        slot.0 += 1;
-        slot.1 = job;
-        self.generation.store(slot.0, Ordering::Release);
-        drop(slot);
-        self.wake.notify_all();
-    }
-}
-
-fn helper_loop(h: &'static Helpers) {
-    let mut seen = 0;
-    let mut linger = true;
-    loop {
-        // Spin for the next post (unless the last job said not to), then sleep until one comes.
-        let start = Instant::now();
-        let mut spins = 0u32;
-        while h.generation.load(Ordering::Acquire) == seen {
-            std::hint::spin_loop();
-            spins += 1;
-            if !linger || spins % 64 == 0 && start.elapsed() > SPIN {
-                let mut slot = h.slot.lock().unwrap_or_else(|e| e.into_inner());
-                while slot.0 == seen {
-                    slot = h.wake.wait(slot).unwrap_or_else(|e| e.into_inner());
-                }
-                break;
-            }
-        }
-        let job = {
-            let slot = h.slot.lock().unwrap_or_else(|e| e.into_inner());
-            seen = slot.0;
-            slot.1.clone()
-        };
-        linger = job.as_ref().is_none_or(|j| j.linger);
-        if let Some(job) = job {
-            // SAFETY: a helper copies only tasks it claims, and `run` returns only after all
-            // of its tasks are done, so the ranges are valid whenever a helper touches them.
-            unsafe { job.work() };
-        }
-    }
-}
-
-/// Wakes the copy helpers ahead of a job that is about to come (a batch whose output is
-/// being allocated), so that their wake-up overlaps that work. Cheap when they are awake.
-pub fn prepare() {
-    if let Some(h) = helpers() {
-        h.post(None);
-    }
-}
-
 /// One parallel job of [`run`]: tasks (ranges of `work`) that the calling thread and the
 /// helpers claim one at a time, and how many of them are finished.
+///
+/// Made only by [`run_job`], under the contract of [`run`], which returns once every task is
+/// finished: a task is only ever claimed while its ranges are valid, and once all are claimed
+/// [`Work::work`] touches nothing (what [`Work`] asks of posted work).
 struct Job {
     work: Vec<Copy>,
     /// Whether the helpers spin for the next job afterwards (see [`run_quiet`]).
@@ -302,22 +184,23 @@ struct Job {
     done: AtomicUsize,
 }
 
-impl Job {
-    /// Claims and runs tasks until none is left.
-    ///
-    /// # Safety
-    /// As for [`run`], for as long as some task is unfinished.
-    unsafe fn work(&self) {
+impl Work for Job {
+    fn work(&self) {
         loop {
             let t = self.next.fetch_add(1, Ordering::Relaxed);
             let Some(&(a, b)) = self.tasks.get(t) else {
                 return;
             };
-            // SAFETY: a task is claimed before the caller of `run` can see every task done,
-            // so the ranges are still valid (the contract of `run`); each task runs once.
+            // SAFETY: a task is claimed before the caller of `run` can see every task done
+            // (it waits for `done`), so the ranges are still valid (the contract of `run`,
+            // under which every Job is made); each task runs once.
             self.work[a..b].iter().for_each(|c| unsafe { copy_one(c) });
             self.done.fetch_add(1, Ordering::Release);
         }
+    }
+
+    fn linger(&self) -> bool {
+        self.linger
     }
 }
 
@@ -333,7 +216,7 @@ unsafe fn copy_one(c: &Copy) {
 /// Runs every copy; in parallel when `parallel` and the job holds at least [`PARALLEL_MIN`]
 /// bytes in copies of at least [`BULK_MIN`] bytes.
 ///
-/// The calling thread copies too: it and the helpers ([`Helpers`]) claim tasks of about
+/// The calling thread copies too: it and the helpers ([`pool::Helpers`]) claim tasks of about
 /// [`PIECE`] bytes from one counter, and the call returns once every task is finished. A
 /// helper that wakes late (a busy machine, another job) finds nothing left and touches no
 /// memory, so the call never waits for a helper to start: it is never slower than copying on
@@ -366,7 +249,7 @@ pub unsafe fn run_quiet(copies: &[Copy], parallel: bool) {
 unsafe fn run_job(copies: &[Copy], parallel: bool, linger: bool) {
     let bulk: usize = copies.iter().filter(|c| c.len >= BULK_MIN).map(|c| c.len).sum();
     let pool = if parallel && bulk >= PARALLEL_MIN {
-        helpers()
+        pool::helpers()
     } else {
         None
     };
@@ -399,10 +282,9 @@ unsafe fn run_job(copies: &[Copy], parallel: bool, linger: bool) {
         done: AtomicUsize::new(0),
     });
     if n > 1 {
-        pool.post(Some(Arc::clone(&job)));
+        pool.post(Some(Arc::clone(&job) as Arc<dyn Work>));
     }
-    // SAFETY: the caller's contract (above).
-    unsafe { job.work() };
+    job.work();
     // Every task is claimed; wait for the helpers' last ones (a piece each, microseconds).
     let mut spins = 0u32;
     while job.done.load(Ordering::Acquire) < n {
@@ -522,7 +404,8 @@ mod tests {
                         };
                         assert!(dst.iter().all(|&b| b == fill), "thread {t} round {round}");
                         if round % 7 == 0 {
-                            std::thread::sleep(Duration::from_millis(1)); // helpers fall asleep
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                            // helpers fall asleep
                         }
                     }
                 })
@@ -554,7 +437,7 @@ mod tests {
     #[test]
     fn prepare_is_harmless_without_a_job() {
         for _ in 0..100 {
-            prepare();
+            pool::prepare();
         }
         let src = vec![5u8; 1 << 20];
         let mut dst = vec![0u8; 1 << 20];

@@ -5,5 +5,6 @@ pub mod anon;
 pub mod dir;
 pub mod gather;
 pub mod identity;
-pub mod parallel;
+pub mod pool;
+pub mod progress;
 pub mod storage;

@@ -261,19 +261,19 @@ pub fn fill_file(file: &File, src: Option<&[u8]>, len: usize) -> io::Result<()> 
     }
 }
 
-/// `pwrite` of all of `data` at `offset`. In a counted call (`parallel::counting`, a progress
+/// `pwrite` of all of `data` at `offset`. In a counted call (`progress::counting`, a progress
 /// bar) it writes in `PROGRESS_CHUNK` pieces and advances the counter after each one.
 pub fn write_all_at(file: &File, data: &[u8], offset: u64) -> io::Result<()> {
-    if !crate::sys::parallel::counted() {
+    if !crate::sys::progress::counted() {
         return pwrite_all(file, data, offset);
     }
-    for (i, piece) in data.chunks(crate::sys::parallel::PROGRESS_CHUNK).enumerate() {
+    for (i, piece) in data.chunks(crate::sys::progress::PROGRESS_CHUNK).enumerate() {
         pwrite_all(
             file,
             piece,
-            offset + (i * crate::sys::parallel::PROGRESS_CHUNK) as u64,
+            offset + (i * crate::sys::progress::PROGRESS_CHUNK) as u64,
         )?;
-        crate::sys::parallel::advance(piece.len() as u64);
+        crate::sys::progress::advance(piece.len() as u64);
     }
     Ok(())
 }

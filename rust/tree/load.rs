@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::format::{self, Entry, LeafMeta, NodeMeta, TensorDictMeta};
 use crate::sys::dir::{self, Dir, EntryKind};
 use crate::sys::identity::{self, FileId};
-use crate::sys::parallel;
+use crate::sys::pool;
 use crate::sys::storage::{self, MapMode, Region};
 use crate::tree::commit;
 use crate::tree::read::{open_child_dir, read_meta};
@@ -126,8 +126,8 @@ fn load_from(root: &Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
     // Every directory's meta.json is read first; then the files are mapped in parallel, a
     // group at a time (each worker holds one directory open while it maps its group).
     let leaves: usize = groups.iter().map(|g: &MapGroup| g.jobs.len()).sum();
-    let workers = parallel::worker_count(0, leaves / 256);
-    let mapped = parallel::run(
+    let workers = pool::worker_count(0, leaves / 256);
+    let mapped = pool::run(
         &groups,
         workers,
         |g| g.jobs.len(),

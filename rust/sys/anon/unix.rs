@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use super::{arena_layout, Arenas, ARENA_ALIGN, LARGE_PART};
 use crate::error::{Error, Result};
 use crate::sys::identity::{self, FileId};
-use crate::sys::parallel;
+use crate::sys::pool;
 use crate::sys::storage::{self, write_all_at, MapMode, Region};
 
 /// What the error of a memfd names in place of a path.
@@ -310,7 +310,7 @@ fn assign(parts: &[(Option<&[u8]>, usize)], num_threads: usize) -> (usize, Vec<u
     let mut arena = vec![0; parts.len()];
     let mut large: Vec<usize> = (0..parts.len()).filter(|&i| parts[i].1 >= LARGE_PART).collect();
     let large_bytes: usize = large.iter().map(|&i| parts[i].1).sum();
-    let count = parallel::worker_count(num_threads, large.len()).min((large_bytes / SPLIT_MIN).max(1));
+    let count = pool::worker_count(num_threads, large.len()).min((large_bytes / SPLIT_MIN).max(1));
     if count > 1 {
         let mut load = vec![0usize; count];
         load[0] = parts.iter().filter(|p| p.1 < LARGE_PART).map(|p| p.1).sum();
@@ -348,7 +348,7 @@ pub fn create(parts: &[(Option<&[u8]>, usize)], num_threads: usize) -> Result<Ar
         check_memory(layouts.iter().map(|(_, total)| total).sum())?;
     }
     let jobs: Vec<usize> = (0..count).collect();
-    let built = parallel::run(
+    let built = pool::run(
         &jobs,
         count,
         |&a| {

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::format::{self, EntryMeta};
 use crate::sys::dir::{Dir, EntryKind, EntryStat};
 use crate::sys::identity;
-use crate::sys::parallel;
+use crate::sys::pool;
 use crate::sys::storage::{self, MapMode, Region};
 use crate::tree::commit::{Journal, Op, Staging};
 
@@ -475,8 +475,8 @@ impl Plan {
         leaves: &[LeafSpec<'_>],
         opts: SaveOptions,
     ) -> Result<()> {
-        let workers = parallel::worker_count(opts.num_threads, self.jobs.len());
-        let mapped = parallel::run(
+        let workers = pool::worker_count(opts.num_threads, self.jobs.len());
+        let mapped = pool::run(
             &self.jobs,
             workers,
             |job| leaves[job.leaf].nbytes,
