@@ -3,7 +3,12 @@
 //! The modules are layered, each using only those below it (`tools/layers/rust.toml`):
 //! `error`; `sys` and `format`; `tree`, `packed` and `safetensors`; `archive`; `report`; and
 //! `py`, the pyo3 boundary. Everything but `py` is plain Rust (tested by `cargo test`); this
-//! file only exports.
+//! file only exports. Each folder's `mod.rs` says in its first two lines what it owns and
+//! what it may use.
+//!
+//! Tests: the unit tests of a module `m` are its child module `tests`, in the file
+//! `m/tests.rs` (the layout of Rust's standard library), never inline; the tests that only
+//! Windows runs (under Wine, `.ci/windows`) are `tree/windows_tests.rs`.
 
 pub mod archive;
 pub mod error;

@@ -1,4 +1,4 @@
-//! Tests of `save_fresh.rs`: a new prefix built beside it and renamed into place.
+//! Tests of `fresh.rs`: a new prefix built beside it and renamed into place.
 
 use super::*;
 use crate::tree::save::{write_tree, write_tree_hooked, EntrySpec};

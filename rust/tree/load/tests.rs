@@ -1,0 +1,99 @@
+use super::*;
+use crate::tree::save::{write_tree, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
+
+fn saved() -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("tdrs-load-{}", storage::random_suffix()));
+    let data: Vec<u8> = (0..24).collect();
+    let leaves = vec![LeafSpec {
+        dtype: "torch.float32".into(),
+        shape: vec![3, 2],
+        device: "cpu".into(),
+        data: Some(&data),
+        nbytes: 24,
+        same_file: None,
+    }];
+    let child = NodeSpec {
+        batch: vec![3],
+        entries: vec![("x".into(), EntrySpec::Leaf(0))],
+    };
+    let root = NodeSpec {
+        batch: vec![3],
+        entries: vec![("sub".into(), EntrySpec::Node(child))],
+    };
+    write_tree(
+        &p,
+        &root,
+        &leaves,
+        SaveOptions {
+            existsok: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    p
+}
+
+fn load_err(p: &Path) -> String {
+    load_tree(p).unwrap_err().to_string()
+}
+
+#[test]
+fn loads_a_saved_tree() {
+    let p = saved();
+    let (node, regions) = load_tree(&p).unwrap();
+    let LoadedEntry::Node(sub) = &node.entries[0].1 else {
+        panic!()
+    };
+    let LoadedEntry::Leaf { dtype, shape, index } = &sub.entries[0].1 else {
+        panic!()
+    };
+    assert_eq!((*dtype, shape.as_slice()), ("torch.float32", &[3u64, 2][..]));
+    assert_eq!(
+        regions[*index].as_ref().unwrap().to_vec(),
+        (0..24).collect::<Vec<u8>>()
+    );
+    assert!(verify_tree(&p).is_empty());
+    drop(regions); // Windows refuses to delete a mapped file.
+    std::fs::remove_dir_all(&p).unwrap();
+}
+
+#[test]
+fn refuses_truncated_missing_and_symlinked_files() {
+    let p = saved();
+    let file = p.join("sub/x.memmap");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    assert!(load_err(&p).contains("truncated"));
+    assert_eq!(verify_tree(&p).len(), 1);
+    std::fs::remove_file(&file).unwrap();
+    assert!(load_err(&p).contains("missing"));
+    #[cfg(unix)]
+    {
+        let outside = p.with_extension("outside");
+        std::fs::write(&outside, [0u8; 24]).unwrap();
+        std::os::unix::fs::symlink(&outside, &file).unwrap();
+        assert!(load_err(&p).contains("symlink"));
+        std::fs::remove_file(&outside).unwrap();
+    }
+    std::fs::remove_dir_all(p.join("sub")).unwrap();
+    assert!(load_err(&p).contains("sub-directory"));
+    std::fs::remove_dir_all(&p).unwrap();
+}
+
+#[test]
+fn longer_files_load() {
+    let p = saved();
+    let file = p.join("sub/x.memmap");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    assert!(load_tree(&p).is_ok());
+    std::fs::remove_dir_all(&p).unwrap();
+}
