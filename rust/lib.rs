@@ -24,6 +24,8 @@ pub mod tree;
 
 #[cfg(feature = "python")]
 use pyo3::prelude::*;
+#[cfg(feature = "python")]
+use pyo3::types::PyTuple;
 
 #[cfg(feature = "python")]
 #[pymodule]
@@ -88,7 +90,21 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FileExistsRuntimeError", errors::file_exists_runtime_error(py)?)?;
     m.add("SymlinkError", errors::symlink_error(py)?)?;
     m.add("LockedError", errors::locked_error(py)?)?;
-    // constants
+    // constants that Python shares with this crate, defined here once
     m.add("FORMAT_VERSION", format::FORMAT_VERSION)?;
+    m.add("RESERVED_KEYS", PyTuple::new(py, format::RESERVED_KEYS)?)?;
+    m.add("DTYPES", PyTuple::new(py, format::DTYPES.iter().map(|d| d.name))?)?;
+    m.add("LEAF", tree::LEAF)?;
+    m.add("NODE", tree::NODE)?;
+    m.add("NON_TENSOR", tree::NON_TENSOR)?;
+    m.add("ALIGN", crate::packed::ALIGN)?;
+    m.add("DESCRIPTION_LIMIT", crate::packed::DESCRIPTION_LIMIT)?;
+    m.add("JSON_DEPTH", crate::packed::JSON_DEPTH)?;
+    m.add("NUMBER_KEY", crate::packed::NUMBER_TOKEN)?;
+    m.add("MAGIC", crate::packed::MAGIC)?;
+    m.add("REFUSED", crate::packed::REFUSED)?;
+    m.add("PIECE_BYTES", crate::packed::PIECE_BYTES)?;
+    m.add("PARALLEL_BYTES", sys::gather::PARALLEL_MIN)?;
+    m.add("BULK_ROW", sys::gather::BULK_MIN)?;
     Ok(())
 }

@@ -32,6 +32,24 @@ pub const ALIGN: usize = crate::sys::anon::ARENA_ALIGN;
 /// The longest description accepted (the meta.json limit of the loader).
 pub const DESCRIPTION_LIMIT: usize = format::META_LIMIT as usize;
 
+/// The nesting of JSON objects and lists a description may have, the root object being one
+/// level (serde_json's recursion limit, 128, refuses the 128th). A node `k` levels below the
+/// root is at level `k + 1`, its leaves' objects at `k + 2` and their shapes at `k + 3`.
+pub const JSON_DEPTH: usize = 127;
+
+// The protocol of `torch.distributed` trees sent as one message (`_dist_wire.py`): a header
+// of three int64 (`MAGIC`, the description's length or `REFUSED`, the data's bytes), the
+// description, then the packed data in pieces of `PIECE_BYTES`, piece `i` with tag
+// `init_tag + i`. Defined here once; Python reads them from `_native`.
+
+/// The first int64 of a header: "tdrs02", a description of this library (64-byte leaves).
+pub const MAGIC: u64 = 0x7464_7273_3032;
+/// The description length of a header whose sender refused its own tree (its error says why).
+pub const REFUSED: i64 = -1;
+/// The bytes of each piece a packed tree travels in (a function of nothing but the tree's
+/// size, so that both sides agree).
+pub const PIECE_BYTES: usize = 2 << 20;
+
 /// `n` rounded up to [`ALIGN`], or `None` on overflow.
 pub fn aligned(n: usize) -> Option<usize> {
     n.checked_add(ALIGN - 1).map(|m| m & !(ALIGN - 1))
@@ -250,8 +268,9 @@ impl State<'_> {
     }
 }
 
-/// How serde_json (with `arbitrary_precision`) presents a number to `deserialize_any`.
-const NUMBER_TOKEN: &str = "$serde_json::private::Number";
+/// How serde_json (with `arbitrary_precision`) presents a number to `deserialize_any`: a key
+/// no description may hold (its parser would take the object for a number).
+pub const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 
 struct EntrySeed<'p, 'de> {
     state: &'p State<'de>,

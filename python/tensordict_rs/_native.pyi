@@ -3,7 +3,21 @@
 from typing import Any, final
 
 __all__ = [
+    "ALIGN",
+    "BULK_ROW",
+    "DESCRIPTION_LIMIT",
+    "DTYPES",
     "FORMAT_VERSION",
+    "JSON_DEPTH",
+    "LEAF",
+    "MAGIC",
+    "NODE",
+    "NON_TENSOR",
+    "NUMBER_KEY",
+    "PARALLEL_BYTES",
+    "PIECE_BYTES",
+    "REFUSED",
+    "RESERVED_KEYS",
     "Buffer",
     "FileExistsRuntimeError",
     "InvalidDirectoryError",
@@ -46,6 +60,22 @@ __all__ = [
 ]
 
 FORMAT_VERSION: int
+# Constants shared with the Rust core, defined there once (rust/format, rust/packed.rs,
+# rust/py/tree.rs, rust/sys/gather.rs).
+RESERVED_KEYS: tuple[str, ...]  # the keys meta.json uses for itself
+DTYPES: tuple[str, ...]  # the dtype names of the format, "torch.bool" ... "torch.complex128"
+LEAF: int  # entry tags of the tree tuples: a tensor,
+NODE: int  # a nested TensorDict,
+NON_TENSOR: int  # a non-tensor (JSON) value
+ALIGN: int  # every leaf of a packed tree (and of an arena) starts at a multiple of this
+DESCRIPTION_LIMIT: int  # the longest tree description a receiver accepts
+JSON_DEPTH: int  # the JSON nesting a receiver parses, the root object being one level
+NUMBER_KEY: str  # the key serde_json gives a number's text: no description may hold it
+MAGIC: int  # the first int64 of a one-message tree's header
+REFUSED: int  # the description length of a header whose sender refused its own tree
+PIECE_BYTES: int  # the bytes of each piece a packed tree travels in
+PARALLEL_BYTES: int  # from this many bytes in rows of at least BULK_ROW, copies run in parallel
+BULK_ROW: int
 
 class TensorDictError(Exception): ...
 class InvalidDirectoryError(TensorDictError): ...

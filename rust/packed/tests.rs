@@ -203,3 +203,24 @@ fn keys_named_like_non_tensor_fields_are_entries_of_a_node() {
     assert_eq!(keys, ["_is_non_tensor", "_metadata", "v"]);
     assert_eq!(parsed.entries[2], Parsed::Value("v".into(), "true".into()));
 }
+
+#[test]
+fn descriptions_parse_up_to_json_depth_levels() {
+    // The root object is level 1, the value's object level 2, its lists from level 3 on.
+    let nested = |lists: usize| (0..lists).fold(Value::from(1), |v, _| Value::Array(vec![v]));
+    let text = |lists: usize| {
+        describe(&DescribedNode {
+            batch: vec![],
+            device: None,
+            entries: vec![Described::Value {
+                key: "v",
+                data: nested(lists),
+            }],
+        })
+    };
+    let deepest = text(JSON_DEPTH - 2);
+    let (node, _) = parse(&deepest).unwrap();
+    assert!(matches!(&node.entries[0], Parsed::Value(key, _) if key == "v"));
+    let too_deep = text(JSON_DEPTH - 1);
+    assert!(parse(&too_deep).unwrap_err().contains("recursion limit"));
+}
