@@ -1,4 +1,4 @@
-//! Writing `.tdz` archives (see `archive.rs` for the format). No pyo3 here.
+//! Writing `.tdz` archives (see `archive/mod.rs` for the format). No pyo3 here.
 //!
 //! The entries are planned first (names in tensordict's order, sizes, alignment padding,
 //! deflate if asked), so every offset is known before a byte is written; the file is created
@@ -11,7 +11,7 @@
 //! (`memmap_like`) are reserved with `fallocate` by their job, so a writable map of the new
 //! archive never meets a hole on a full disk. No serial pass allocates the whole file first.
 //! The file is renamed over the target (fsynced with `durable`). The staging file is locked
-//! from its creation to the rename (`archive_staging`).
+//! from its creation to the rename (`staging.rs`).
 
 use std::collections::HashMap;
 use std::fs::File;

@@ -1,5 +1,11 @@
-//! Owns: the operating system: directories and their identity, memory maps, anonymous memory, the thread pools and the progress counter, raw copies (where pointer `unsafe` lives).
+//! Owns: the operating system: directories and file identity, memory maps and their files, anonymous memory, the threads and the progress counter, raw copies (where pointer `unsafe` lives).
 //! Uses: `error` only.
+//!
+//! `dir` (directory handles that never follow a symlink; `dir/unix.rs`, `dir/windows.rs`),
+//! `identity` (which file a handle or name is), `storage` (the `Region` every map is, file
+//! maps, space reservation, positioned writes), `anon` (anonymous shared memory, every
+//! platform), `pool` (every thread of the crate), `progress` (the progress counter), `gather`
+//! (bulk copies between raw addresses).
 
 pub mod anon;
 pub mod dir;

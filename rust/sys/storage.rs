@@ -96,7 +96,7 @@ impl Region {
     }
 
     /// Marks the region as the map of the whole `.tdz` archive with this device and inode
-    /// (see `archive.rs`).
+    /// (see `archive::reopen`).
     pub fn as_archive(mut self, identity: FileId) -> Self {
         self.file = None;
         self.archive = Some(identity);

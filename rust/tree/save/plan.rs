@@ -195,7 +195,7 @@ impl Plan {
         };
         // A directory the target lacks is built whole inside the staging directory (files at
         // their final names) and goes into place with one rename: `staged` is where it is.
-        // A root that does not exist is the staging directory itself (`save_fresh.rs`).
+        // A root that does not exist is the staging directory itself (`fresh.rs`).
         let staged: Option<String> = if exists {
             None
         } else if rel.is_empty() {
@@ -509,7 +509,7 @@ impl Plan {
         Ok(())
     }
 
-    /// The maps of the written leaves, for a save that needs no journal (`save_fresh.rs`).
+    /// The maps of the written leaves, for a save that needs no journal (`fresh.rs`).
     #[cfg(any(target_os = "linux", target_os = "android"))]
     pub(super) fn into_regions(self) -> Vec<Option<Region>> {
         self.regions

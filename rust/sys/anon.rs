@@ -1,5 +1,6 @@
-//! Owns: anonymous shared memory on every platform: arenas that hold many leaves, their layout, and (Unix) their passing between processes.
-//! Uses: `error`, and `sys::storage` (maps), `sys::parallel` (one writer thread per arena).
+//! Anonymous shared memory on every platform: arenas that hold many leaves, their layout, and
+//! (Unix) their passing between processes. Built on `storage` (maps) and `pool` (one writer
+//! thread per arena).
 //!
 //! An arena is one kernel object holding the parts (leaves) of a call back to back, each at a
 //! multiple of [`ARENA_ALIGN`], large ones on their own pages. On Unix it is a memfd or an

@@ -1,7 +1,4 @@
-//! Owns: saves of a whole tree: validation, the plan against the old tree, fresh prefixes, single files.
-//! Uses: `error`, `sys`, `format`, and `tree::commit`.
-//!
-//! Saves of a whole tree into a directory that stays the user's. No pyo3 here.
+//! Saves of a whole tree into a directory that stays the user's.
 //!
 //! The target directory is kept (see `commit.rs` for the staging, the journal and the
 //! recovery): new data files and meta.json files are staged inside it, then renamed over the
@@ -12,10 +9,10 @@
 //! removed; anything the old tree does not own (a user's files, sub-directories, mounts,
 //! symlinks) is never replaced, moved or followed: a save that would have to replace one
 //! refuses before it changes anything.
-
 //!
-//! `save_validate.rs` checks a tree before anything is written, `save_plan.rs` walks it against
-//! the old one and stages its files, `save_file.rs` writes single files (`from_tensor`).
+//! `save/validate.rs` checks a tree before anything is written, `save/plan.rs` walks it against
+//! the old one and stages its files, `save/fresh.rs` builds a new prefix beside it and moves it
+//! into place, `save/file.rs` writes single files (`from_tensor`).
 
 use std::io;
 use std::path::Path;
