@@ -1,9 +1,12 @@
-use std::path::{Path, PathBuf};
+#[cfg(unix)]
+use std::path::Path;
+use std::path::PathBuf;
 
 use serde_json::Value;
 
 use super::*;
 use crate::sys::storage::random_suffix;
+#[cfg(unix)]
 use crate::tree::load::{load_tree, verify_tree};
 use crate::tree::save::{write_tree, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
 
@@ -34,6 +37,7 @@ fn saved() -> PathBuf {
     p
 }
 
+#[cfg(unix)]
 fn is_symlink_error(e: &Error) -> bool {
     matches!(e, Error::Symlink { .. }) && e.to_string().contains("symlink")
 }
