@@ -246,11 +246,12 @@ fn assert_new_version(prefix: &Path) {
 }
 
 fn crash_child(mode: &str, prefix: &Path, step: usize) -> std::process::ExitStatus {
+    // The test's name as the harness knows it: its module path without the crate's name (a
+    // name that matches no test would run nothing and exit 0).
+    let (_, module) = module_path!().split_once("::").unwrap();
+    let test = format!("{module}::killed_commits_are_finished_at_every_step");
     Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "windows_tests::killed_commits_are_finished_at_every_step",
-        ])
+        .args(["--exact", test.as_str()])
         .args(["--test-threads=1", "-q"])
         .env("TDRS_WIN_CRASH", format!("{mode}:{}", prefix.display()))
         .env("TENSORDICT_RS_KILL_AT_STEP", step.to_string())
