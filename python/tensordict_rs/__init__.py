@@ -27,14 +27,9 @@ from ._native import (
 from .verify import verify
 
 if TYPE_CHECKING:
-    from ._archive import (
-        is_memmap_archive,
-        pack_memmap,
-        refresh_archive_checksums,
-        unpack_memmap,
-    )
-    from ._saving import TensorDictFuture
-    from ._tree import NonTensorData
+    from .io.archive import is_memmap_archive, pack_memmap, refresh_archive_checksums, unpack_memmap
+    from .io.directory import NonTensorData
+    from .io.saving import TensorDictFuture
     from .memmap import MemoryMappedTensor
     from .tensordict import TensorDict
 
@@ -62,13 +57,13 @@ __all__ = [
 
 _LAZY = {
     "MemoryMappedTensor": ".memmap",
-    "NonTensorData": "._tree",
+    "NonTensorData": ".io.directory",
     "TensorDict": ".tensordict",
-    "TensorDictFuture": "._saving",
-    "is_memmap_archive": "._archive",
-    "pack_memmap": "._archive",
-    "refresh_archive_checksums": "._archive",
-    "unpack_memmap": "._archive",
+    "TensorDictFuture": ".io.saving",
+    "is_memmap_archive": ".io.archive",
+    "pack_memmap": ".io.archive",
+    "refresh_archive_checksums": ".io.archive",
+    "unpack_memmap": ".io.archive",
 }
 
 

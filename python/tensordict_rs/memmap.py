@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from . import _native
-from ._dtypes import dtype_from_str, dtype_to_str
+from ._core.dtypes import dtype_from_str, dtype_to_str
 
 __all__ = ["MemoryMappedTensor"]
 

@@ -10,23 +10,25 @@ from typing import Any
 
 import torch
 
-from . import _index, _safetensors, _sharing
-from ._consolidate import Consolidation
-from ._devices import DeviceMoves, _normalize_device
-from ._locking import Lockable, locked_error
-from ._persistence import MemoryMapped
-from ._repr import compact_repr
-from ._sharing import Shareable, register
-from ._tree import NonTensorData, TreeNode, _LazyLeaf
-from ._typed_ops import _PointwiseTypes
-from ._walk import KeyList, map_leaves, walk_items
-from .distributed import Distributed
+from ._core import index as _index
+from ._core.locking import Lockable, locked_error
+from ._core.repr import compact_repr
+from ._core.walk import KeyList, map_leaves, walk_items
+from .io import safetensors as _safetensors
+from .io.directory import NonTensorData, TreeNode, _LazyLeaf
+from .io.persistence import MemoryMapped
 from .ops import apply as _apply
 from .ops import indexing as _indexing
 from .ops import keys as _keys
 from .ops import pointwise as _pointwise
 from .ops import shape as _shape
 from .ops import torch_functions as _torch
+from .ops.devices import DeviceMoves, _normalize_device
+from .ops.pointwise_types import _PointwiseTypes
+from .share import processes as _sharing
+from .share.consolidate import Consolidation
+from .share.distributed import Distributed
+from .share.processes import Shareable, register
 
 __all__ = ["TensorDict"]
 

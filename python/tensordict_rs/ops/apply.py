@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._devices import _normalize_device
-from .._tree import NonTensorData, TreeNode
+from ..io.directory import NonTensorData, TreeNode
+from .devices import _normalize_device
 
 if TYPE_CHECKING:
     from ..tensordict import TensorDict

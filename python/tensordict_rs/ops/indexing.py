@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import _gather
-from .. import _index as _items
-from .._locking import locked_error
-from .._tree import NonTensorData
-from .._walk import is_tree, map_leaves, zip_leaves
+from .._core import index as _items
+from .._core.locking import locked_error
+from .._core.walk import is_tree, map_leaves, zip_leaves
+from ..io.directory import NonTensorData
+from . import gather as _gather
 from . import keys as _keys
 
 if TYPE_CHECKING:

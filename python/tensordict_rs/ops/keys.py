@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._locking import locked_error
-from .._tree import NonTensorData
-from .._walk import KEEP, copy_tree, is_tree
+from .._core.locking import locked_error
+from .._core.walk import KEEP, copy_tree, is_tree
+from ..io.directory import NonTensorData
 
 if TYPE_CHECKING:
     from ..tensordict import TensorDict

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._locking import LOCK_ERROR
-from .._walk import map_leaves
+from .._core.locking import LOCK_ERROR
+from .._core.walk import map_leaves
 
 if TYPE_CHECKING:
     from ..tensordict import TensorDict

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
-from . import _packed
+from . import packed as _packed
 
 _CPU = torch.device("cpu")
 

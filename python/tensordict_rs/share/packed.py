@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import _native
-from ._dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
-from ._tree import NonTensorData, _gc_paused, _json_text, _LazyLeaf, value_nbytes
-from .memmap import MemoryMappedTensor
+from .. import _native
+from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
+from ..io.directory import NonTensorData, _gc_paused, _json_text, _LazyLeaf, value_nbytes
+from ..memmap import MemoryMappedTensor
 
 if TYPE_CHECKING:
-    from .tensordict import TensorDict
+    from ..tensordict import TensorDict
 
 ALIGN = 64  # = rust/packed.rs ALIGN = rust/storage.rs ARENA_ALIGN
 DESCRIPTION_LIMIT = 64 << 20  # the meta.json limit of the loader

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
-from ._locking import locked_error
-from ._walk import leaves, map_leaves
+from .._core.locking import locked_error
+from .._core.walk import leaves, map_leaves
 
 
 def _normalize_device(device: Any) -> torch.device | None:
@@ -68,7 +68,7 @@ class DeviceMoves:
         out = None
         if dtype is None and self._is_memmap and target is not None and target.type == "cuda":
             # a memory-mapped tree: one device allocation, streamed (see _stream)
-            from ._stream import stream_tree
+            from .stream import stream_tree
 
             out = stream_tree(self, target)
         if out is None:

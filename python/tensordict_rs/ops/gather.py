@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import _native
-from ._tree import NonTensorData, _LazyLeaf
+from .. import _native
+from ..io.directory import NonTensorData, _LazyLeaf
 
 if TYPE_CHECKING:
-    from .tensordict import TensorDict
+    from ..tensordict import TensorDict
 
 # Below this many gathered bytes torch's per-leaf path would be used. Re-measured with
 # benches/gather_crossover.py after the batch plan (2026-12-01, 2 CPUs): the native call is

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from torch import distributed as dist
 
-from . import _native, _packed
+from .. import _native
+from . import packed as _packed
 
 MAGIC = 0x7464_7273_3032  # "tdrs02": a description message of this library (64-byte leaves)
 PIECE_BYTES = 2 << 20

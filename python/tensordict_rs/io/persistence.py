@@ -10,14 +10,17 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
-from . import _archive, _native, _progress, _tree
-from ._devices import _normalize_device
-from ._saving import TensorDictFuture, _maybe_done, _save, _to_archive
-from ._tree import NonTensorData, _LazyLeaf
-from .memmap import MemoryMappedTensor
+from .. import _native
+from ..memmap import MemoryMappedTensor
+from ..ops.devices import _normalize_device
+from . import archive as _archive
+from . import directory as _tree
+from . import progress as _progress
+from .directory import NonTensorData, _LazyLeaf
+from .saving import TensorDictFuture, _maybe_done, _save, _to_archive
 
 if TYPE_CHECKING:
-    from .tensordict import TensorDict
+    from ..tensordict import TensorDict
 
 PathLike = str | os.PathLike[str]
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._tree import NonTensorData, TreeNode
+from ..io.directory import NonTensorData, TreeNode
 
 T = TypeVar("T", bound=TreeNode)
 KEEP: Any = object()  # "the source tree's" (device)

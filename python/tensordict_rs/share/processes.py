@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
-from . import _native
-from ._dtypes import DTYPE_TO_STR, STR_TO_DTYPE
-from ._tree import NonTensorData, _gc_paused, _LazyLeaf
-from .memmap import MemoryMappedTensor, _source_bytes, _wrap
+from .. import _native
+from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE
+from ..io.directory import NonTensorData, _gc_paused, _LazyLeaf
+from ..memmap import MemoryMappedTensor, _source_bytes, _wrap
 
 if TYPE_CHECKING:
-    from .tensordict import TensorDict
+    from ..tensordict import TensorDict
 
 BUFFER, NODE, NON_TENSOR, TENSOR = range(4)
 LOCKED, MEMMAP, SHARED = 1, 2, 4
@@ -343,7 +343,7 @@ class Shareable:
         >>> td["x"]  # the child wrote the same memory
         MemoryMappedTensor([7., 7., 7., 7.])
         """
-        from . import _tree
+        from ..io import directory as _tree
 
         if self._is_memmap:
             raise RuntimeError("memmap and shared memory are mutually exclusive features.")

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from . import _native
+from .. import _native
 
 T = TypeVar("T")
 

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
-from . import _native
-from ._dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
-from .memmap import MemoryMappedTensor, _from_buffer, _source_bytes
+from .. import _native
+from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
+from ..memmap import MemoryMappedTensor, _from_buffer, _source_bytes
 
 if TYPE_CHECKING:
-    from .tensordict import TensorDict
+    from ..tensordict import TensorDict
 
 LEAF, NODE, NON_TENSOR = 0, 1, 2
 _CPU = torch.device("cpu")
@@ -408,7 +408,7 @@ def load(
                 ) from None
     if device is not None and device.type == "cuda":
         # one device allocation for the whole tree, streamed through pinned staging buffers
-        from ._stream import stream_tree
+        from ..ops.stream import stream_tree
 
         moved = stream_tree(_build(cls, node, buffers, path, None, False), device)
         if moved is not None:

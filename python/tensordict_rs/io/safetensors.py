@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import _native
-from ._tree import NonTensorData, _json_text, _LazyLeaf
-from .memmap import _source_bytes, _tensor_from_buffer
+from .. import _native
+from ..memmap import _source_bytes, _tensor_from_buffer
+from .directory import NonTensorData, _json_text, _LazyLeaf
 
 if TYPE_CHECKING:
-    from .tensordict import TensorDict
+    from ..tensordict import TensorDict
 
 PathLike = str | os.PathLike[str]
 BATCH_SIZES = "tensordict_rs.batch_sizes"

@@ -6,10 +6,10 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Self
 
-from ._native import LockedError
+from .._native import LockedError
 
 if TYPE_CHECKING:
-    from .tensordict import TensorDict
+    from ..tensordict import TensorDict
 
 LOCK_ERROR = (
     "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "

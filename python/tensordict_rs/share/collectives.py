@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Self
 import torch
 from torch import distributed as dist
 
-from . import _dist_wire as wire
-from . import _packed
-from ._dist_wire import Pending
+from . import packed as _packed
+from . import wire
+from .wire import Pending
 
 _CPU = torch.device("cpu")
 

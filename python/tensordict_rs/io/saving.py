@@ -12,10 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import _archive, _progress, _tree
+from . import archive as _archive
+from . import directory as _tree
+from . import progress as _progress
 
 if TYPE_CHECKING:
-    from .tensordict import TensorDict
+    from ..tensordict import TensorDict
 
 
 class TensorDictFuture:

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from . import _native, _tree
-from ._tree import _CPU
+from .. import _native
+from . import directory as _tree
+from .directory import _CPU
 
 if TYPE_CHECKING:
-    from .tensordict import TensorDict
+    from ..tensordict import TensorDict
 
 PathLike = str | os.PathLike[str]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .tensordict import TensorDict
+    from ..tensordict import TensorDict
 
 WIDTH = 80
 Node = str | tuple[str, list[tuple[str, Any]]]
@@ -28,7 +28,7 @@ def short_name(dtype: Any) -> str:
 
 
 def _entry(td: TensorDict, key: str) -> Node:
-    from .tensordict import TensorDict
+    from ..tensordict import TensorDict
 
     value = td._tensordict[key]
     if isinstance(value, TensorDict):
