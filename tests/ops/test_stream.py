@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict_rs import TensorDict, _stream
+from tensordict_rs import TensorDict
+from tensordict_rs.ops import stream as _stream
 
 
 def _tree(tmp_path):

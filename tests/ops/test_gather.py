@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import tensordict
 import torch
-from tensordict_rs import TensorDict, _gather, _native
-from test_gil import MIN_TURNS, probe_thread
+from tensordict_rs import TensorDict, _native
+from tensordict_rs.ops import gather as _gather
+
+from ..io.test_gil import MIN_TURNS, probe_thread
 
 ROWS = 1000
 DTYPES = [

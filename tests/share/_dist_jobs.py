@@ -178,7 +178,8 @@ def p2p(T: Any, rank: int, world: int, tmp: Path) -> None:
 def _bad_first_contact(T: Any) -> tuple[list[torch.Tensor], Any]:
     """A first contact whose description names an unknown dtype: (header, text, data) as a
     sender would post them, and the tree they came from."""
-    from tensordict_rs import _dist_wire, _packed
+    from tensordict_rs.share import packed as _packed
+    from tensordict_rs.share import wire as _dist_wire
 
     src = tree(T, 7, text=False)
     plan = _packed.plan(src)
@@ -231,7 +232,7 @@ def _raw_pair_group(rank: int, tmp: Path) -> Any:
 def big_tree(T: Any, fill: int, *, strided: bool = False) -> Any:
     """A tree of several message pieces (``_dist_wire.PIECE_BYTES``), a leaf across a piece
     boundary, and with ``strided`` a non-contiguous leaf (torch's copies, not the Rust core)."""
-    from tensordict_rs import _dist_wire
+    from tensordict_rs.share import wire as _dist_wire
 
     piece = _dist_wire.PIECE_BYTES
     gen = torch.Generator().manual_seed(fill)
@@ -399,7 +400,7 @@ def _scatter(T: Any, rank: int, world: int) -> None:
     count or a reserved key on the source, and a damaged description at one receiver, fail
     where they should and leave nothing over for the next scatter."""
     from tensordict_rs import InvalidTreeError, TensorDictError
-    from tensordict_rs._dist_collectives import _scatter_source
+    from tensordict_rs.share.collectives import _scatter_source
 
     trees = [_meant(T, r) for r in range(world)] if rank == 1 else None
     got = T.TensorDict({"unused": torch.ones(2)}, []).scatter(1, trees)

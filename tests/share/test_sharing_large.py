@@ -14,8 +14,9 @@ import pytest
 import tensordict
 import torch
 from tensordict_rs import TensorDict
-from test_sharing import WAIT, context, identity, memfds, settles
 from torch.utils.data import DataLoader
+
+from .test_sharing import WAIT, context, identity, memfds, settles
 
 MIB = 1 << 20
 BIG = 48 * MIB // 4  # float32 elements of one big leaf: 4 of them are 3 arenas' worth

@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from tensordict_rs import TensorDict, _progress
+from tensordict_rs import TensorDict
+from tensordict_rs.io import progress as _progress
 
 
 class FakeBar:

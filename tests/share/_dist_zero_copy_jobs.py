@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _dist_jobs import P2P_DTYPES, _values, same
+
+from ._dist_jobs import P2P_DTYPES, _values, same
 
 COPIES = {"pack": 0, "unpack": 0}
 LARGE_PART = 1 << 20  # rust/storage.rs: leaves from this size on live in arenas of their own
@@ -73,7 +74,7 @@ def small_tree(T: Any, fill: int, *, large: bool = False) -> Any:
 
 def arena_start(td: Any) -> int:
     """Address of the first leaf in packed order (the start of its message in the arena)."""
-    from tensordict_rs import _packed
+    from tensordict_rs.share import packed as _packed
 
     plan = _packed.plan(td)
     return int(plan._addresses[0] - plan._addresses[1])
@@ -82,7 +83,7 @@ def arena_start(td: Any) -> int:
 def _forked_reader(td: Any) -> tuple[int, int, int]:
     """A forked child that maps ``td``'s arena as a worker process would: once told, it sends
     back the bytes of every leaf it sees there. Returns (pid, go fd, result fd)."""
-    from tensordict_rs import _packed
+    from tensordict_rs.share import packed as _packed
 
     table = _packed.plan(td)._addresses
     ranges = [(table[i], table[i + 2]) for i in range(0, len(table), 3)]
@@ -120,7 +121,7 @@ def _read_child(pid: int, go: int, result: int) -> bytes:
 
 
 def _leaf_bytes(td: Any) -> bytes:
-    from tensordict_rs import _packed
+    from tensordict_rs.share import packed as _packed
 
     return b"".join(
         bytes(t.contiguous().view(torch.uint8).reshape(-1).numpy()) if t.numel() else b""
@@ -130,7 +131,7 @@ def _leaf_bytes(td: Any) -> bytes:
 
 def zero_copy(T: Any, rank: int, world: int, tmp: Path) -> None:
     """memmap_() sender and receiver in every pairing, fallbacks, a leaf swapped between sends."""
-    from tensordict_rs import _packed
+    from tensordict_rs.share import packed as _packed
 
     _count_copies()
     peer = 1 - rank

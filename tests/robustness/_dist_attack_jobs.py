@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _dist_jobs import same
 from torch import distributed as dist
+
+from ..share._dist_jobs import same
 
 SHORT = datetime.timedelta(seconds=10)
 LIMIT = 4096  # the description limit both ranks use here (the real one is 64 MiB)
@@ -34,8 +35,8 @@ def refused_first_contacts(T: Any, rank: int, world: int, tmp: Path) -> None:
     """A tree whose description is too long, or cannot be written at all (a reserved key),
     fails on both ranks, none waits forever, and the next exchange is not confused by
     messages left over from the failed one."""
-    from tensordict_rs import TensorDictError, _packed
-    from tensordict_rs._tree import NonTensorData
+    from tensordict_rs import NonTensorData, TensorDictError
+    from tensordict_rs.share import packed as _packed
 
     _packed.DESCRIPTION_LIMIT = LIMIT
     group = dist.new_group(timeout=SHORT)

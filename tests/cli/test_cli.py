@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import tensordict
 import torch
-from _cli_helpers import cli, sample
 from tensordict_rs import TensorDict
+
+from ._cli_helpers import cli, sample
 
 
 @pytest.fixture

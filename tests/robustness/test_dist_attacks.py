@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import _dist_attack_jobs as jobs
 import pytest
 import torch
-from tensordict_rs import TensorDict, _packed
-from test_distributed import run_job
+from tensordict_rs import TensorDict
+from tensordict_rs.share import packed as _packed
 from torch import distributed as dist
+
+from ..share.test_distributed import run_job
+from . import _dist_attack_jobs as jobs
 
 
 def _leaf_bytes(plan: _packed.Plan, packed: torch.Tensor, i: int, n: int) -> torch.Tensor:
@@ -84,8 +86,7 @@ def _nested(depth: int, leaf: object) -> TensorDict:
 def test_a_tree_too_deep_for_a_receiver_is_refused_by_its_sender() -> None:
     # A receiver parses descriptions with serde_json (128 levels of nesting); the sender
     # refuses a deeper tree itself, instead of sending it to a rank that cannot read it.
-    from tensordict_rs import InvalidTreeError
-    from tensordict_rs._tree import NonTensorData
+    from tensordict_rs import InvalidTreeError, NonTensorData
 
     deepest = _nested(_packed.JSON_DEPTH - 3, torch.ones(2))  # its shape list: level 127
     plan = _packed.plan(deepest)
@@ -127,7 +128,7 @@ def test_keys_named_like_non_tensor_fields_travel_in_descriptions() -> None:
     # "_metadata" and "_is_non_tensor" are fields of a non-tensor entry, not reserved keys of a
     # node (meta.json saves such leaves); a receiver dropped them silently: a leaf of no bytes
     # vanished, one with bytes made the totals disagree.
-    from tensordict_rs._tree import NonTensorData
+    from tensordict_rs import NonTensorData
 
     td = TensorDict(
         {
@@ -162,8 +163,7 @@ def test_a_non_tensor_dict_that_the_json_parser_reads_as_a_number_is_refused(
 ) -> None:
     # {"$serde_json::private::Number": "12"} came back as the int 12, through a description
     # and through memmap/load_memmap alike (the reference round-trips it): refused on writing.
-    from tensordict_rs import InvalidTreeError
-    from tensordict_rs._tree import NonTensorData
+    from tensordict_rs import InvalidTreeError, NonTensorData
 
     td = TensorDict({"v": NonTensorData([{"$serde_json::private::Number": "12"}])}, [])
     with pytest.raises(InvalidTreeError, match="private::Number"):
@@ -176,7 +176,7 @@ def test_a_non_tensor_dict_that_the_json_parser_reads_as_a_number_is_refused(
 def test_a_pending_receive_whose_wait_fails_is_not_completed() -> None:
     # Pending.wait() dropped every step before waiting: after a wait that raised (a timeout),
     # is_completed() said True and a second wait() skipped the messages and the scatter.
-    from tensordict_rs._dist_wire import Pending
+    from tensordict_rs.share.wire import Pending
 
     class Flaky:
         def __init__(self) -> None:

@@ -14,10 +14,11 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-import _dist_jobs
 import pytest
 import torch
 from torch import distributed as dist
+
+from . import _dist_jobs
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="torch has no gloo backend"
@@ -81,7 +82,8 @@ def test_mixed_with_the_reference_both_ways(tmp_path: Path) -> None:
 
 def test_description_round_trip_without_a_group() -> None:
     # The JSON description alone: built back into the same structure, refused when damaged.
-    from tensordict_rs import InvalidTreeError, TensorDictError, _packed
+    from tensordict_rs import InvalidTreeError, TensorDictError
+    from tensordict_rs.share import packed as _packed
 
     src = _dist_jobs.tree(__import__("tensordict_rs"), 2)
     text = _packed.describe(src)
@@ -99,7 +101,8 @@ def test_description_round_trip_without_a_group() -> None:
 
 
 def test_plans_follow_changes_of_the_tree() -> None:
-    from tensordict_rs import TensorDict, _packed
+    from tensordict_rs import TensorDict
+    from tensordict_rs.share import packed as _packed
 
     td = TensorDict({"a": torch.ones(4), "b": torch.zeros(4, 2)}, [4])
     first = _packed.plan(td)
@@ -114,7 +117,8 @@ def test_packed_table_releases_gil_and_copies_ranges() -> None:
     from array import array
 
     from tensordict_rs import _native
-    from test_gil import MIN_TURNS, probe_thread
+
+    from ..io.test_gil import MIN_TURNS, probe_thread
 
     leaves = [torch.full((8 << 20,), float(i)) for i in range(8)]  # 256 MiB
     table = array("Q")
@@ -143,7 +147,8 @@ def test_packed_table_releases_gil_and_copies_ranges() -> None:
 
 
 def test_descriptions_of_odd_trees() -> None:
-    from tensordict_rs import InvalidTreeError, TensorDict, _packed
+    from tensordict_rs import InvalidTreeError, TensorDict
+    from tensordict_rs.share import packed as _packed
 
     # keys named like meta.json fields, non-ASCII and quoted keys, empty nodes and leaves
     src = TensorDict(
@@ -187,7 +192,7 @@ def test_nccl_two_gpus(tmp_path: Path) -> None:
 
 def test_description_built_on_another_device() -> None:
     # The device branch of build (views of one device buffer, no map), on the meta device.
-    from tensordict_rs import _packed
+    from tensordict_rs.share import packed as _packed
 
     src = _dist_jobs.tree(__import__("tensordict_rs"), 2)
     plan = _packed.plan(src)
@@ -208,9 +213,11 @@ def test_description_built_on_another_device() -> None:
 def test_tree_built_into_an_arena_made_first() -> None:
     # from_remote_init's order: the arena exists (and the data arrives into it) before the
     # description is parsed; the leaves are slices of it, no new map.
-    from tensordict_rs import InvalidTreeError, _native, _packed
-    from tensordict_rs._tree import _LazyLeaf
-    from test_gil import MIN_TURNS, probe_thread
+    from tensordict_rs import InvalidTreeError, _native
+    from tensordict_rs.io.directory import _LazyLeaf
+    from tensordict_rs.share import packed as _packed
+
+    from ..io.test_gil import MIN_TURNS, probe_thread
 
     src = _dist_jobs.tree(__import__("tensordict_rs"), 2)
     plan = _packed.plan(src)
@@ -236,7 +243,7 @@ def test_tree_built_into_an_arena_made_first() -> None:
 
 @pytest.mark.parametrize("total", [1, 2 << 20, (2 << 20) + 1, 10 << 20, (64 << 20) + 5, 1 << 30])
 def test_packing_runs_cover_every_piece_in_a_few_growing_runs(total: int) -> None:
-    from tensordict_rs import _dist_wire
+    from tensordict_rs.share import wire as _dist_wire
 
     spans = _dist_wire.pieces(total)
     runs = _dist_wire.packing_runs(spans)

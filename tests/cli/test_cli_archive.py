@@ -14,8 +14,9 @@ import pytest
 import safetensors.torch
 import tensordict
 import torch
-from _cli_helpers import cli, sample
 from tensordict_rs import TensorDict
+
+from ._cli_helpers import cli, sample
 
 
 @pytest.fixture

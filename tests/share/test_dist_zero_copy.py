@@ -12,14 +12,17 @@ import ctypes
 from pathlib import Path
 from typing import Any
 
-import _dist_zero_copy_jobs as jobs
 import pytest
 import tensordict_rs
 import torch
-from _dist_jobs import same
-from tensordict_rs import TensorDict, _dist_wire, _native, _packed
-from test_distributed import run_job
+from tensordict_rs import TensorDict, _native
+from tensordict_rs.share import packed as _packed
+from tensordict_rs.share import wire as _dist_wire
 from torch import distributed as dist
+
+from . import _dist_zero_copy_jobs as jobs
+from ._dist_jobs import same
+from .test_distributed import run_job
 
 
 def _offsets_in_arena(td: TensorDict) -> list[int]:
@@ -167,7 +170,7 @@ def test_memmapped_trees_travel_without_a_copy_two_ranks(tmp_path: Path) -> None
 
 def test_a_read_only_tree_is_refused_before_its_arena_is_used() -> None:
     # no anonymous arena is ever read-only, but the refusal must come before the arena path
-    from tensordict_rs import distributed
+    from tensordict_rs.share import distributed
 
     td = jobs.small_tree(tensordict_rs, 8).memmap_()
     plan = _packed.plan(td)

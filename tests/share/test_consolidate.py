@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import _dist_jobs
 import pytest
 import tensordict
 import tensordict_rs
 import torch
-from tensordict_rs import TensorDict, _packed
+from tensordict_rs import TensorDict
+from tensordict_rs.share import packed as _packed
+
+from . import _dist_jobs
 
 
 def _source(module: object) -> object:
