@@ -604,6 +604,28 @@ class MemoryMappedTensor(torch.Tensor):
         return self.as_subclass(torch.Tensor).clone()
 
 
+# ----------------------------------------------------------------- lazy leaves of a tree
+
+
+class _LazyLeaf:
+    """A mapped leaf whose tensor is made on first access (``torch.frombuffer`` + view)."""
+
+    __slots__ = ("buffer", "dtype", "shape")
+
+    def __init__(self, buffer: _native.Buffer, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+        self.buffer = buffer
+        self.dtype = dtype
+        self.shape = shape
+
+    def materialize(self) -> MemoryMappedTensor:
+        return _from_buffer(self.buffer, self.dtype, self.shape)
+
+
+def value_nbytes(value: Any) -> int:
+    """Bytes of a lazy leaf or tensor."""
+    return value.buffer.nbytes if type(value) is _LazyLeaf else value.nbytes
+
+
 def _same_memory(base: MemoryMappedTensor, view: torch.Tensor) -> bool:
     """Whether ``view`` lies in the memory of ``base`` (so it is a view of the same map)."""
     if base._buffer is not None:

@@ -12,11 +12,12 @@ import torch
 
 from ._core import index as _index
 from ._core.locking import Lockable, locked_error
+from ._core.nodes import NonTensorData, TreeNode
 from ._core.repr import compact_repr
 from ._core.walk import KeyList, map_leaves, walk_items
 from .io import safetensors as _safetensors
-from .io.directory import NonTensorData, TreeNode, _LazyLeaf
 from .io.persistence import MemoryMapped
+from .memmap import _LazyLeaf
 from .ops import apply as _apply
 from .ops import indexing as _indexing
 from .ops import keys as _keys

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..io.directory import NonTensorData, TreeNode
+from .nodes import NonTensorData, TreeNode
 
 T = TypeVar("T", bound=TreeNode)
 KEEP: Any = object()  # "the source tree's" (device)

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from .. import _native
-from . import directory as _tree
+from .._core.nodes import _gc_paused
+from . import directory
 from .directory import _CPU
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def _mark(td: TensorDict, path: Path, *, memmapped: bool) -> None:
                 stack.append(value)
 
 
-@_tree._gc_paused()
+@_gc_paused()
 def write(
     target: TensorDict,
     path: Path,
@@ -112,7 +113,7 @@ def write(
     copy-on-write, or shared for ``like`` (``memmap_like``, as tensordict's ``mode="r+"``).
     """
     method, level = _method(compression, compresslevel)
-    plan = _tree._Plan(like=like, reuse_maps=False, copy_existing=True)
+    plan = directory._Plan(like=like, reuse_maps=False, copy_existing=True)
     spec = plan.node(target, path)
     buffers = _native.write_archive(
         os.fspath(path),
@@ -132,7 +133,7 @@ def write(
         target._lock_tree()
 
 
-@_tree._gc_paused()
+@_gc_paused()
 def load(
     cls: type[TensorDict],
     path: PathLike,
@@ -158,7 +159,7 @@ def load(
             "writable."
         )
     if device is None:
-        device = _tree._device_or_none(node[1])
+        device = directory._device_or_none(node[1])
         if device is not None and device.type not in ("cpu", "meta"):
             try:
                 torch.empty(0, device=device)
@@ -168,7 +169,7 @@ def load(
                     f"available here ({err}); pass device='cpu' to load_memmap to load it on "
                     "the CPU"
                 ) from None
-    td = _tree._build(cls, node, buffers, absolute, device, non_blocking)
+    td = directory._build(cls, node, buffers, absolute, device, non_blocking)
     _mark(td, absolute, memmapped=False)
     if device is not None:
         td._device = device
@@ -223,11 +224,11 @@ def _spec(node: Any, buffers: list[Any]) -> tuple[list[int], list[tuple[Any, ...
     out: list[tuple[Any, ...]] = []
     for entry in entries:
         tag, key = entry[0], entry[1]
-        if tag == _tree.LEAF:
+        if tag == directory.LEAF:
             buffer = buffers[entry[4]]
             address, nbytes = (0, 0) if buffer is None else (buffer.address, buffer.nbytes)
             out.append((tag, key, entry[2], entry[3], "cpu", address, nbytes, None))
-        elif tag == _tree.NODE:
+        elif tag == directory.NODE:
             out.append((tag, key, _spec(entry[2], buffers)))
         else:
             out.append(entry)
@@ -287,7 +288,7 @@ def pack_memmap(
             f"The archive path {archive_path} must be outside the source directory {prefix}."
         )
     method, level = _method(compression, compresslevel)
-    with _tree._gc_paused():
+    with _gc_paused():
         node, buffers = _native.load_tree(os.fspath(prefix.absolute()))
         spec = _spec(node, buffers)
         _native.write_archive(
@@ -319,7 +320,7 @@ def unpack_memmap(archive_path: PathLike, prefix: PathLike) -> Path:
     prefix = Path(prefix)
     if not is_memmap_archive(archive_path):
         raise ValueError(f"{archive_path} is not a memory-mapped tensordict archive.")
-    with _tree._gc_paused():
+    with _gc_paused():
         node, buffers, _ = _native.load_archive(os.fspath(archive_path.absolute()))
         spec = _spec(node, buffers)
         _native.write_tree(os.fspath(prefix.absolute()), spec, existsok=True)

@@ -1,4 +1,4 @@
-"""Between TensorDict trees and the Rust core: one native call per tree, each way.
+"""Trees as directories (tensordict's format): save and load, one native call per tree each way.
 
 Saving walks the tree once to build a plain spec (keys, dtype strings, shapes, source pointers),
 hands it to Rust, and gets every leaf's buffer back in the same depth-first order. Loading gets
@@ -9,20 +9,18 @@ until the leaf is used.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
-import math
 import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import _native
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
-from ..memmap import MemoryMappedTensor, _from_buffer, _source_bytes
+from .._core.nodes import NonTensorData, TreeNode, _gc_paused, _json_text
+from ..memmap import MemoryMappedTensor, _from_buffer, _LazyLeaf, _source_bytes, value_nbytes
+from ..ops.stream import stream_tree
 
 if TYPE_CHECKING:
     from ..tensordict import TensorDict
@@ -30,82 +28,6 @@ if TYPE_CHECKING:
 LEAF, NODE, NON_TENSOR = 0, 1, 2
 _CPU = torch.device("cpu")
 _STRIDED = torch.strided
-
-
-class TreeNode:
-    """The base of TensorDict: what tree walkers test for, so they need not import it."""
-
-    if TYPE_CHECKING:
-        # What the walkers use of a TensorDict (defined there).
-        _tensordict: dict[str, Any]
-        _batch_size: torch.Size
-        _device: torch.device | None
-        _is_locked: bool
-        _is_memmap: bool
-        _memmap_prefix: Path | None
-
-        @property
-        def batch_dims(self) -> int: ...
-        @property
-        def batch_size(self) -> torch.Size: ...
-        @property
-        def device(self) -> torch.device | None: ...
-        @classmethod
-        def _new_unchecked(cls, batch_size: torch.Size, device: torch.device | None) -> Self: ...
-        def _get_str(self, key: str) -> Any: ...
-        def _check_batch(self, key: str, shape: tuple[int, ...] | torch.Size) -> None: ...
-        def _lock_tree(self) -> None: ...
-        def lock_(self) -> Self: ...
-        def __getitem__(self, index: Any) -> Any: ...
-
-
-class NonTensorData:
-    """A non-tensor value stored in a TensorDict (a string, number, list or dict).
-
-    Saved as JSON (never pickled); ``td[key]`` returns the value itself, ``td.get(key)`` this
-    wrapper.
-
-    >>> NonTensorData({"step": 3}).data
-    {'step': 3}
-    """
-
-    __slots__ = ("batch_size", "data", "device")
-
-    def __init__(self, data: Any, batch_size: Any = None, device: Any = None) -> None:
-        self.data = data
-        self.batch_size = torch.Size([] if batch_size is None else batch_size)
-        self.device = None if device is None else torch.device(device)
-
-    def __repr__(self) -> str:
-        return (
-            f"NonTensorData(data={self.data!r}, batch_size={self.batch_size}, device={self.device})"
-        )
-
-    def tolist(self) -> Any:
-        """The value repeated over the batch dims, as nested lists (as tensordict gives it)."""
-        value = self.data
-        for size in reversed(self.batch_size):
-            value = [value] * size
-        return value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NonTensorData) and other.data == self.data
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-class _LazyLeaf:
-    """A mapped leaf whose tensor is made on first access (``torch.frombuffer`` + view)."""
-
-    __slots__ = ("buffer", "dtype", "shape")
-
-    def __init__(self, buffer: _native.Buffer, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-        self.buffer = buffer
-        self.dtype = dtype
-        self.shape = shape
-
-    def materialize(self) -> MemoryMappedTensor:
-        return _from_buffer(self.buffer, self.dtype, self.shape)
 
 
 def _check_layout(value: torch.Tensor, key: str, path: Path | None) -> None:
@@ -118,45 +40,6 @@ def _check_layout(value: torch.Tensor, key: str, path: Path | None) -> None:
         f"key {key!r} holds {kind}{where}: memmap saves dense strided tensors only; convert it "
         "first (t.to_dense(), or torch.stack / padding for nested tensors)"
     )
-
-
-def value_nbytes(value: Any) -> int:
-    """Bytes of a lazy leaf or tensor."""
-    return value.buffer.nbytes if type(value) is _LazyLeaf else value.nbytes
-
-
-_NUMBER_KEY = "$serde_json::private::Number"  # serde_json (arbitrary_precision): a number's text
-
-
-def _json_text(value: Any, key: str) -> str:
-    def check(v: Any) -> None:
-        if v is None or isinstance(v, (str, bool, int)):
-            return
-        if isinstance(v, float):
-            if not math.isfinite(v):
-                raise ValueError("non-finite float")
-            return
-        if isinstance(v, (list, tuple)):
-            for item in v:
-                check(item)
-            return
-        if isinstance(v, dict) and all(isinstance(k, str) for k in v):
-            if _NUMBER_KEY in v:  # the Rust JSON parser would read this object as a number
-                raise ValueError(f"a dict with the key {_NUMBER_KEY!r}")
-            for item in v.values():
-                check(item)
-            return
-        raise TypeError(type(v).__name__)
-
-    try:
-        check(value)
-    except (TypeError, ValueError) as err:
-        raise _native.InvalidTreeError(
-            f"key {key!r}: a value of type {type(value).__name__} ({err}) cannot be saved; "
-            "only JSON values (str, int, float, bool, None, lists, dicts with str keys) "
-            "are stored, never pickles"
-        ) from None
-    return json.dumps(value, ensure_ascii=False)
 
 
 class _Plan:
@@ -274,8 +157,8 @@ class _Plan:
 
     def anonymous(self, td: TensorDict) -> None:
         """Collects the leaves of ``td`` that need anonymous maps, in packed order (depth-first,
-        sorted keys: see ``_packed``), so that a tree of small leaves lies in its arena exactly
-        as its one message does and is sent and received without a copy."""
+        sorted keys: see ``share/packed.py``), so that a tree of small leaves lies in its arena
+        exactly as its one message does and is sent and received without a copy."""
         items = td._tensordict
         for key in sorted(items):
             value = items[key]
@@ -317,23 +200,6 @@ def _mark(td: TreeNode, prefix: Path | None) -> None:
     for key, value in td._tensordict.items():
         if isinstance(value, TreeNode):
             _mark(value, None if prefix is None else prefix / _native.encode_key(key))
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pauses the cyclic garbage collector while a tree is converted.
-
-    A 10,000-leaf tree makes tens of thousands of short-lived tuples, which would trigger full
-    collections (about 0.2 s each with torch loaded) in the middle of a save or load.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 @_gc_paused()
@@ -408,8 +274,6 @@ def load(
                 ) from None
     if device is not None and device.type == "cuda":
         # one device allocation for the whole tree, streamed through pinned staging buffers
-        from ..ops.stream import stream_tree
-
         moved = stream_tree(_build(cls, node, buffers, path, None, False), device)
         if moved is not None:
             return moved  # type: ignore[no-any-return]

@@ -1,6 +1,6 @@
 """Memory maps of a whole TensorDict: ``memmap_``, ``memmap``, ``memmap_like``, ``load_memmap``.
 
-The file-system work is the Rust core's (``_tree`` hands it one call per tree); this module is
+The file-system work is the Rust core's (``directory`` hands it one call per tree); this module is
 the TensorDict-facing API around it.
 """
 
@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from .. import _native
-from ..memmap import MemoryMappedTensor
+from .._core.nodes import NonTensorData
+from ..memmap import MemoryMappedTensor, _LazyLeaf
 from ..ops.devices import _normalize_device
 from . import archive as _archive
-from . import directory as _tree
+from . import directory
 from . import progress as _progress
-from .directory import NonTensorData, _LazyLeaf
 from .saving import TensorDictFuture, _maybe_done, _save, _to_archive
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ class MemoryMapped:
         ``return_early=True`` with ``num_threads > 1`` returns a ``TensorDictFuture`` (its
         ``result()`` waits), as tensordict does; otherwise the save finishes first.
         With ``archive=True`` or a prefix ending in ``.tdz`` the tree is one zip archive (see
-        ``_archive``), its leaves views of it; ``compression="deflate"`` compresses them.
+        ``io/archive.py``), its leaves views of it; ``compression="deflate"`` compresses them.
         ``progress=True`` draws a ``tqdm`` bar of the bytes written (needs tqdm; off when
         ``TENSORDICT_RS_NO_PROGRESS=1`` and in DataLoader workers).
 
@@ -408,7 +408,7 @@ class MemoryMapped:
         loaded = _progress.load(
             progress,
             prefix,
-            lambda: _tree.load(cast("type[TensorDict]", cls), prefix, target, non_blocking),
+            lambda: directory.load(cast("type[TensorDict]", cls), prefix, target, non_blocking),
         )
         return loaded if subpath is None else _archive.subtree(loaded, subpath, prefix)
 
@@ -517,7 +517,7 @@ class MemoryMapped:
         loaded = type(self).load_memmap(prefix, device=self._device)
         _replace_entries(self, loaded)
         if was_memmap:
-            _tree._mark(cast("TensorDict", self), loaded._memmap_prefix)
+            directory._mark(cast("TensorDict", self), loaded._memmap_prefix)
             self._lock_tree()
         return self
 

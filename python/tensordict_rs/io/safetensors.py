@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import _native
-from ..memmap import _source_bytes, _tensor_from_buffer
-from .directory import NonTensorData, _json_text, _LazyLeaf
+from .._core.nodes import NonTensorData, _json_text
+from ..memmap import _LazyLeaf, _source_bytes, _tensor_from_buffer
 
 if TYPE_CHECKING:
     from ..tensordict import TensorDict

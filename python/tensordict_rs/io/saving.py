@@ -1,7 +1,7 @@
 """How a save call runs: now or in a background thread (``TensorDictFuture``), to a directory
-(``_tree.save``) or to a ``.tdz`` archive (``_archive.write``), with an optional progress bar.
+(``directory.save``) or to a ``.tdz`` archive (``_archive.write``), with an optional progress bar.
 
-``_persistence`` is the TensorDict-facing API; this module is what its save methods call.
+``persistence.py`` is the TensorDict-facing API; this module is what its save methods call.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import archive as _archive
-from . import directory as _tree
+from . import directory
 from . import progress as _progress
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ def _save(
     """Memory-maps ``target`` in place and locks it (or returns a Future of that)."""
 
     def work() -> None:
-        _tree.save(
+        directory.save(
             target,
             path,
             like=like,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..io.directory import NonTensorData, TreeNode
+from .._core.nodes import NonTensorData, TreeNode
 from .devices import _normalize_device
 
 if TYPE_CHECKING:

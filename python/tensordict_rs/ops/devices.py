@@ -67,7 +67,7 @@ class DeviceMoves:
             return self
         out = None
         if dtype is None and self._is_memmap and target is not None and target.type == "cuda":
-            # a memory-mapped tree: one device allocation, streamed (see _stream)
+            # a memory-mapped tree: one device allocation, streamed (see stream.py)
             from .stream import stream_tree
 
             out = stream_tree(self, target)

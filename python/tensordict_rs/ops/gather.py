@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import _native
-from ..io.directory import NonTensorData, _LazyLeaf
+from .._core.nodes import NonTensorData
+from ..memmap import _LazyLeaf
 
 if TYPE_CHECKING:
     from ..tensordict import TensorDict

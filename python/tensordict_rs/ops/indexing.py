@@ -1,7 +1,7 @@
 """Batch indexing: ``td[rows]``, ``td[rows] = value`` and ``index_select`` (bound onto
 TensorDict as ``_index``, ``_set_rows``, ``_preallocate`` and ``index_select``).
 
-Row gathers of CPU trees are one native call (``_gather``); other indexes go leaf by leaf.
+Row gathers of CPU trees are one native call (``gather.py``); other indexes go leaf by leaf.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 
 from .._core import index as _items
 from .._core.locking import locked_error
+from .._core.nodes import NonTensorData
 from .._core.walk import is_tree, map_leaves, zip_leaves
-from ..io.directory import NonTensorData
 from . import gather as _gather
 from . import keys as _keys
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._core.locking import locked_error
+from .._core.nodes import NonTensorData
 from .._core.walk import KEEP, copy_tree, is_tree
-from ..io.directory import NonTensorData
 
 if TYPE_CHECKING:
     from ..tensordict import TensorDict

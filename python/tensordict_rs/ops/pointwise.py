@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._core.nodes import NonTensorData, TreeNode
 from .._core.walk import leaves, map_leaves, zip_leaves
-from ..io.directory import NonTensorData, TreeNode
 
 if TYPE_CHECKING:
     from ..tensordict import TensorDict

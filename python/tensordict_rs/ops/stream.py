@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from .. import _native
-from ..io.directory import NonTensorData, TreeNode, _LazyLeaf
+from .._core.nodes import NonTensorData, TreeNode
+from ..memmap import _LazyLeaf
 
 CHUNK_BYTES = 64 << 20  # two of them: <= 128 MiB of host staging (the issue allows 512 MiB)
 ALIGN = 64  # every leaf starts at a multiple of this in the device allocation

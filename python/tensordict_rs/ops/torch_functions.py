@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import _native
+from .._core.nodes import NonTensorData
 from .._core.walk import KEEP, is_tree, map_leaves, walk_items, zip_leaves
-from ..io.directory import NonTensorData
 from . import shape
 
 if TYPE_CHECKING:

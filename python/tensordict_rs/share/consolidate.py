@@ -1,6 +1,6 @@
 """``consolidate`` and ``is_consolidated``: a tree whose leaves are views of one buffer.
 
-The buffer holds the leaves in the packed layout of ``_packed`` (the message of
+The buffer holds the leaves in the packed layout of ``packed.py`` (the message of
 ``send(consolidated=True)``), so a consolidated tree is sent and received without a copy; on
 the CPU it is one anonymous shared-memory arena, which crosses to other processes as one
 descriptor. The new tree is built from the tree's own description, as ``from_remote_init``

@@ -4,11 +4,11 @@ Point to point (``send``, ``recv``, ``isend``, ``irecv``) speaks the reference's
 protocol by default: one message per tensor leaf, depth-first in sorted-key order, tags
 ``init_tag, init_tag + 1, ...`` (or the reference's pseudo-random chain), so that a
 tensordict 0.15.3 rank and a tensordict-rs rank exchange trees. The messages are posted all
-at once and waited for together (``_dist_wire.Peer``). Receiving writes straight into the
+at once and waited for together (``wire.Peer``). Receiving writes straight into the
 receiver's leaves, and so into its memory maps when it is memory-mapped.
 
 ``consolidated=True`` sends the whole tree as one packed message (in pieces, see
-``_dist_wire``): the Rust core gathers the leaves into one buffer (GIL released, parallel; no
+``wire.py``): the Rust core gathers the leaves into one buffer (GIL released, parallel; no
 copy when they already lie in one buffer) and the receiver scatters it into its leaves. Any
 tree of the same keys, shapes and dtypes can receive it; no ``consolidate()`` call is needed.
 
@@ -16,7 +16,7 @@ First contact (``init_remote``/``from_remote_init``, ``broadcast``, ``all_gather
 ``gather_and_stack``, ``scatter``) sends the structure as the JSON description of
 ``meta.json`` in a uint8 tensor, never a pickle, then the data. This wire format is this
 library's own: those calls work between tensordict-rs ranks (the reference pickles its
-metadata). The collectives other than ``broadcast`` are in ``_dist_collectives.py``.
+metadata). The collectives other than ``broadcast`` are in ``collectives.py``.
 """
 
 from __future__ import annotations
@@ -355,7 +355,7 @@ class Distributed(Collectives):
         return _learn(cls, peer.device, post, post_data, device)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ broadcast (the other
-    # collectives, in ``_dist_collectives.Collectives``, are mixed in through the base class)
+    # collectives, in ``collectives.Collectives``, are mixed in through the base class)
 
     def broadcast(self, src: int, *, group: Any = None, device: Any = None) -> Self:
         """Sends rank ``src``'s tree to every rank of the group; returns it on each rank.

@@ -38,8 +38,8 @@ import torch
 
 from .. import _native
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
-from ..io.directory import NonTensorData, _gc_paused, _json_text, _LazyLeaf, value_nbytes
-from ..memmap import MemoryMappedTensor
+from .._core.nodes import NonTensorData, _gc_paused, _json_text
+from ..memmap import MemoryMappedTensor, _LazyLeaf, value_nbytes
 
 if TYPE_CHECKING:
     from ..tensordict import TensorDict

@@ -29,8 +29,9 @@ import torch
 
 from .. import _native
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE
-from ..io.directory import NonTensorData, _gc_paused, _LazyLeaf
-from ..memmap import MemoryMappedTensor, _source_bytes, _wrap
+from .._core.nodes import NonTensorData, _gc_paused
+from ..io import directory
+from ..memmap import MemoryMappedTensor, _LazyLeaf, _source_bytes, _wrap
 
 if TYPE_CHECKING:
     from ..tensordict import TensorDict
@@ -343,13 +344,11 @@ class Shareable:
         >>> td["x"]  # the child wrote the same memory
         MemoryMappedTensor([7., 7., 7., 7.])
         """
-        from ..io import directory as _tree
-
         if self._is_memmap:
             raise RuntimeError("memmap and shared memory are mutually exclusive features.")
         if self._device is not None and self._device.type == "cuda":
             return self
-        _tree.save(
+        directory.save(
             self,  # type: ignore[arg-type]
             None,
             like=False,
