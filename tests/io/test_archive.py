@@ -467,7 +467,7 @@ def test_pickle_of_a_replaced_archive_is_refused(tmp_path: Path) -> None:
 def test_archive_calls_release_the_gil(tmp_path: Path, monkeypatch) -> None:
     from tensordict_rs import TensorDict, _native
 
-    from .test_gil import MIN_TURNS, probe_thread
+    from .._gil_probe import MIN_TURNS, probe_thread
 
     td = TensorDict({"a": torch.ones(48 * 1024 * 1024)}, [])
     with probe_thread() as probe:

@@ -10,63 +10,16 @@ No timings are asserted: only how many times the other thread ran during the cal
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from tensordict_rs import MemoryMappedTensor, TensorDict, _native
 
+from .._gil_probe import MAX_TURNS_HELD, MIN_TURNS, probe_thread
+
 BIG = 64 * 1024 * 1024  # float32 elements: 256 MiB
-MIN_TURNS = 10  # turns the probe must get during a call that releases the GIL
-MAX_TURNS_HELD = 3  # turns it can get around a call that holds the GIL
-
-
-class Probe:
-    """A thread that counts how often it gets the GIL while ``inside`` is set."""
-
-    def __init__(self) -> None:
-        self.inside = False
-        self.turns = 0
-        self.calls = 0
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop:
-            time.sleep(0.0002)  # releases the GIL; needs it back to go on
-            if self.inside:
-                self.turns += 1
-
-    def watch(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn``, with ``inside`` set for exactly the duration of each call."""
-
-        def watched(*args: Any, **kwargs: Any) -> Any:
-            self.calls += 1
-            self.inside = True
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.inside = False
-
-        return watched
-
-
-@contextmanager
-def probe_thread() -> Iterator[Probe]:
-    probe = Probe()
-    probe._thread.start()
-    time.sleep(0.01)  # let it reach its loop
-    try:
-        yield probe
-    finally:
-        probe._stop = True
-        probe._thread.join(10)
-        assert not probe._thread.is_alive()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 from tensordict_rs import TensorDict, _native
 from tensordict_rs.ops import gather as _gather
 
-from ..io.test_gil import MIN_TURNS, probe_thread
+from .._gil_probe import MIN_TURNS, probe_thread
 
 ROWS = 1000
 DTYPES = [

@@ -1,4 +1,4 @@
-"""The streaming device path (``_stream``): one allocation per tree, two staging buffers.
+"""The streaming device path (``ops/stream.py``): one allocation per tree, two staging buffers.
 
 Run with a CPU destination and chunks small enough that the double buffer wraps many times,
 with leaves larger and smaller than a chunk, leaves across chunk edges, empty leaves, nested

@@ -118,7 +118,7 @@ def test_packed_table_releases_gil_and_copies_ranges() -> None:
 
     from tensordict_rs import _native
 
-    from ..io.test_gil import MIN_TURNS, probe_thread
+    from .._gil_probe import MIN_TURNS, probe_thread
 
     leaves = [torch.full((8 << 20,), float(i)) for i in range(8)]  # 256 MiB
     table = array("Q")
@@ -214,10 +214,10 @@ def test_tree_built_into_an_arena_made_first() -> None:
     # from_remote_init's order: the arena exists (and the data arrives into it) before the
     # description is parsed; the leaves are slices of it, no new map.
     from tensordict_rs import InvalidTreeError, _native
-    from tensordict_rs.io.directory import _LazyLeaf
+    from tensordict_rs.memmap import _LazyLeaf
     from tensordict_rs.share import packed as _packed
 
-    from ..io.test_gil import MIN_TURNS, probe_thread
+    from .._gil_probe import MIN_TURNS, probe_thread
 
     src = _dist_jobs.tree(__import__("tensordict_rs"), 2)
     plan = _packed.plan(src)

@@ -426,7 +426,7 @@ def test_small_dev_shm_gives_oserror_not_sigbus() -> None:
 
 
 def test_open_files_releases_gil(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ..io.test_gil import MIN_TURNS, probe_thread
+    from .._gil_probe import MIN_TURNS, probe_thread
 
     leaves = 2500
     TensorDict({f"k{i}": torch.full((2,), float(i)) for i in range(leaves)}, [2]).memmap_(
