@@ -93,8 +93,9 @@ def persist(td: TensorDict, root: Path) -> None:
     assert_type(saved.is_memmap(), bool)
     assert_type(saved.saved_path, Path | None)
     maybe = td.memmap_like(root / "b", return_early=True, num_threads=2)
-    assert_type(maybe, TensorDict | TensorDictFuture)
+    assert_type(maybe, TensorDict | TensorDictFuture[TensorDict])
     done = maybe.result() if isinstance(maybe, TensorDictFuture) else maybe
+    assert_type(done, TensorDict)
     assert done.is_memmap()
     loaded = TensorDict.load_memmap(root / "a", progress=False)
     assert_type(loaded, TensorDict)

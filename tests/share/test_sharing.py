@@ -457,3 +457,21 @@ def test_pin_memory_and_a_pinning_dataloader() -> None:
     loader = DataLoader(data, batch_size=2, collate_fn=identity, num_workers=0, pin_memory=True)
     batch = next(iter(loader))
     assert isinstance(batch, TensorDict) and leaf(batch, 3).is_pinned()
+
+
+def test_pin_memory_inplace_replaces_every_leaf(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pinning needs an accelerator: a stand-in returns a marked copy of each leaf
+    pinned: list[torch.Tensor] = []
+
+    def fake_pin_memory(t: torch.Tensor) -> torch.Tensor:
+        out = t.clone() + 100
+        pinned.append(out)
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin_memory)
+    td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
+    assert td.pin_memory(inplace=True) is td
+    assert td["a"] is pinned[0] and td["b", "c"] is pinned[1]
+    assert td["a"].tolist() == [100.0, 100.0] and td["b", "c"].tolist() == [101.0, 101.0]
+    copy = TensorDict({"a": torch.zeros(2)}, [2]).pin_memory()
+    assert copy["a"] is pinned[2]

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Self
+from typing import Self
 
 from .._native import LockedError
-
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
+from .nodes import TreeNode
 
 LOCK_ERROR = (
     "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
@@ -22,17 +20,8 @@ def locked_error() -> LockedError:
     return LockedError(LOCK_ERROR)
 
 
-class Lockable:
+class Lockable(TreeNode):
     """``lock_``/``unlock_``/``is_locked`` for TensorDict, with tensordict's nested-lock rules."""
-
-    if TYPE_CHECKING:
-        # The rest of TensorDict, which this part of the class is mixed into.
-        def __getattr__(self, name: str) -> Any: ...
-
-    _is_locked: bool
-    _is_memmap: bool
-    _lock_parents: list[weakref.ref[TensorDict]]
-    _lock_ops: list[bool | None]
 
     @property
     def is_locked(self) -> bool:
@@ -53,10 +42,10 @@ class Lockable:
         else:
             self.unlock_()
 
-    def _children(self) -> Iterator[TensorDict]:
+    def _children(self) -> Iterator[Lockable]:
         for value in self._tensordict.values():
             if isinstance(value, Lockable):
-                yield value  # type: ignore[misc]
+                yield value
 
     def lock_(self) -> Self:
         """Locks this TensorDict and every nested one; returns self (also a context manager).
@@ -79,7 +68,7 @@ class Lockable:
         self._is_locked = True
         for child in self._children():
             if not any(ref() is self for ref in child._lock_parents):
-                child._lock_parents.append(weakref.ref(self))  # type: ignore[arg-type]
+                child._lock_parents.append(weakref.ref(self))
             child._lock_tree()
 
     def unlock_(self) -> Self:
@@ -98,7 +87,7 @@ class Lockable:
             if (
                 parent is not None
                 and parent._is_locked
-                and any(c is self for c in parent._children())
+                and any(c is self for c in parent._tensordict.values())
             ):
                 raise RuntimeError(
                     "Cannot unlock a tensordict that is part of a locked graph. "
@@ -117,7 +106,7 @@ class Lockable:
             child._lock_parents = [
                 r for r in child._lock_parents if r() is not None and r() is not self
             ]
-            if not any(r()._is_locked for r in child._lock_parents if r() is not None):  # type: ignore[union-attr]
+            if not any(p._is_locked for r in child._lock_parents if (p := r()) is not None):
                 child._unlock_tree()
 
     def __enter__(self) -> Self:

@@ -12,40 +12,118 @@ import contextlib
 import gc
 import json
 import math
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import torch
 
 from .. import _native
 
+TD = TypeVar("TD", bound="TreeNode")  # a tree, and the same class of tree in the result
+Key = str | tuple[str, ...]  # an entry: a str, or a tuple of str for nested entries
+
 
 class TreeNode:
-    """The base of TensorDict: what tree walkers test for, so they need not import it."""
+    """The base of every tree (``TensorDict``): its state, its constructor, and the methods
+    that the modules below ``tensordict.py`` call on a tree.
+
+    Those modules take and return ``TreeNode`` (or ``TD``, a TypeVar bound to it), never
+    ``TensorDict``, and make new trees with ``type(td)._new_unchecked(batch_size, device)``, so
+    that none of them imports ``tensordict.py``. The methods declared below for type checkers
+    are implemented by ``TensorDict`` and its mixins; mypy checks each implementation against
+    its declaration.
+    """
+
+    _tensordict: dict[str, Any]  # the entries: trees, tensors, lazy leaves, NonTensorData
+    _batch_size: torch.Size
+    _device: torch.device | None
+    _is_locked: bool
+    _is_memmap: bool
+    _is_shared: bool
+    _memmap_prefix: Path | None  # the directory (or archive) a memory-mapped tree is saved at
+    _lock_parents: list[weakref.ref[TreeNode]]  # the trees that locked this one (see locking)
+    _lock_ops: list[bool | None]  # what each lock_/unlock_ changed (for ``with td.lock_():``)
+
+    def _init(self, batch_size: torch.Size, device: torch.device | None) -> None:
+        self._tensordict = {}
+        self._batch_size = batch_size
+        self._device = device
+        self._is_locked = False
+        self._is_memmap = False
+        self._is_shared = False
+        self._memmap_prefix = None
+        self._lock_parents = []
+        self._lock_ops = []
+
+    @classmethod
+    def _new_unchecked(cls, batch_size: torch.Size, device: torch.device | None) -> Self:
+        """An empty tree of this class, without the checks of ``__init__``."""
+        td = cls.__new__(cls)
+        td._init(batch_size, device)
+        return td
 
     if TYPE_CHECKING:
-        # What the walkers use of a TensorDict (defined there).
-        _tensordict: dict[str, Any]
-        _batch_size: torch.Size
-        _device: torch.device | None
-        _is_locked: bool
-        _is_memmap: bool
-        _memmap_prefix: Path | None
-
+        # tensordict.py: the constructor, shape and device, entries
+        def __init__(
+            self,
+            source: Mapping[Any, Any] | None = None,
+            batch_size: Any = None,
+            device: Any = None,
+            names: Any = None,
+            *,
+            non_blocking: bool = False,
+            lock: bool = False,
+            **entries: Any,
+        ) -> None: ...
+        @property
+        def batch_size(self) -> torch.Size: ...
+        @batch_size.setter
+        def batch_size(self, value: Any) -> None: ...
         @property
         def batch_dims(self) -> int: ...
         @property
-        def batch_size(self) -> torch.Size: ...
-        @property
         def device(self) -> torch.device | None: ...
-        @classmethod
-        def _new_unchecked(cls, batch_size: torch.Size, device: torch.device | None) -> Self: ...
         def _get_str(self, key: str) -> Any: ...
+        def _leaf_info(
+            self, key: str
+        ) -> tuple[tuple[int, ...], torch.dtype, torch.device] | None: ...
         def _check_batch(self, key: str, shape: tuple[int, ...] | torch.Size) -> None: ...
-        def _lock_tree(self) -> None: ...
-        def lock_(self) -> Self: ...
+        def _set_str(
+            self, key: str, value: Any, *, validate: bool = True, non_blocking: bool = False
+        ) -> None: ...
+        def _sub(self, path: tuple[str, ...], create: bool) -> Self: ...
+        def get(self, key: Key, default: Any = ...) -> Any: ...
+        def set(
+            self, key: Key, value: Any, *, inplace: bool = False, non_blocking: bool = False
+        ) -> Self: ...
+        def update(
+            self,
+            input_dict: Mapping[str, Any] | TreeNode,
+            *,
+            clone: bool = False,
+            inplace: bool = False,
+        ) -> Self: ...
+        def update_(self, input_dict: Mapping[str, Any] | TreeNode) -> Self: ...
+        def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Key]: ...
+        def items(
+            self, include_nested: bool = False, leaves_only: bool = False
+        ) -> list[tuple[Key, Any]]: ...
         def __getitem__(self, index: Any) -> Any: ...
+        def __setitem__(self, index: Any, value: Any) -> None: ...
+        def __contains__(self, key: object) -> bool: ...
+        def apply(self, fn: Callable[..., Any], *others: Any, **kwargs: Any) -> Self: ...
+
+        # _core/locking.py
+        @property
+        def is_locked(self) -> bool: ...
+        def lock_(self) -> Self: ...
+        def unlock_(self) -> Self: ...
+        def _lock_tree(self) -> None: ...
+
+        # share/processes.py
+        def _mark_shared(self) -> None: ...
 
 
 class NonTensorData:

@@ -14,13 +14,12 @@ depth.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from .nodes import NonTensorData, TreeNode
+from .nodes import TD, NonTensorData, TreeNode
 
-T = TypeVar("T", bound=TreeNode)
 KEEP: Any = object()  # "the source tree's" (device)
 LeafFn = Callable[..., Any]
 
@@ -50,7 +49,7 @@ def other_entry(other: Any, key: str) -> Any:
 
 
 def map_leaves(
-    td: T,
+    td: TD,
     fn: LeafFn,
     *others: Any,
     batch_size: Any = None,
@@ -59,7 +58,7 @@ def map_leaves(
     check: bool = False,
     lock: bool = False,
     non_tensor: LeafFn | None = None,
-) -> T:
+) -> TD:
     """A new tree of ``fn(leaf, *other_leaves)`` for every tensor leaf of ``td``.
 
     ``others`` are walked together with ``td`` (trees: the entry at the same key; anything else
@@ -85,14 +84,14 @@ def map_leaves(
 
 
 def _map(
-    td: T,
+    td: TD,
     fn: LeafFn,
     others: tuple[Any, ...],
     batch: torch.Size,
     device: torch.device | None,
     check: bool,
     non_tensor: LeafFn | None,
-) -> T:
+) -> TD:
     out = type(td)._new_unchecked(batch, device)
     items = out._tensordict
     dims = td.batch_dims
@@ -184,7 +183,7 @@ def walk_items(
             yield full, value
 
 
-def copy_tree(td: T, keep: Callable[[tuple[str, ...]], bool] | None = None) -> T:
+def copy_tree(td: TD, keep: Callable[[tuple[str, ...]], bool] | None = None) -> TD:
     """A new tree of the same entries (tensors and lazy leaves shared, not copied).
 
     ``keep(path)`` chooses which leaves and NonTensorData stay; nested trees are always kept.
@@ -192,7 +191,7 @@ def copy_tree(td: T, keep: Callable[[tuple[str, ...]], bool] | None = None) -> T
     return _copy(td, keep, ())
 
 
-def _copy(td: T, keep: Callable[[tuple[str, ...]], bool] | None, prefix: tuple[str, ...]) -> T:
+def _copy(td: TD, keep: Callable[[tuple[str, ...]], bool] | None, prefix: tuple[str, ...]) -> TD:
     out = type(td)._new_unchecked(td._batch_size, td._device)
     items = out._tensordict
     for key, value in td._tensordict.items():

@@ -13,17 +13,14 @@ import os
 import time
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 
 from .. import _native
-from .._core.nodes import _gc_paused
+from .._core.nodes import TD, _gc_paused
 from . import directory
 from .directory import _CPU
-
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
 
 PathLike = str | os.PathLike[str]
 
@@ -76,7 +73,7 @@ def _dos_time() -> tuple[int, int]:
     )
 
 
-def _mark(td: TensorDict, path: Path, *, memmapped: bool) -> None:
+def _mark(td: TD, path: Path, *, memmapped: bool) -> None:
     """Records the archive on the root; nested TensorDicts have no directory of their own."""
     td._device = _CPU
     td._is_memmap = memmapped
@@ -94,7 +91,7 @@ def _mark(td: TensorDict, path: Path, *, memmapped: bool) -> None:
 
 @_gc_paused()
 def write(
-    target: TensorDict,
+    target: TD,
     path: Path,
     *,
     like: bool,
@@ -135,12 +132,12 @@ def write(
 
 @_gc_paused()
 def load(
-    cls: type[TensorDict],
+    cls: type[TD],
     path: PathLike,
     device: torch.device | None,
     non_blocking: bool = False,
     mode: str | None = None,
-) -> TensorDict:
+) -> TD:
     """Loads the archive at ``path``: one map, every stored aligned leaf a view of it.
 
     ``mode=None``/``"r"`` maps it copy-on-write (writes stay in this process, as in
@@ -194,7 +191,7 @@ def _subpath_parts(subpath: Any) -> tuple[str, ...]:
     return tuple(parts)
 
 
-def subtree(td: TensorDict, subpath: Any, prefix: PathLike) -> TensorDict:
+def subtree(td: TD, subpath: Any, prefix: PathLike) -> TD:
     """The nested TensorDict of a loaded tree at ``subpath`` (``load_memmap(subpath=)``):
     ``"a/b"``, ``("a", "b")`` or nested tuples of keys, as tensordict spells them; a
     ``ValueError`` when no TensorDict is there."""
@@ -207,7 +204,7 @@ def subtree(td: TensorDict, subpath: Any, prefix: PathLike) -> TensorDict:
                 f"No tensordict found under subpath {'/'.join(parts)!r} (in {prefix})."
             )
         node = value
-    return cast("TensorDict", node)
+    return cast("TD", node)
 
 
 def _why_copied(path: Path, name: str) -> str:

@@ -12,18 +12,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .. import _native
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
-from .._core.nodes import NonTensorData, TreeNode, _gc_paused, _json_text
+from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused, _json_text
 from ..memmap import MemoryMappedTensor, _from_buffer, _LazyLeaf, _source_bytes, value_nbytes
 from ..ops.stream import stream_tree
-
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
 
 LEAF, NODE, NON_TENSOR = 0, 1, 2
 _CPU = torch.device("cpu")
@@ -52,7 +49,7 @@ class _Plan:
         # sources and their storages stay alive while Rust reads them (a storage, not just the
         # tensor: another thread's ``set_`` on the tensor must not free the memory being read)
         self.keep: list[Any] = []
-        self.slots: list[tuple[TensorDict, str, torch.dtype, tuple[int, ...]]] = []
+        self.slots: list[tuple[TreeNode, str, torch.dtype, tuple[int, ...]]] = []
         self.kept: set[int] = set()  # slots whose file the save keeps (see node)
         self.sources: list[tuple[int, int]] = []  # anonymous: (data_ptr, nbytes) per slot
 
@@ -95,7 +92,7 @@ class _Plan:
             return None  # a view with another layout than the file's
         return buffer.file_id
 
-    def node(self, td: TensorDict, path: Path) -> tuple[list[int], list[tuple[Any, ...]]]:
+    def node(self, td: TreeNode, path: Path) -> tuple[list[int], list[tuple[Any, ...]]]:
         """The directory spec of ``td``, to be saved at ``path``."""
         entries: list[tuple[Any, ...]] = []
         slots = self.slots
@@ -155,7 +152,7 @@ class _Plan:
             slots.append((td, key, dtype, shape))
         return list(td.batch_size), entries
 
-    def anonymous(self, td: TensorDict) -> None:
+    def anonymous(self, td: TreeNode) -> None:
         """Collects the leaves of ``td`` that need anonymous maps, in packed order (depth-first,
         sorted keys: see ``share/packed.py``), so that a tree of small leaves lies in its arena
         exactly as its one message does and is sent and received without a copy."""
@@ -204,7 +201,7 @@ def _mark(td: TreeNode, prefix: Path | None) -> None:
 
 @_gc_paused()
 def save(
-    target: TensorDict,
+    target: TreeNode,
     prefix: str | os.PathLike[str] | None,
     *,
     like: bool,
@@ -247,11 +244,11 @@ def save(
 
 @_gc_paused()
 def load(
-    cls: type[TensorDict],
+    cls: type[TD],
     prefix: str | os.PathLike[str],
     device: torch.device | None,
     non_blocking: bool = False,
-) -> TensorDict:
+) -> TD:
     """Loads the tree at ``prefix`` with one native call; see ``TensorDict.load_memmap``."""
     path = Path(prefix).absolute()
     node, buffers = _native.load_tree(os.fspath(path))
@@ -276,18 +273,18 @@ def load(
         # one device allocation for the whole tree, streamed through pinned staging buffers
         moved = stream_tree(_build(cls, node, buffers, path, None, False), device)
         if moved is not None:
-            return moved  # type: ignore[no-any-return]
+            return moved
     return _build(cls, node, buffers, path, device, non_blocking)
 
 
 def _build(
-    cls: type[TensorDict],
+    cls: type[TD],
     node: Any,
     buffers: list[Any],
     path: Path,
     device: torch.device | None,
     non_blocking: bool,
-) -> TensorDict:
+) -> TD:
     batch, _, entries = node
     td = cls._new_unchecked(torch.Size(batch), device)
     td._memmap_prefix = path

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from typing import Any, Literal, Self, overload
 
 from .. import _native
-from .._core.nodes import NonTensorData
+from .._core.nodes import NonTensorData, TreeNode
 from ..memmap import MemoryMappedTensor, _LazyLeaf
 from ..ops.devices import _normalize_device
 from . import archive as _archive
@@ -19,18 +19,11 @@ from . import directory
 from . import progress as _progress
 from .saving import TensorDictFuture, _maybe_done, _save, _to_archive
 
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
-
 PathLike = str | os.PathLike[str]
 
 
-class MemoryMapped:
+class MemoryMapped(TreeNode):
     """The memory-map methods of TensorDict."""
-
-    if TYPE_CHECKING:
-        # The rest of TensorDict, which this part of the class is mixed into.
-        def __getattr__(self, name: str) -> Any: ...
 
     _is_memmap: bool
     _memmap_prefix: Path | None
@@ -75,7 +68,7 @@ class MemoryMapped:
         archive: bool | None = None,
         compression: str | int | None = None,
         progress: bool = False,
-    ) -> TensorDict: ...
+    ) -> Self: ...
     @overload
     def memmap_(
         self,
@@ -89,7 +82,7 @@ class MemoryMapped:
         archive: bool | None = None,
         compression: str | int | None = None,
         progress: bool = False,
-    ) -> TensorDict | TensorDictFuture: ...
+    ) -> Self | TensorDictFuture[Self]: ...
     def memmap_(
         self,
         prefix: PathLike | None = None,
@@ -132,7 +125,7 @@ class MemoryMapped:
         path = Path(prefix).absolute() if prefix is not None else self._memmap_prefix
         if self._is_memmap and path == self._memmap_prefix and prefix is None:
             self.lock_()
-            return _maybe_done(cast("TensorDict", self), return_early, num_threads, lambda: None)
+            return _maybe_done(self, return_early, num_threads, lambda: None)
         if _archive.wanted(path, archive, compression):
             return _to_archive(
                 self,
@@ -148,7 +141,7 @@ class MemoryMapped:
             )
 
         return _save(
-            cast("TensorDict", self),
+            self,
             path,
             like=False,
             reuse_maps=path is None,
@@ -160,7 +153,7 @@ class MemoryMapped:
             progress=progress,
         )
 
-    def _structure(self) -> TensorDict:
+    def _structure(self) -> Self:
         out = self._new_unchecked(self._batch_size, self._device)
         for key in list(self._tensordict):
             value = self._tensordict[key]
@@ -186,7 +179,7 @@ class MemoryMapped:
         archive: bool | None = None,
         compression: str | int | None = None,
         progress: bool = False,
-    ) -> TensorDict: ...
+    ) -> Self: ...
     @overload
     def memmap(
         self,
@@ -200,7 +193,7 @@ class MemoryMapped:
         archive: bool | None = None,
         compression: str | int | None = None,
         progress: bool = False,
-    ) -> TensorDict | TensorDictFuture: ...
+    ) -> Self | TensorDictFuture[Self]: ...
     def memmap(
         self,
         prefix: PathLike | None = None,
@@ -274,7 +267,7 @@ class MemoryMapped:
         reserve: bool = True,
         archive: bool | None = None,
         progress: bool = False,
-    ) -> TensorDict: ...
+    ) -> Self: ...
     @overload
     def memmap_like(
         self,
@@ -288,7 +281,7 @@ class MemoryMapped:
         reserve: bool = True,
         archive: bool | None = None,
         progress: bool = False,
-    ) -> TensorDict | TensorDictFuture: ...
+    ) -> Self | TensorDictFuture[Self]: ...
     def memmap_like(
         self,
         prefix: PathLike | None = None,
@@ -361,14 +354,14 @@ class MemoryMapped:
         device: Any = None,
         non_blocking: bool = False,
         *,
-        out: TensorDict | None = None,
+        out: Self | None = None,
         robust_key: bool | None = True,
         subpath: Any = None,
         mode: str | None = None,
         num_threads: int = 0,
         allow_pickle: bool | None = None,
         progress: bool = False,
-    ) -> TensorDict:
+    ) -> Self:
         """Loads a directory saved by ``memmap_``/``memmap``/``memmap_like`` here or by tensordict.
 
         The directory is validated first: a missing or short data file, an unknown dtype, a bad
@@ -392,12 +385,11 @@ class MemoryMapped:
         """
         _check_load_options(robust_key, allow_pickle)
         if out is not None:
-            return cast("TensorDict", out.load_memmap_(prefix))
+            return out.load_memmap_(prefix)
         target = _normalize_device(device)
         if os.path.isfile(prefix):
-            kind = cast("type[TensorDict]", cls)
             loaded = _progress.load(
-                progress, prefix, lambda: _archive.load(kind, prefix, target, non_blocking, mode)
+                progress, prefix, lambda: _archive.load(cls, prefix, target, non_blocking, mode)
             )
             return loaded if subpath is None else _archive.subtree(loaded, subpath, prefix)
         if mode not in (None, "r+"):
@@ -408,7 +400,7 @@ class MemoryMapped:
         loaded = _progress.load(
             progress,
             prefix,
-            lambda: directory.load(cast("type[TensorDict]", cls), prefix, target, non_blocking),
+            lambda: directory.load(cls, prefix, target, non_blocking),
         )
         return loaded if subpath is None else _archive.subtree(loaded, subpath, prefix)
 
@@ -425,7 +417,7 @@ class MemoryMapped:
         archive: bool | None = None,
         compression: str | int | None = None,
         progress: bool = False,
-    ) -> TensorDict: ...
+    ) -> Self: ...
     @overload
     def save(
         self,
@@ -439,7 +431,7 @@ class MemoryMapped:
         archive: bool | None = None,
         compression: str | int | None = None,
         progress: bool = False,
-    ) -> TensorDict | TensorDictFuture: ...
+    ) -> Self | TensorDictFuture[Self]: ...
     def save(
         self,
         prefix: PathLike | None = None,
@@ -477,7 +469,7 @@ class MemoryMapped:
     dumps = save
 
     @classmethod
-    def load(cls, prefix: PathLike, *args: Any, **kwargs: Any) -> TensorDict:
+    def load(cls, prefix: PathLike, *args: Any, **kwargs: Any) -> Self:
         """``load_memmap(prefix, ...)``, under tensordict's other name.
 
         >>> import torch
@@ -517,7 +509,7 @@ class MemoryMapped:
         loaded = type(self).load_memmap(prefix, device=self._device)
         _replace_entries(self, loaded)
         if was_memmap:
-            directory._mark(cast("TensorDict", self), loaded._memmap_prefix)
+            directory._mark(self, loaded._memmap_prefix)
             self._lock_tree()
         return self
 

@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .. import _native
-from .._core.nodes import NonTensorData, _json_text
+from .._core.nodes import TD, NonTensorData, _json_text
 from ..memmap import _LazyLeaf, _source_bytes, _tensor_from_buffer
-
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
 
 PathLike = str | os.PathLike[str]
 BATCH_SIZES = "tensordict_rs.batch_sizes"
@@ -62,14 +59,14 @@ def _insert(root: dict[str, Any], parts: list[str], value: Any, path: str, name:
 
 
 def _build(
-    cls: type[TensorDict],
+    cls: type[TD],
     entries: dict[str, Any],
     prefix: str,
     separator: str,
     sizes: dict[str, Any],
     batch_size: Any,
     parent: Any,
-) -> TensorDict:
+) -> TD:
     batch = batch_size if batch_size is not None else sizes.get(prefix, parent)
     items: dict[Any, Any] = {}
     for key, value in entries.items():
@@ -81,8 +78,8 @@ def _build(
 
 
 def from_safetensors(
-    cls: type[TensorDict], path: PathLike, separator: str | None = ".", batch_size: Any = None
-) -> TensorDict:
+    cls: type[TD], path: PathLike, separator: str | None = ".", batch_size: Any = None
+) -> TD:
     """Reads a ``.safetensors`` file, memory-mapped (copy-on-write: the file never changes).
 
     Names are split on ``separator`` into nested keys (``None``: flat keys). The batch
@@ -165,7 +162,7 @@ def _flatten(
 
 
 def to_safetensors(
-    td: TensorDict,
+    td: TD,
     path: PathLike,
     separator: str = ".",
     metadata: dict[str, str] | None = None,

@@ -10,22 +10,21 @@ import concurrent.futures
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic
 
+from .._core.nodes import TD
 from . import archive as _archive
 from . import directory
 from . import progress as _progress
 
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
 
-
-class TensorDictFuture:
+class TensorDictFuture(Generic[TD]):
     """A TensorDict still being written by a background thread, as tensordict returns it.
 
     ``memmap_``, ``memmap``, ``memmap_like`` and ``save`` return one with ``return_early=True``
     and ``num_threads > 1`` (otherwise they finish first and return the TensorDict, as
     tensordict does). ``result()`` waits and returns the TensorDict, or raises the save's error.
+    Typed by what it gives: ``TensorDictFuture[TensorDict]``.
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
@@ -35,14 +34,12 @@ class TensorDictFuture:
     ('TensorDictFuture', True)
     """
 
-    def __init__(
-        self, futures: list[concurrent.futures.Future[None]], resulting_td: TensorDict
-    ) -> None:
+    def __init__(self, futures: list[concurrent.futures.Future[None]], resulting_td: TD) -> None:
         """Wraps the writes to wait for and the TensorDict that ``result()`` returns."""
         self.futures = futures
         self.resulting_td = resulting_td
 
-    def result(self) -> TensorDict:
+    def result(self) -> TD:
         """Waits for the writes to finish and returns the TensorDict (or raises their error)."""
         for future in self.futures:
             future.result()
@@ -54,8 +51,8 @@ class TensorDictFuture:
 
 
 def _maybe_done(
-    future_result: TensorDict, return_early: bool, num_threads: int, work: Callable[[], None]
-) -> Any:
+    future_result: TD, return_early: bool, num_threads: int, work: Callable[[], None]
+) -> TD | TensorDictFuture[TD]:
     """Runs ``work`` now, or in a thread returning a TensorDictFuture (as tensordict does)."""
     if not (return_early and num_threads > 1):
         work()
@@ -111,7 +108,7 @@ def _to_archive(
 
 
 def _save(
-    target: TensorDict,
+    target: TD,
     path: Path | None,
     *,
     like: bool,

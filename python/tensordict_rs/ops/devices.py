@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import torch
 
 from .._core.locking import locked_error
+from .._core.nodes import TreeNode
 from .._core.walk import leaves, map_leaves
 
 
@@ -21,12 +22,8 @@ def _normalize_device(device: Any) -> torch.device | None:
     return device
 
 
-class DeviceMoves:
+class DeviceMoves(TreeNode):
     """``to``, ``cuda``, ``cpu`` and ``clear_device_`` for TensorDict."""
-
-    if TYPE_CHECKING:
-        # The rest of TensorDict, which this part of the class is mixed into.
-        def __getattr__(self, name: str) -> Any: ...
 
     def to(self, *args: Any, **kwargs: Any) -> Self:
         """Moves and/or casts every entry: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``,

@@ -15,16 +15,13 @@ contiguity. The Rust side bounds-checks every row and refuses outputs that overl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .. import _native
-from .._core.nodes import NonTensorData
+from .._core.nodes import TD, NonTensorData
 from ..memmap import _LazyLeaf
-
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
 
 # Below this many gathered bytes torch's per-leaf path would be used. Re-measured with
 # benches/gather_crossover.py after the batch plan (2026-12-01, 2 CPUs): the native call is
@@ -115,7 +112,7 @@ class _Plan:
         self.bulk_bytes = 0  # of the rows of at least BULK_ROW bytes
         self.sizes: tuple[int, list[tuple[int, ...]]] = (-1, [])  # the leaf shapes of n rows
 
-    def add(self, td: TensorDict) -> bool:
+    def add(self, td: TD) -> bool:
         """Plans ``td`` and its nested nodes; False when a leaf needs torch's path."""
         items = td._tensordict
         self.nodes.append((items, tuple(items), tuple(items.values())))
@@ -148,7 +145,7 @@ class _Plan:
                 self.bulk_bytes += row
         return True
 
-    def valid(self, td: TensorDict) -> bool:
+    def valid(self, td: TD) -> bool:
         """True while the tree ``td`` is as planned (see the comment above)."""
         if td._tensordict is not self.nodes[0][0]:
             return False
@@ -171,7 +168,7 @@ class _Plan:
                 return False
         return True
 
-    def build(self, td: TensorDict, n: int, jobs: list[tuple[int, int, int, int]]) -> TensorDict:
+    def build(self, td: TD, n: int, jobs: list[tuple[int, int, int, int]]) -> TD:
         """The batch of ``n`` rows of ``td`` (the planned tree): leaves allocated, the copies
         listed in ``jobs``."""
         made: list[Any] = [None] * len(self.owners)
@@ -197,7 +194,7 @@ class _Plan:
             made[i] = out
         return made[0]
 
-    def into(self, out: TensorDict, n: int, keep: list[Any], jobs: list[Any], i: int = 0) -> bool:
+    def into(self, out: TD, n: int, keep: list[Any], jobs: list[Any], i: int = 0) -> bool:
         """Lists the copies of the planned tree's rows into ``out``'s leaves (of ``n`` rows,
         matching keys, dtypes and shapes, writable), in the tree's order; False when one
         cannot take them. ``i`` is the node of the plan that ``out`` matches."""
@@ -227,7 +224,7 @@ class _Plan:
         return True
 
 
-def _plan(td: TensorDict) -> _Plan | None:
+def _plan(td: TD) -> _Plan | None:
     """The valid batch plan of ``td`` (made and kept if needed); None: torch's path."""
     plan = td.__dict__.get("_gather_plan")
     if plan is not None and plan.valid(td):
@@ -240,7 +237,7 @@ def _plan(td: TensorDict) -> _Plan | None:
     return plan
 
 
-def gather(td: TensorDict, rows: torch.Tensor, out: TensorDict | None = None) -> TensorDict | None:
+def gather(td: TD, rows: torch.Tensor, out: TD | None = None) -> TD | None:
     """Rows ``rows`` of batch dim 0 of every leaf, in one native call; None: use torch's path.
 
     With ``out``, the rows are written into its leaves (``index_select(0, rows, out=out)``)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import torch
 from torch import distributed as dist
 
+from .._core.nodes import TreeNode
 from . import packed as _packed
 from . import wire
 from .wire import Pending
@@ -92,12 +93,8 @@ def _reduce_leaves(
     return None
 
 
-class Collectives:
+class Collectives(TreeNode):
     """The collectives of TensorDict (mixed into the class through ``Distributed``)."""
-
-    if TYPE_CHECKING:
-
-        def __getattr__(self, name: str) -> Any: ...
 
     def all_reduce(
         self,
@@ -324,12 +321,12 @@ class Collectives:
                     dist.scatter(scratch, payloads or None, src=src, group=group)
             raise
         if not max_total:
-            return td  # type: ignore[no-any-return]
+            return td
         staged = whole if whole.device == comm else torch.empty_like(whole, device=comm)
         dist.scatter(staged, payloads or None, src=src, group=group)
         if staged is not whole:
             whole.copy_(staged)
-        return td  # type: ignore[no-any-return]
+        return td
 
 
 def _scatter_source(

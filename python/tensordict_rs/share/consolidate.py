@@ -11,21 +11,18 @@ parallel).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import Self
 
 import torch
 
+from .._core.nodes import TreeNode
 from . import packed as _packed
 
 _CPU = torch.device("cpu")
 
 
-class Consolidation:
+class Consolidation(TreeNode):
     """The consolidation methods of TensorDict (mixed into the class)."""
-
-    if TYPE_CHECKING:
-
-        def __getattr__(self, name: str) -> Any: ...
 
     def consolidate(
         self,
@@ -90,14 +87,14 @@ class Consolidation:
             else:
                 whole[: plan.total].copy_(plan.pack(fresh=True), non_blocking=non_blocking)
         if not inplace:
-            return td.lock_()  # type: ignore[no-any-return]
+            return td.lock_()
         if self.is_locked:
             self.unlock_()
         for key in td.keys(include_nested=True, leaves_only=True):
             self.set(key, td.get(key))
         new = _packed.plan(self)
         new.consolidated = new.whole is not None
-        return self.lock_()  # type: ignore[no-any-return]
+        return self.lock_()
 
     def is_consolidated(self) -> bool:
         """Whether the leaves are views of one buffer made by ``consolidate`` (or received as

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import torch
 from torch import distributed as dist
@@ -148,10 +148,6 @@ class Distributed(Collectives):
     [3.0]
     >>> dist.destroy_process_group()
     """
-
-    if TYPE_CHECKING:
-
-        def __getattr__(self, name: str) -> Any: ...
 
     # ------------------------------------------------------------------ point to point
 
@@ -336,7 +332,7 @@ class Distributed(Collectives):
         >>> out.recv(0, consolidated=True)  # the next batches, no copy  # doctest: +SKIP
         """
         if use_broadcast:
-            return cls().broadcast(src=src, group=group, device=device)  # type: ignore[no-any-return]
+            return cls().broadcast(src=src, group=group, device=device)
         peer = Peer(src, group, None, "src", "group_src")
         if not peer.member:  # nothing would arrive: no tree to return
             raise ValueError(
@@ -352,7 +348,7 @@ class Distributed(Collectives):
         def post_data(whole: torch.Tensor) -> Pending:
             return wire.recv_whole(whole, peer, 0)
 
-        return _learn(cls, peer.device, post, post_data, device)  # type: ignore[no-any-return]
+        return _learn(cls, peer.device, post, post_data, device)
 
     # ------------------------------------------------------------------ broadcast (the other
     # collectives, in ``collectives.Collectives``, are mixed in through the base class)
@@ -388,4 +384,4 @@ class Distributed(Collectives):
 
             return Pending([(post(staged), None), (None, unstage)])
 
-        return _learn(type(self), comm, post, post_data, device)  # type: ignore[no-any-return]
+        return _learn(type(self), comm, post, post_data, device)

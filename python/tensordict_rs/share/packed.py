@@ -32,17 +32,14 @@ import warnings
 import weakref
 from array import array
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .. import _native
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
-from .._core.nodes import NonTensorData, _gc_paused, _json_text
+from .._core.nodes import TD, NonTensorData, _gc_paused, _json_text
 from ..memmap import MemoryMappedTensor, _LazyLeaf, value_nbytes
-
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
 
 ALIGN = 64  # = rust/packed.rs ALIGN = rust/storage.rs ARENA_ALIGN
 DESCRIPTION_LIMIT = 64 << 20  # the meta.json limit of the loader
@@ -76,7 +73,7 @@ class Plan:
 
     def __init__(
         self,
-        td: TensorDict,
+        td: TD,
         whole: torch.Tensor | None = None,
         built: tuple[list[Node], list[Leaf] | None, int] | None = None,
     ) -> None:
@@ -119,7 +116,7 @@ class Plan:
         if self.whole is not None:
             self.receive_in_place = self._nothing_between_leaves()
 
-    def _collect(self, td: TensorDict, nodes: bool = True) -> None:
+    def _collect(self, td: TD, nodes: bool = True) -> None:
         """Appends the leaves of ``td`` in packed order (and its nodes, with ``nodes``)."""
         items = td._tensordict
         if nodes:
@@ -431,7 +428,7 @@ def _real(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t) if t.is_complex() else t
 
 
-def _spec(td: TensorDict, path: tuple[str, ...]) -> tuple[Any, ...]:
+def _spec(td: TD, path: tuple[str, ...]) -> tuple[Any, ...]:
     """The ``describe_tree`` form of ``td``: entries in sorted-key order.
 
     Refuses a tree nested deeper than a receiver parses (``JSON_DEPTH``), so that the sender
@@ -503,7 +500,7 @@ def _matches(new: Plan, whole: torch.Tensor) -> bool:
     return all(table[i] == base + table[i + 1] for i in range(0, len(table), 3))
 
 
-def _remember(td: TensorDict, new: Plan) -> None:
+def _remember(td: TD, new: Plan) -> None:
     key = id(td)
 
     def forget(_: Any, key: int = key, plans: dict[int, Any] = _PLANS) -> None:

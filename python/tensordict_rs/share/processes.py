@@ -23,18 +23,16 @@ from __future__ import annotations
 import os
 import pickle
 from multiprocessing import context, reduction
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import torch
 
 from .. import _native
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE
-from .._core.nodes import NonTensorData, _gc_paused
+from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused
+from .._core.walk import leaves
 from ..io import directory
 from ..memmap import MemoryMappedTensor, _LazyLeaf, _source_bytes, _wrap
-
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
 
 BUFFER, NODE, NON_TENSOR, TENSOR = range(4)
 LOCKED, MEMMAP, SHARED = 1, 2, 4
@@ -234,7 +232,7 @@ def _rebuild_td(layout: bytes, handles: list[Handle], files: list[tuple[int, str
 
 
 @_gc_paused()
-def reduce_tensordict(td: TensorDict) -> tuple[Any, ...]:
+def reduce_tensordict(td: TD) -> tuple[Any, ...]:
     """ForkingPickler reducer of a TensorDict: the layout as plain data, one fd per arena."""
     msg = _Message()
     node = _describe(td, msg)
@@ -249,7 +247,7 @@ def _rebuild_mmt(
     handle: Any, nbytes: int, offset: int, length: int, dtype_name: str, geometry: Geometry
 ) -> MemoryMappedTensor:
     buffer = _native.receive_shared(handle.detach(), nbytes, [(offset, length)])[0]
-    return _leaf(buffer, dtype_name, None, geometry)  # type: ignore[no-any-return]
+    return _leaf(buffer, dtype_name, None, geometry)
 
 
 def reduce_memmap_tensor(t: MemoryMappedTensor) -> tuple[Any, ...]:
@@ -272,7 +270,7 @@ def reduce_memmap_tensor(t: MemoryMappedTensor) -> tuple[Any, ...]:
     )
 
 
-def getstate(td: TensorDict) -> dict[str, Any]:
+def getstate(td: TD) -> dict[str, Any]:
     """TensorDict's pickled state (``__getstate__``): the entries (lazy leaves made), batch
     size, device, lock and memory-map flags; the leaves pickle themselves (see ``register``)."""
     items = {}
@@ -288,7 +286,7 @@ def getstate(td: TensorDict) -> dict[str, Any]:
     }
 
 
-def setstate(td: TensorDict, state: dict[str, Any]) -> None:
+def setstate(td: TD, state: dict[str, Any]) -> None:
     """``__setstate__``: a TensorDict again from what ``getstate`` gave.
 
     >>> import pickle, torch
@@ -312,13 +310,8 @@ def register(tensordict_cls: type) -> None:
     reduction.ForkingPickler.register(MemoryMappedTensor, reduce_memmap_tensor)
 
 
-class Shareable:
+class Shareable(TreeNode):
     """``share_memory_``/``is_shared``, DataLoader batches (``__getitems__``), ``pin_memory``."""
-
-    if TYPE_CHECKING:
-        # The rest of TensorDict, which this part of the class is mixed into.
-        def __getattr__(self, name: str) -> Any: ...
-        def __getitem__(self, index: Any) -> Any: ...
 
     _is_shared: bool = False
 
@@ -349,7 +342,7 @@ class Shareable:
         if self._device is not None and self._device.type == "cuda":
             return self
         directory.save(
-            self,  # type: ignore[arg-type]
+            self,
             None,
             like=False,
             reuse_maps=True,
@@ -403,6 +396,6 @@ class Shareable:
         del num_threads
         if not inplace:
             return self.apply(lambda t: t.pin_memory())
-        for td, key, value in list(self._leaves()):
+        for td, key, value in list(leaves(self)):
             td._tensordict[key] = value.pin_memory()
         return self
