@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal, Self, overload
+from typing import Any, Literal, Self, Unpack, overload
 
 from .. import _native
 from .._core.nodes import NonTensorData, TreeNode
@@ -17,6 +17,7 @@ from ..ops.devices import _normalize_device
 from . import archive as _archive
 from . import directory
 from . import progress as _progress
+from .options import COPY, LIKE, CopyOptions, LikeOptions, SaveOptions, keywords
 from .saving import TensorDictFuture, _maybe_done, _save, _to_archive
 
 PathLike = str | os.PathLike[str]
@@ -61,13 +62,8 @@ class MemoryMapped(TreeNode):
         prefix: PathLike | None = None,
         copy_existing: bool = False,
         *,
-        num_threads: int = 0,
         return_early: Literal[False] = False,
-        existsok: bool = True,
-        durable: bool = False,
-        archive: bool | None = None,
-        compression: str | int | None = None,
-        progress: bool = False,
+        **options: Unpack[CopyOptions],
     ) -> Self: ...
     @overload
     def memmap_(
@@ -75,27 +71,18 @@ class MemoryMapped(TreeNode):
         prefix: PathLike | None = None,
         copy_existing: bool = False,
         *,
-        num_threads: int = 0,
         return_early: bool,
-        existsok: bool = True,
-        durable: bool = False,
-        archive: bool | None = None,
-        compression: str | int | None = None,
-        progress: bool = False,
+        **options: Unpack[CopyOptions],
     ) -> Self | TensorDictFuture[Self]: ...
+    @keywords(COPY)
     def memmap_(
         self,
         prefix: PathLike | None = None,
         copy_existing: bool = False,
         *,
-        num_threads: int = 0,
         return_early: bool = False,
-        existsok: bool = True,
-        durable: bool = False,
-        archive: bool | None = None,
-        compression: str | int | None = None,
-        progress: bool = False,
-    ) -> Any:
+        **options: Unpack[CopyOptions],
+    ) -> Self | TensorDictFuture[Self]:
         """Moves every tensor into memory maps, in place, then locks the keys; returns self.
 
         Without ``prefix`` (and no earlier one) the maps are anonymous shared memory. With
@@ -122,36 +109,15 @@ class MemoryMapped(TreeNode):
         >>> sorted(p.name for p in td.saved_path.iterdir())
         ['a.memmap', 'meta.json']
         """
+        opts = SaveOptions.given("memmap_", return_early, options, COPY)
         path = Path(prefix).absolute() if prefix is not None else self._memmap_prefix
         if self._is_memmap and path == self._memmap_prefix and prefix is None:
             self.lock_()
-            return _maybe_done(self, return_early, num_threads, lambda: None)
-        if _archive.wanted(path, archive, compression):
-            return _to_archive(
-                self,
-                path,
-                return_early,
-                False,
-                True,
-                compression,
-                existsok,
-                durable,
-                num_threads,
-                progress=progress,
-            )
-
-        return _save(
-            self,
-            path,
-            like=False,
-            reuse_maps=path is None,
-            copy_existing=copy_existing,
-            return_early=return_early,
-            num_threads=num_threads,
-            existsok=existsok,
-            durable=durable,
-            progress=progress,
-        )
+            return _maybe_done(self, opts.return_early, opts.num_threads, lambda: None)
+        if _archive.wanted(path, opts.archive, opts.compression):
+            return _to_archive(self, path, opts, like=False, inplace=True)
+        reuse = path is None
+        return _save(self, path, opts, like=False, reuse_maps=reuse, copy_existing=copy_existing)
 
     def _structure(self) -> Self:
         out = self._new_unchecked(self._batch_size, self._device)
@@ -172,13 +138,8 @@ class MemoryMapped(TreeNode):
         prefix: PathLike | None = None,
         copy_existing: bool = False,
         *,
-        num_threads: int = 0,
         return_early: Literal[False] = False,
-        existsok: bool = True,
-        durable: bool = False,
-        archive: bool | None = None,
-        compression: str | int | None = None,
-        progress: bool = False,
+        **options: Unpack[CopyOptions],
     ) -> Self: ...
     @overload
     def memmap(
@@ -186,27 +147,18 @@ class MemoryMapped(TreeNode):
         prefix: PathLike | None = None,
         copy_existing: bool = False,
         *,
-        num_threads: int = 0,
         return_early: bool,
-        existsok: bool = True,
-        durable: bool = False,
-        archive: bool | None = None,
-        compression: str | int | None = None,
-        progress: bool = False,
+        **options: Unpack[CopyOptions],
     ) -> Self | TensorDictFuture[Self]: ...
+    @keywords(COPY)
     def memmap(
         self,
         prefix: PathLike | None = None,
         copy_existing: bool = False,
         *,
-        num_threads: int = 0,
         return_early: bool = False,
-        existsok: bool = True,
-        durable: bool = False,
-        archive: bool | None = None,
-        compression: str | int | None = None,
-        progress: bool = False,
-    ) -> Any:
+        **options: Unpack[CopyOptions],
+    ) -> Self | TensorDictFuture[Self]:
         """Like ``memmap_`` but returns a new memory-mapped TensorDict; this one is unchanged.
 
         Of a TensorDict that is memory-mapped already (without a prefix, or with its own saved
@@ -222,37 +174,18 @@ class MemoryMapped(TreeNode):
         >>> td.memmap("copy.tdz")["a"]  # one zip file, each leaf a view of its map
         MemoryMappedTensor([0., 1., 2.])
         """
+        opts = SaveOptions.given("memmap", return_early, options, COPY)
         path = Path(prefix).absolute() if prefix is not None else None
         same = self._is_memmap and (path is None or path == self._memmap_prefix)
         if same:
             _materialize(self)  # the result shares the tensor objects, not only their memory
         # To an archive (``archive=True`` or a ``.tdz`` prefix) the result is what tensordict
         # returns, ``load_memmap(prefix)``: unlocked, its leaves copy-on-write views of the file.
-        if _archive.wanted(path, archive, compression):
-            return _to_archive(
-                self._structure(),
-                path,
-                return_early,
-                False,
-                False,
-                compression,
-                existsok,
-                durable,
-                num_threads,
-                progress=progress,
-            )
-        return _save(
-            self._structure(),
-            path,
-            like=False,
-            reuse_maps=same and path is None,
-            copy_existing=copy_existing,
-            return_early=return_early,
-            num_threads=num_threads,
-            existsok=existsok,
-            durable=durable,
-            progress=progress,
-        )
+        if _archive.wanted(path, opts.archive, opts.compression):
+            return _to_archive(self._structure(), path, opts, like=False, inplace=False)
+        reuse = same and path is None
+        out = self._structure()
+        return _save(out, path, opts, like=False, reuse_maps=reuse, copy_existing=copy_existing)
 
     @overload
     def memmap_like(
@@ -260,13 +193,8 @@ class MemoryMapped(TreeNode):
         prefix: PathLike | None = None,
         copy_existing: bool = False,
         *,
-        num_threads: int = 0,
         return_early: Literal[False] = False,
-        existsok: bool = True,
-        durable: bool = False,
-        reserve: bool = True,
-        archive: bool | None = None,
-        progress: bool = False,
+        **options: Unpack[LikeOptions],
     ) -> Self: ...
     @overload
     def memmap_like(
@@ -274,27 +202,18 @@ class MemoryMapped(TreeNode):
         prefix: PathLike | None = None,
         copy_existing: bool = False,
         *,
-        num_threads: int = 0,
         return_early: bool,
-        existsok: bool = True,
-        durable: bool = False,
-        reserve: bool = True,
-        archive: bool | None = None,
-        progress: bool = False,
+        **options: Unpack[LikeOptions],
     ) -> Self | TensorDictFuture[Self]: ...
+    @keywords(LIKE)
     def memmap_like(
         self,
         prefix: PathLike | None = None,
         copy_existing: bool = False,
         *,
-        num_threads: int = 0,
         return_early: bool = False,
-        existsok: bool = True,
-        durable: bool = False,
-        reserve: bool = True,
-        archive: bool | None = None,
-        progress: bool = False,
-    ) -> Any:
+        **options: Unpack[LikeOptions],
+    ) -> Self | TensorDictFuture[Self]:
         """A new locked TensorDict of memory maps with the same keys, shapes and dtypes (no
         values copied; source leaves may be on any device, ``meta`` included).
         To an archive (``archive=True`` or a ``.tdz`` prefix) the result is unlocked and
@@ -319,33 +238,12 @@ class MemoryMapped(TreeNode):
         MemoryMappedTensor([[1., 1., 1.],
                             [0., 0., 0.]])
         """
+        opts = SaveOptions.given("memmap_like", return_early, options, LIKE)
         path = Path(prefix).absolute() if prefix is not None else None
-        if _archive.wanted(path, archive):
-            return _to_archive(
-                self._structure(),
-                path,
-                return_early,
-                True,
-                False,
-                None,
-                existsok,
-                durable,
-                num_threads,
-                progress=progress,
-            )
-        return _save(
-            self._structure(),
-            path,
-            like=True,
-            reuse_maps=False,
-            copy_existing=True,
-            return_early=return_early,
-            num_threads=num_threads,
-            existsok=existsok,
-            durable=durable,
-            sparse=not reserve,
-            progress=progress,
-        )
+        if _archive.wanted(path, opts.archive):
+            return _to_archive(self._structure(), path, opts, like=True, inplace=False)
+        out = self._structure()
+        return _save(out, path, opts, like=True, reuse_maps=False, copy_existing=True)
 
     @classmethod
     def load_memmap(
@@ -410,13 +308,8 @@ class MemoryMapped(TreeNode):
         prefix: PathLike | None = None,
         copy_existing: bool = False,
         *,
-        num_threads: int = 0,
         return_early: Literal[False] = False,
-        existsok: bool = True,
-        durable: bool = False,
-        archive: bool | None = None,
-        compression: str | int | None = None,
-        progress: bool = False,
+        **options: Unpack[CopyOptions],
     ) -> Self: ...
     @overload
     def save(
@@ -424,27 +317,18 @@ class MemoryMapped(TreeNode):
         prefix: PathLike | None = None,
         copy_existing: bool = False,
         *,
-        num_threads: int = 0,
         return_early: bool,
-        existsok: bool = True,
-        durable: bool = False,
-        archive: bool | None = None,
-        compression: str | int | None = None,
-        progress: bool = False,
+        **options: Unpack[CopyOptions],
     ) -> Self | TensorDictFuture[Self]: ...
+    @keywords(COPY)
     def save(
         self,
         prefix: PathLike | None = None,
         copy_existing: bool = False,
         *,
-        num_threads: int = 0,
         return_early: bool = False,
-        existsok: bool = True,
-        durable: bool = False,
-        archive: bool | None = None,
-        compression: str | int | None = None,
-        progress: bool = False,
-    ) -> Any:
+        **options: Unpack[CopyOptions],
+    ) -> Self | TensorDictFuture[Self]:
         """``memmap(prefix, ...)``, under tensordict's other name: returns the saved TensorDict
         (memory-mapped, locked); this one is unchanged. ``TensorDict.load`` reads it back.
 
@@ -454,17 +338,8 @@ class MemoryMapped(TreeNode):
         >>> TensorDict.load("ckpt")["a"]
         MemoryMappedTensor([1., 1.])
         """
-        return self.memmap(
-            prefix,
-            copy_existing,
-            num_threads=num_threads,
-            return_early=return_early,
-            existsok=existsok,
-            durable=durable,
-            archive=archive,
-            compression=compression,
-            progress=progress,
-        )
+        SaveOptions.given("save", return_early, options, COPY)  # unknown names: save()'s error
+        return self.memmap(prefix, copy_existing, return_early=return_early, **options)
 
     dumps = save
 

@@ -10,12 +10,13 @@ import concurrent.futures
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic
+from typing import Generic
 
 from .._core.nodes import TD
 from . import archive as _archive
 from . import directory
 from . import progress as _progress
+from .options import SaveOptions
 
 
 class TensorDictFuture(Generic[TD]):
@@ -72,25 +73,16 @@ def _maybe_done(
 
 
 def _to_archive(
-    target: Any,
-    path: Path | None,
-    return_early: bool,
-    like: bool,
-    inplace: bool,
-    compression: Any,
-    existsok: bool,
-    durable: bool,
-    num_threads: int,
-    progress: bool = False,
-) -> Any:
-    """Writes ``target`` as a ``.tdz`` archive at ``path`` (see ``_archive.write``)."""
+    target: TD, path: Path | None, options: SaveOptions, *, like: bool, inplace: bool
+) -> TD | TensorDictFuture[TD]:
+    """Writes ``target`` as a ``.tdz`` archive at ``path`` (see ``archive.write``)."""
     assert path is not None  # _archive.wanted refuses an archive without a path
     return _maybe_done(
         target,
-        return_early,
-        num_threads,
+        options.return_early,
+        options.num_threads,
         _progress.around(
-            progress,
+            options.progress,
             "memmap",
             target,
             lambda: _archive.write(
@@ -98,10 +90,10 @@ def _to_archive(
                 path,
                 like=like,
                 inplace=inplace,
-                compression=compression,
-                existsok=existsok,
-                durable=durable,
-                num_threads=num_threads,
+                compression=options.compression,
+                existsok=options.existsok,
+                durable=options.durable,
+                num_threads=options.num_threads,
             ),
         ),
     )
@@ -110,17 +102,12 @@ def _to_archive(
 def _save(
     target: TD,
     path: Path | None,
+    options: SaveOptions,
     *,
     like: bool,
     reuse_maps: bool,
     copy_existing: bool,
-    return_early: bool,
-    num_threads: int,
-    existsok: bool,
-    durable: bool,
-    sparse: bool = False,
-    progress: bool = False,
-) -> Any:
+) -> TD | TensorDictFuture[TD]:
     """Memory-maps ``target`` in place and locks it (or returns a Future of that)."""
 
     def work() -> None:
@@ -130,13 +117,12 @@ def _save(
             like=like,
             reuse_maps=reuse_maps,
             copy_existing=copy_existing,
-            existsok=existsok,
-            durable=durable,
-            num_threads=num_threads,
-            sparse=sparse,
+            existsok=options.existsok,
+            durable=options.durable,
+            num_threads=options.num_threads,
+            sparse=not options.reserve,
         )
         target._lock_tree()
 
-    return _maybe_done(
-        target, return_early, num_threads, _progress.around(progress, "memmap", target, work)
-    )
+    work_shown = _progress.around(options.progress, "memmap", target, work)
+    return _maybe_done(target, options.return_early, options.num_threads, work_shown)
