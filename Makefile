@@ -30,7 +30,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check python tests benches
 	$(PY) -m mypy.stubtest tensordict_rs._native
 	$(PY) -m mypy python/tensordict_rs
-	$(PY) -m mypy --strict --follow-imports=silent tests/typing_usage.py
+	$(PY) -m mypy --strict --follow-imports=silent tests/core/typing_usage.py
 
 bench: $(STAMP)
 	$(PY) benches/report.py $(ARGS)

@@ -80,7 +80,7 @@ def serve(port: int, leaves_last: int, leaf_last: int, total_bytes: int) -> None
 def _one_buffer_tree(like: Any) -> Any:
     """A tree of ``like``'s structure with every leaf in one buffer, as ``from_remote_init``
     builds it (made here from the description, without a first contact)."""
-    from tensordict_rs import _packed
+    from tensordict_rs.share import packed as _packed
 
     plan = _packed.plan(like)
     td, _ = _packed.build(type(like), plan.description(), plan.total)

@@ -18,7 +18,8 @@ import time
 
 import tensordict
 import torch
-from tensordict_rs import TensorDict, _gather
+from tensordict_rs import TensorDict
+from tensordict_rs.ops import gather as _gather
 
 
 def main() -> None:

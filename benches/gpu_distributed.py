@@ -86,7 +86,7 @@ def _nccl_rank(rank: int, port: int, out) -> None:
 
 
 def _pack_on_device() -> list[str]:
-    from tensordict_rs import _packed
+    from tensordict_rs.share import packed as _packed
 
     device = torch.device("cuda", 0)
     td = _w3(device)

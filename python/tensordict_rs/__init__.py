@@ -13,6 +13,9 @@ tensor([1., 2.])
 
 from __future__ import annotations
 
+import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from ._native import (
@@ -27,14 +30,9 @@ from ._native import (
 from .verify import verify
 
 if TYPE_CHECKING:
-    from ._archive import (
-        is_memmap_archive,
-        pack_memmap,
-        refresh_archive_checksums,
-        unpack_memmap,
-    )
-    from ._saving import TensorDictFuture
-    from ._tree import NonTensorData
+    from ._core.nodes import NonTensorData
+    from .io.archive import is_memmap_archive, pack_memmap, refresh_archive_checksums, unpack_memmap
+    from .io.saving import TensorDictFuture
     from .memmap import MemoryMappedTensor
     from .tensordict import TensorDict
 
@@ -62,13 +60,13 @@ __all__ = [
 
 _LAZY = {
     "MemoryMappedTensor": ".memmap",
-    "NonTensorData": "._tree",
+    "NonTensorData": "._core.nodes",
     "TensorDict": ".tensordict",
-    "TensorDictFuture": "._saving",
-    "is_memmap_archive": "._archive",
-    "pack_memmap": "._archive",
-    "refresh_archive_checksums": "._archive",
-    "unpack_memmap": "._archive",
+    "TensorDictFuture": ".io.saving",
+    "is_memmap_archive": ".io.archive",
+    "pack_memmap": ".io.archive",
+    "refresh_archive_checksums": ".io.archive",
+    "unpack_memmap": ".io.archive",
 }
 
 
@@ -77,8 +75,6 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value
@@ -86,3 +82,24 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
+
+# Modules of the flat layout (before the subpackages) that pickles name: a pickled TensorDict
+# names ``tensordict_rs._tree.NonTensorData`` for its non-tensor entries, a pickled ``keys()``
+# ``tensordict_rs._walk.KeyList``. Each old path is a module whose names resolve, on first use
+# (torch is not imported here), in the module that holds them now, so those pickles still load.
+_MOVED_MODULES = {"_tree": "._core.nodes", "_walk": "._core.walk"}
+
+
+def _alias(old: str, new: str) -> None:
+    module = types.ModuleType(f"{__name__}.{old}", f"Moved to {__name__}{new} (old pickles).")
+
+    def moved(name: str) -> Any:
+        return getattr(importlib.import_module(new, __name__), name)
+
+    module.__dict__["__getattr__"] = moved  # PEP 562: looked up on each missing name
+    sys.modules.setdefault(module.__name__, module)
+
+
+for _old, _new in _MOVED_MODULES.items():
+    _alias(_old, _new)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from . import TensorDict, verify
+from .tensordict import TensorDict
+from .verify import verify
 
 OBS_SHAPE = (3, 64, 64)  # float32 frames: 48 KiB a row
 ACTIONS = 6

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from . import _native
-from ._dtypes import dtype_from_str, dtype_to_str
+from ._core.dtypes import dtype_from_str, dtype_to_str
 
 __all__ = ["MemoryMappedTensor"]
 
@@ -602,6 +602,28 @@ class MemoryMappedTensor(torch.Tensor):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
         return self.as_subclass(torch.Tensor).clone()
+
+
+# ----------------------------------------------------------------- lazy leaves of a tree
+
+
+class _LazyLeaf:
+    """A mapped leaf whose tensor is made on first access (``torch.frombuffer`` + view)."""
+
+    __slots__ = ("buffer", "dtype", "shape")
+
+    def __init__(self, buffer: _native.Buffer, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+        self.buffer = buffer
+        self.dtype = dtype
+        self.shape = shape
+
+    def materialize(self) -> MemoryMappedTensor:
+        return _from_buffer(self.buffer, self.dtype, self.shape)
+
+
+def value_nbytes(value: Any) -> int:
+    """Bytes of a lazy leaf or tensor."""
+    return value.buffer.nbytes if type(value) is _LazyLeaf else value.nbytes
 
 
 def _same_memory(base: MemoryMappedTensor, view: torch.Tensor) -> bool:

@@ -3,30 +3,32 @@
 from __future__ import annotations
 
 import os
-import weakref
-from collections.abc import Iterator, Mapping
-from pathlib import Path
-from typing import Any
+import types
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Concatenate, Generic, ParamSpec, Self
 
 import torch
 
-from . import _index, _safetensors, _sharing
-from ._consolidate import Consolidation
-from ._devices import DeviceMoves, _normalize_device
-from ._locking import Lockable, locked_error
-from ._persistence import MemoryMapped
-from ._repr import compact_repr
-from ._sharing import Shareable, register
-from ._tree import NonTensorData, TreeNode, _LazyLeaf
-from ._typed_ops import _PointwiseTypes
-from ._walk import KeyList, map_leaves, walk_items
-from .distributed import Distributed
+from ._core import index as _index
+from ._core.locking import Lockable, locked_error
+from ._core.nodes import TD, Key, NonTensorData, TreeNode
+from ._core.repr import compact_repr
+from ._core.walk import KeyList, map_leaves, walk_items
+from .io import safetensors as _safetensors
+from .io.persistence import MemoryMapped
+from .memmap import _LazyLeaf
 from .ops import apply as _apply
 from .ops import indexing as _indexing
 from .ops import keys as _keys
 from .ops import pointwise as _pointwise
 from .ops import shape as _shape
 from .ops import torch_functions as _torch
+from .ops.devices import DeviceMoves, _normalize_device
+from .ops.pointwise_types import _PointwiseTypes
+from .share import processes as _sharing
+from .share.consolidate import Consolidation
+from .share.distributed import Distributed
+from .share.processes import Shareable, register
 
 __all__ = ["TensorDict"]
 
@@ -38,8 +40,8 @@ _DEVICE_SET_ERROR = (
 _NO_DEFAULT: Any = object()
 _CPU = torch.device("cpu")
 
-Key = str | tuple[str, ...]
 PathLike = str | os.PathLike[str]
+P = ParamSpec("P")
 
 
 def _leaf_shape(tensor: torch.Tensor) -> tuple[int, ...]:
@@ -63,8 +65,20 @@ def _as_key(key: Key) -> tuple[str, ...]:
     raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
 
 
+class _classmethod(Generic[P]):
+    """``classmethod(fn)`` for a function over trees ``fn(cls: type[TD], ...) -> TD``, typed:
+    ``TensorDict.from_dict(...)`` is a ``TensorDict`` (mypy cannot infer ``classmethod`` of a
+    generic function). Bound to the class it is read from, as a classmethod is."""
+
+    def __init__(self, fn: Callable[Concatenate[type[Any], P], Any]) -> None:
+        self.__func__ = fn
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, instance: object, owner: type[TD]) -> Callable[P, TD]:
+        return types.MethodType(self.__func__, owner)
+
+
 class TensorDict(
-    TreeNode,
     MemoryMapped,
     DeviceMoves,
     Lockable,
@@ -84,15 +98,6 @@ class TensorDict(
     locks the keys; ``load_memmap(prefix)`` opens a saved directory again, in any process.
     Directories are in tensordict's format and move both ways.
     """
-
-    _tensordict: dict[str, Any]
-    _batch_size: torch.Size
-    _device: torch.device | None
-    _is_locked: bool
-    _is_memmap: bool
-    _memmap_prefix: Path | None
-    _lock_parents: list[weakref.ref[TensorDict]]
-    _lock_ops: list[bool | None]
 
     def __init__(
         self,
@@ -118,22 +123,6 @@ class TensorDict(
                 self.set(key, value, non_blocking=non_blocking)
         if lock:
             self.lock_()
-
-    def _init(self, batch_size: torch.Size, device: torch.device | None) -> None:
-        self._tensordict = {}
-        self._batch_size = batch_size
-        self._device = device
-        self._is_locked = False
-        self._is_memmap = False
-        self._memmap_prefix = None
-        self._lock_parents = []
-        self._lock_ops = []
-
-    @classmethod
-    def _new_unchecked(cls, batch_size: torch.Size, device: torch.device | None) -> TensorDict:
-        td = cls.__new__(cls)
-        td._init(batch_size, device)
-        return td
 
     # ------------------------------------------------------------------ shape and device
 
@@ -361,7 +350,7 @@ class TensorDict(
 
     def set(
         self, key: Key, value: Any, *, inplace: bool = False, non_blocking: bool = False
-    ) -> TensorDict:
+    ) -> Self:
         """Sets ``key`` to ``value`` (moved to the device, checked against the batch size).
 
         On a locked TensorDict only ``inplace=True`` on an existing key works: it copies into
@@ -380,7 +369,7 @@ class TensorDict(
             td._set_str(path[-1], value, non_blocking=non_blocking)
         return self
 
-    def set_(self, key: Key, value: Any) -> TensorDict:
+    def set_(self, key: Key, value: Any) -> Self:
         """Copies ``value`` into the existing entry at ``key``; works on locked TensorDicts.
 
         >>> import torch; from tensordict_rs import TensorDict
@@ -413,11 +402,11 @@ class TensorDict(
 
     def update(
         self,
-        input_dict: Mapping[str, Any] | TensorDict,
+        input_dict: Mapping[str, Any] | TreeNode,
         *,
         clone: bool = False,
         inplace: bool = False,
-    ) -> TensorDict:
+    ) -> Self:
         """Sets every entry of ``input_dict`` (nested mappings update nested TensorDicts).
 
         >>> import torch; from tensordict_rs import TensorDict
@@ -436,7 +425,7 @@ class TensorDict(
             self.set(key, value, inplace=inplace)
         return self
 
-    def update_(self, input_dict: Mapping[str, Any] | TensorDict) -> TensorDict:
+    def update_(self, input_dict: Mapping[str, Any] | TreeNode) -> Self:
         """Copies every entry of ``input_dict`` into the existing entries (works when locked).
 
         >>> import torch; from tensordict_rs import TensorDict
@@ -596,8 +585,8 @@ class TensorDict(
         """
         return sorted(self._tensordict)
 
-    from_dict = classmethod(_keys.from_dict)
-    fromkeys = classmethod(_keys.fromkeys)
+    from_dict = _classmethod(_keys.from_dict)
+    fromkeys = _classmethod(_keys.fromkeys)
 
     # ------------------------------------------------------------------ torch functions
 
@@ -669,7 +658,7 @@ class TensorDict(
 
     # ------------------------------------------------------------------ safetensors, repr, pickling
 
-    from_safetensors = classmethod(_safetensors.from_safetensors)
+    from_safetensors = _classmethod(_safetensors.from_safetensors)
     to_safetensors = _safetensors.to_safetensors
 
     def __repr__(self) -> str:

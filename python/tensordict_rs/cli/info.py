@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _native
 
 if TYPE_CHECKING:
-    from .._repr import Node
+    from .._core.render import Node
 
 LEAF, NODE, NON_TENSOR = 0, 1, 2
 
@@ -115,14 +115,14 @@ def _short(dtype: str) -> str:
     """``short_name`` of a dtype string, cached (a tree has few dtypes and many leaves)."""
     name = _SHORT.get(dtype)
     if name is None:
-        from .._repr import short_name
+        from .._core.render import short_name
 
         name = _SHORT[dtype] = short_name(dtype)
     return name
 
 
 def _repr_node(node: Summary) -> list[tuple[str, Node]]:
-    from .._repr import sort_entries
+    from .._core.render import sort_entries
 
     dims = len(node.batch_size)
     body: list[tuple[str, Node]] = []
@@ -149,7 +149,7 @@ def compact_repr(summary: Summary) -> str:
     >>> compact_repr(summarize(d + "/td"))
     'TensorDict(batch_size=[4], device=cpu, fields={a: f32[3], b: {c: f32[]}})'
     """
-    from .._repr import render
+    from .._core.render import render
 
     return render("TensorDict", summary.batch_size, summary.device, _repr_node(summary))
 

@@ -10,6 +10,10 @@ command line starts).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..tensordict import TensorDict
 
 DIR, ARCHIVE, SAFETENSORS = "directory", "archive", "safetensors"
 
@@ -52,7 +56,7 @@ def _check_target(dst: str, what: str, overwrite: bool) -> None:
         raise UsageError(f"{dst}: exists; pass --overwrite to replace it")
 
 
-def _load(src: str, what: str, *, separator: str = ".", progress: bool = False) -> object:
+def _load(src: str, what: str, *, separator: str = ".", progress: bool = False) -> TensorDict:
     from ..tensordict import TensorDict
 
     if what == SAFETENSORS:
@@ -77,7 +81,7 @@ def copy(
         raise UsageError("copy is between directories and .tdz archives: use convert")
     _check_target(dst, target, overwrite)
     td = _load(src, source)
-    td.memmap(  # type: ignore[attr-defined]
+    td.memmap(
         dst,
         copy_existing=True,
         durable=durable,
@@ -103,8 +107,6 @@ def convert(
     _check_target(dst, target, overwrite)
     td = _load(src, source, separator=separator)
     if target == SAFETENSORS:
-        td.to_safetensors(dst, separator=separator)  # type: ignore[attr-defined]
+        td.to_safetensors(dst, separator=separator)
     else:
-        td.memmap(  # type: ignore[attr-defined]
-            dst, existsok=overwrite, archive=target == ARCHIVE, progress=progress
-        )
+        td.memmap(dst, existsok=overwrite, archive=target == ARCHIVE, progress=progress)

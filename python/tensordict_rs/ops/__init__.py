@@ -1,4 +1,9 @@
-"""TensorDict methods grouped by concern, each a set of functions over trees.
+"""TensorDict methods grouped by concern, each a set of functions over trees: shape, keys,
+element-wise, apply, batch indexing and the batched gather, torch functions, devices and the
+streaming device path.
 
-``TensorDict`` exposes them as methods; none of these modules imports ``tensordict.py``.
+Owns: what maps a tree to a new tree (or writes into one) in memory. Uses: ``_core``,
+``memmap`` and ``_native``. ``TensorDict`` exposes the functions as methods (one line each);
+none of these modules imports ``tensordict.py``: they take ``TreeNode`` (or ``TD``) and make
+new trees with ``type(td)._new_unchecked``.
 """

@@ -8,21 +8,18 @@ walk of their own; the plain cases are ``map_leaves``'.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .._devices import _normalize_device
-from .._tree import NonTensorData, TreeNode
-
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
+from .._core.nodes import TD, NonTensorData, TreeNode
+from .devices import _normalize_device
 
 NO_DEFAULT: Any = object()
 
 
 def apply(
-    td: TensorDict,
+    td: TD,
     fn: Callable[..., Any],
     *others: Any,
     batch_size: Sequence[int] | None = None,
@@ -33,9 +30,9 @@ def apply(
     filter_empty: bool | None = None,
     propagate_lock: bool = False,
     call_on_nested: bool = False,
-    out: TensorDict | None = None,
+    out: TD | None = None,
     **constructor_kwargs: Any,
-) -> TensorDict:
+) -> TD:
     """Calls ``fn(leaf, *other_leaves)`` on every tensor leaf; ``None`` results are left out.
 
     As tensordict's ``apply``: ``others`` are TensorDicts walked with ``td`` (``default``
@@ -58,7 +55,7 @@ def apply(
 
 
 def named_apply(
-    td: TensorDict,
+    td: TD,
     fn: Callable[..., Any],
     *others: Any,
     nested_keys: bool = False,
@@ -70,9 +67,9 @@ def named_apply(
     filter_empty: bool | None = None,
     propagate_lock: bool = False,
     call_on_nested: bool = False,
-    out: TensorDict | None = None,
+    out: TD | None = None,
     **constructor_kwargs: Any,
-) -> TensorDict:
+) -> TD:
     """``apply`` with the key first: ``fn(key, leaf, *other_leaves)``.
 
     The key is the entry's own name, or with ``nested_keys`` its full key (a str at the top
@@ -91,7 +88,7 @@ def named_apply(
     )  # fmt: skip
 
 
-def apply_(td: TensorDict, fn: Callable[..., Any], *others: Any, **kwargs: Any) -> TensorDict:
+def apply_(td: TD, fn: Callable[..., Any], *others: Any, **kwargs: Any) -> TD:
     """``apply(fn, *others, inplace=True)``: results are copied into ``td``'s leaves.
 
     >>> import torch
@@ -104,7 +101,7 @@ def apply_(td: TensorDict, fn: Callable[..., Any], *others: Any, **kwargs: Any) 
 
 
 def _apply(
-    td: TensorDict,
+    td: TD,
     fn: Callable[..., Any],
     others: tuple[Any, ...],
     batch_size: Sequence[int] | None,
@@ -115,12 +112,12 @@ def _apply(
     filter_empty: bool | None,
     propagate_lock: bool,
     call_on_nested: bool,
-    out: TensorDict | None,
+    out: TD | None,
     constructor_kwargs: dict[str, Any],
     *,
     named: bool,
     nested_keys: bool,
-) -> TensorDict:
+) -> TD:
     lock = bool(constructor_kwargs.pop("lock", False))
     if constructor_kwargs:
         raise TypeError(f"apply() got unexpected keyword arguments {sorted(constructor_kwargs)}")
@@ -128,9 +125,9 @@ def _apply(
         raise ValueError("dimension names are not supported by tensordict_rs")
     walk = _ApplyWalk(fn, default, filter_empty is not False, call_on_nested, named, nested_keys)
     if inplace or out is not None:
-        target = td if inplace else out
+        target = out if out is not None and not inplace else td
         walk.into(td, others, target, ())
-        return target  # type: ignore[return-value]
+        return target
     batch = td._batch_size if batch_size is None else torch.Size(batch_size)
     new_device = td._device if device is NO_DEFAULT else _normalize_device(device)
     result = walk.new(td, others, batch, new_device, ())
@@ -185,12 +182,12 @@ class _ApplyWalk:
 
     def new(
         self,
-        td: TensorDict,
+        td: TD,
         others: tuple[Any, ...],
         batch: torch.Size,
         device: torch.device | None,
         prefix: tuple[str, ...],
-    ) -> TensorDict:
+    ) -> TD:
         out = type(td)._new_unchecked(batch, device)
         dims = td.batch_dims
         for key in list(td._tensordict):
@@ -218,15 +215,13 @@ class _ApplyWalk:
             out._tensordict[key] = result
         return out
 
-    def into(
-        self, td: TensorDict, others: tuple[Any, ...], target: Any, prefix: tuple[str, ...]
-    ) -> None:
+    def into(self, td: TD, others: tuple[Any, ...], target: Any, prefix: tuple[str, ...]) -> None:
         for key in list(td._tensordict):
             value = td._get_str(key)
             rest = self._others(others, key)
             path = (*prefix, key)
             if isinstance(value, TreeNode) and not self.call_on_nested:
-                self.into(value, tuple(rest), target._get_str(key), path)  # type: ignore[arg-type]
+                self.into(value, tuple(rest), target._get_str(key), path)
                 continue
             if type(value) is NonTensorData:
                 continue
@@ -237,6 +232,6 @@ class _ApplyWalk:
             if current is None:
                 target._set_str(key, result)
             elif isinstance(current, TreeNode):
-                current.update_(result)  # type: ignore[attr-defined]
+                current.update_(result)
             elif result is not current:
                 current.copy_(result)

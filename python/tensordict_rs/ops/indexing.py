@@ -1,25 +1,22 @@
 """Batch indexing: ``td[rows]``, ``td[rows] = value`` and ``index_select`` (bound onto
 TensorDict as ``_index``, ``_set_rows``, ``_preallocate`` and ``index_select``).
 
-Row gathers of CPU trees are one native call (``_gather``); other indexes go leaf by leaf.
+Row gathers of CPU trees are one native call (``gather.py``); other indexes go leaf by leaf.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .. import _gather
-from .. import _index as _items
-from .._locking import locked_error
-from .._tree import NonTensorData
-from .._walk import is_tree, map_leaves, zip_leaves
+from .._core import index as _items
+from .._core.locking import locked_error
+from .._core.nodes import TD, NonTensorData
+from .._core.walk import is_tree, map_leaves, zip_leaves
+from . import gather as _gather
 from . import keys as _keys
-
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
 
 
 def pairs(source: Any) -> Iterator[tuple[str, Any]]:
@@ -32,7 +29,7 @@ def pairs(source: Any) -> Iterator[tuple[str, Any]]:
         yield from source.items()
 
 
-def index(td: TensorDict, index: Any) -> TensorDict:
+def index(td: TD, index: Any) -> TD:
     """``td[index]`` for a batch index (see ``TensorDict.__getitem__``)."""
     rows = _items.row_index(index)
     if rows is not None and td.batch_dims >= 1:
@@ -60,14 +57,14 @@ def index(td: TensorDict, index: Any) -> TensorDict:
     return out
 
 
-def set_rows(td: TensorDict, index: Any, value: Any) -> None:
+def set_rows(td: TD, index: Any, value: Any) -> None:
     """``td[index] = value`` for a batch index (see ``TensorDict.__setitem__``)."""
     items = _items.normalize(index, td.batch_dims)
     _items.indexed_batch_size(td._batch_size, items)  # out-of-range rows: IndexError
     if is_tree(value) or isinstance(value, Mapping):
         for key, sub_value in pairs(value):
             if key not in td._tensordict:
-                td._preallocate(key, sub_value, items)
+                preallocate(td, key, sub_value, items)
             target = td._get_str(key)
             if is_tree(target):
                 target[items] = sub_value
@@ -82,7 +79,7 @@ def set_rows(td: TensorDict, index: Any, value: Any) -> None:
             target[items] = value
 
 
-def preallocate(td: TensorDict, key: str, value: Any, items: tuple[Any, ...]) -> None:
+def preallocate(td: TD, key: str, value: Any, items: tuple[Any, ...]) -> None:
     """A new zero-filled entry for ``td[items] = {key: value}`` (tensordict's lazy
     preallocation): the batch size of ``td``, then ``value``'s own dims and dtype."""
     if td._is_locked:
@@ -102,9 +99,7 @@ def preallocate(td: TensorDict, key: str, value: Any, items: tuple[Any, ...]) ->
     td._tensordict[key] = torch.zeros(shape, dtype=leaf.dtype, device=device)
 
 
-def index_select(
-    td: TensorDict, dim: int, index: torch.Tensor, *, out: TensorDict | None = None
-) -> TensorDict:
+def index_select(td: TD, dim: int, index: torch.Tensor, *, out: TD | None = None) -> TD:
     """Gathers rows ``index`` of batch dim ``dim`` from every leaf with ``torch.index_select``.
 
     With ``out`` (a TensorDict of the result's shape, e.g. from a previous call) the rows are

@@ -7,18 +7,13 @@ as tensordict's ``select``/``exclude``/``flatten_keys`` results are.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .._locking import locked_error
-from .._tree import NonTensorData
-from .._walk import KEEP, copy_tree, is_tree
-
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
-
-Key = str | tuple[str, ...]
+from .._core.locking import locked_error
+from .._core.nodes import TD, Key, NonTensorData
+from .._core.walk import KEEP, copy_tree, is_tree
 
 
 def _path(key: Any) -> tuple[str, ...]:
@@ -29,11 +24,11 @@ def _path(key: Any) -> tuple[str, ...]:
     raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
 
 
-def _missing(td: TensorDict, key: str) -> KeyError:
+def _missing(td: TD, key: str) -> KeyError:
     return KeyError(f'key "{key}" not found in TensorDict with keys {sorted(td._tensordict)}')
 
 
-def _prune(td: TensorDict, wanted: dict[str, Any], strict: bool) -> TensorDict:
+def _prune(td: TD, wanted: dict[str, Any], strict: bool) -> TD:
     """A tree of the entries of ``td`` named by the nested ``wanted`` ({key: sub-wanted|None})."""
     out = type(td)._new_unchecked(td.batch_size, td.device)
     for key, sub in wanted.items():
@@ -77,7 +72,7 @@ def _flat_keys(keys: tuple[Any, ...]) -> list[Any]:
     return list(keys)
 
 
-def select(td: TensorDict, *keys: Key, inplace: bool = False, strict: bool = True) -> TensorDict:
+def select(td: TD, *keys: Key, inplace: bool = False, strict: bool = True) -> TD:
     """A TensorDict of only ``keys`` (nested keys keep their parents); ``strict``: KeyError for
     a missing key. ``inplace`` drops the other entries from ``td`` itself.
 
@@ -96,7 +91,7 @@ def select(td: TensorDict, *keys: Key, inplace: bool = False, strict: bool = Tru
     return td
 
 
-def exclude(td: TensorDict, *keys: Key, inplace: bool = False) -> TensorDict:
+def exclude(td: TD, *keys: Key, inplace: bool = False) -> TD:
     """A TensorDict without ``keys`` (missing keys are ignored); ``inplace`` removes them from
     ``td`` itself.
 
@@ -121,7 +116,7 @@ def exclude(td: TensorDict, *keys: Key, inplace: bool = False) -> TensorDict:
     return target
 
 
-def rename_key_(td: TensorDict, old_key: Key, new_key: Key, safe: bool = False) -> TensorDict:
+def rename_key_(td: TD, old_key: Key, new_key: Key, safe: bool = False) -> TD:
     """Moves the entry at ``old_key`` to ``new_key``, in place; ``safe``: KeyError when
     ``new_key`` exists. Nested keys may move between nested TensorDicts.
 
@@ -144,9 +139,7 @@ def rename_key_(td: TensorDict, old_key: Key, new_key: Key, safe: bool = False) 
     return td
 
 
-def flatten_keys(
-    td: TensorDict, separator: str = ".", inplace: bool = False, is_leaf: Any = None
-) -> TensorDict:
+def flatten_keys(td: TD, separator: str = ".", inplace: bool = False, is_leaf: Any = None) -> TD:
     """Nested entries as top-level keys joined by ``separator`` (``("a", "b")`` -> ``"a.b"``).
 
     >>> import torch
@@ -165,7 +158,7 @@ def flatten_keys(
     return td
 
 
-def _flatten_into(td: TensorDict, out: TensorDict, separator: str, prefix: str) -> None:
+def _flatten_into(td: TD, out: TD, separator: str, prefix: str) -> None:
     for key, value in td._tensordict.items():
         name = prefix + key
         if is_tree(value):
@@ -181,7 +174,7 @@ def _flatten_into(td: TensorDict, out: TensorDict, separator: str, prefix: str) 
         out._tensordict[name] = _share(value)
 
 
-def unflatten_keys(td: TensorDict, separator: str = ".", inplace: bool = False) -> TensorDict:
+def unflatten_keys(td: TD, separator: str = ".", inplace: bool = False) -> TD:
     """Top-level keys that hold ``separator`` become nested entries (``"a.b"``: ``a``, ``b``).
 
     >>> import torch
@@ -202,7 +195,7 @@ def unflatten_keys(td: TensorDict, separator: str = ".", inplace: bool = False) 
     return td
 
 
-def to_dict(td: TensorDict, *, retain_none: bool = True, convert_tensors: bool = False) -> dict:
+def to_dict(td: TD, *, retain_none: bool = True, convert_tensors: bool = False) -> dict:
     """Nested plain dicts: tensors as they are (or lists with ``convert_tensors``), non-tensor
     entries as their data (``None`` dropped unless ``retain_none``).
 
@@ -225,7 +218,7 @@ def to_dict(td: TensorDict, *, retain_none: bool = True, convert_tensors: bool =
     return out
 
 
-def _max_batch(td: TensorDict, batch_dims: int | None) -> None:
+def _max_batch(td: TD, batch_dims: int | None) -> None:
     """Sets each tree's batch size to the longest prefix its entries share (deepest first)."""
     shapes = []
     for value in td._tensordict.values():
@@ -247,7 +240,7 @@ def _max_batch(td: TensorDict, batch_dims: int | None) -> None:
 
 
 def from_dict(
-    cls: type[TensorDict],
+    cls: type[TD],
     input_dict: Any,
     *,
     auto_batch_size: bool | None = None,
@@ -255,7 +248,7 @@ def from_dict(
     device: Any = None,
     batch_dims: int | None = None,
     names: Any = None,
-) -> TensorDict:
+) -> TD:
     """A TensorDict from a (nested) mapping. Without ``batch_size`` the batch size is ``[]``,
     or with ``auto_batch_size=True`` / ``batch_dims`` the longest leading shape the entries of
     each (nested) TensorDict share (cut to ``batch_dims``). With a batch size, a Python scalar
@@ -267,7 +260,7 @@ def from_dict(
     TensorDict(batch_size=[], fields={a: f32[3,2], b: {c: f32[3]}})
     """
     if is_tree(input_dict):
-        return input_dict  # type: ignore[no-any-return]
+        return input_dict
     if batch_dims is not None and batch_size is not None:
         raise ValueError("Cannot pass both batch_size and batch_dims to `from_dict`.")
     if batch_size is None:
@@ -284,7 +277,7 @@ def from_dict(
     return cls(source, batch_size, device, names=names)
 
 
-def fromkeys(cls: type[TensorDict], keys: Iterable[Key], value: Any = 0) -> TensorDict:
+def fromkeys(cls: type[TD], keys: Iterable[Key], value: Any = 0) -> TD:
     """A TensorDict (batch size ``[]``) with ``value`` (a 0-dim tensor) at every key.
 
     >>> from tensordict_rs import TensorDict
@@ -297,9 +290,7 @@ def fromkeys(cls: type[TensorDict], keys: Iterable[Key], value: Any = 0) -> Tens
     return td
 
 
-def empty(
-    td: TensorDict, recurse: bool = False, *, batch_size: Any = None, device: Any = KEEP
-) -> TensorDict:
+def empty(td: TD, recurse: bool = False, *, batch_size: Any = None, device: Any = KEEP) -> TD:
     """A TensorDict with the batch size and device of ``td`` and no entries (with ``recurse``:
     empty nested TensorDicts and the non-tensor entries are kept).
 
@@ -320,7 +311,7 @@ def empty(
     return out
 
 
-def is_empty(td: TensorDict) -> bool:
+def is_empty(td: TD) -> bool:
     """True when no entry (at any depth) is a tensor or non-tensor value.
 
     >>> import torch

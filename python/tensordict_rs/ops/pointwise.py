@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .._tree import NonTensorData, TreeNode
-from .._walk import leaves, map_leaves, zip_leaves
-
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
+from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.walk import leaves, map_leaves, zip_leaves
 
 # ---------------------------------------------------------------------------- operands
 
 
-def operand(td: TensorDict, other: Any) -> Any:
+def operand(td: TD, other: Any) -> Any:
     """``other`` ready for the walker: a tree, a dict, a scalar, or a batch-broadcast tensor."""
     if isinstance(other, TreeNode):
         return other
@@ -63,10 +60,8 @@ def against(value: Any, leaf: torch.Tensor) -> Any:
 # not for comparisons, clamp, masked_fill, | and ^, nor when the operand is a tensor: matched.
 
 
-def _binary(
-    fn: Callable[[Any, Any], Any], lock: bool = True
-) -> Callable[[TensorDict, Any], TensorDict]:
-    def method(td: TensorDict, other: Any) -> TensorDict:
+def _binary(fn: Callable[[Any, Any], Any], lock: bool = True) -> Callable[[TD, Any], TD]:
+    def method(td: TD, other: Any) -> TD:
         other = operand(td, other)
         keep = lock and type(other) is not _BatchTensor
         return map_leaves(td, lambda t, o: fn(t, against(o, t)), other, lock=keep)
@@ -74,8 +69,8 @@ def _binary(
     return method
 
 
-def _reflected(fn: Callable[[Any, Any], Any]) -> Callable[[TensorDict, Any], TensorDict]:
-    def method(td: TensorDict, other: Any) -> TensorDict:
+def _reflected(fn: Callable[[Any, Any], Any]) -> Callable[[TD, Any], TD]:
+    def method(td: TD, other: Any) -> TD:
         other = operand(td, other)
         keep = type(other) is not _BatchTensor
         return map_leaves(td, lambda t, o: fn(against(o, t), t), other, lock=keep)
@@ -83,8 +78,8 @@ def _reflected(fn: Callable[[Any, Any], Any]) -> Callable[[TensorDict, Any], Ten
     return method
 
 
-def _inplace(name: str) -> Callable[..., TensorDict]:
-    def method(td: TensorDict, other: Any, **kwargs: Any) -> TensorDict:
+def _inplace(name: str) -> Callable[..., TD]:
+    def method(td: TD, other: Any, **kwargs: Any) -> TD:
         for leaf, value in list(zip_leaves(td, operand(td, other))):
             getattr(leaf, name)(against(value, leaf), **kwargs)
         return td
@@ -92,15 +87,15 @@ def _inplace(name: str) -> Callable[..., TensorDict]:
     return method
 
 
-def _unary(name: str) -> Callable[[TensorDict], TensorDict]:
-    def method(td: TensorDict) -> TensorDict:
+def _unary(name: str) -> Callable[[TD], TD]:
+    def method(td: TD) -> TD:
         return map_leaves(td, lambda t: getattr(t, name)(), lock=True)
 
     return method
 
 
-def _unary_(name: str) -> Callable[[TensorDict], TensorDict]:
-    def method(td: TensorDict) -> TensorDict:
+def _unary_(name: str) -> Callable[[TD], TD]:
+    def method(td: TD) -> TD:
         for _, _, leaf in list(leaves(td)):
             getattr(leaf, name)()
         return td
@@ -117,7 +112,7 @@ def _documented(fn: Callable[..., Any], name: str, doc: str) -> Callable[..., An
 # ---------------------------------------------------------------------------- arithmetic
 
 
-def add(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict:
+def add(td: TD, other: Any, *, alpha: float | None = None) -> TD:
     """``td + alpha * other`` per leaf (a new TensorDict).
 
     >>> import torch
@@ -131,7 +126,7 @@ def add(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict
     return _binary(lambda t, o: torch.add(t, o, alpha=alpha))(td, other)
 
 
-def sub(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict:
+def sub(td: TD, other: Any, *, alpha: float | None = None) -> TD:
     """``td - alpha * other`` per leaf (a new TensorDict).
 
     >>> import torch
@@ -145,7 +140,7 @@ def sub(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict
     return _binary(lambda t, o: torch.sub(t, o, alpha=alpha))(td, other)
 
 
-def add_(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict:
+def add_(td: TD, other: Any, *, alpha: float | None = None) -> TD:
     """Adds ``alpha * other`` into every leaf, in place; returns ``td``.
 
     >>> import torch
@@ -159,7 +154,7 @@ def add_(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDic
     )
 
 
-def sub_(td: TensorDict, other: Any, *, alpha: float | None = None) -> TensorDict:
+def sub_(td: TD, other: Any, *, alpha: float | None = None) -> TD:
     """Subtracts ``alpha * other`` from every leaf, in place; returns ``td``.
 
     >>> import torch
@@ -281,7 +276,7 @@ def _example(name: str, arg: str, inplace: bool = False) -> str:
     )
 
 
-def clamp(td: TensorDict, min: Any = None, max: Any = None) -> TensorDict:
+def clamp(td: TD, min: Any = None, max: Any = None) -> TD:
     """Every leaf clamped to ``[min, max]`` (scalars, tensors or TensorDicts).
 
     >>> import torch
@@ -298,7 +293,7 @@ def clamp(td: TensorDict, min: Any = None, max: Any = None) -> TensorDict:
     )
 
 
-def clamp_min(td: TensorDict, min: Any) -> TensorDict:
+def clamp_min(td: TD, min: Any) -> TD:
     """Every leaf clamped from below.
 
     >>> import torch
@@ -310,7 +305,7 @@ def clamp_min(td: TensorDict, min: Any) -> TensorDict:
     return clamp(td, min=min)
 
 
-def clamp_max(td: TensorDict, max: Any) -> TensorDict:
+def clamp_max(td: TD, max: Any) -> TD:
     """Every leaf clamped from above.
 
     >>> import torch
@@ -322,7 +317,7 @@ def clamp_max(td: TensorDict, max: Any) -> TensorDict:
     return clamp(td, max=max)
 
 
-def lerp(td: TensorDict, end: Any, weight: Any) -> TensorDict:
+def lerp(td: TD, end: Any, weight: Any) -> TD:
     """``td + weight * (end - td)`` per leaf.
 
     >>> import torch
@@ -343,8 +338,8 @@ def lerp(td: TensorDict, end: Any, weight: Any) -> TensorDict:
 # ---------------------------------------------------------------------------- casts
 
 
-def _cast(dtype: torch.dtype, name: str) -> Callable[..., TensorDict]:
-    def method(td: TensorDict, *, cast_filter: Callable[..., bool] | None = None) -> TensorDict:
+def _cast(dtype: torch.dtype, name: str) -> Callable[..., TD]:
+    def method(td: TD, *, cast_filter: Callable[..., bool] | None = None) -> TD:
         if cast_filter is None:
             return map_leaves(td, lambda t: t.to(dtype), lock=True)
         return _cast_filtered(td, dtype, cast_filter, ())
@@ -361,13 +356,13 @@ def _cast(dtype: torch.dtype, name: str) -> Callable[..., TensorDict]:
 
 
 def _cast_filtered(
-    td: TensorDict, dtype: torch.dtype, keep: Callable[..., bool], prefix: tuple[str, ...]
-) -> TensorDict:
+    td: TD, dtype: torch.dtype, keep: Callable[..., bool], prefix: tuple[str, ...]
+) -> TD:
     out = type(td)._new_unchecked(td._batch_size, td._device)
     for key in list(td._tensordict):
         value = td._get_str(key)
         if isinstance(value, TreeNode):
-            out._tensordict[key] = _cast_filtered(value, dtype, keep, (*prefix, key))  # type: ignore[arg-type]
+            out._tensordict[key] = _cast_filtered(value, dtype, keep, (*prefix, key))
         elif type(value) is NonTensorData:
             out._tensordict[key] = NonTensorData(value.data)
         else:
@@ -391,7 +386,7 @@ CASTS = {
 # ---------------------------------------------------------------------------- in place
 
 
-def zero_(td: TensorDict) -> TensorDict:
+def zero_(td: TD) -> TD:
     """Zeros every tensor leaf in place (locked and memory-mapped leaves too); returns ``td``.
 
     >>> import torch
@@ -405,7 +400,7 @@ def zero_(td: TensorDict) -> TensorDict:
     return td
 
 
-def fill_(td: TensorDict, key: Any, value: float | bool) -> TensorDict:
+def fill_(td: TD, key: Any, value: float | bool) -> TD:
     """Fills the entry at ``key`` with ``value`` in place (every leaf of a nested TensorDict).
 
     >>> import torch
@@ -423,7 +418,7 @@ def fill_(td: TensorDict, key: Any, value: float | bool) -> TensorDict:
     return td
 
 
-def copy_(td: TensorDict, tensordict: Any, non_blocking: bool = False) -> TensorDict:
+def copy_(td: TD, tensordict: Any, non_blocking: bool = False) -> TD:
     """Copies every leaf of ``tensordict`` into the leaf at the same key of ``td``; returns td.
 
     >>> import torch
@@ -441,9 +436,7 @@ def copy_(td: TensorDict, tensordict: Any, non_blocking: bool = False) -> Tensor
     return td
 
 
-def set_at_(
-    td: TensorDict, key: Any, value: Any, index: Any, *, non_blocking: bool = False
-) -> TensorDict:
+def set_at_(td: TD, key: Any, value: Any, index: Any, *, non_blocking: bool = False) -> TD:
     """Writes ``value`` into rows ``index`` of the existing entry at ``key``; returns ``td``.
 
     >>> import torch
@@ -454,7 +447,7 @@ def set_at_(
     """
     entry = td.get(key)
     if isinstance(entry, TreeNode):
-        entry[index] = value  # type: ignore[index]
+        entry[index] = value
     elif isinstance(value, torch.Tensor) and value.device != entry.device:
         entry[index] = value.to(entry.device, non_blocking=non_blocking)
     else:
@@ -463,14 +456,14 @@ def set_at_(
 
 
 def update_at_(
-    td: TensorDict,
+    td: TD,
     input_dict_or_td: Any,
     idx: Any,
     clone: bool = False,
     *,
     non_blocking: bool = False,
     keys_to_update: Sequence[Any] | None = None,
-) -> TensorDict:
+) -> TD:
     """Writes every entry of ``input_dict_or_td`` into rows ``idx`` of the existing entries.
 
     ``keys_to_update`` limits the keys written; ``clone`` copies the values first.
@@ -517,7 +510,7 @@ def _mask_for(mask: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
     return mask.reshape(*mask.shape, *([1] * (leaf.ndim - mask.ndim))).expand_as(leaf)
 
 
-def masked_fill_(td: TensorDict, mask: torch.Tensor, value: float | bool) -> TensorDict:
+def masked_fill_(td: TD, mask: torch.Tensor, value: float | bool) -> TD:
     """Fills, in place, the rows where ``mask`` (over the leading batch dims) is true.
 
     >>> import torch
@@ -531,7 +524,7 @@ def masked_fill_(td: TensorDict, mask: torch.Tensor, value: float | bool) -> Ten
     return td
 
 
-def masked_fill(td: TensorDict, mask: torch.Tensor, value: float | bool) -> TensorDict:
+def masked_fill(td: TD, mask: torch.Tensor, value: float | bool) -> TD:
     """A new TensorDict with the rows where ``mask`` is true set to ``value``.
 
     >>> import torch
@@ -547,7 +540,7 @@ def masked_fill(td: TensorDict, mask: torch.Tensor, value: float | bool) -> Tens
 # ---------------------------------------------------------------------------- copies and views
 
 
-def detach(td: TensorDict) -> TensorDict:
+def detach(td: TD) -> TD:
     """Every leaf detached from autograd (views; locked when ``td`` is).
 
     >>> import torch
@@ -559,7 +552,7 @@ def detach(td: TensorDict) -> TensorDict:
     return map_leaves(td, lambda t: t.detach(), lock=True)
 
 
-def detach_(td: TensorDict) -> TensorDict:
+def detach_(td: TD) -> TD:
     """Detaches every leaf in place; returns ``td``.
 
     >>> import torch
@@ -573,7 +566,7 @@ def detach_(td: TensorDict) -> TensorDict:
     return td
 
 
-def contiguous(td: TensorDict, *, canonical: bool = False, inplace: bool = False) -> TensorDict:
+def contiguous(td: TD, *, canonical: bool = False, inplace: bool = False) -> TD:
     """Every leaf contiguous; a new, unlocked TensorDict (``inplace``: ``td``'s entries replaced).
 
     Contiguous memory-mapped leaves stay memory-mapped views, as in tensordict.
@@ -591,7 +584,7 @@ def contiguous(td: TensorDict, *, canonical: bool = False, inplace: bool = False
     return map_leaves(td, lambda t: t.contiguous())
 
 
-def to_tensordict(td: TensorDict, *, retain_none: bool | None = None) -> TensorDict:
+def to_tensordict(td: TD, *, retain_none: bool | None = None) -> TD:
     """A plain TensorDict with copies of every tensor: not memory-mapped, not locked.
 
     >>> import torch
@@ -606,7 +599,7 @@ def to_tensordict(td: TensorDict, *, retain_none: bool | None = None) -> TensorD
 # ---------------------------------------------------------------------------- comparisons
 
 
-def _compare(td: TensorDict, other: Any, op: Callable[[Any, Any], torch.Tensor]) -> TensorDict:
+def _compare(td: TD, other: Any, op: Callable[[Any, Any], torch.Tensor]) -> TD:
     batch = td.batch_size
 
     def non_tensor(value: NonTensorData, other_value: Any) -> torch.Tensor:
@@ -617,24 +610,24 @@ def _compare(td: TensorDict, other: Any, op: Callable[[Any, Any], torch.Tensor])
     return map_leaves(td, lambda t, o: op(t, against(o, t)), other, non_tensor=non_tensor)
 
 
-def eq(td: TensorDict, other: object) -> TensorDict:
+def eq(td: TD, other: object) -> TD:
     """Element-wise ``==``: a TensorDict of boolean leaves (``other`` as for ``add``)."""
     return _compare(td, other, lambda a, b: a == b)
 
 
-def ne(td: TensorDict, other: object) -> TensorDict:
+def ne(td: TD, other: object) -> TD:
     """Element-wise ``!=``: a TensorDict of boolean leaves (``other`` as for ``add``)."""
     return _compare(td, other, lambda a, b: a != b)
 
 
-def no_bool(td: TensorDict) -> bool:
+def no_bool(td: TD) -> bool:
     """Refuses ``bool(td)`` as tensordict does: the truth of many tensors is ambiguous."""
     raise RuntimeError(
         "Converting a tensordict to boolean value is not permitted; use .all() or .any()."
     )
 
 
-def all_true(td: TensorDict) -> bool:
+def all_true(td: TD) -> bool:
     """True when every element of every leaf is true.
 
     >>> import torch
@@ -646,7 +639,7 @@ def all_true(td: TensorDict) -> bool:
     return all(bool(leaf.all()) for _, _, leaf in leaves(td))
 
 
-def any_true(td: TensorDict) -> bool:
+def any_true(td: TD) -> bool:
     """True when some element of some leaf is true.
 
     >>> import torch

@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .._locking import LOCK_ERROR
-from .._walk import map_leaves
-
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
+from .._core.locking import LOCK_ERROR
+from .._core.nodes import TD
+from .._core.walk import map_leaves
 
 _SCALAR = torch.zeros((), dtype=torch.uint8)
 
 
-def _probe(td: TensorDict) -> torch.Tensor:
+def _probe(td: TD) -> torch.Tensor:
     """A stride-0 tensor of the batch size: torch computes new batch sizes on it for free."""
     return _SCALAR.expand(td.batch_size)
 
@@ -41,7 +39,7 @@ def _shape_args(args: tuple[Any, ...], kwargs: dict[str, Any], name: str = "shap
     return [operator.index(a) for a in args]
 
 
-def dim_of(td: TensorDict, dim: int, extra: int = 0) -> int:
+def dim_of(td: TD, dim: int, extra: int = 0) -> int:
     """``dim`` made non-negative against the batch dims (``extra`` more allowed, for unsqueeze)."""
     ndim = td.batch_dims + extra
     new = dim + ndim if dim < 0 else dim
@@ -50,11 +48,11 @@ def dim_of(td: TensorDict, dim: int, extra: int = 0) -> int:
     return new
 
 
-def _with_batch(td: TensorDict, leaf_fn: Any, batch: Any, lock: bool = True) -> TensorDict:
+def _with_batch(td: TD, leaf_fn: Any, batch: Any, lock: bool = True) -> TD:
     return map_leaves(td, leaf_fn, batch_size=batch, lock=lock)
 
 
-def expand(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
+def expand(td: TD, *args: Any, **kwargs: Any) -> TD:
     """Views whose batch dims are expanded to ``shape`` (leading dims may be added; -1 keeps).
 
     >>> import torch
@@ -81,7 +79,7 @@ def expand(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
     return _with_batch(td, lambda t: t.expand(*batch, *t.shape[dims:]), batch)
 
 
-def expand_as(td: TensorDict, other: Any) -> TensorDict:
+def expand_as(td: TD, other: Any) -> TD:
     """``expand(other.shape)`` (``other`` a tensor or a TensorDict).
 
     >>> import torch
@@ -93,7 +91,7 @@ def expand_as(td: TensorDict, other: Any) -> TensorDict:
     return expand(td, other.shape)
 
 
-def reshape(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
+def reshape(td: TD, *args: Any, **kwargs: Any) -> TD:
     """The batch dims reshaped to ``shape`` (views when torch can, copies otherwise).
 
     >>> import torch
@@ -107,7 +105,7 @@ def reshape(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
     return _with_batch(td, lambda t: t.reshape(*batch, *t.shape[dims:]), batch)
 
 
-def view(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
+def view(td: TD, *args: Any, **kwargs: Any) -> TD:
     """Views with the batch dims viewed as ``shape``; ``view(dtype)`` views every leaf's bytes.
 
     >>> import torch
@@ -131,7 +129,7 @@ def view(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
     return _with_batch(td, lambda t: t.view(*batch, *t.shape[dims:]), batch)
 
 
-def squeeze(td: TensorDict, dim: int | None = None) -> TensorDict:
+def squeeze(td: TD, dim: int | None = None) -> TD:
     """Without the batch dims of size 1 (or only ``dim``; ``td`` itself if that is not 1).
 
     >>> import torch
@@ -153,7 +151,7 @@ def squeeze(td: TensorDict, dim: int | None = None) -> TensorDict:
     return _with_batch(td, lambda t: t.squeeze(drop), batch)
 
 
-def unsqueeze(td: TensorDict, dim: int) -> TensorDict:
+def unsqueeze(td: TD, dim: int) -> TD:
     """With a new batch dim of size 1 at ``dim`` (in ``[-batch_dims - 1, batch_dims]``).
 
     >>> import torch
@@ -173,7 +171,7 @@ def unsqueeze(td: TensorDict, dim: int) -> TensorDict:
     return _with_batch(td, lambda t: t.unsqueeze(new), batch)
 
 
-def permute(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
+def permute(td: TD, *args: Any, **kwargs: Any) -> TD:
     """The batch dims in the order ``dims`` (every batch dim once).
 
     >>> import torch
@@ -200,7 +198,7 @@ def permute(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
     return _with_batch(td, lambda t: t.permute(*dims, *range(n, t.ndim)), batch)
 
 
-def transpose(td: TensorDict, dim0: int, dim1: int) -> TensorDict:
+def transpose(td: TD, dim0: int, dim1: int) -> TD:
     """Batch dims ``dim0`` and ``dim1`` swapped.
 
     >>> import torch
@@ -220,7 +218,7 @@ def transpose(td: TensorDict, dim0: int, dim1: int) -> TensorDict:
     return _with_batch(td, lambda t: t.transpose(dim0, dim1), batch)
 
 
-def _in_place(td: TensorDict, result: TensorDict, inplace: bool) -> TensorDict:
+def _in_place(td: TD, result: TD, inplace: bool) -> TD:
     """``result``, or (``inplace``) ``td`` given ``result``'s entries and batch size."""
     if not inplace or result is td:
         return result
@@ -231,8 +229,8 @@ def _in_place(td: TensorDict, result: TensorDict, inplace: bool) -> TensorDict:
 
 
 def flatten(
-    td: TensorDict, start_dim: int | None = 0, end_dim: int | None = -1, *, inplace: bool = False
-) -> TensorDict:
+    td: TD, start_dim: int | None = 0, end_dim: int | None = -1, *, inplace: bool = False
+) -> TD:
     """Batch dims ``start_dim`` to ``end_dim`` (both included) flattened into one; a TensorDict
     without batch dims gets one of size 1, as ``torch.flatten`` of a 0-dim tensor.
 
@@ -260,9 +258,7 @@ def flatten(
     return _in_place(td, _with_batch(td, lambda t: t.flatten(start, end), batch), inplace)
 
 
-def unflatten(
-    td: TensorDict, dim: int, unflattened_size: Sequence[int], *, inplace: bool = False
-) -> TensorDict:
+def unflatten(td: TD, dim: int, unflattened_size: Sequence[int], *, inplace: bool = False) -> TD:
     """Batch dim ``dim`` split into the dims ``unflattened_size`` (one of them may be -1).
 
     >>> import torch
@@ -277,7 +273,7 @@ def unflatten(
     return _in_place(td, _with_batch(td, lambda t: t.unflatten(dim, sizes), batch), inplace)
 
 
-def _narrow(td: TensorDict, dim: int, start: int, length: int) -> TensorDict:
+def _narrow(td: TD, dim: int, start: int, length: int) -> TD:
     """Rows ``start:start+length`` of batch dim ``dim``, by basic indexing (keeps map views)."""
     index = (slice(None),) * dim + (slice(start, start + length),)
     batch = list(td.batch_size)
@@ -285,7 +281,7 @@ def _narrow(td: TensorDict, dim: int, start: int, length: int) -> TensorDict:
     return _with_batch(td, lambda t: t[index], batch)
 
 
-def split(td: TensorDict, split_size: int | Sequence[int], dim: int = 0) -> tuple[TensorDict, ...]:
+def split(td: TD, split_size: int | Sequence[int], dim: int = 0) -> tuple[TD, ...]:
     """Pieces along batch dim ``dim``, as ``torch.split``: of ``split_size`` rows each (the last
     may be shorter), or of the sizes of a list that must add up to the dim.
 
@@ -322,7 +318,7 @@ def split(td: TensorDict, split_size: int | Sequence[int], dim: int = 0) -> tupl
     return tuple(_narrow(td, dim, s, n) for s, n in zip(starts, sizes, strict=True))
 
 
-def chunk(td: TensorDict, chunks: int, dim: int = 0) -> tuple[TensorDict, ...]:
+def chunk(td: TD, chunks: int, dim: int = 0) -> tuple[TD, ...]:
     """``chunks`` pieces (or fewer) along batch dim ``dim``, as ``torch.chunk``.
 
     >>> import torch
@@ -341,7 +337,7 @@ def chunk(td: TensorDict, chunks: int, dim: int = 0) -> tuple[TensorDict, ...]:
     return split(td, -(total // -chunks), dim)
 
 
-def unbind(td: TensorDict, dim: int = 0) -> tuple[TensorDict, ...]:
+def unbind(td: TD, dim: int = 0) -> tuple[TD, ...]:
     """The TensorDicts along batch dim ``dim`` (views, unlocked, as tensordict's).
 
     >>> import torch
@@ -355,7 +351,7 @@ def unbind(td: TensorDict, dim: int = 0) -> tuple[TensorDict, ...]:
     return tuple(td[(*before, i)] for i in range(td.batch_size[dim]))
 
 
-def iterate(td: TensorDict) -> Iterator[TensorDict]:
+def iterate(td: TD) -> Iterator[TD]:
     """The rows of the first batch dim (a TensorDict with no batch dims cannot be iterated)."""
     if not td.batch_size:
         raise TypeError(

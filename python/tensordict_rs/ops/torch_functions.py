@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .. import _native
-from .._tree import NonTensorData
-from .._walk import KEEP, is_tree, map_leaves, walk_items, zip_leaves
+from .._core.nodes import TD, NonTensorData
+from .._core.walk import KEEP, is_tree, map_leaves, walk_items, zip_leaves
 from . import shape
 
-if TYPE_CHECKING:
-    from ..tensordict import TensorDict
 
-
-def _key_sets_match(tds: Sequence[TensorDict], what: str) -> list[Any]:
+def _key_sets_match(tds: Sequence[TD], what: str) -> list[Any]:
     keys = tds[0].keys(include_nested=True)
     wanted = set(keys)
     for i, td in enumerate(tds[1:], 1):
@@ -57,12 +54,12 @@ def _same_non_tensor(what: str) -> Callable[..., NonTensorData]:
     return join
 
 
-def _common_device(tds: Sequence[TensorDict]) -> torch.device | None:
+def _common_device(tds: Sequence[TD]) -> torch.device | None:
     device = tds[0].device
     return device if all(td.device == device for td in tds[1:]) else None
 
 
-def stack(tds: Sequence[TensorDict], dim: int = 0, *, out: TensorDict | None = None) -> TensorDict:
+def stack(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
     """``torch.stack``: a new batch dim ``dim`` (in ``[-batch_dims - 1, batch_dims]``).
 
     As tensordict 0.15 does by default, the result is a dense TensorDict of stacked leaves
@@ -104,7 +101,7 @@ def stack(tds: Sequence[TensorDict], dim: int = 0, *, out: TensorDict | None = N
     )
 
 
-def cat(tds: Sequence[TensorDict], dim: int = 0, *, out: TensorDict | None = None) -> TensorDict:
+def cat(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
     """``torch.cat``: the TensorDicts joined along batch dim ``dim``; keys must match."""
     tds = list(tds)
     if not tds:
@@ -142,11 +139,11 @@ def cat(tds: Sequence[TensorDict], dim: int = 0, *, out: TensorDict | None = Non
 
 
 def _into(
-    out: TensorDict,
+    out: TD,
     result: torch.Size,
-    tds: Sequence[TensorDict],
+    tds: Sequence[TD],
     write: Callable[[list[torch.Tensor], torch.Tensor], Any],
-) -> TensorDict:
+) -> TD:
     """Writes the stacked/concatenated leaves of ``tds`` into the leaves of ``out``."""
     if out.batch_size != result:
         raise RuntimeError(
@@ -168,11 +165,11 @@ def _into(
     return out
 
 
-def _like(name: str) -> Callable[..., TensorDict]:
+def _like(name: str) -> Callable[..., TD]:
     """``torch.<name>_like(td, ...)``: the leaf function on every leaf; lock kept."""
     fn = getattr(torch, name)
 
-    def like(td: TensorDict, *args: Any, **kwargs: Any) -> TensorDict:
+    def like(td: TD, *args: Any, **kwargs: Any) -> TD:
         device = kwargs.get("device", KEEP)
         if device is not KEEP and device is not None:
             device = torch.device(device)
@@ -203,13 +200,13 @@ def _expand_right(condition: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
 
 
 def where(
-    td: TensorDict,
+    td: TD,
     condition: torch.Tensor,
     other: Any,
     *,
-    out: TensorDict | None = None,
+    out: TD | None = None,
     pad: Any = None,
-) -> TensorDict:
+) -> TD:
     """Entries of ``td`` where ``condition`` (over the leading batch dims) is True, else of
     ``other`` (a TensorDict, a tensor or a number). With a TensorDict ``other``, a key only one
     side has takes ``pad`` on the other side (``KeyError`` without ``pad``).
@@ -240,7 +237,7 @@ def where(
     return out
 
 
-def _where_trees(td: TensorDict, condition: torch.Tensor, other: TensorDict, pad: Any) -> Any:
+def _where_trees(td: TD, condition: torch.Tensor, other: TD, pad: Any) -> Any:
     out = type(td)._new_unchecked(td.batch_size, td.device)
     keys = list(td._tensordict) + [k for k in other._tensordict if k not in td._tensordict]
     for key in keys:
@@ -274,7 +271,7 @@ def torch_where(condition: torch.Tensor, input: Any, other: Any, *, out: Any = N
     return where(input, condition, other, out=out)
 
 
-def _pairs_of_leaves(a: TensorDict, b: Any) -> list[tuple[Any, Any]] | None:
+def _pairs_of_leaves(a: TD, b: Any) -> list[tuple[Any, Any]] | None:
     """The leaves of ``a`` and ``b`` side by side; None when the structures differ."""
     if not is_tree(b) or a.batch_size != b.batch_size:
         return None
@@ -290,7 +287,7 @@ def _pairs_of_leaves(a: TensorDict, b: Any) -> list[tuple[Any, Any]] | None:
     return pairs
 
 
-def equal(a: TensorDict, b: Any) -> bool:
+def equal(a: TD, b: Any) -> bool:
     """``torch.equal``: True when both have the same keys, shapes and values."""
     pairs = _pairs_of_leaves(a, b)
     if pairs is None:
@@ -299,7 +296,7 @@ def equal(a: TensorDict, b: Any) -> bool:
 
 
 def allclose(
-    a: TensorDict, b: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False
+    a: TD, b: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False
 ) -> bool:
     """``torch.allclose`` leaf by leaf (same keys and shapes required)."""
     pairs = _pairs_of_leaves(a, b)
@@ -324,7 +321,7 @@ def _method(name: str) -> Callable[..., Any]:
     return call
 
 
-def _permute(td: TensorDict, dims: Sequence[int]) -> TensorDict:
+def _permute(td: TD, dims: Sequence[int]) -> TD:
     return shape.permute(td, *dims)
 
 

@@ -1,0 +1,121 @@
+"""Locking: a locked TensorDict keeps its keys; values can still be written in place."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import Self
+
+from .._native import LockedError
+from .nodes import TreeNode
+
+LOCK_ERROR = (
+    "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
+    "method and make sure the key is present."
+)
+
+
+def locked_error() -> LockedError:
+    """The error of a key change on a locked TensorDict (a RuntimeError, as in tensordict)."""
+    return LockedError(LOCK_ERROR)
+
+
+class Lockable(TreeNode):
+    """``lock_``/``unlock_``/``is_locked`` for TensorDict, with tensordict's nested-lock rules."""
+
+    @property
+    def is_locked(self) -> bool:
+        """True when keys cannot be added, removed or replaced (values can still be written).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> td.is_locked, td.lock_().is_locked
+        (False, True)
+        """
+        return self._is_locked
+
+    @is_locked.setter
+    def is_locked(self, value: bool) -> None:
+        if value:
+            self.lock_()
+        else:
+            self.unlock_()
+
+    def _children(self) -> Iterator[Lockable]:
+        for value in self._tensordict.values():
+            if isinstance(value, Lockable):
+                yield value
+
+    def lock_(self) -> Self:
+        """Locks this TensorDict and every nested one; returns self (also a context manager).
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> try:
+        ...     td.lock_()["new"] = torch.zeros(3)
+        ... except RuntimeError as err:
+        ...     type(err).__name__
+        'LockedError'
+        """
+        changed = not self._is_locked
+        self._lock_tree()
+        self._lock_ops.append(True if changed else None)
+        return self
+
+    def _lock_tree(self) -> None:
+        self._is_locked = True
+        for child in self._children():
+            if not any(ref() is self for ref in child._lock_parents):
+                child._lock_parents.append(weakref.ref(self))
+            child._lock_tree()
+
+    def unlock_(self) -> Self:
+        """Unlocks this TensorDict and its nested ones; also ends ``is_memmap()``, as in tensordict.
+
+        A nested TensorDict cannot be unlocked while a locked TensorDict holds it.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> td.lock_().unlock_().is_locked
+        False
+        """
+        for ref in self._lock_parents:
+            parent = ref()
+            if (
+                parent is not None
+                and parent._is_locked
+                and any(c is self for c in parent._tensordict.values())
+            ):
+                raise RuntimeError(
+                    "Cannot unlock a tensordict that is part of a locked graph. "
+                    "Unlock the root tensordict first."
+                )
+        changed = self._is_locked
+        self._unlock_tree()
+        self._lock_ops.append(False if changed else None)
+        return self
+
+    def _unlock_tree(self) -> None:
+        self._is_locked = False
+        self._is_memmap = False
+        self._is_shared = False
+        for child in self._children():
+            child._lock_parents = [
+                r for r in child._lock_parents if r() is not None and r() is not self
+            ]
+            if not any(p._is_locked for r in child._lock_parents if (p := r()) is not None):
+                child._unlock_tree()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._lock_ops:
+            op = self._lock_ops.pop()
+            if op is True:
+                self._unlock_tree()
+            elif op is False:
+                self._lock_tree()

@@ -1,0 +1,203 @@
+"""The one tree walker: every TensorDict operation that maps leaves goes through here.
+
+A tree holds four kinds of entries: nested trees (``TreeNode``), tensors, lazy leaves
+(``_LazyLeaf``: a mapped leaf whose tensor is made on first access) and ``NonTensorData``.
+``map_leaves`` knows all four, the batch sizes of nested trees, and the device and lock of the
+result; an operation is then a function of one leaf. New trees are made with ``type(td)``, so
+no module that walks trees imports ``tensordict.py``.
+
+Leaf functions see tensors whose leading dims are the batch dims of the ROOT tree (a nested
+tree's extra batch dims come after them, like a leaf's own dims), so one function serves every
+depth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from .nodes import TD, NonTensorData, TreeNode
+
+KEEP: Any = object()  # "the source tree's" (device)
+LeafFn = Callable[..., Any]
+
+
+def is_tree(value: Any) -> bool:
+    """True for a TensorDict (of any subclass)."""
+    return isinstance(value, TreeNode)
+
+
+def other_entry(other: Any, key: str) -> Any:
+    """The entry of ``other`` at ``key`` when it is a tree (or mapping), else ``other`` itself.
+
+    Scalars and tensors given beside trees are broadcast to every leaf.
+    """
+    if isinstance(other, TreeNode):
+        if key not in other._tensordict:
+            raise KeyError(
+                f'key "{key}" not found in the other TensorDict, which has keys '
+                f"{sorted(other._tensordict)}"
+            )
+        return other._get_str(key)
+    if isinstance(other, dict):
+        if key not in other:
+            raise KeyError(f'key "{key}" not found in the other mapping')
+        return other[key]
+    return other
+
+
+def map_leaves(
+    td: TD,
+    fn: LeafFn,
+    *others: Any,
+    batch_size: Any = None,
+    device: Any = KEEP,
+    inplace: bool = False,
+    check: bool = False,
+    lock: bool = False,
+    non_tensor: LeafFn | None = None,
+) -> TD:
+    """A new tree of ``fn(leaf, *other_leaves)`` for every tensor leaf of ``td``.
+
+    ``others`` are walked together with ``td`` (trees: the entry at the same key; anything else
+    is passed to every call). A ``None`` result leaves the key out. ``batch_size`` is the
+    result's (default: ``td``'s); nested trees keep their extra batch dims after it. ``device``
+    is the result's device (default ``td``'s). ``check`` moves results to that device and
+    checks them against the batch size (for user functions). ``lock`` locks the result when
+    ``td`` is locked. ``non_tensor(value, *others)`` maps NonTensorData (default: a copy).
+    With ``inplace`` the results are copied into ``td``'s leaves and ``td`` is returned.
+    """
+    if inplace:
+        for leaf, *rest in list(zip_leaves(td, *others)):
+            result = fn(leaf, *rest)
+            if result is not None and result is not leaf:
+                leaf.copy_(result)
+        return td
+    batch = td._batch_size if batch_size is None else torch.Size(batch_size)
+    target = td._device if device is KEEP else device
+    out = _map(td, fn, others, batch, target, check, non_tensor)
+    if lock and td._is_locked:
+        out._lock_tree()
+    return out
+
+
+def _map(
+    td: TD,
+    fn: LeafFn,
+    others: tuple[Any, ...],
+    batch: torch.Size,
+    device: torch.device | None,
+    check: bool,
+    non_tensor: LeafFn | None,
+) -> TD:
+    out = type(td)._new_unchecked(batch, device)
+    items = out._tensordict
+    dims = td.batch_dims
+    for key in list(td._tensordict):
+        value = td._get_str(key)
+        rest = [other_entry(o, key) for o in others]
+        if isinstance(value, TreeNode):
+            sub = torch.Size([*batch, *value._batch_size[dims:]])
+            items[key] = _map(value, fn, tuple(rest), sub, device, check, non_tensor)
+        elif type(value) is NonTensorData:
+            data = NonTensorData(value.data) if non_tensor is None else non_tensor(value, *rest)
+            items[key] = data
+        else:
+            result = fn(value, *rest)
+            if result is None:
+                continue
+            if check:
+                if device is not None and result.device != device:
+                    result = result.to(device)
+                out._check_batch(key, result.shape)
+            items[key] = result
+    return out
+
+
+def zip_leaves(td: TreeNode, *others: Any) -> Iterator[tuple[Any, ...]]:
+    """Each tensor leaf of ``td`` with the entries at the same key in ``others``."""
+    for key in list(td._tensordict):
+        value = td._get_str(key)
+        rest = [other_entry(o, key) for o in others]
+        if isinstance(value, TreeNode):
+            yield from zip_leaves(value, *rest)
+        elif isinstance(value, torch.Tensor):
+            yield (value, *rest)
+
+
+def leaves(td: TreeNode) -> Iterator[tuple[Any, str, torch.Tensor]]:
+    """``(tree, key, tensor)`` for every tensor leaf, depth first (lazy leaves are made)."""
+    for key in list(td._tensordict):
+        value = td._get_str(key)
+        if isinstance(value, TreeNode):
+            yield from leaves(value)
+        elif isinstance(value, torch.Tensor):
+            yield td, key, value
+
+
+class KeyList(list[Any]):
+    """The list ``keys()`` returns: ``in`` works as on tensordict's key views (a 1-tuple is
+    its str; anything but str and tuples of str raises TypeError)."""
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, tuple):
+            if not all(isinstance(k, str) for k in key):
+                raise TypeError("TensorDict keys are always strings.")
+            if len(key) == 1:
+                key = key[0]
+        elif not isinstance(key, str):
+            raise TypeError(
+                "TensorDict keys are always strings. Membership checks are only supported for "
+                "strings or non-empty tuples of strings (for nested TensorDicts)"
+            )
+        return list.__contains__(self, key)
+
+
+def walk_items(
+    td: TreeNode,
+    nested: bool,
+    leaves_only: bool,
+    materialize: bool = True,
+    prefix: tuple[str, ...] = (),
+) -> Iterator[tuple[Any, Any]]:
+    """``(key, value)`` pairs in tensordict's order: a nested tree comes after its own entries.
+
+    Keys are str at the top level and tuples below. As in tensordict, a non-tensor entry is
+    not a leaf (``leaves_only`` leaves it out) and comes as its ``NonTensorData``.
+    """
+    for key in list(td._tensordict):
+        value = td._get_str(key) if materialize else td._tensordict[key]
+        full: Any = (*prefix, key) if prefix else key
+        if isinstance(value, TreeNode):
+            if nested:
+                yield from walk_items(value, nested, leaves_only, materialize, (*prefix, key))
+            if not leaves_only:
+                yield full, value
+        elif type(value) is NonTensorData:
+            if not leaves_only:
+                value.batch_size, value.device = td._batch_size, td._device
+                yield full, value
+        else:
+            yield full, value
+
+
+def copy_tree(td: TD, keep: Callable[[tuple[str, ...]], bool] | None = None) -> TD:
+    """A new tree of the same entries (tensors and lazy leaves shared, not copied).
+
+    ``keep(path)`` chooses which leaves and NonTensorData stay; nested trees are always kept.
+    """
+    return _copy(td, keep, ())
+
+
+def _copy(td: TD, keep: Callable[[tuple[str, ...]], bool] | None, prefix: tuple[str, ...]) -> TD:
+    out = type(td)._new_unchecked(td._batch_size, td._device)
+    items = out._tensordict
+    for key, value in td._tensordict.items():
+        path = (*prefix, key)
+        if isinstance(value, TreeNode):
+            items[key] = _copy(value, keep, path)
+        elif keep is None or keep(path):
+            items[key] = NonTensorData(value.data) if type(value) is NonTensorData else value
+    return out

@@ -1,0 +1,321 @@
+"""Trees as directories (tensordict's format): save and load, one native call per tree each way.
+
+Saving walks the tree once to build a plain spec (keys, dtype strings, shapes, source pointers),
+hands it to Rust, and gets every leaf's buffer back in the same depth-first order. Loading gets
+the whole validated tree and all buffers from one call. Leaves become ``_LazyLeaf`` entries: the
+torch tensor is made on first access, so a 10,000-leaf save or load costs no torch call per leaf
+until the leaf is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import _native
+from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
+from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused, _json_text
+from ..memmap import MemoryMappedTensor, _from_buffer, _LazyLeaf, _source_bytes, value_nbytes
+from ..ops.stream import stream_tree
+
+LEAF, NODE, NON_TENSOR = 0, 1, 2
+_CPU = torch.device("cpu")
+_STRIDED = torch.strided
+
+
+def _check_layout(value: torch.Tensor, key: str, path: Path | None) -> None:
+    """Refuses, before anything is written, leaves that the directory format cannot hold."""
+    if value.layout is torch.strided and not value.is_nested:
+        return
+    kind = "a nested tensor" if value.is_nested else f"a {value.layout} tensor"
+    where = "" if path is None else f" (saving to {path})"
+    raise _native.UnsupportedFormatError(
+        f"key {key!r} holds {kind}{where}: memmap saves dense strided tensors only; convert it "
+        "first (t.to_dense(), or torch.stack / padding for nested tensors)"
+    )
+
+
+class _Plan:
+    """The spec of one save, the source tensors it points into, and where results go."""
+
+    def __init__(self, like: bool, reuse_maps: bool, copy_existing: bool = True) -> None:
+        self.like = like
+        self.reuse_maps = reuse_maps
+        self.copy_existing = copy_existing
+        # sources and their storages stay alive while Rust reads them (a storage, not just the
+        # tensor: another thread's ``set_`` on the tensor must not free the memory being read)
+        self.keep: list[Any] = []
+        self.slots: list[tuple[TreeNode, str, torch.dtype, tuple[int, ...]]] = []
+        self.kept: set[int] = set()  # slots whose file the save keeps (see node)
+        self.sources: list[tuple[int, int]] = []  # anonymous: (data_ptr, nbytes) per slot
+
+    def _pointer(self, value: Any, nbytes: int) -> int:
+        """Address of the bytes of a tensor or lazy leaf (kept alive in ``self.keep``)."""
+        if self.like or nbytes == 0:
+            return 0
+        if type(value) is _LazyLeaf:
+            self.keep.append(value.buffer)
+            return value.buffer.address
+        if not (value.is_cpu and value.is_contiguous()) or value.is_conj() or value.is_neg():
+            value = _source_bytes(value)
+        self.keep.append(value)
+        self.keep.append(value.untyped_storage())
+        return value.data_ptr()
+
+    def _same_file(self, value: Any, target: Path) -> tuple[int, int] | None:
+        """The (device, inode) of the file a mapped leaf is, whole and shared, when that file is
+        meant to be the one at ``target``: the save then keeps it instead of rewriting it."""
+        buffer = value.buffer if type(value) is _LazyLeaf else value._buffer
+        name = None if buffer is None else buffer.filename
+        if name is None:
+            return None
+        if name != os.fspath(target):
+            if not self.copy_existing:
+                raise RuntimeError(
+                    f"A filename was provided but the tensor already has a file associated "
+                    f"({name}). To copy the tensor onto the new location, pass copy_existing=True."
+                )
+            return None
+        if buffer.nbytes != value_nbytes(value):
+            return None
+        if type(value) is not _LazyLeaf and (
+            value.storage_offset() != 0
+            or not value.is_contiguous()
+            or value.is_conj()
+            or value.is_neg()
+            or value.data_ptr() != buffer.address
+        ):
+            return None  # a view with another layout than the file's
+        return buffer.file_id
+
+    def node(self, td: TreeNode, path: Path) -> tuple[list[int], list[tuple[Any, ...]]]:
+        """The directory spec of ``td``, to be saved at ``path``."""
+        entries: list[tuple[Any, ...]] = []
+        slots = self.slots
+        keep = self.keep
+        like = self.like
+        for key, value in td._tensordict.items():
+            cls = type(value)
+            same: tuple[int, int] | None = None
+            if cls is _LazyLeaf:
+                if not self.like:
+                    same = self._same_file(value, path / (_native.encode_key(key) + ".memmap"))
+                dtype, shape, device = value.dtype, value.shape, "cpu"
+                nbytes = value.buffer.nbytes
+            elif cls is NonTensorData:
+                entries.append((NON_TENSOR, key, _json_text(value.data, key)))
+                continue
+            elif cls is torch.Tensor and not like:
+                # the common leaf, inline: a plain dense tensor (see _check_layout, _pointer)
+                if value.layout is not _STRIDED or value.is_nested:
+                    _check_layout(value, key, path)
+                nbytes = value.nbytes
+                if not value.is_cpu:
+                    device = str(value.device)
+                    ptr = self._pointer(value, nbytes)
+                else:
+                    device = "cpu"
+                    if nbytes == 0:
+                        ptr = 0
+                    elif value.is_contiguous() and not (value.is_conj() or value.is_neg()):
+                        keep.append(value)
+                        keep.append(value.untyped_storage())
+                        ptr = value.data_ptr()
+                    else:
+                        ptr = self._pointer(value, nbytes)
+                dtype = value.dtype
+                shape = tuple(value.shape)
+                dtype_name = DTYPE_TO_STR.get(dtype) or dtype_to_str(dtype)
+                entries.append((LEAF, key, dtype_name, shape, device, ptr, nbytes, None))
+                slots.append((td, key, dtype, shape))
+                continue
+            elif isinstance(value, torch.Tensor):
+                _check_layout(value, key, path)
+                if cls is MemoryMappedTensor and not self.like:
+                    same = self._same_file(value, path / (_native.encode_key(key) + ".memmap"))
+                dtype, shape = value.dtype, tuple(value.shape)
+                device = "cpu" if value.is_cpu else str(value.device)
+                nbytes = value.nbytes
+            else:
+                entries.append((NODE, key, self.node(value, path / _native.encode_key(key))))
+                continue
+            dtype_name = DTYPE_TO_STR.get(dtype) or dtype_to_str(dtype)
+            entries.append(
+                (LEAF, key, dtype_name, shape, device, self._pointer(value, nbytes), nbytes, same)
+            )
+            if same is not None:
+                self.kept.add(len(slots))
+            slots.append((td, key, dtype, shape))
+        return list(td.batch_size), entries
+
+    def anonymous(self, td: TreeNode) -> None:
+        """Collects the leaves of ``td`` that need anonymous maps, in packed order (depth-first,
+        sorted keys: see ``share/packed.py``), so that a tree of small leaves lies in its arena
+        exactly as its one message does and is sent and received without a copy."""
+        items = td._tensordict
+        for key in sorted(items):
+            value = items[key]
+            cls = type(value)
+            if cls is NonTensorData:
+                continue
+            if cls is _LazyLeaf or isinstance(value, torch.Tensor):
+                if self.reuse_maps and (cls is _LazyLeaf or cls is MemoryMappedTensor):
+                    continue
+                if cls is not _LazyLeaf:
+                    _check_layout(value, key, None)
+                dtype = value.dtype
+                shape = value.shape if cls is _LazyLeaf else tuple(value.shape)
+                nbytes = value.buffer.nbytes if cls is _LazyLeaf else value.nbytes
+                dtype_to_str(dtype)  # refuse dtypes the format cannot hold, before any work
+                self.sources.append((self._pointer(value, nbytes), nbytes))
+                self.slots.append((td, key, dtype, shape))
+            else:
+                self.anonymous(value)
+
+    def place(self, buffers: list[Any]) -> None:
+        """Puts the returned buffers into the target tree."""
+        for i, ((td, key, dtype, shape), buffer) in enumerate(
+            zip(self.slots, buffers, strict=True)
+        ):
+            if i in self.kept:
+                continue  # the save kept this leaf's file: the source map (and object) stays
+            td._tensordict[key] = (
+                torch.empty(shape, dtype=dtype)
+                if buffer is None
+                else _LazyLeaf(buffer, dtype, shape)
+            )
+
+
+def _mark(td: TreeNode, prefix: Path | None) -> None:
+    td._device = _CPU
+    td._is_memmap = True
+    td._memmap_prefix = prefix
+    for key, value in td._tensordict.items():
+        if isinstance(value, TreeNode):
+            _mark(value, None if prefix is None else prefix / _native.encode_key(key))
+
+
+@_gc_paused()
+def save(
+    target: TreeNode,
+    prefix: str | os.PathLike[str] | None,
+    *,
+    like: bool,
+    reuse_maps: bool,
+    copy_existing: bool = True,
+    existsok: bool,
+    durable: bool,
+    num_threads: int,
+    sparse: bool = False,
+) -> None:
+    """Memory-maps every leaf of ``target`` in place (anonymous, or under ``prefix``).
+
+    ``target``'s leaves are the sources; on success they are replaced by the maps, the tree is
+    marked memory-mapped and put on the CPU. On failure nothing in ``target`` has changed.
+    """
+    plan = _Plan(like=like, reuse_maps=reuse_maps, copy_existing=copy_existing)
+    if prefix is None:
+        path = None
+        plan.anonymous(target)
+        wanted = [(i, src) for i, src in enumerate(plan.sources) if src[1]]
+        mapped = _native.anonymous_buffers([src for _, src in wanted], num_threads=num_threads)
+        buffers: list[Any] = [None] * len(plan.sources)
+        for (i, _), buffer in zip(wanted, mapped, strict=True):
+            buffers[i] = buffer
+    else:
+        path = Path(prefix).absolute()
+        spec = plan.node(target, path)
+        buffers = _native.write_tree(
+            os.fspath(path),
+            spec,
+            existsok=existsok,
+            durable=durable,
+            num_threads=num_threads,
+            sparse=sparse,
+        )
+    del plan.keep
+    plan.place(buffers)
+    _mark(target, path)
+
+
+@_gc_paused()
+def load(
+    cls: type[TD],
+    prefix: str | os.PathLike[str],
+    device: torch.device | None,
+    non_blocking: bool = False,
+) -> TD:
+    """Loads the tree at ``prefix`` with one native call; see ``TensorDict.load_memmap``."""
+    path = Path(prefix).absolute()
+    node, buffers = _native.load_tree(os.fspath(path))
+    if device is None:
+        # tensordict always records "cpu"; another device is honoured as tensordict does, by
+        # moving the leaves there, once it is known to exist here.
+        device = _device_or_none(node[1])
+        if device is not None and device.type == "meta":
+            raise _native.InvalidDirectoryError(
+                f"{path / 'meta.json'} records the device 'meta', which holds no data: loading "
+                "it would give tensors without values; pass device='cpu' to load the files"
+            )
+        if device is not None and device.type not in ("cpu", "meta"):
+            try:
+                torch.empty(0, device=device)
+            except (RuntimeError, AssertionError) as err:
+                raise _native.TensorDictError(
+                    f"{path / 'meta.json'} was saved for device {device}, which is not available "
+                    f"here ({err}); pass device='cpu' to load_memmap to load it on the CPU"
+                ) from None
+    if device is not None and device.type == "cuda":
+        # one device allocation for the whole tree, streamed through pinned staging buffers
+        moved = stream_tree(_build(cls, node, buffers, path, None, False), device)
+        if moved is not None:
+            return moved
+    return _build(cls, node, buffers, path, device, non_blocking)
+
+
+def _build(
+    cls: type[TD],
+    node: Any,
+    buffers: list[Any],
+    path: Path,
+    device: torch.device | None,
+    non_blocking: bool,
+) -> TD:
+    batch, _, entries = node
+    td = cls._new_unchecked(torch.Size(batch), device)
+    td._memmap_prefix = path
+    items = td._tensordict
+    move = device is not None and device.type != "cpu"
+    for entry in entries:
+        tag, key = entry[0], entry[1]
+        if tag == LEAF:
+            dtype = STR_TO_DTYPE[entry[2]]
+            shape = entry[3]
+            buffer = buffers[entry[4]]
+            if move:
+                value: Any = (
+                    torch.empty(shape, dtype=dtype, device=device)
+                    if buffer is None or device.type == "meta"  # type: ignore[union-attr]
+                    else _from_buffer(buffer, dtype, shape).to(device, non_blocking=non_blocking)
+                )
+            else:
+                value = (
+                    torch.empty(shape, dtype=dtype)
+                    if buffer is None
+                    else _LazyLeaf(buffer, dtype, shape)
+                )
+            items[key] = value
+        elif tag == NODE:
+            sub_path = path / _native.encode_key(key)
+            items[key] = _build(cls, entry[2], buffers, sub_path, device, non_blocking)
+        else:
+            items[key] = NonTensorData(json.loads(entry[2]))
+    return td
+
+
+def _device_or_none(name: str | None) -> torch.device | None:
+    return None if name is None else torch.device(name)

@@ -1,0 +1,269 @@
+"""Batches in one native call: ``td[rows]`` and ``td.index_select(0, rows, out=)``.
+
+For a tree whose leaves are all contiguous CPU memory (memory maps, lazy leaves or plain
+tensors), every leaf's rows are gathered by one Rust call (``_native.gather_rows``) with the GIL
+released, copied in parallel, and runs of consecutive rows become one copy each. Anything else
+(a leaf on another device, a leaf that needs autograd, a strided view, a mismatched ``out``)
+returns ``None`` and the caller uses torch's per-leaf ``index_select`` (below ``MIN_BYTES``
+too, which measures 0: the native call is ahead from one row on).
+
+SAFETY contract with the Rust core: the addresses passed are ``data_ptr()``s (or Buffer
+addresses) of contiguous CPU tensors that this module keeps referenced (``keep``) until the
+call returns; the output tensors are allocated here or checked for dtype, shape and
+contiguity. The Rust side bounds-checks every row and refuses outputs that overlap a source.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import _native
+from .._core.nodes import TD, NonTensorData
+from ..memmap import _LazyLeaf
+
+# Below this many gathered bytes torch's per-leaf path would be used. Re-measured with
+# benches/gather_crossover.py after the batch plan (2026-12-01, 2 CPUs): the native call is
+# ahead at every batch size from 1 row on, for W4's 6-leaf tree (29 us against 58 us for one
+# 12 KiB row) and for a one-leaf tree of 64-byte rows (14 us against 37 us; tensordict 0.15.3
+# 17 us), so there is no crossover left and the bound is 0. It stays a knob for that script.
+MIN_BYTES = 0
+# From this many bytes in rows of at least BULK_ROW bytes, the Rust core copies on several
+# threads (rust/gather.rs PARALLEL_MIN, BULK_MIN): its helper threads are then woken before
+# the batch is allocated, so that they are running by the time the copy starts.
+PARALLEL_BYTES = 256 << 10
+BULK_ROW = 512
+
+_CPU = torch.device("cpu")
+
+
+def _source(value: Any, keep: list[Any]) -> tuple[int, tuple[int, ...], torch.dtype] | None:
+    """``(address, shape, dtype)`` of a leaf whose bytes the Rust core can read, else None."""
+    if type(value) is _LazyLeaf:
+        keep.append(value.buffer)
+        return value.buffer.address, value.shape, value.dtype
+    if (
+        value.device.type != "cpu"
+        or value.requires_grad
+        or value.layout is not torch.strided
+        or not value.is_contiguous()
+        or value.is_conj()
+        or value.is_neg()
+    ):
+        return None
+    keep.append(value)
+    return value.data_ptr(), tuple(value.shape), value.dtype
+
+
+def _writable(tensor: torch.Tensor) -> bool:
+    """False for a tensor over a read-only map (the Rust core must never write there)."""
+    buffer = getattr(tensor, "_buffer", None)
+    return buffer is None or buffer.writable
+
+
+def _row_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    n = dtype.itemsize
+    for d in shape[1:]:
+        n *= d
+    return n
+
+
+def _index(rows: torch.Tensor) -> torch.Tensor | None:
+    if rows.device.type != "cpu" or rows.dtype != torch.int64 or rows.ndim != 1:
+        return None
+    return rows if rows.is_contiguous() else rows.contiguous()
+
+
+# ---------------------------------------------------------------------------- the batch plan
+# What a walk of the tree finds, kept on the tree between batches (``_gather_plan``
+# in its ``__dict__``), so that a batch costs one identity check of the tree's entries and a
+# few attribute reads per leaf instead of a walk. A plan is only used while every node still
+# holds exactly the same key and value objects (``_native.same_entries``), and every tensor
+# leaf still has the address, shape, dtype and contiguity it was planned with (in-place
+# ``set_``, ``resize_`` or ``.data =`` change those); else it is made again.
+
+_LEAF, _NODE, _VALUE = 0, 1, 2
+
+
+class _Plan:
+    """The shape of one tree's batch: its nodes, leaves and where each leaf's rows go."""
+
+    __slots__ = (
+        "bulk_bytes",
+        "entries",
+        "leaves",
+        "nodes",
+        "owners",
+        "row_bytes",
+        "sizes",
+        "tensors",
+    )
+
+    def __init__(self) -> None:
+        self.nodes: list[tuple[dict, tuple, tuple]] = []  # for _native.same_entries
+        self.owners: list[Any] = []  # the TensorDict of each node (its dict must not change)
+        self.entries: list[list[tuple[str, int, Any]]] = []  # per node, in key order
+        # (value, address, rows, row_bytes, dtype, tail shape) per leaf
+        self.leaves: list[tuple[Any, int, int, int, torch.dtype, tuple[int, ...]]] = []
+        # (value, address, shape, dtype) of the tensor leaves (lazy leaves cannot change)
+        self.tensors: list[tuple[torch.Tensor, int, torch.Size, torch.dtype]] = []
+        self.row_bytes = 0
+        self.bulk_bytes = 0  # of the rows of at least BULK_ROW bytes
+        self.sizes: tuple[int, list[tuple[int, ...]]] = (-1, [])  # the leaf shapes of n rows
+
+    def add(self, td: TD) -> bool:
+        """Plans ``td`` and its nested nodes; False when a leaf needs torch's path."""
+        items = td._tensordict
+        self.nodes.append((items, tuple(items), tuple(items.values())))
+        # The root is not kept (the plan lives in its __dict__: no reference cycle).
+        self.owners.append(td if self.nodes[1:] else None)
+        entries: list[tuple[str, int, Any]] = []
+        self.entries.append(entries)
+        for key, value in items.items():
+            if type(value) is NonTensorData:
+                entries.append((key, _VALUE, value))
+                continue
+            if not (type(value) is _LazyLeaf or isinstance(value, torch.Tensor)):
+                entries.append((key, _NODE, len(self.nodes)))
+                if not self.add(value):
+                    return False
+                continue
+            src = _source(value, [])
+            if src is None:
+                return False
+            address, shape, dtype = src
+            if not shape:
+                return False
+            row = _row_bytes(shape, dtype)
+            entries.append((key, _LEAF, len(self.leaves)))
+            self.leaves.append((value, address, shape[0], row, dtype, shape[1:]))
+            if isinstance(value, torch.Tensor):  # lazy leaves cannot change
+                self.tensors.append((value, address, value.shape, dtype))
+            self.row_bytes += row
+            if row >= BULK_ROW:
+                self.bulk_bytes += row
+        return True
+
+    def valid(self, td: TD) -> bool:
+        """True while the tree ``td`` is as planned (see the comment above)."""
+        if td._tensordict is not self.nodes[0][0]:
+            return False
+        for owner, node in zip(self.owners[1:], self.nodes[1:], strict=True):
+            if owner._tensordict is not node[0]:
+                return False
+        if not _native.same_entries(self.nodes):
+            return False
+        for value, address, shape, dtype in self.tensors:
+            if (
+                value.data_ptr() != address
+                or value.shape != shape
+                or value.dtype != dtype
+                or not value.is_contiguous()
+                or value.requires_grad
+                or not value.is_cpu
+                or value.is_conj()  # `.data = t.conj()` keeps address and shape
+                or value.is_neg()
+            ):
+                return False
+        return True
+
+    def build(self, td: TD, n: int, jobs: list[tuple[int, int, int, int]]) -> TD:
+        """The batch of ``n`` rows of ``td`` (the planned tree): leaves allocated, the copies
+        listed in ``jobs``."""
+        made: list[Any] = [None] * len(self.owners)
+        leaves = self.leaves
+        if self.sizes[0] != n:
+            self.sizes = (n, [(n, *leaf[5]) for leaf in leaves])
+        sizes = self.sizes[1]
+        for i in range(len(self.owners) - 1, -1, -1):  # children come after their parents
+            src = self.owners[i] if i else td
+            out = type(src)._new_unchecked(torch.Size((n, *src._batch_size[1:])), src._device)
+            items = out._tensordict
+            for key, kind, x in self.entries[i]:
+                if kind == _LEAF:
+                    _, address, rows, row, dtype, _ = leaves[x]
+                    leaf = torch.empty(sizes[x], dtype=dtype)
+                    items[key] = leaf
+                    if row:
+                        jobs.append((address, rows, leaf.data_ptr(), row))
+                elif kind == _NODE:
+                    items[key] = made[x]
+                else:
+                    items[key] = NonTensorData(x.data)
+            made[i] = out
+        return made[0]
+
+    def into(self, out: TD, n: int, keep: list[Any], jobs: list[Any], i: int = 0) -> bool:
+        """Lists the copies of the planned tree's rows into ``out``'s leaves (of ``n`` rows,
+        matching keys, dtypes and shapes, writable), in the tree's order; False when one
+        cannot take them. ``i`` is the node of the plan that ``out`` matches."""
+        items = out._tensordict
+        for key, kind, x in self.entries[i]:
+            if kind == _VALUE:
+                continue
+            value = items.get(key)
+            if value is None:
+                return False
+            if kind == _NODE:
+                if isinstance(value, torch.Tensor) or type(value) in (_LazyLeaf, NonTensorData):
+                    return False
+                if not self.into(value, n, keep, jobs, x):
+                    return False
+                continue
+            if type(value) is _LazyLeaf:
+                value = out._get_str(key)
+            if not isinstance(value, torch.Tensor) or not _writable(value):
+                return False
+            dst = _source(value, keep)
+            _, address, rows, row, dtype, tail = self.leaves[x]
+            if dst is None or dst[2] != dtype or dst[1] != (n, *tail):
+                return False
+            if row:
+                jobs.append((address, rows, dst[0], row))
+        return True
+
+
+def _plan(td: TD) -> _Plan | None:
+    """The valid batch plan of ``td`` (made and kept if needed); None: torch's path."""
+    plan = td.__dict__.get("_gather_plan")
+    if plan is not None and plan.valid(td):
+        return plan
+    plan = _Plan()
+    if not plan.add(td):
+        td.__dict__.pop("_gather_plan", None)
+        return None
+    td.__dict__["_gather_plan"] = plan
+    return plan
+
+
+def gather(td: TD, rows: torch.Tensor, out: TD | None = None) -> TD | None:
+    """Rows ``rows`` of batch dim 0 of every leaf, in one native call; None: use torch's path.
+
+    With ``out``, the rows are written into its leaves (``index_select(0, rows, out=out)``)
+    and ``out`` is returned. Raises ``IndexError`` for a row out of range.
+    """
+    if not td.batch_size or (td.device is not None and td.device != _CPU):
+        return None
+    index = _index(rows)
+    if index is None:
+        return None
+    n = index.numel()
+    plan = _plan(td)
+    if plan is None or plan.row_bytes * n < MIN_BYTES:
+        return None
+    # Several threads only where torch uses several too (DataLoader workers set 1).
+    parallel = torch.get_num_threads() > 1
+    if parallel and plan.bulk_bytes * n >= PARALLEL_BYTES:
+        _native.gather_prepare()
+    keep: list[Any] = [index, plan]  # the plan's leaves (the sources) stay referenced
+    jobs: list[tuple[int, int, int, int]] = []
+    if out is None:
+        result = plan.build(td, n, jobs)
+    else:
+        if tuple(out.batch_size[:1]) != (n,) or not plan.into(out, n, keep, jobs):
+            return None
+        result = out
+    _native.gather_rows(index.data_ptr(), n, jobs, parallel)
+    del keep
+    return result

@@ -1,0 +1,401 @@
+"""Sharing across processes without copies: TensorDicts and MemoryMappedTensors under
+``multiprocessing`` (Process arguments, Queue, Pipe, Pool) and DataLoader workers, with every
+start method (fork, spawn, forkserver).
+
+What crosses is plain data plus one file descriptor per arena of shared memory (a tree of
+small leaves is one arena; large leaves are spread over one arena per writer thread, so a big
+tree is a few), never the bytes: the layout of the tree (keys, dtypes, shapes, batch sizes,
+flags) as tuples, and the arenas as ``multiprocessing.reduction.DupFd`` handles, which
+multiprocessing passes the way it passes every fd (inherited by spawn children, sent with
+``SCM_RIGHTS`` to forkserver children, fetched through ``resource_sharer`` after start-up). The
+receiver maps the same memory, once per process however often it arrives. File-backed leaves
+travel by path. Plain tensor leaves are copied, with one native call, into new arenas: a
+DataLoader batch crosses back from a worker as one descriptor (a few for batches of hundreds
+of MiB), not one per leaf.
+
+The reducers are registered with ``multiprocessing.reduction.ForkingPickler`` only (as torch
+registers its own), so a plain ``pickle.dumps`` of anonymous memory raises at the caller, with
+an error that says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from multiprocessing import context, reduction
+from typing import Any, Self
+
+import torch
+
+from .. import _native
+from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE
+from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused
+from .._core.walk import leaves
+from ..io import directory
+from ..memmap import MemoryMappedTensor, _LazyLeaf, _source_bytes, _wrap
+
+BUFFER, NODE, NON_TENSOR, TENSOR = range(4)
+LOCKED, MEMMAP, SHARED = 1, 2, 4
+
+# (size, stride, storage_offset) of a view; None for the whole buffer as one contiguous tensor
+Geometry = tuple[tuple[int, ...], tuple[int, ...], Any] | None
+# one arena of a message: (DupFd, arena nbytes, [(offset, nbytes)], [buffer position])
+Handle = tuple[Any, int, list[tuple[int, int]], list[int]]
+
+
+class _Message:
+    """What one pickled tree refers to: the buffers its leaves view (grouped into arenas, one
+    fd each, or files) and the plain leaves that go into one new arena."""
+
+    def __init__(self) -> None:
+        self.buffers: list[_native.Buffer] = []
+        # arenas made for this message only: their fds must stay open until they are sent
+        self.keep: list[Any] = []
+        self.plain: list[tuple[list[Any], int, str, torch.Tensor]] = []
+
+    def tensor_entry(self, key: str, value: torch.Tensor, entries: list[Any]) -> tuple[Any, ...]:
+        """The entry of a tensor leaf (plain CPU tensors are queued for the batch arena)."""
+        if type(value) is MemoryMappedTensor and value._buffer is not None:
+            buffer = value._buffer
+            dtype_name = DTYPE_TO_STR.get(value.dtype)
+            if dtype_name is not None and value.untyped_storage().data_ptr() == buffer.address:
+                shape = tuple(value.shape)
+                whole = (
+                    value.storage_offset() == 0
+                    and value.is_contiguous()
+                    and value.nbytes == buffer.nbytes
+                )
+                geometry = None if whole else (shape, tuple(value.stride()), value.storage_offset())
+                self.buffers.append(buffer)
+                return (BUFFER, key, len(self.buffers) - 1, dtype_name, shape, geometry)
+        if (
+            value.device.type != "cpu"
+            or value.numel() == 0
+            or value.requires_grad
+            or value.dtype not in DTYPE_TO_STR
+            or (type(value) is torch.Tensor and value.is_shared())
+        ):
+            # torch's own reducers: CUDA IPC, shared storages (kept shared), empty tensors
+            return (TENSOR, key, value.as_subclass(torch.Tensor))
+        self.plain.append((entries, len(entries), key, value))
+        return (TENSOR, key, None)  # replaced once the batch arena exists
+
+    def consolidate(self) -> None:
+        """Copies every queued plain leaf into one new arena (one native call)."""
+        if not self.plain:
+            return
+        sources = [_source_bytes(value) for _, _, _, value in self.plain]
+        buffers = _native.anonymous_buffers([(s.data_ptr(), s.nbytes) for s in sources])
+        del sources
+        # the new arenas (one, or a few for large leaves) live on in no tree of this process
+        self.keep.extend({buffer.region_id: buffer for buffer in buffers}.values())
+        for (entries, at, key, value), buffer in zip(self.plain, buffers, strict=True):
+            self.buffers.append(buffer)
+            at_buffer = len(self.buffers) - 1
+            entries[at] = (
+                BUFFER,
+                key,
+                at_buffer,
+                DTYPE_TO_STR[value.dtype],
+                tuple(value.shape),
+                None,
+            )
+        self.plain = []
+
+    def handles(self) -> tuple[list[Handle], list[tuple[int, str, int]]]:
+        """One ``DupFd`` per arena, taken now (while every arena is alive), and the files."""
+        arenas, others = _native.group_shared(self.buffers)
+        files = []
+        for position in others:
+            buffer = self.buffers[position]
+            if buffer.filename is None:
+                raise TypeError("a memory map with neither a file nor a descriptor cannot be sent")
+            files.append((position, buffer.filename, buffer.nbytes))
+        popen = context.get_spawning_popen()
+        if popen is not None and self.keep:
+            # spawn and forkserver pass the fd numbers themselves after pickling: a batch arena
+            # made for this message must stay open until the child has it, so it lives as long
+            # as the child's Popen. (The arenas of the trees live as long as the trees, which
+            # the Process arguments hold.)
+            popen.__dict__.setdefault("_tensordict_rs_keep", []).extend(self.keep)
+        handles = [
+            (reduction.DupFd(fd), nbytes, slices, positions)
+            for fd, nbytes, slices, positions in arenas
+        ]
+        return handles, files
+
+
+def _describe(td: Any, msg: _Message) -> tuple[Any, ...]:
+    entries: list[Any] = []
+    buffers = msg.buffers
+    for key, value in td._tensordict.items():
+        cls = type(value)
+        entry: tuple[Any, ...]
+        if cls is _LazyLeaf:
+            dtype_name = DTYPE_TO_STR.get(value.dtype)
+            if dtype_name is None:
+                entry = msg.tensor_entry(key, value.materialize(), entries)
+            else:
+                buffers.append(value.buffer)
+                entry = (BUFFER, key, len(buffers) - 1, dtype_name, value.shape, None)
+        elif isinstance(value, torch.Tensor):
+            entry = msg.tensor_entry(key, value, entries)
+        elif cls is NonTensorData:
+            entry = (NON_TENSOR, key, value.data)
+        else:
+            entry = (NODE, key, _describe(value, msg))
+        entries.append(entry)
+    flags = (
+        (LOCKED if td._is_locked else 0)
+        | (MEMMAP if td._is_memmap else 0)
+        | (SHARED if td._is_shared else 0)
+    )
+    prefix = None if td._memmap_prefix is None else os.fspath(td._memmap_prefix)
+    device = None if td._device is None else str(td._device)
+    return (type(td), tuple(td._batch_size), device, flags, prefix, entries)
+
+
+def _leaf(buffer: _native.Buffer, dtype_name: str, shape: Any, geometry: Geometry) -> Any:
+    dtype = STR_TO_DTYPE[dtype_name]
+    if geometry is None:
+        return _LazyLeaf(buffer, dtype, tuple(shape))
+    size, stride, offset = geometry
+    storage = torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
+    view = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
+    return _wrap(view, buffer, buffer.filename)
+
+
+def _build(node: tuple[Any, ...], buffers: list[Any]) -> Any:
+    from pathlib import Path
+
+    cls, batch, device, flags, prefix, entries = node
+    td = cls._new_unchecked(torch.Size(batch), None if device is None else torch.device(device))
+    items = td._tensordict
+    dtypes = STR_TO_DTYPE
+    for entry in entries:
+        tag, key = entry[0], entry[1]
+        if tag == BUFFER:
+            if entry[5] is None:
+                items[key] = _LazyLeaf(buffers[entry[2]], dtypes[entry[3]], entry[4])
+            else:
+                items[key] = _leaf(buffers[entry[2]], entry[3], entry[4], entry[5])
+        elif tag == NODE:
+            items[key] = _build(entry[2], buffers)
+        elif tag == NON_TENSOR:
+            items[key] = NonTensorData(entry[2])
+        else:
+            items[key] = entry[2]
+    td._is_memmap = bool(flags & MEMMAP)
+    td._is_shared = bool(flags & SHARED)
+    td._memmap_prefix = None if prefix is None else Path(prefix)
+    return td
+
+
+def _relock(td: Any, node: tuple[Any, ...]) -> None:
+    """Locks the rebuilt nodes that were locked (a locked node locks everything under it)."""
+    if node[3] & LOCKED:
+        td._lock_tree()
+        return
+    for entry in node[5]:
+        if entry[0] == NODE:
+            _relock(td._tensordict[entry[1]], entry[2])
+
+
+def _receive(handles: list[Handle], files: list[tuple[int, str, int]], count: int) -> list[Any]:
+    """Every buffer of the message, in order: each arena mapped once, the files opened."""
+    buffers: list[Any] = [None] * count
+    for i, (handle, nbytes, slices, positions) in enumerate(handles):
+        fd = handle.detach()
+        try:
+            mapped = _native.receive_shared(fd, nbytes, slices)
+        except BaseException:
+            for later in handles[i + 1 :]:
+                os.close(later[0].detach())
+            raise
+        for position, buffer in zip(positions, mapped, strict=True):
+            buffers[position] = buffer
+    if files:
+        opened = _native.open_files([(name, nbytes) for _, name, nbytes in files])
+        for (position, _, _), buffer in zip(files, opened, strict=True):
+            buffers[position] = buffer
+    return buffers
+
+
+@_gc_paused()
+def _rebuild_td(layout: bytes, handles: list[Handle], files: list[tuple[int, str, int]]) -> Any:
+    # The layout is unpickled here, with the collector paused: a 10,000-leaf tree is tens of
+    # thousands of tuples, which would trigger full collections while they are made.
+    node, count = pickle.loads(layout)
+    td = _build(node, _receive(handles, files, count))
+    _relock(td, node)
+    return td
+
+
+@_gc_paused()
+def reduce_tensordict(td: TD) -> tuple[Any, ...]:
+    """ForkingPickler reducer of a TensorDict: the layout as plain data, one fd per arena."""
+    msg = _Message()
+    node = _describe(td, msg)
+    msg.consolidate()
+    handles, files = msg.handles()
+    # ForkingPickler again: non-tensor values and CUDA leaves use their own reducers.
+    layout = bytes(reduction.ForkingPickler.dumps((node, len(msg.buffers))))
+    return (_rebuild_td, (layout, handles, files))
+
+
+def _rebuild_mmt(
+    handle: Any, nbytes: int, offset: int, length: int, dtype_name: str, geometry: Geometry
+) -> MemoryMappedTensor:
+    buffer = _native.receive_shared(handle.detach(), nbytes, [(offset, length)])[0]
+    return _leaf(buffer, dtype_name, None, geometry)
+
+
+def reduce_memmap_tensor(t: MemoryMappedTensor) -> tuple[Any, ...]:
+    """ForkingPickler reducer of a MemoryMappedTensor: anonymous ones pass their arena's fd."""
+    buffer = t._buffer
+    handle = None if buffer is None else buffer.share_handle
+    dtype_name = DTYPE_TO_STR.get(t.dtype)
+    if (
+        buffer is None
+        or handle is None
+        or dtype_name is None
+        or t.untyped_storage().data_ptr() != buffer.address
+    ):
+        return t.__reduce_ex__(2)
+    fd, nbytes, offset = handle
+    geometry = (tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    return (
+        _rebuild_mmt,
+        (reduction.DupFd(fd), nbytes, offset, buffer.nbytes, dtype_name, geometry),
+    )
+
+
+def getstate(td: TD) -> dict[str, Any]:
+    """TensorDict's pickled state (``__getstate__``): the entries (lazy leaves made), batch
+    size, device, lock and memory-map flags; the leaves pickle themselves (see ``register``)."""
+    items = {}
+    for key in list(td._tensordict):
+        items[key] = td._get_str(key)
+    return {
+        "items": items,
+        "batch_size": td._batch_size,
+        "device": td._device,
+        "is_locked": td._is_locked,
+        "is_memmap": td._is_memmap,
+        "prefix": td._memmap_prefix,
+    }
+
+
+def setstate(td: TD, state: dict[str, Any]) -> None:
+    """``__setstate__``: a TensorDict again from what ``getstate`` gave.
+
+    >>> import pickle, torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(3), "b": {"c": torch.ones(3)}}, [3], lock=True)
+    >>> again = pickle.loads(pickle.dumps(td))
+    >>> again["a"].tolist(), again.batch_size, again.is_locked
+    ([0, 1, 2], torch.Size([3]), True)
+    """
+    td._init(state["batch_size"], state["device"])
+    td._tensordict = state["items"]
+    td._is_memmap = state["is_memmap"]
+    td._memmap_prefix = state["prefix"]
+    if state["is_locked"]:
+        td._lock_tree()
+
+
+def register(tensordict_cls: type) -> None:
+    """Registers the reducers with multiprocessing's ForkingPickler (torch's Queues too)."""
+    reduction.ForkingPickler.register(tensordict_cls, reduce_tensordict)
+    reduction.ForkingPickler.register(MemoryMappedTensor, reduce_memmap_tensor)
+
+
+class Shareable(TreeNode):
+    """``share_memory_``/``is_shared``, DataLoader batches (``__getitems__``), ``pin_memory``."""
+
+    _is_shared: bool = False
+
+    def share_memory_(self) -> Self:
+        """Moves every CPU leaf into shared memory, locks the TensorDict, and returns self.
+
+        Processes that receive it (``multiprocessing`` or ``torch.multiprocessing`` Process
+        arguments, Queues, Pipes, Pools, DataLoader workers) read and write the same memory.
+        The leaves go into anonymous arenas (memfds): they become anonymous
+        MemoryMappedTensors, and the tree crosses processes with one file descriptor, whatever
+        its number of leaves (a few when large leaves fill several arenas, one per writer
+        thread). A CUDA TensorDict is left as it is (CUDA tensors are shared
+        already) and not locked. A memory-mapped TensorDict raises ``RuntimeError``, as in
+        tensordict. ``is_shared()`` is True until ``unlock_()``.
+
+        >>> import multiprocessing as mp, torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"x": torch.zeros(4)}, [4]).share_memory_()
+        >>> td.is_shared(), td.is_locked
+        (True, True)
+        >>> child = mp.get_context("fork").Process(target=td["x"].fill_, args=(7.0,))
+        >>> child.start(); child.join()
+        >>> td["x"]  # the child wrote the same memory
+        MemoryMappedTensor([7., 7., 7., 7.])
+        """
+        if self._is_memmap:
+            raise RuntimeError("memmap and shared memory are mutually exclusive features.")
+        if self._device is not None and self._device.type == "cuda":
+            return self
+        directory.save(
+            self,
+            None,
+            like=False,
+            reuse_maps=True,
+            existsok=True,
+            durable=False,
+            num_threads=0,
+        )
+        self._mark_shared()
+        self._lock_tree()
+        return self
+
+    def _mark_shared(self) -> None:
+        self._is_shared = True
+        self._is_memmap = False
+        for value in self._tensordict.values():
+            if isinstance(value, Shareable):
+                value._mark_shared()
+
+    def is_shared(self) -> bool:
+        """True after ``share_memory_()`` (until ``unlock_()``), as in tensordict.
+
+        A memory-mapped TensorDict reports False (``is_memmap()`` is True), as in tensordict,
+        though its memory is shared too.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0), "b": {"c": torch.ones(3)}}, [3])
+        >>> td.is_shared(), td.share_memory_().is_shared()
+        (False, True)
+        """
+        return self._is_shared
+
+    def __getitems__(self, indices: Any) -> Any:
+        """The rows ``indices`` of batch dim 0 in one gather: the hook that lets
+        ``DataLoader(td, batch_size=B, collate_fn=...)`` index once per batch, not per row."""
+        index = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(indices)
+        return self[index]
+
+    def pin_memory(self, num_threads: int | None = None, inplace: bool = False) -> Any:
+        """A copy with every tensor in pinned (page-locked) memory, for fast, asynchronous
+        copies to an accelerator; ``inplace=True`` replaces the leaves of self instead.
+        ``num_threads`` is accepted for tensordict's signature.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
+        >>> pinned = td.pin_memory() if torch.cuda.is_available() else None  # needs CUDA
+        >>> pinned is None or (pinned["a"].is_pinned() and pinned["b", "c"].is_pinned())
+        True
+        """
+        del num_threads
+        if not inplace:
+            return self.apply(lambda t: t.pin_memory())
+        for td, key, value in list(leaves(self)):
+            td._tensordict[key] = value.pin_memory()
+        return self

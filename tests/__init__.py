@@ -1,0 +1,1 @@
+"""The test suite: one folder per part of the package (see each folder's docstring)."""

@@ -1,0 +1,1 @@
+"""Tests of the ``tensordict-rs`` command line (``cli/``), run as a subprocess."""

@@ -1,0 +1,191 @@
+"""Entries: get, keys/values/items, membership, set, update, deletion."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict_rs import NonTensorData, TensorDict
+
+from .._trees import make_td
+
+# --------------------------------------------------------------------------------- keys
+
+
+def test_getitem_keys() -> None:
+    td = make_td()
+    assert torch.equal(td["a"], torch.arange(24.0).reshape(4, 3, 2))
+    assert td["n", "x"] is td["n"]["x"]
+    assert torch.equal(td["n", "deep", "y"], torch.arange(60.0).reshape(4, 3, 5))
+    assert td[("n", "deep")] is td["n"]["deep"]
+    with pytest.raises(KeyError, match="missing"):
+        td["missing"]
+    with pytest.raises(KeyError):
+        td["n", "missing"]
+    with pytest.raises(KeyError):
+        td["a", "x"]  # a leaf has no sub-keys
+
+
+def test_get_default() -> None:
+    td = make_td()
+    assert td.get("a") is td["a"]
+    assert td.get(("n", "x")) is td["n", "x"]
+    assert td.get("missing", None) is None
+    assert td.get(("n", "missing"), 7) == 7
+    assert td.get(("missing", "x"), "d") == "d"
+    with pytest.raises(KeyError):
+        td.get("missing")
+
+
+def test_keys_values_items() -> None:
+    td = make_td()
+    assert td.keys() == ["a", "n", "s"]
+    # tensordict's order: a nested TensorDict comes after its own entries
+    assert td.keys(include_nested=True) == [
+        "a",
+        ("n", "x"),
+        ("n", "deep", "y"),
+        ("n", "deep"),
+        "n",
+        "s",
+    ]
+    # as in tensordict, a non-tensor entry is not a leaf, and comes as its NonTensorData
+    assert td.keys(include_nested=True, leaves_only=True) == [
+        "a",
+        ("n", "x"),
+        ("n", "deep", "y"),
+    ]
+    assert td.keys(leaves_only=True) == ["a"]
+    values = td.values(include_nested=True, leaves_only=True)
+    assert len(values) == 3
+    assert values[0] is td["a"] and values[1] is td["n", "x"] and values[2] is td["n", "deep", "y"]
+    assert [v is td["n"] for v in td.values()] == [False, True, False]
+    assert isinstance(td.values()[2], NonTensorData) and td.values()[2].data == "text"
+    items = td.items(include_nested=True, leaves_only=True)
+    assert [k for k, _ in items] == td.keys(include_nested=True, leaves_only=True)
+    assert all(v is td[k] for k, v in items if k != "s")
+
+
+def test_len_and_contains() -> None:
+    td = make_td()
+    assert len(td) == 4
+    assert len(TensorDict({"a": torch.zeros(())}, [])) == 0
+    assert len(TensorDict({}, [0])) == 0
+    assert "a" in td and "n" in td and "s" in td
+    assert ("n", "x") in td and ("n", "deep", "y") in td
+    assert "x" not in td
+    assert ("n", "missing") not in td
+    assert ("missing", "x") not in td
+
+
+def test_iteration_over_first_dim() -> None:
+    td = make_td()
+    rows = list(td)
+    assert len(rows) == 4
+    for i, row in enumerate(rows):
+        assert row.batch_size == torch.Size([3])
+        assert torch.equal(row["a"], td["a"][i])
+
+
+def test_bool_of_comparison_is_refused() -> None:
+    """``assert td1 == td2`` must not pass silently: reduce with all() or any()."""
+    td = TensorDict({"a": torch.zeros(3)}, [3])
+    other = TensorDict({"a": torch.ones(3)}, [3])
+    with pytest.raises(RuntimeError):
+        bool(td == other)
+
+
+# --------------------------------------------------------------------------------- set / update
+
+
+def test_set_returns_self_and_creates_nested() -> None:
+    td = TensorDict({"a": torch.zeros(3)}, [3])
+    assert td.set("b", torch.ones(3, 2)) is td
+    assert td.set(("n", "m", "c"), torch.ones(3)) is td
+    assert isinstance(td["n"], TensorDict) and isinstance(td["n", "m"], TensorDict)
+    assert td["n", "m"].batch_size == torch.Size([3])
+    assert torch.equal(td["n", "m", "c"], torch.ones(3))
+    # Replacing an entry (not in place) puts the new tensor there.
+    new = torch.full((3,), 4.0)
+    td["a"] = new
+    assert td["a"] is new
+    td["d"] = {"e": torch.zeros(3)}
+    assert isinstance(td["d"], TensorDict)
+    with pytest.raises(RuntimeError, match="batch dimension mismatch"):
+        td.set("bad", torch.zeros(4))
+    with pytest.raises(RuntimeError, match="batch dimension mismatch"):
+        td["bad"] = torch.zeros(2, 3)
+    assert "bad" not in td
+
+
+def test_set_inplace() -> None:
+    td = TensorDict({"a": torch.zeros(3)}, [3])
+    a = td["a"]
+    td.set("a", torch.tensor([1, 2, 3]), inplace=True)
+    assert td["a"] is a
+    assert a.tolist() == [1.0, 2.0, 3.0] and a.dtype == torch.float32
+    # A missing key is simply set.
+    td.set("b", torch.ones(3), inplace=True)
+    assert torch.equal(td["b"], torch.ones(3))
+
+
+def test_set_() -> None:
+    td = TensorDict({"a": torch.zeros(3), "n": {"x": torch.zeros(3, 2)}}, [3])
+    a, x = td["a"], td["n", "x"]
+    assert td.set_("a", torch.tensor([1, 2, 3])) is td
+    assert td["a"] is a and a.tolist() == [1.0, 2.0, 3.0]
+    td.set_(("n", "x"), torch.ones(3, 2))
+    assert td["n", "x"] is x and torch.equal(x, torch.ones(3, 2))
+    with pytest.raises(KeyError, match="q"):
+        td.set_("q", torch.zeros(3))
+    with pytest.raises(KeyError):
+        td.set_(("n", "q"), torch.zeros(3))
+    with pytest.raises(RuntimeError, match="batch dimension mismatch"):
+        td.set_("a", torch.zeros(4))
+    assert "q" not in td
+
+
+def test_update() -> None:
+    td = TensorDict({"a": torch.zeros(3), "n": {"x": torch.zeros(3), "y": torch.zeros(3)}}, [3])
+    y = td["n", "y"]
+    new_a = torch.ones(3)
+    assert td.update({"a": new_a, "n": {"x": torch.full((3,), 2.0), "z": torch.ones(3)}}) is td
+    assert td["a"] is new_a
+    assert torch.equal(td["n", "x"], torch.full((3,), 2.0))
+    assert td["n", "y"] is y  # untouched nested keys stay
+    assert torch.equal(td["n", "z"], torch.ones(3))
+    other = TensorDict({"b": torch.full((3,), 5.0)}, [3])
+    td.update(other)
+    assert td["b"] is other["b"]
+    td.update(TensorDict({"c": torch.ones(3)}, [3]), clone=True)
+    assert torch.equal(td["c"], torch.ones(3))
+    src = torch.ones(3)
+    td.update({"d": src}, clone=True)
+    assert td["d"] is not src and torch.equal(td["d"], src)
+    a = td["a"]
+    td.update({"a": torch.full((3,), 9.0)}, inplace=True)
+    assert td["a"] is a and torch.equal(a, torch.full((3,), 9.0))
+
+
+def test_update_() -> None:
+    td = TensorDict({"a": torch.zeros(3), "n": {"x": torch.zeros(3)}}, [3])
+    a, x = td["a"], td["n", "x"]
+    assert td.update_({"a": torch.ones(3), "n": {"x": torch.full((3,), 2.0)}}) is td
+    assert td["a"] is a and torch.equal(a, torch.ones(3))
+    assert td["n", "x"] is x and torch.equal(x, torch.full((3,), 2.0))
+    td.update_(TensorDict({"a": torch.full((3,), 3.0)}, [3]))
+    assert torch.equal(a, torch.full((3,), 3.0))
+    with pytest.raises(KeyError):
+        td.update_({"missing": torch.ones(3)})
+
+
+def test_delitem_and_pop() -> None:
+    td = make_td()
+    del td["a"]
+    assert "a" not in td
+    del td["n", "x"]
+    assert ("n", "x") not in td
+    y = td["n", "deep", "y"]
+    assert td.pop(("n", "deep", "y")) is y
+    assert td.pop("missing", 3) == 3
+    with pytest.raises(KeyError):
+        td.pop("missing")

@@ -1,0 +1,102 @@
+"""``consolidate`` and ``is_consolidated``, side by side with tensordict 0.15.3."""
+
+from __future__ import annotations
+
+import pytest
+import tensordict
+import tensordict_rs
+import torch
+from tensordict_rs import TensorDict
+from tensordict_rs.share import packed as _packed
+
+from . import _dist_jobs
+
+
+def _source(module: object) -> object:
+    return _dist_jobs.tree(module, 3)  # nested, every dtype, a non-tensor value
+
+
+def _plain(module: object) -> object:
+    td = module.TensorDict(  # type: ignore[attr-defined]
+        {
+            "a": torch.arange(12.0).view(4, 3),
+            "n": {"b": torch.arange(4, dtype=torch.int64), "c": torch.ones(4, 2, dtype=torch.bool)},
+            "d": torch.full((4, 5), 0.5, dtype=torch.float64),
+        },
+        [4],
+    )
+    return td
+
+
+def test_consolidated_copy_holds_the_same_values_as_the_reference() -> None:
+    ours, ref = _plain(tensordict_rs), _plain(tensordict)
+    c, r = ours.consolidate(), ref.consolidate(metadata=True)
+    _dist_jobs.same(c, ours)
+    assert (c.is_consolidated(), ours.is_consolidated()) == (True, False)
+    assert (r.is_consolidated(), ref.is_consolidated()) == (True, False)
+    assert c.is_locked and r.is_locked
+    assert c.consolidate() is c and r.consolidate() is r
+    keys = sorted(c.keys(include_nested=True, leaves_only=True), key=str)
+    assert keys == sorted(r.keys(include_nested=True, leaves_only=True), key=str)
+    for key in keys:
+        assert torch.equal(torch.as_tensor(c.get(key)), r.get(key)), key
+
+
+def test_every_dtype_and_non_tensor_values_where_the_reference_fails() -> None:
+    # tensordict 0.15.3 packs leaves unaligned: a complex128 leaf after 504 bytes of others
+    # cannot be viewed back ("storage_offset() must be divisible by 16"); ours aligns to 64
+    with pytest.raises(RuntimeError, match="divisible"):
+        _source(tensordict).consolidate()
+    c = _source(tensordict_rs).consolidate()
+    _dist_jobs.same(c, _source(tensordict_rs))
+    assert c.is_consolidated()
+
+
+def test_leaves_are_views_of_one_buffer_sent_without_a_copy() -> None:
+    c = _source(tensordict_rs).consolidate()
+    plan = _packed.plan(c)
+    assert plan.whole is not None and plan.receive_in_place
+    assert plan.pack() is plan.whole  # nothing to pack
+    c["nested", "z"].add_(1)  # in-place writes keep it consolidated
+    assert c.is_consolidated()
+    assert _packed.plan(c).whole.data_ptr() == plan.whole.data_ptr()
+
+
+def test_a_changed_tree_is_no_longer_consolidated() -> None:
+    c = TensorDict({"a": torch.zeros(3), "b": torch.ones(3)}, [3]).consolidate()
+    c.unlock_()
+    c["a"] = torch.zeros(3)  # a new tensor, outside the buffer
+    assert not c.is_consolidated()
+    assert c.consolidate().is_consolidated()
+
+
+def test_inplace_replaces_the_leaves_and_returns_self() -> None:
+    src = _source(tensordict_rs)
+    before = src.clone()
+    out = src.consolidate(inplace=True)
+    assert out is src and src.is_consolidated() and src.is_locked
+    _dist_jobs.same(src, before)
+
+
+def test_plain_and_memory_mapped_trees_are_not_consolidated() -> None:
+    one = TensorDict({"a": torch.zeros(3)}, [3])
+    assert not one.is_consolidated()  # a single leaf in its own storage (the reference: same)
+    assert not tensordict.TensorDict({"a": torch.zeros(3)}, [3]).is_consolidated()
+    assert not TensorDict({"a": torch.zeros(3)}, [3]).memmap_().is_consolidated()
+
+
+def test_a_device_other_than_the_tree_is_honoured() -> None:
+    c = _source(tensordict_rs).consolidate(device="cpu")
+    assert c.is_consolidated()
+    _dist_jobs.same(c, _source(tensordict_rs))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"filename": "x.bin"}, {"return_early": True}, {"use_buffer": True}, {"pin_memory": True}],
+)
+def test_unsupported_options_are_refused_by_name(kwargs: dict[str, object]) -> None:
+    td = TensorDict({"a": torch.zeros(3)}, [3])
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        td.consolidate(**kwargs)  # type: ignore[arg-type]
+    assert not td.is_consolidated() and not td.is_locked  # nothing changed
