@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine (Python >= 3.11 with pip, a Rust toolchain):
 #   make demo   builds the package into .venv and runs the replay-buffer demo
 #   make test   builds the package into .venv and runs every test (Rust and Python)
-# `make lint` runs the linters CI runs, `make docs` builds docs/ with
+# `make lint` runs the linters CI runs (the layer check included), `make docs` builds docs/ with
 # MkDocs (warnings as errors), `make bench` the benchmarks against tensordict.
 
 PYTHON ?= python3
@@ -32,6 +32,10 @@ lint: $(STAMP)
 	$(PY) -m mypy.stubtest tensordict_rs._native
 	$(PY) -m mypy python/tensordict_rs
 	$(PY) -m mypy --strict --follow-imports=silent tests/typing_usage.py
+	$(PY) -m ruff check tools
+	$(PY) -m ruff format --check tools
+	$(PY) -m mypy --strict tools/check_layers.py
+	$(PY) tools/check_layers.py
 
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict

@@ -94,7 +94,7 @@ def load_map(path: Path, base: Path) -> LayerMap:
         raise MapError(f"{path}: unknown keys {sorted(unknown)} (root, top, layers)")
     root = data.get("root")
     if not isinstance(root, str) or not root:
-        raise MapError(f"{path}: `root` must be a folder name, such as \"rust\"")
+        raise MapError(f'{path}: `root` must be a folder name, such as "rust"')
     top = data.get("top", [])
     layers = data.get("layers")
     if not isinstance(top, list):
@@ -468,7 +468,7 @@ def check(layer_map: LayerMap, base: Path) -> tuple[list[str], int, int]:
             src_level, dst_level = layer_map.level(owner), layer_map.level(target)
             if target == owner or src_level == TOP:
                 continue
-            if dst_level != TOP and isinstance(src_level, int) and dst_level < src_level:
+            if isinstance(dst_level, int) and isinstance(src_level, int) and dst_level < src_level:
                 continue
             findings.append(
                 (

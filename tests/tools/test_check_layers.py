@@ -386,8 +386,7 @@ def test_python_unplaced_file_and_unknown_module(python: tuple[Path, Path]) -> N
     plant(base, "python/pkg/stray.py", "from .io import new\n")
     line = plant(base, "python/pkg/errors.py", "from . import nothing_here\n")
     assert violations(base, layer_map) == [
-        "python/pkg/errors.py:"
-        f"{line}: errors.py (level 0) imports __init__.py (level top)",
+        f"python/pkg/errors.py:{line}: errors.py (level 0) imports __init__.py (level top)",
         "python/pkg/stray.py:1: stray.py belongs to no layer (place it in the map)",
     ]
     (base / "python/pkg/errors.py").write_text("from ... import beyond\n")
@@ -488,9 +487,7 @@ def test_module_listed_twice_overlapping_or_missing(rust: tuple[Path, Path]) -> 
         ("root = 'rust\n", "cannot read the layer map"),
     ],
 )
-def test_a_map_off_the_schema_is_refused(
-    rust: tuple[Path, Path], text: str, message: str
-) -> None:
+def test_a_map_off_the_schema_is_refused(rust: tuple[Path, Path], text: str, message: str) -> None:
     base, layer_map = rust
     layer_map.write_text(text)
     out = run(base, layer_map)
