@@ -249,7 +249,7 @@ def render(data: dict[str, Any]) -> str:
         "Medians of interleaved rounds (min-max in brackets); ratio = reference time / "
         "tensordict-rs time; fraction of limit = limit time / tensordict-rs time."
     )
-    lines.append("Limits:")
+    lines += ["", "Limits:", ""]  # blank lines: Markdown (MkDocs) needs them around a list
     for wl in WORKLOADS:
         if wl.id in results and wl.limit and not wl.info:
             lines.append(f"- {wl.title}: {wl.limit}.")
