@@ -1,7 +1,8 @@
 # Two commands do everything on a fresh machine (Python >= 3.11 with pip, a Rust toolchain):
 #   make demo   builds the package into .venv and runs the replay-buffer demo
 #   make test   builds the package into .venv and runs every test (Rust and Python)
-# `make lint` runs the linters CI runs; `make bench` the benchmarks against tensordict.
+# `make lint` runs the linters CI runs (the layer check included), `make docs` builds docs/ with
+# MkDocs (warnings as errors), `make bench` the benchmarks against tensordict.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -9,11 +10,11 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SOURCES := pyproject.toml Cargo.toml $(shell find rust -name '*.rs')
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs bench clean
 
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -31,6 +32,13 @@ lint: $(STAMP)
 	$(PY) -m mypy.stubtest tensordict_rs._native
 	$(PY) -m mypy python/tensordict_rs
 	$(PY) -m mypy --strict --follow-imports=silent tests/core/typing_usage.py
+	$(PY) -m ruff check tools
+	$(PY) -m ruff format --check tools
+	$(PY) -m mypy --strict tools/check_layers.py
+	$(PY) tools/check_layers.py
+
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
 
 bench: $(STAMP)
 	$(PY) benches/report.py $(ARGS)

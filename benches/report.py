@@ -1,12 +1,16 @@
-"""Runs the benchmark suite and prints one markdown table (for the README).
+"""Runs the benchmark suite and prints one markdown table (for docs/reference/performance.md).
 
     python benches/report.py                      # runs the suite, prints the table
+    python benches/report.py --docs               # ... and writes it into the docs page
     python benches/report.py --json run.json      # renders a saved --benchmark-json file
     TDRS_BENCH_SCALE=0.02 python benches/report.py   # a quick, shrunk run
 
-Options: ``--save-json FILE`` keeps pytest-benchmark's JSON of the run, ``--out FILE`` also
-writes the table to FILE; anything after ``--`` goes to pytest (e.g. ``-- -k w3``). pytest's
-own output goes to stderr, the table to stdout. Exit status: pytest's.
+Options: ``--save-json FILE`` keeps pytest-benchmark's JSON of the run; ``--docs [PAGE]``
+replaces the table of the performance page (``docs/reference/performance.md`` by default)
+between its two marker comments, and nothing else of the page; ``--out FILE`` also writes the
+table alone to FILE. Anything after ``--`` goes to pytest (e.g. ``-- -k w3``). pytest's own
+output goes to stderr, the table to stdout. Exit status: pytest's (or 1 when the page cannot
+be written).
 
 Every figure is the median of interleaved rounds of one run; ratios are the reference's median
 time over tensordict_rs's, "fraction of limit" is the limit's median time over
@@ -31,6 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _workloads import LIMIT, REF, RS, WORKLOADS, Workload
 
 BENCHES = Path(__file__).resolve().parent
+DOCS_PAGE = BENCHES.parent / "docs" / "reference" / "performance.md"
+TABLE_START = "<!-- benches/report.py: table start -->"
+TABLE_END = "<!-- benches/report.py: table end -->"
 
 HEADER = (
     "| workload | tensordict 0.15.3 median | tensordict-rs median | ratio | limit "
@@ -242,7 +249,7 @@ def render(data: dict[str, Any]) -> str:
         "Medians of interleaved rounds (min-max in brackets); ratio = reference time / "
         "tensordict-rs time; fraction of limit = limit time / tensordict-rs time."
     )
-    lines.append("Limits:")
+    lines += ["", "Limits:", ""]  # blank lines: Markdown (MkDocs) needs them around a list
     for wl in WORKLOADS:
         if wl.id in results and wl.limit and not wl.info:
             lines.append(f"- {wl.title}: {wl.limit}.")
@@ -295,6 +302,28 @@ def _machine_line(m: dict[str, Any]) -> str:
     return "Run: " + "; ".join(p for p in parts if p) + "."
 
 
+# ---------------------------------------------------------------------------- the page
+
+
+def write_into_page(page: Path, table: str) -> None:
+    """Replaces what lies between the page's two marker lines with ``table``.
+
+    Raises ``ValueError`` (naming the page) unless each marker is there exactly once, start
+    before end; the page is replaced atomically (a file beside it, then a rename).
+    """
+    text = page.read_text(encoding="utf-8")
+    if text.count(TABLE_START) != 1 or text.count(TABLE_END) != 1:
+        raise ValueError(f"{page} must hold each of {TABLE_START} and {TABLE_END} exactly once")
+    start = text.index(TABLE_START) + len(TABLE_START)
+    end = text.index(TABLE_END)
+    if end < start:
+        raise ValueError(f"{page}: {TABLE_END} comes before {TABLE_START}")
+    new = text[:start] + "\n\n" + table.strip("\n") + "\n\n" + text[end:]
+    tmp = page.with_name(f".{page.name}.tmp")
+    tmp.write_text(new, encoding="utf-8")
+    os.replace(tmp, page)
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -323,7 +352,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="render this --benchmark-json file, run nothing")
     parser.add_argument("--save-json", type=Path, help="keep the run's --benchmark-json here")
-    parser.add_argument("--out", type=Path, help="also write the table to this file")
+    parser.add_argument("--out", type=Path, help="also write the table alone to this file")
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        nargs="?",
+        const=DOCS_PAGE,
+        help=f"write the table into this page, between its markers (default: {DOCS_PAGE})",
+    )
     args = parser.parse_args(argv)
 
     rc = 0
@@ -352,6 +388,13 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.out:
         args.out.write_text(table + "\n")
+    if args.docs:
+        try:
+            write_into_page(args.docs, table)
+        except (OSError, ValueError) as err:
+            print(f"cannot write the table into the page: {err}", file=sys.stderr)
+            return rc or 1
+        print(f"wrote the table into {args.docs}", file=sys.stderr)
     return rc
 
 
