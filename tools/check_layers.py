@@ -68,6 +68,12 @@ class LayerMap:
         for module in self.levels:
             if rel == module or rel.startswith(module + "/"):
                 return module
+            # Rust's `x.rs` owns its child folder `x/`; a module named without a suffix
+            # (the extension `_native`) owns its files `_native.pyi`, `_native.abi3.so`, ...
+            if module.endswith(".rs") and rel.startswith(module[: -len(".rs")] + "/"):
+                return module
+            if "." not in PurePosixPath(module).name and rel.startswith(module + "."):
+                return module
         return None
 
     def level(self, module: str) -> int | str:
@@ -134,7 +140,10 @@ def load_map(path: Path, base: Path) -> LayerMap:
                     f"({show(other_level)}) overlap: a module is listed twice"
                 )
         result.levels[module] = level
-        if not (result.root / module).exists():
+        stem = PurePosixPath(module)
+        if not (result.root / module).exists() and not any(
+            (result.root / stem.parent).glob(stem.name + ".*")
+        ):
             result.problems.append(
                 f"{path}: module {module} ({show(level)}) does not exist under {root}"
             )

@@ -527,3 +527,37 @@ def test_runs_on_the_standard_library_alone(rust: tuple[Path, Path]) -> None:
     dirty = script()
     assert dirty.returncode == 1
     assert dirty.stdout == f"rust/error.rs:{line}: error.rs (level 0) imports py (level 3)\n"
+
+
+def test_rust_file_module_owns_its_child_folder(rust: tuple[Path, Path]) -> None:
+    """`packed.rs` and its child `packed/tests.rs` are one module (Rust's own layout): the child
+    is placed with it, and an upward import from the child is still caught."""
+    base, layer_map = rust
+    (base / "rust" / "packed").mkdir()
+    child = base / "rust" / "packed" / "tests.rs"
+    child.write_text("use super::*;\nuse crate::format::Meta;\n")
+    assert violations(base, layer_map) == []
+    line = plant(base, "rust/packed/tests.rs", "use crate::py::module;\n")
+    assert violations(base, layer_map) == [
+        f"rust/packed/tests.rs:{line}: packed.rs (level 2) imports py (level 3)"
+    ]
+
+
+def test_python_extension_module_owns_its_files(python: tuple[Path, Path]) -> None:
+    """A module listed without a suffix (the compiled extension) owns its stub and binaries;
+    without any of them it does not exist."""
+    base, _ = python
+    pkg = base / "python" / "pkg"
+    (pkg / "_ext.pyi").write_text("def f() -> int: ...\n")
+    (pkg / "_ext.abi3.so").write_bytes(b"")
+    text = PYTHON_MAP.replace('"_native.pyi", "errors.py"]', '"_native.pyi", "errors.py", "_ext"]')
+    assert text != PYTHON_MAP
+    layer_map = base / "ext.toml"
+    layer_map.write_text(text)
+    assert violations(base, layer_map) == []
+    (pkg / "_ext.pyi").unlink()
+    (pkg / "_ext.abi3.so").unlink()
+    out = run(base, layer_map)
+    assert any(
+        "_ext" in v and "does not exist" in v for v in (out.stdout + out.stderr).splitlines()
+    )
