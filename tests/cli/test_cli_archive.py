@@ -88,7 +88,7 @@ def test_info_and_verify_of_damaged_archives(tmp_path: Path, archive: Path) -> N
 
 @pytest.mark.parametrize(
     ("src_kind", "dst_kind"), [("dir", "tdz"), ("tdz", "dir"), ("tdz", "tdz")]
-)  # directory to directory: tests/test_cli.py
+)  # directory to directory: cli/test_cli.py
 def test_copy_between_directories_and_archives(
     tmp_path: Path, src_kind: str, dst_kind: str
 ) -> None:

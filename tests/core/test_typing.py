@@ -1,4 +1,4 @@
-"""The typed usage program (``tests/typing_usage.py``, checked by ``mypy --strict`` in
+"""The typed usage program (``tests/core/typing_usage.py``, checked by ``mypy --strict`` in
 ``make lint``) also runs: its type assertions describe code that works."""
 
 from __future__ import annotations

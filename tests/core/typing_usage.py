@@ -1,6 +1,7 @@
 """A program that uses the public API, type-checked with ``mypy --strict`` by ``make lint``.
 
-It is also run by ``tests/test_typing.py``, so every line here must work, not only type-check.
+It is also run by ``tests/core/test_typing.py``, so every line here must work, not only
+type-check.
 ``assert_type`` fails the type check when a public signature's type changes.
 """
 

@@ -1,4 +1,4 @@
-"""The rank side of tests/test_dist_attacks.py: first contacts that fail on one side.
+"""The rank side of robustness/test_dist_attacks.py: first contacts that fail on one side.
 
 Each case runs in a group whose gloo timeout is a few seconds, so that a rank left waiting
 for a message that never comes fails the job quickly instead of hanging it.

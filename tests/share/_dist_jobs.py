@@ -1,4 +1,5 @@
-"""The jobs that tests/test_distributed.py runs in spawned processes, one process per rank.
+"""The jobs that share/test_distributed.py runs in spawned processes, one process per rank
+(share/test_dist_zero_copy.py and robustness/test_dist_attacks.py use its entry and checks).
 
 Each job joins a gloo group on 127.0.0.1, runs its cases in order and reports to the parent
 through a queue; a failed assertion on any rank fails the test with that rank's traceback.

@@ -1,4 +1,4 @@
-"""The rank side of tests/test_dist_zero_copy.py: consolidated sends of memory-mapped trees.
+"""The rank side of share/test_dist_zero_copy.py: consolidated sends of memory-mapped trees.
 
 A tree memory-mapped without a prefix keeps its small leaves in one anonymous arena, laid out
 as its packed message: it is sent from that arena and received into it, with no pack and no
