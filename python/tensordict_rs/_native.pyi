@@ -1,4 +1,4 @@
-"""Type stubs of the Rust core (``rust/api.rs``, ``rust/buffer.rs``, ``rust/error.rs``)."""
+"""Type stubs of the Rust core: its Python boundary, ``rust/py/`` (exported by ``rust/lib.rs``)."""
 
 from typing import Any, final
 

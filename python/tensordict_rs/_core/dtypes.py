@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-_NAMES = [
-    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
-]  # fmt: skip
+from .. import _native
 
+# The format's dtype table is the Rust core's (``_native.DTYPES``, "torch.bool" ...).
 STR_TO_DTYPE: dict[str, torch.dtype] = {
-    f"torch.{name}": getattr(torch, name) for name in _NAMES if hasattr(torch, name)
+    name: getattr(torch, name.removeprefix("torch."))
+    for name in _native.DTYPES
+    if hasattr(torch, name.removeprefix("torch."))
 }
 DTYPE_TO_STR: dict[torch.dtype, str] = {dtype: name for name, dtype in STR_TO_DTYPE.items()}
 

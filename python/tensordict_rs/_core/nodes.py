@@ -161,7 +161,7 @@ class NonTensorData:
     __hash__ = None  # type: ignore[assignment]
 
 
-_NUMBER_KEY = "$serde_json::private::Number"  # serde_json (arbitrary_precision): a number's text
+_NUMBER_KEY = _native.NUMBER_KEY  # serde_json (arbitrary_precision): a number's text
 
 
 def _json_text(value: Any, key: str) -> str:

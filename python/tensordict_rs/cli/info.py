@@ -18,7 +18,7 @@ from .. import _native
 if TYPE_CHECKING:
     from .._core.render import Node
 
-LEAF, NODE, NON_TENSOR = 0, 1, 2
+LEAF, NODE, NON_TENSOR = _native.LEAF, _native.NODE, _native.NON_TENSOR
 
 
 class Summary:

@@ -22,7 +22,7 @@ from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused, _json_text
 from ..memmap import MemoryMappedTensor, _from_buffer, _LazyLeaf, _source_bytes, value_nbytes
 from ..ops.stream import stream_tree
 
-LEAF, NODE, NON_TENSOR = 0, 1, 2
+LEAF, NODE, NON_TENSOR = _native.LEAF, _native.NODE, _native.NON_TENSOR
 _CPU = torch.device("cpu")
 _STRIDED = torch.strided
 

@@ -30,10 +30,10 @@ from ..memmap import _LazyLeaf
 # 17 us), so there is no crossover left and the bound is 0. It stays a knob for that script.
 MIN_BYTES = 0
 # From this many bytes in rows of at least BULK_ROW bytes, the Rust core copies on several
-# threads (rust/gather.rs PARALLEL_MIN, BULK_MIN): its helper threads are then woken before
+# threads (rust/sys/gather.rs PARALLEL_MIN, BULK_MIN): its helper threads are then woken before
 # the batch is allocated, so that they are running by the time the copy starts.
-PARALLEL_BYTES = 256 << 10
-BULK_ROW = 512
+PARALLEL_BYTES = _native.PARALLEL_BYTES
+BULK_ROW = _native.BULK_ROW
 
 _CPU = torch.device("cpu")
 

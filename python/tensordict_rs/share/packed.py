@@ -3,7 +3,7 @@
 The packed layout lists the tensor leaves depth-first in sorted-key order (the order of the
 reference's per-leaf protocol), each at an offset rounded up to ``ALIGN`` bytes so that every
 dtype can be viewed in place. ``ALIGN`` is the alignment of the parts of an anonymous arena
-(rust/storage.rs ``ARENA_ALIGN``), and ``memmap_()`` without a prefix lays out a tree's small
+(rust/sys/storage.rs ``ARENA_ALIGN``), and ``memmap_()`` without a prefix lays out a tree's small
 leaves in packed order, so that such a tree already lies in its arena as its message does.
 
 ``Plan`` holds a tree's leaves in that order and a checked copy plan in the Rust core
@@ -41,23 +41,15 @@ from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
 from .._core.nodes import TD, NonTensorData, _gc_paused, _json_text
 from ..memmap import MemoryMappedTensor, _LazyLeaf, value_nbytes
 
-ALIGN = 64  # = rust/packed.rs ALIGN = rust/storage.rs ARENA_ALIGN
-DESCRIPTION_LIMIT = 64 << 20  # the meta.json limit of the loader
+ALIGN = _native.ALIGN  # every leaf of a packed tree (and of an arena) starts at a multiple
+DESCRIPTION_LIMIT = _native.DESCRIPTION_LIMIT  # the meta.json limit of the loader
 # the meta.json keys of a node, and the key serde_json (arbitrary_precision) gives a number's
 # text: a receiver's parser would refuse a tree with it after the sender had sent it
-RESERVED = (
-    "shape",
-    "device",
-    "_type",
-    "_format_version",
-    "_class",
-    "_names",
-    "$serde_json::private::Number",
-)
+RESERVED = (*_native.RESERVED_KEYS, _native.NUMBER_KEY)
 _CPU = torch.device("cpu")
 _STRIDED = torch.strided
 _DATA_PTR = torch.Tensor.data_ptr
-LEAF, NODE, VALUE = 0, 1, 2  # entry tags of describe_tree
+LEAF, NODE, VALUE = _native.LEAF, _native.NODE, _native.NON_TENSOR  # entry tags of describe_tree
 
 
 def _aligned(n: int) -> int:
@@ -405,7 +397,7 @@ class Plan:
 # The JSON nesting a receiver parses (serde_json's limit: 128 levels of objects and arrays,
 # the root object being one). A node ``k`` levels below the root lies at level ``k + 1``,
 # its leaves' objects at ``k + 2`` and their shape lists at ``k + 3``.
-JSON_DEPTH = 127
+JSON_DEPTH = _native.JSON_DEPTH
 
 
 def _json_depth(data: Any, limit: int) -> int:

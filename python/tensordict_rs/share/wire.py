@@ -28,8 +28,8 @@ from torch import distributed as dist
 from .. import _native
 from . import packed as _packed
 
-MAGIC = 0x7464_7273_3032  # "tdrs02": a description message of this library (64-byte leaves)
-PIECE_BYTES = 2 << 20
+MAGIC = _native.MAGIC  # "tdrs02": a description message of this library (64-byte leaves)
+PIECE_BYTES = _native.PIECE_BYTES
 _CPU = torch.device("cpu")
 
 
@@ -261,7 +261,7 @@ def describe(
     return description, header(description, plan.total, device), None
 
 
-REFUSED = -1  # the description length of a header whose sender refused its own tree
+REFUSED = _native.REFUSED  # the description length of a header whose sender refused its own tree
 
 
 def refusal(device: torch.device) -> torch.Tensor:
