@@ -2,7 +2,7 @@
 
     python benches/gpu_distributed.py            # from the repository root, ~1-2 minutes
 
-1. The CUDA tests of tests/test_distributed.py: CUDA trees over gloo (packed send from and
+1. The CUDA tests of tests/share/test_distributed.py: CUDA trees over gloo (packed send from and
    into device trees, from_remote_init(device="cuda"), broadcast(device=...)), and with two
    GPUs the NCCL job (per-leaf and packed send/recv, first contact, all_reduce, all_gather).
 2. With two GPUs, timings over NCCL of W3 (10,000 x 1 KiB leaves) on the device: per-leaf send,
@@ -108,7 +108,7 @@ def main() -> int:
         print("no CUDA device: nothing to check here")
         return 0
     tests = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "tests/test_distributed.py", "-k", "cuda or nccl"],
+        [sys.executable, "-m", "pytest", "-q", "tests/share/test_distributed.py", "-k", "cuda or nccl"],
         cwd=ROOT,
     )
     lines = _pack_on_device()

@@ -1,7 +1,7 @@
 """Saves to a prefix that does not exist yet: built beside it, moved in with one rename.
 
 Such a save builds the whole tree in a hidden sibling (``.tdrs%new-<hash>``) and renames it
-to the prefix with ``RENAME_NOREPLACE`` (see ``rust/save_fresh.rs``). Checked here:
+to the prefix with ``RENAME_NOREPLACE`` (see ``rust/tree/save/fresh.rs``). Checked here:
 
 * kill -9 at random instants of such saves (a server process forks each saving child, as in
   ``test_crash.py``): the prefix is then absent or holds the whole new tree, read the same by

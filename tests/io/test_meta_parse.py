@@ -1,7 +1,7 @@
 """meta.json files that are valid but unusual load as tensordict 0.15.3 loads them.
 
 The loader parses meta.json on a typed fast path and hands any file it does not fully
-understand to the generic parser (``rust/meta_parse.rs``); these tests edit reference-written
+understand to the generic parser (``rust/format/fast.rs``); these tests edit reference-written
 files in the ways that matter (key order, escapes, keys that the fast path leaves to the
 generic code, duplicates, whitespace) and compare the loaded trees with the reference's.
 """

@@ -248,7 +248,7 @@ def test_gather_in_a_forked_child_after_a_parallel_gather_in_the_parent() -> Non
 
 
 def _native_parallel_min() -> int:
-    return 256 << 10  # rust/gather.rs PARALLEL_MIN
+    return 256 << 10  # rust/sys/gather.rs PARALLEL_MIN
 
 
 # ---------------------------------------------------------------------------- the batch plan

@@ -18,7 +18,7 @@ import torch
 from ._dist_jobs import P2P_DTYPES, _values, same
 
 COPIES = {"pack": 0, "unpack": 0}
-LARGE_PART = 1 << 20  # rust/storage.rs: leaves from this size on live in arenas of their own
+LARGE_PART = 1 << 20  # rust/sys/storage.rs: leaves from this size on live in arenas of their own
 
 
 class CountingTable:

@@ -1,5 +1,5 @@
 """Sharing trees whose large leaves fill several arenas (one memfd per writer thread, see
-``rust/shared.rs``): they cross to spawn and forkserver children over a Queue and back from
+``rust/sys/anon/unix.rs``): they cross to spawn and forkserver children over a Queue and back from
 DataLoader workers with one descriptor per arena, the data equal, writes seen both ways.
 
 Every wait on another process has a timeout (``WAIT``), so that nothing here can hang CI.

@@ -3,7 +3,7 @@
 An archive is a zip file whose entries are the files of the directory form (``meta.json`` per
 level, one ``<key>.memmap`` per leaf), leaf payloads STORED and aligned to 64 bytes, so the
 whole archive is mapped once and every leaf is a view of that map. The Rust core writes and
-reads them in one call per tree (``rust/archive.rs``); this module decides from the suffix,
+reads them in one call per tree (``rust/archive/``); this module decides from the suffix,
 builds the trees, and holds the module-level conversions tensordict exports.
 """
 
