@@ -108,7 +108,15 @@ def main() -> int:
         print("no CUDA device: nothing to check here")
         return 0
     tests = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "tests/share/test_distributed.py", "-k", "cuda or nccl"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "tests/share/test_distributed.py",
+            "-k",
+            "cuda or nccl",
+        ],
         cwd=ROOT,
     )
     lines = _pack_on_device()
