@@ -8,13 +8,20 @@ use std::io;
 use crate::error::{Error, Result};
 use crate::format::{self, NodeMeta};
 use crate::sys::dir::{self, Dir, EntryKind};
+use crate::sys::identity::Stamp;
 
 /// Reads and parses the meta.json of `dir`: at most `META_LIMIT` bytes of a regular file,
 /// never through a symlink (a `SymlinkError`), never blocking on a FIFO.
 pub fn read_meta(dir: &Dir) -> Result<NodeMeta> {
+    read_meta_stamped(dir).map(|(meta, _)| meta)
+}
+
+/// `read_meta`, with the stamp (identity, size, modification time) of the file it read: a
+/// load checks at its end that every sub-directory's meta.json still has it.
+pub fn read_meta_stamped(dir: &Dir) -> Result<(NodeMeta, Stamp)> {
     let path = dir.child_path(format::META_FILE);
-    let bytes = dir
-        .read_limited(format::META_FILE, format::META_LIMIT)
+    let (bytes, stamp) = dir
+        .read_limited_stamped(format::META_FILE, format::META_LIMIT)
         .map_err(|e| match e {
             e if dir::is_symlink_refused(&e) => {
                 Error::symlink(&path, "meta.json is a symlink; refusing to follow it")
@@ -23,7 +30,7 @@ pub fn read_meta(dir: &Dir) -> Result<NodeMeta> {
             e if e.kind() == io::ErrorKind::InvalidData => Error::invalid(&path, e.to_string()),
             e => Error::io(&path, e),
         })?;
-    format::parse_meta(&bytes, &path)
+    Ok((format::parse_meta(&bytes, &path)?, stamp))
 }
 
 /// Opens the sub-directory of `key` in `parent`. A symlink there is a `SymlinkError` (never

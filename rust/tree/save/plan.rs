@@ -1,6 +1,6 @@
 //! The plan of one save: the new tree walked against the old one, its files staged. No pyo3.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -10,10 +10,10 @@ use super::{EntrySpec, LeafSpec, NodeSpec, SaveOptions};
 use crate::error::{Error, Result};
 use crate::format::{self, EntryMeta};
 use crate::sys::dir::{Dir, EntryKind, EntryStat};
-use crate::sys::identity;
+use crate::sys::identity::{self, Stamp};
 use crate::sys::pool;
 use crate::sys::storage::{self, MapMode, Region};
-use crate::tree::commit::{Journal, Op, Staging};
+use crate::tree::commit::{self, DirState, FileState, Journal, Op, Staging, JOURNAL_VERSION};
 
 /// A data file to write into a staging directory.
 struct FileJob {
@@ -36,6 +36,10 @@ pub(super) struct Plan {
     staged_dirs: usize,
     /// Every directory made inside the staging directories (stage, path in it).
     synced_dirs: Vec<(usize, String)>,
+    /// The meta.json of every directory the commit changes, before and after.
+    dir_states: Vec<DirState>,
+    /// The staged data files' identities, by (stage, staged name), once written.
+    staged_ids: HashMap<(usize, String), (u64, u64)>,
     /// Where the tree goes (for messages and the maps' paths).
     root_path: PathBuf,
 }
@@ -46,14 +50,17 @@ pub(super) struct Plan {
 struct OldDir {
     files: Vec<String>,
     dirs: Vec<String>,
+    /// Its meta.json as read (for the journal: a replay checks it is still this one).
+    meta: Option<FileState>,
 }
 
 impl OldDir {
     fn read(dir: &Dir) -> OldDir {
         let mut old = OldDir::default();
-        let Ok(bytes) = dir.read_limited(format::META_FILE, format::META_LIMIT) else {
+        let Ok((bytes, stamp)) = dir.read_limited_stamped(format::META_FILE, format::META_LIMIT) else {
             return old;
         };
+        old.meta = Some(FileState::of(stamp, &bytes));
         let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&bytes) else {
             return old;
         };
@@ -74,21 +81,23 @@ impl OldDir {
     }
 }
 
-/// True when `dir/meta.json` is absent or a tensordict meta.json (ours to replace).
-fn meta_is_ours(dir: &Dir) -> Result<bool> {
+/// True when `dir/meta.json` is absent or a tensordict meta.json (ours to replace); with its
+/// state when there is one.
+fn meta_is_ours(dir: &Dir) -> Result<(bool, Option<FileState>)> {
     let path = dir.child_path(format::META_FILE);
     match dir.stat(format::META_FILE).map_err(|e| Error::io(&path, e))? {
-        None => Ok(true),
+        None => Ok((true, None)),
         Some(st) if st.kind == EntryKind::File => {
-            let Ok(bytes) = dir.read_limited(format::META_FILE, format::META_LIMIT) else {
-                return Ok(false);
+            let Ok((bytes, stamp)) = dir.read_limited_stamped(format::META_FILE, format::META_LIMIT) else {
+                return Ok((false, None));
             };
-            Ok(matches!(
+            let ours = matches!(
                 serde_json::from_slice::<Value>(&bytes),
                 Ok(Value::Object(map)) if map.contains_key("_type") || map.contains_key("shape")
-            ))
+            );
+            Ok((ours, Some(FileState::of(stamp, &bytes))))
         }
-        Some(_) => Ok(false),
+        Some(_) => Ok((false, None)),
     }
 }
 
@@ -155,6 +164,8 @@ impl Plan {
             staged_metas: 0,
             staged_dirs: 0,
             synced_dirs: Vec::new(),
+            dir_states: Vec::new(),
+            staged_ids: HashMap::new(),
             root_path: root_path.to_path_buf(),
         }
     }
@@ -175,7 +186,12 @@ impl Plan {
         let final_path = commit_path(&self.root_path, rel);
         let dir = if exists {
             let dir = root.open_rel(rel).map_err(|e| Error::io(&final_path, e))?;
-            if !meta_is_ours(&dir)? {
+            if !rel.is_empty() && commit::journal_present(&dir) {
+                // A save to this sub-directory as its own prefix died in its commit: finish it
+                // first (a live one cannot be here: it holds this tree's lock, shared).
+                commit::settle(&dir)?;
+            }
+            if !meta_is_ours(&dir)?.0 {
                 return Err(foreign(
                     &final_path.join(format::META_FILE),
                     "a meta.json that is not a tensordict's",
@@ -211,6 +227,8 @@ impl Plan {
                         stage,
                         name: top.clone(),
                         to: rel.clone(),
+                        id: None, // the staged directory's, filled in by `journal`
+                        replaces: None,
                     });
                     top
                 }
@@ -253,6 +271,7 @@ impl Plan {
                         written.insert(name.clone());
                     }
                     let path = final_path.join(&name);
+                    let mut replaces = None;
                     match stat(&name)? {
                         None => {}
                         Some(st) if st.kind == EntryKind::File => {
@@ -275,6 +294,7 @@ impl Plan {
                             if !old.owns_file(&name) {
                                 return Err(foreign(&path, "a file"));
                             }
+                            replaces = Some((st.dev, st.ino));
                         }
                         Some(st) => return Err(foreign(&path, kind_name(st.kind))),
                     }
@@ -286,6 +306,8 @@ impl Plan {
                                 stage,
                                 name: staged.clone(),
                                 to: with(rel, &name),
+                                id: None, // the written file's, filled in by `journal`
+                                replaces,
                             });
                             staged
                         }
@@ -323,20 +345,23 @@ impl Plan {
                         continue;
                     }
                     let present = self.need_dir(&final_path, rel, &name, stat(&name)?)?;
+                    let mut old_meta = None;
                     if present {
                         let d = dir.as_ref().expect("a child exists, so its directory does");
                         let sub = d
                             .open_dir(&name)
                             .map_err(|e| Error::io(final_path.join(&name), e))?;
-                        if !meta_is_ours(&sub)? {
+                        let (ours, state) = meta_is_ours(&sub)?;
+                        if !ours {
                             return Err(foreign(
                                 &final_path.join(&name).join(format::META_FILE),
                                 "a meta.json that is not a tensordict's",
                             ));
                         }
+                        old_meta = state;
                     }
                     let to = with(&with(rel, &name), format::META_FILE);
-                    self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)?;
+                    self.stage_meta(staging, stage, &bytes, to, old_meta, &final_path, opts.durable)?;
                     metas.push((key.as_str(), EntryMeta::NonTensorData));
                 }
             }
@@ -371,7 +396,7 @@ impl Plan {
         }
         // Post-order: a directory's meta.json goes in after its children's, the root's last.
         let to = with(rel, format::META_FILE);
-        self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)
+        self.stage_meta(staging, stage, &bytes, to, old.meta, &final_path, opts.durable)
     }
 
     /// A sub-directory the new tree needs: kept when it is one, created when missing.
@@ -398,25 +423,40 @@ impl Plan {
         Ok(())
     }
 
+    /// Stages the meta.json that goes to `to` (replacing `old`, the one there now), and
+    /// records both in the directory's `DirState`.
+    #[allow(clippy::too_many_arguments)]
     fn stage_meta(
         &mut self,
         staging: &Staging,
         stage: usize,
         bytes: &[u8],
         to: Vec<String>,
+        old: Option<FileState>,
         at: &Path,
         durable: bool,
     ) -> Result<()> {
         let staged = format!("m{}", self.staged_metas);
         self.staged_metas += 1;
-        staging
-            .dir(stage)
-            .write_new(&staged, bytes, durable)
-            .map_err(|e| Error::io(at.join(format::META_FILE), e))?;
+        let io_err = |e| Error::io(at.join(format::META_FILE), e);
+        let dir = staging.dir(stage);
+        dir.write_new(&staged, bytes, durable).map_err(io_err)?;
+        let st = dir
+            .stat(&staged)
+            .map_err(io_err)?
+            .ok_or_else(|| io_err(io::ErrorKind::NotFound.into()))?;
+        let new = FileState::of(Stamp::from(st), bytes);
+        self.dir_states.push(DirState {
+            path: to[..to.len() - 1].to_vec(),
+            old,
+            new: Some(new),
+        });
         self.metas.push(Op::Rename {
             stage,
             name: staged,
             to,
+            id: Some(new.identity()),
+            replaces: old.map(|o| o.identity()),
         });
         Ok(())
     }
@@ -453,6 +493,11 @@ impl Plan {
             let Ok(sub) = dir.open_dir(name) else { continue };
             let sub_rel = with(rel, name);
             let sub_old = OldDir::read(&sub);
+            self.dir_states.push(DirState {
+                path: sub_rel.clone(),
+                old: sub_old.meta,
+                new: None,
+            });
             self.plan_removals(&sub, &sub_rel, &sub_old, &HashSet::new(), depth + 1)?;
             if let Ok(Some(st)) = sub.stat(format::META_FILE) {
                 if st.kind == EntryKind::File {
@@ -493,18 +538,22 @@ impl Plan {
                     file.sync_data().map_err(io_err)?;
                 }
                 let identity = identity::of_file(&file).ok();
-                storage::map_file_as(
+                let region = storage::map_file_as(
                     &file,
                     leaf.nbytes,
                     Some(job.final_path.clone()),
                     MapMode::Shared,
                     identity,
                 )
-                .map_err(io_err)
+                .map_err(io_err)?;
+                Ok((region, identity))
             },
         )?;
-        for (job, region) in self.jobs.iter().zip(mapped) {
+        for (job, (region, identity)) in self.jobs.iter().zip(mapped) {
             self.regions[job.leaf] = Some(region);
+            if let Some(id) = identity {
+                self.staged_ids.insert((job.stage, job.staged.clone()), id);
+            }
         }
         Ok(())
     }
@@ -515,17 +564,49 @@ impl Plan {
         self.regions
     }
 
-    pub(super) fn journal(self, staging: &Staging) -> (Journal, Vec<Option<Region>>) {
-        let mut ops = self.mkdirs;
-        ops.extend(self.data);
+    /// The journal of this plan: the root meta.json moved aside first (when there is one),
+    /// new directories, data files and whole new sub-trees, meta.json files (post-order, the
+    /// root's last), removals; every staged entry with its identity, every directory's
+    /// meta.json before and after.
+    pub(super) fn journal(self, staging: &Staging) -> Result<(Journal, Vec<Option<Region>>)> {
+        let root_old = self
+            .dir_states
+            .iter()
+            .find(|d| d.path.is_empty())
+            .and_then(|d| d.old);
+        let mut ops = Vec::with_capacity(1 + self.mkdirs.len() + self.data.len() + self.metas.len());
+        if root_old.is_some() {
+            ops.push(Op::Aside { name: "p0".into() });
+        }
+        ops.extend(self.mkdirs);
+        for mut op in self.data {
+            if let Op::Rename { stage, name, id, .. } = &mut op {
+                *id = match self.staged_ids.get(&(*stage, name.clone())) {
+                    Some(found) => Some(*found),
+                    // a whole staged sub-tree: the directory's identity
+                    None => {
+                        let dir = staging.dir(*stage);
+                        let st = dir
+                            .stat(name)
+                            .map_err(|e| Error::io(dir.child_path(name), e))?
+                            .ok_or_else(|| Error::io(dir.child_path(name), io::ErrorKind::NotFound.into()))?;
+                        Some((st.dev, st.ino))
+                    }
+                };
+            }
+            ops.push(op);
+        }
         ops.extend(self.metas);
         ops.extend(self.removals);
         let journal = Journal {
+            version: JOURNAL_VERSION,
             token: staging.token.clone(),
             stagings: staging.locations(),
             ops,
+            dirs: self.dir_states,
+            dropped: Vec::new(),
         };
-        (journal, self.regions)
+        Ok((journal, self.regions))
     }
 }
 
