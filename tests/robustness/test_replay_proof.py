@@ -208,3 +208,41 @@ def test_replay_while_a_nested_mount_is_absent(tmp_path: Path) -> None:
         tmp_path,
     )
     assert out.strip().endswith("ok"), out
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_a_staged_entry_swapped_for_another_kind_is_not_proven(tmp_path: Path, kind: str) -> None:
+    """A pending staged data file removed and replaced by an entry of another kind: the file
+    system often gives the new entry the freed inode number, so its identity matches the
+    journal's. The replay must still refuse and change nothing (the fresh attack of issue 28
+    found that it moved a symlink into the tree and dropped the journal)."""
+    import tensordict_rs
+    from tensordict_rs import TensorDict
+
+    outside = tmp_path / "outside"
+    outside.write_text("not ours")
+    for step in (0, 2):
+        prefix = tmp_path / f"t{step}"
+        interrupted(prefix, step)
+        journal = json.loads((prefix / JOURNAL).read_text())
+        stage = prefix / f".tdrs%staging-{journal['token']}"
+        pending = [
+            op["name"]
+            for op in journal["ops"]
+            if op["op"] == "rename" and op["name"].startswith("f") and (stage / op["name"]).exists()
+        ]
+        assert pending, f"step {step}: no staged data file left"
+        victim = stage / pending[0]
+        victim.unlink()
+        if kind == "symlink":
+            victim.symlink_to(outside)
+        elif kind == "fifo":
+            os.mkfifo(victim)
+        else:
+            victim.mkdir()
+        before = snapshot(prefix)
+        refused = "neither done nor still staged"
+        with pytest.raises(tensordict_rs.InvalidDirectoryError, match=refused):
+            TensorDict.load_memmap(prefix)
+        assert snapshot(prefix) == before, f"step {step}: the refused replay changed the tree"
+        assert outside.read_text() == "not ours"

@@ -297,7 +297,7 @@ fn aside_holds(journal: &Journal, stagings: &[StageDir<'_>], ds: &DirState) -> R
             let st = stage
                 .stat(name)
                 .map_err(|e| cannot_finish(&stage.child_path(name), "it cannot be examined", &e))?;
-            return Ok(st.is_some_and(|st| identity(&st) == old.identity()));
+            return Ok(st.is_some_and(|st| st.kind == EntryKind::File && identity(&st) == old.identity()));
         }
     }
     Ok(false)
@@ -352,13 +352,21 @@ fn rename_state(
         d.stat(name)
             .map_err(|e| cannot_finish(&d.child_path(name), "it cannot be examined", &e))
     };
+    // A staged entry is a directory (`d<n>`) or a regular file: an entry of another kind
+    // holding its identity (an inode number reused after the staged one was removed) is not it.
+    let kind = if name.starts_with('d') {
+        EntryKind::Dir
+    } else {
+        EntryKind::File
+    };
+    let holds = |st: &EntryStat, id: Identity| st.kind == kind && identity(st) == id;
     match id {
         Some(id) => {
-            if stat_at(root, to)?.is_some_and(|t| identity(&t) == id) {
+            if stat_at(root, to)?.is_some_and(|t| holds(&t, id)) {
                 return Ok(State::Done);
             }
             if let Some(d) = staged_dir {
-                if staged(d)?.is_some_and(|s| identity(&s) == id) {
+                if staged(d)?.is_some_and(|s| holds(&s, id)) {
                     return Ok(State::Pending);
                 }
             }
@@ -366,11 +374,11 @@ fn rename_state(
         }
         // a journal of an older save: pending while the staged name is there
         None => match staged_dir {
-            Some(d) => Ok(if staged(d)?.is_some() {
-                State::Pending
-            } else {
-                State::Done
-            }),
+            Some(d) => match staged(d)? {
+                None => Ok(State::Done),
+                Some(st) if st.kind == kind => Ok(State::Pending),
+                Some(_) => Err(unprovable(root, stagings, stage, name, to)),
+            },
             None => Err(unprovable(root, stagings, stage, name, to)),
         },
     }
@@ -388,7 +396,8 @@ fn merge_state(
     for (child, dev, ino) in children {
         let mut path = to.to_vec();
         path.push(child.clone());
-        if stat_at(root, &path)?.is_some_and(|t| identity(&t) == (*dev, *ino)) {
+        if stat_at(root, &path)?.is_some_and(|t| t.kind != EntryKind::Symlink && identity(&t) == (*dev, *ino))
+        {
             continue;
         }
         all_done = false;
@@ -397,7 +406,7 @@ fn merge_state(
             .and_then(StageDir::get)
             .and_then(|d| d.open_dir(name).ok())
             .and_then(|d| d.stat(child).ok().flatten());
-        if staged.is_none_or(|s| identity(&s) != (*dev, *ino)) {
+        if staged.is_none_or(|s| s.kind == EntryKind::Symlink || identity(&s) != (*dev, *ino)) {
             return Err(unprovable(
                 root,
                 stagings,
