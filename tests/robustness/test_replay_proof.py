@@ -246,3 +246,36 @@ def test_a_staged_entry_swapped_for_another_kind_is_not_proven(tmp_path: Path, k
             TensorDict.load_memmap(prefix)
         assert snapshot(prefix) == before, f"step {step}: the refused replay changed the tree"
         assert outside.read_text() == "not ours"
+
+
+@pytest.mark.parametrize("exchanged", [0, 1, 3])
+def test_journals_of_older_saves_are_replayed_whole(tmp_path: Path, exchanged: int) -> None:
+    """Journals without a version: those of saves before journal v2 (no identities), and those
+    of issue 29's saves, whose ``replaces`` is the staged file's own identity and whose step
+    exchanges the staged file with the old one (the old file then waits at the staged name).
+    A replay of such a journal, with ``exchanged`` data steps already exchanged, must give the
+    new version whole: a staged name that holds the *old* file is not a pending step."""
+    for with_ids in (False, True):
+        prefix = tmp_path / f"t{with_ids}"
+        interrupted(prefix, 0)
+        journal = json.loads((prefix / JOURNAL).read_text())
+        stage = prefix / f".tdrs%staging-{journal['token']}"
+        ops, done = [], 0
+        for op in journal["ops"]:
+            if op["op"] == "aside":
+                continue
+            staged_id = op.pop("id", None)
+            op.pop("replaces", None)
+            if op["op"] == "rename" and op["name"].startswith("f") and with_ids:
+                op["replaces"] = staged_id
+                if done < exchanged:  # the exchange, as RENAME_EXCHANGE leaves it
+                    target = prefix.joinpath(*op["to"])
+                    os.rename(stage / op["name"], stage / "swap")
+                    os.rename(target, stage / op["name"])
+                    os.rename(stage / "swap", target)
+                    done += 1
+            ops.append(op)
+        old = {"token": journal["token"], "stagings": journal["stagings"], "ops": ops}
+        (prefix / JOURNAL).write_text(json.dumps(old))
+        assert_whole(prefix, 2, NEW_KEYS)
+        assert not [n for n in os.listdir(prefix) if n.startswith(".tdrs")]

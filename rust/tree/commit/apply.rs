@@ -221,8 +221,22 @@ fn prove(root: &Dir, journal: &Journal, stagings: &[StageDir<'_>]) -> Result<Opt
         }
         states.push(match op {
             Op::Rename {
-                stage, name, to, id, ..
-            } => rename_state(root, stagings, *stage, name, to, *id)?,
+                stage,
+                name,
+                to,
+                id,
+                replaces,
+            } => {
+                // A journal without a version that records `replaces` was written by the saves
+                // of issue 29 (before journal v2), where it is the staged file's own identity
+                // (the file exchanged with the old one): the identity this proof needs.
+                let id = if journal.version >= JOURNAL_VERSION {
+                    *id
+                } else {
+                    id.or(*replaces)
+                };
+                rename_state(root, stagings, *stage, name, to, id)?
+            }
             Op::Merge {
                 stage,
                 name,
