@@ -1,10 +1,7 @@
 use super::*;
 
 fn tmp() -> (std::path::PathBuf, Dir) {
-    let p = std::env::temp_dir().join(format!(
-        "tdrs-reclaim-{}",
-        crate::sys::storage::random_suffix()
-    ));
+    let p = std::env::temp_dir().join(format!("tdrs-reclaim-{}", crate::sys::storage::random_suffix()));
     std::fs::create_dir(&p).unwrap();
     let dir = Dir::open(&p).unwrap();
     (p, dir)
