@@ -21,11 +21,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use crate::sys::dir::Dir;
+#[cfg(any(target_os = "linux", target_os = "android"))]
 use crate::sys::pool;
 
 /// Files at least this large are freed in the background.
 pub const HOLD_BYTES: u64 = 4 << 20;
 /// At most this many files are held by one batch; the rest are removed at once.
+#[cfg(any(target_os = "linux", target_os = "android"))]
 const MAX_HELD: usize = 64;
 
 /// Bytes held by batches not yet freed, the process that holds them (a forked child holds
@@ -40,6 +42,7 @@ static FREED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
 pub struct Later {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     held: Vec<std::os::fd::OwnedFd>,
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     bytes: u64,
 }
 
