@@ -81,3 +81,19 @@ def test_many_resaves_free_their_space(tmp_path: Path) -> None:
     blocks = os.stat(prefix / "obs.memmap").st_blocks * 512
     assert blocks >= BIG * 4
     assert torch.equal(TensorDict.load_memmap(prefix)["obs"], torch.full((BIG,), 9.0))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="background frees are Linux-only")
+def test_from_tensor_over_a_big_file(tmp_path: Path) -> None:
+    """``from_tensor(filename=, existsok=True)`` over a big file: the same exchange."""
+    from tensordict_rs import MemoryMappedTensor
+
+    path = tmp_path / "x.memmap"
+    old = MemoryMappedTensor.from_tensor(torch.full((BIG,), 1.0), filename=path)
+    new = MemoryMappedTensor.from_tensor(torch.full((BIG,), 2.0), filename=path, existsok=True)
+    assert sorted(os.listdir(tmp_path)) == ["x.memmap"]
+    assert torch.equal(old, torch.full((BIG,), 1.0))
+    assert torch.equal(new, torch.full((BIG,), 2.0))
+    assert torch.equal(MemoryMappedTensor.from_filename(path, torch.float32, (BIG,)), new)
+    wait_freed()
+    assert _deleted_memmaps() == []
