@@ -273,6 +273,31 @@ WORKLOADS: tuple[Workload, ...] = (
         max_fds=4,
     ),
     Workload(
+        "big1_save_shm",
+        "memmap_(prefix) one big leaf: 1 GiB in one leaf + 3 small, /dev/shm",
+        "GB/s",
+        "fastest plain method: write(2) 1 thread or pwrite(2) 2 threads, +/- fallocate",
+        ">= 0.9 of the fastest plain method",
+        min_fraction=0.9,
+    ),
+    Workload(
+        "big1_save_tmp",
+        "memmap_(prefix) one big leaf: 1 GiB in one leaf + 3 small, temp dir (ext4)",
+        "GB/s",
+        "fastest plain method: write(2) 1 thread or pwrite(2) 2 threads, +/- fallocate",
+        ">= 0.9 of the fastest plain method",
+        min_fraction=0.9,
+    ),
+    Workload(
+        "big1_resave_tmp",
+        "memmap_(prefix, existsok=True) over the same tree, one big leaf 1 GiB, temp dir (ext4)",
+        "GB/s",
+        "fastest plain method into a new file: write(2) 1 thread or pwrite(2) 2 threads, "
+        "+/- fallocate",
+        ">= 0.9 of the fastest plain method (the reference overwrites in place)",
+        min_fraction=0.9,
+    ),
+    Workload(
         "ctx_memcpy",
         "memcpy between resident buffers, np.copyto, 2 threads (context)",
         "GB/s",

@@ -38,6 +38,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tree::load_tree, m)?)?;
     m.add_function(wrap_pyfunction!(tree::verify_tree, m)?)?;
     m.add_function(wrap_pyfunction!(tree::flush_buffers, m)?)?;
+    m.add_function(wrap_pyfunction!(tree::wait_freed, m)?)?;
     m.add_function(wrap_pyfunction!(tree::encode_key, m)?)?;
     // memory-mapped tensors
     m.add_function(wrap_pyfunction!(memmap::anonymous_buffers, m)?)?;

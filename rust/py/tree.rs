@@ -152,6 +152,18 @@ pub fn flush_buffers(py: Python<'_>, buffers: Vec<Bound<'_, Buffer>>) -> PyResul
     Ok(())
 }
 
+/// Waits until the space of every file that saves of this process replaced or dropped is
+/// freed (that happens in the background, after the save returned); returns the bytes that
+/// were still pending.
+#[pyfunction]
+pub fn wait_freed(py: Python<'_>) -> u64 {
+    py.detach(|| {
+        let pending = crate::sys::reclaim::pending();
+        crate::sys::reclaim::wait();
+        pending
+    })
+}
+
 /// The file-name component a key is stored under (tensordict's robust key encoding).
 #[pyfunction]
 pub fn encode_key(key: &str) -> String {

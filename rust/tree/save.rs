@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::format;
 use crate::sys::dir::{Dir, EntryKind};
 use crate::sys::identity::FileId;
+use crate::sys::reclaim;
 use crate::sys::storage::Region;
 use crate::tree::commit::{self, SaveLock, Staging};
 
@@ -205,6 +206,9 @@ fn save_locked(
             0,
             None,
         )?;
+        // The files earlier saves replaced may still be being freed: wait for them only
+        // when this save needs their room.
+        reclaim::make_room(root, plan.data_bytes(leaves));
         plan.write_data(&staging, leaves, opts)?;
         if opts.durable {
             plan.sync_staged_dirs(&staging)?;

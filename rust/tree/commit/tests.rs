@@ -28,6 +28,7 @@ fn replay_is_idempotent_and_touches_only_what_it_names() {
                 stage: 0,
                 name: "f0".into(),
                 to: vec!["sub".into(), "x.memmap".into()],
+                replaces: None,
             },
             Op::Unlink {
                 path: vec!["old.memmap".into()],
@@ -109,6 +110,7 @@ fn staged_directories_move_once_and_dead_ones_are_swept() {
             stage: 0,
             name: "d0".into(),
             to: vec!["sub".into()],
+            replaces: None,
         }],
     };
     write_journal(&root, &staging, &journal, false).unwrap();
@@ -125,6 +127,7 @@ fn staged_directories_move_once_and_dead_ones_are_swept() {
             stage: 0,
             name: "d0".into(),
             to: vec!["sub".into()],
+            replaces: None,
         }],
     };
     assert!(apply(&root, &journal, false).is_err());
@@ -139,4 +142,71 @@ fn staged_directories_move_once_and_dead_ones_are_swept() {
     // both stagings go first: on Windows their lock files live inside them until then
     drop((first, staging, root));
     std::fs::remove_dir_all(&p).unwrap();
+}
+
+/// A staged file that replaces one of the old tree is exchanged with it and the old one
+/// unlinked; a replay after a kill between the two finds the new file in place and only
+/// unlinks the old one (it must not exchange them back). A `replaces` whose target is missing
+/// is a plain rename.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+#[test]
+fn replacing_renames_exchange_and_replay_after_the_exchange() {
+    for killed_after_exchange in [false, true] {
+        let (p, root) = tmp();
+        std::fs::write(p.join("x.memmap"), b"old").unwrap();
+        let staging = Staging::new(&root).unwrap();
+        staging.dir(0).write_new("f0", b"new", false).unwrap();
+        staging.dir(0).write_new("f1", b"fresh", false).unwrap();
+        let new = staging.dir(0).stat("f0").unwrap().unwrap();
+        let journal = Journal {
+            token: staging.token.clone(),
+            stagings: staging.locations(),
+            ops: vec![
+                Op::Rename {
+                    stage: 0,
+                    name: "f0".into(),
+                    to: vec!["x.memmap".into()],
+                    replaces: Some(new.id()),
+                },
+                Op::Rename {
+                    stage: 0,
+                    name: "f1".into(),
+                    to: vec!["y.memmap".into()],
+                    replaces: Some((0, 0)),
+                },
+            ],
+        };
+        write_journal(&root, &staging, &journal, false).unwrap();
+        if killed_after_exchange {
+            staging.dir(0).exchange("f0", &root, "x.memmap").unwrap();
+            assert_eq!(std::fs::read(p.join("x.memmap")).unwrap(), b"new");
+            assert!(recover(&root).unwrap());
+        } else {
+            apply(&root, &journal, false).unwrap();
+        }
+        assert_eq!(std::fs::read(p.join("x.memmap")).unwrap(), b"new");
+        assert_eq!(std::fs::read(p.join("y.memmap")).unwrap(), b"fresh");
+        assert_eq!(root.stat("x.memmap").unwrap().unwrap().id(), new.id());
+        drop(staging);
+        let left: Vec<_> = root.entry_names().unwrap();
+        assert_eq!(left, vec!["x.memmap".to_string(), "y.memmap".to_string()]);
+        std::fs::remove_dir_all(&p).unwrap();
+    }
+}
+
+/// A journal written before `replaces` existed (no such field) still parses and replays.
+#[test]
+fn journals_without_replaces_still_parse() {
+    let op: Op = serde_json::from_str(r#"{"op":"rename","stage":0,"name":"f0","to":["x"]}"#).unwrap();
+    assert_eq!(
+        op,
+        Op::Rename {
+            stage: 0,
+            name: "f0".into(),
+            to: vec!["x".into()],
+            replaces: None
+        }
+    );
+    let text = serde_json::to_string(&op).unwrap();
+    assert!(!text.contains("replaces"), "{text}");
 }

@@ -211,6 +211,7 @@ fn build(
         0,
         None,
     )?;
+    crate::sys::reclaim::make_room(sibling, plan.data_bytes(leaves));
     plan.write_data(&staging, leaves, opts)?;
     if opts.durable {
         plan.sync_staged_dirs(&staging)?;

@@ -12,6 +12,7 @@ use crate::format::{self, EntryMeta};
 use crate::sys::dir::{Dir, EntryKind, EntryStat};
 use crate::sys::identity;
 use crate::sys::pool;
+use crate::sys::reclaim;
 use crate::sys::storage::{self, MapMode, Region};
 use crate::tree::commit::{Journal, Op, Staging};
 
@@ -21,6 +22,9 @@ struct FileJob {
     staged: String,
     final_path: PathBuf,
     leaf: usize,
+    /// The index in `Plan::data` of the rename by which this file replaces a big file of the
+    /// old tree: it gets the new file's identity once written (see `Op::Rename::replaces`).
+    replaces: Option<usize>,
 }
 
 /// Everything one save will do, gathered while walking the new tree against the old one.
@@ -211,6 +215,7 @@ impl Plan {
                         stage,
                         name: top.clone(),
                         to: rel.clone(),
+                        replaces: None,
                     });
                     top
                 }
@@ -253,6 +258,7 @@ impl Plan {
                         written.insert(name.clone());
                     }
                     let path = final_path.join(&name);
+                    let mut replacing = false;
                     match stat(&name)? {
                         None => {}
                         Some(st) if st.kind == EntryKind::File => {
@@ -275,17 +281,21 @@ impl Plan {
                             if !old.owns_file(&name) {
                                 return Err(foreign(&path, "a file"));
                             }
+                            replacing = st.size.max(leaf.nbytes as u64) >= reclaim::HOLD_BYTES;
                         }
                         Some(st) => return Err(foreign(&path, kind_name(st.kind))),
                     }
+                    let mut replaces = None;
                     let staged = match &staged {
                         Some(at) => inside(at, &name),
                         None => {
                             let staged = format!("f{i}");
+                            replaces = replacing.then_some(self.data.len());
                             self.data.push(Op::Rename {
                                 stage,
                                 name: staged.clone(),
                                 to: with(rel, &name),
+                                replaces: None,
                             });
                             staged
                         }
@@ -295,6 +305,7 @@ impl Plan {
                         staged,
                         final_path: path,
                         leaf: *i,
+                        replaces,
                     });
                 }
                 EntrySpec::Node(child) => {
@@ -417,6 +428,7 @@ impl Plan {
             stage,
             name: staged,
             to,
+            replaces: None,
         });
         Ok(())
     }
@@ -469,6 +481,11 @@ impl Plan {
     }
 
     /// Writes the staged data files (in parallel) and maps them.
+    /// The bytes `write_data` will write (or reserve).
+    pub(super) fn data_bytes(&self, leaves: &[LeafSpec<'_>]) -> u64 {
+        self.jobs.iter().map(|job| leaves[job.leaf].nbytes as u64).sum()
+    }
+
     pub(super) fn write_data(
         &mut self,
         staging: &Staging,
@@ -504,6 +521,11 @@ impl Plan {
             },
         )?;
         for (job, region) in self.jobs.iter().zip(mapped) {
+            if let (Some(at), Some(id)) = (job.replaces, region.file_id()) {
+                if let Op::Rename { replaces, .. } = &mut self.data[at] {
+                    *replaces = Some(id);
+                }
+            }
             self.regions[job.leaf] = Some(region);
         }
         Ok(())
