@@ -31,6 +31,15 @@ from .verify import verify
 
 if TYPE_CHECKING:
     from ._core.nodes import NonTensorData
+    from ._core.nontensor import (
+        LinkedList,
+        NonTensorStack,
+        capture_non_tensor_stack,
+        is_non_tensor,
+        list_to_stack,
+        set_capture_non_tensor_stack,
+        set_list_to_stack,
+    )
     from .io.archive import is_memmap_archive, pack_memmap, refresh_archive_checksums, unpack_memmap
     from .io.saving import TensorDictFuture
     from .memmap import MemoryMappedTensor
@@ -42,18 +51,25 @@ __all__ = [
     "FileExistsRuntimeError",
     "InvalidDirectoryError",
     "InvalidTreeError",
+    "LinkedList",
     "LockedError",
     "MemoryMappedTensor",
     "NonTensorData",
+    "NonTensorStack",
     "SymlinkError",
     "TensorDict",
     "TensorDictError",
     "TensorDictFuture",
     "UnsupportedFormatError",
     "__version__",
+    "capture_non_tensor_stack",
     "is_memmap_archive",
+    "is_non_tensor",
+    "list_to_stack",
     "pack_memmap",
     "refresh_archive_checksums",
+    "set_capture_non_tensor_stack",
+    "set_list_to_stack",
     "unpack_memmap",
     "verify",
 ]
@@ -61,6 +77,13 @@ __all__ = [
 _LAZY = {
     "MemoryMappedTensor": ".memmap",
     "NonTensorData": "._core.nodes",
+    "LinkedList": "._core.nontensor",
+    "NonTensorStack": "._core.nontensor",
+    "capture_non_tensor_stack": "._core.nontensor",
+    "is_non_tensor": "._core.nontensor",
+    "list_to_stack": "._core.nontensor",
+    "set_capture_non_tensor_stack": "._core.nontensor",
+    "set_list_to_stack": "._core.nontensor",
     "TensorDict": ".tensordict",
     "TensorDictFuture": ".io.saving",
     "is_memmap_archive": ".io.archive",

@@ -1,0 +1,108 @@
+"""Nested-tensor leaves (ragged sequences): rows gathered by index.
+
+torch indexes a nested tensor by an int only (``nt[3]``); a TensorDict's batch index may be a
+slice, a list, an index tensor or a mask. Rows of a nested leaf are then its components, picked
+by their positions and gathered into one new buffer (``gather_components``): the result has the
+same layout (strided or jagged) and its components back to back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def is_nested(value: Any) -> bool:
+    """True for a nested tensor (strided or jagged)."""
+    return isinstance(value, torch.Tensor) and value.is_nested
+
+
+def moved(fn: Any, value: torch.Tensor, batch_dims: int) -> torch.Tensor:
+    """``fn`` (a row-moving function of a leaf: an index, a shape operation) applied to a nested
+    leaf: run by torch when it can (an int index), else on the positions of the components along
+    the first dim (a slice, a list, an index tensor, a mask)."""
+    try:
+        return fn(value)  # type: ignore[no-any-return]
+    except (NotImplementedError, RuntimeError, IndexError, TypeError):
+        if batch_dims != 1:
+            raise
+    n = value.size(0)
+    picked = fn(torch.arange(n))
+    if picked.ndim == 0:
+        return value[int(picked)]
+    if picked.ndim != 1:
+        raise NotImplementedError(
+            "a nested-tensor leaf takes indices along its first batch dim only"
+        )
+    return gather_components(value, picked)
+
+
+def gather_components(value: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The components ``rows`` (int64, negative from the end) of a nested tensor, copied into
+    one buffer, in the layout of ``value``."""
+    n = value.size(0)
+    rows = rows.to(torch.int64)
+    if rows.numel():
+        low, high = int(rows.min()), int(rows.max())
+        if low < -n or high >= n:
+            bad = high if high >= n else low
+            raise IndexError(f"index {bad} is out of bounds for dimension 0 with size {n}")
+    rows = torch.where(rows < 0, rows + n, rows)
+    if value.layout == torch.jagged:
+        return _gather_jagged(value, rows)
+    return _gather_strided(value, rows)
+
+
+def _gather_jagged(value: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    if value._ragged_idx != 1:  # type: ignore[attr-defined]
+        raise NotImplementedError("rows of a jagged tensor whose ragged dim is not 1")
+    offsets = value.offsets()
+    lengths = value.lengths()
+    starts = offsets[:-1]
+    lens = (offsets[1:] - offsets[:-1]) if lengths is None else lengths
+    values = value.values()
+    picked_lens = lens[rows]
+    new_offsets = torch.zeros(rows.numel() + 1, dtype=torch.int64)
+    torch.cumsum(picked_lens, 0, out=new_offsets[1:])
+    flat = _ranges(starts[rows], picked_lens, int(new_offsets[-1]))
+    return torch.nested.nested_tensor_from_jagged(values.index_select(0, flat), offsets=new_offsets)
+
+
+def _gather_strided(value: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    sizes = value._nested_tensor_size()  # (n, k)
+    counts = sizes.prod(1) if sizes.shape[1] else torch.ones(sizes.shape[0], dtype=torch.int64)
+    if not value.is_contiguous():
+        value = value.contiguous()
+    flat_values = value.values() if hasattr(value, "values") else value.view(-1)
+    starts = torch.zeros_like(counts)
+    torch.cumsum(counts[:-1], 0, out=starts[1:])
+    picked_counts = counts[rows]
+    total = int(picked_counts.sum())
+    flat = _ranges(starts[rows], picked_counts, total)
+    buffer = flat_values.reshape(-1).index_select(0, flat)
+    picked_sizes = sizes[rows]
+    strides = _contiguous_strides(picked_sizes)
+    offsets = torch.zeros(rows.numel(), dtype=torch.int64)
+    if rows.numel() > 1:
+        torch.cumsum(picked_counts[:-1], 0, out=offsets[1:])
+    return torch._nested_view_from_buffer(buffer, picked_sizes, strides, offsets)
+
+
+def _contiguous_strides(sizes: torch.Tensor) -> torch.Tensor:
+    """The C-contiguous strides of each row of a sizes table (n, k)."""
+    if sizes.shape[1] == 0:
+        return sizes.clone()
+    strides = torch.ones_like(sizes)
+    for dim in range(sizes.shape[1] - 2, -1, -1):
+        strides[:, dim] = strides[:, dim + 1] * sizes[:, dim + 1]
+    return strides
+
+
+def _ranges(starts: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Tensor:
+    """``cat([arange(s, s + n) for s, n in zip(starts, lengths)])`` without a Python loop."""
+    if total == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    ends = torch.cumsum(lengths, 0)
+    base = torch.repeat_interleave(starts - (ends - lengths), lengths, output_size=total)
+    return base + torch.arange(total)
