@@ -118,6 +118,10 @@ def _alias(old: str, new: str) -> None:
     module = types.ModuleType(f"{__name__}.{old}", f"Moved to {__name__}{new} (old pickles).")
 
     def moved(name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            # (``inspect`` asks every module in sys.modules for ``__file__``, torch's import
+            # does so: answering would import the new module in the middle of that import)
+            raise AttributeError(name)
         return getattr(importlib.import_module(new, __name__), name)
 
     module.__dict__["__getattr__"] = moved  # PEP 562: looked up on each missing name

@@ -25,7 +25,7 @@ def sample(pkg: Any) -> Any:
     td = pkg.TensorDict({"x": torch.arange(6.0).reshape(3, 2)}, [3])
     td["text"] = ["first", "second", "third"]
     td["mixed"] = ["a", 1, None]
-    td["json"] = pkg.NonTensorStack.from_list([{"k": [1, 2]}, [True, 2.5], "é 日本 🙂"])
+    td["json"] = pkg.NonTensorStack.from_list([{"k": [1, 2]}, 2.5, "é 日本 🙂"])
     td.set_non_tensor("one", ["one", "value"])
     td["sub"] = pkg.TensorDict({"tags": ["p", "q", "r"], "y": torch.zeros(3)}, [3])
     td["grid"] = pkg.NonTensorStack.from_list([["a", "b"], ["c", "d"], ["e", "f"]])

@@ -106,3 +106,49 @@ def _ranges(starts: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Te
     ends = torch.cumsum(lengths, 0)
     base = torch.repeat_interleave(starts - (ends - lengths), lengths, output_size=total)
     return base + torch.arange(total)
+
+
+# ---------------------------------------------------------------------- flat form (saving)
+
+
+def flat_parts(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """A nested tensor as its storage form: the components back to back (a contiguous 1-D
+    tensor), the table of their shapes (int64 ``[n, dims]``) and whether it is jagged. A jagged
+    tensor that is a view with holes or an offset start is made compact first; one whose
+    ragged dim is not 1 raises ``NotImplementedError``."""
+    if value.layout == torch.jagged:
+        if value._ragged_idx != 1:  # type: ignore[attr-defined]
+            raise NotImplementedError(
+                f"a jagged tensor whose ragged dim is {value._ragged_idx} (not 1)"  # type: ignore[attr-defined]
+            )
+        offsets = value.offsets()
+        if value.lengths() is not None or int(offsets[0]) != 0:
+            value = gather_components(value, torch.arange(value.size(0)))
+            offsets = value.offsets()
+        values = value.values()
+        lengths = (offsets[1:] - offsets[:-1]).to(torch.int64)
+        rest = torch.tensor(values.shape[1:], dtype=torch.int64)
+        table = torch.cat([lengths.unsqueeze(1), rest.expand(lengths.numel(), -1)], 1)
+        return values.contiguous().reshape(-1), table.contiguous(), True
+    if not value.is_contiguous():
+        value = value.contiguous()
+    table = value._nested_tensor_size().to(torch.int64).contiguous()
+    return value.values().reshape(-1), table, False
+
+
+def from_flat(values: torch.Tensor, table: torch.Tensor, jagged: bool) -> torch.Tensor:
+    """The nested tensor (a view of ``values``, 1-D) whose component shapes are the rows of
+    ``table`` (int64 ``[n, dims]``), strided or jagged."""
+    values = values.as_subclass(torch.Tensor)
+    counts = table.prod(1) if table.shape[1] else torch.ones(table.shape[0], dtype=torch.int64)
+    if jagged:
+        offsets = torch.zeros(table.shape[0] + 1, dtype=torch.int64)
+        torch.cumsum(table[:, 0], 0, out=offsets[1:])
+        rest = [int(d) for d in table[0, 1:]] if table.shape[0] else []
+        return torch.nested.nested_tensor_from_jagged(
+            values.view(int(offsets[-1]), *rest), offsets=offsets
+        )
+    starts = torch.zeros(table.shape[0], dtype=torch.int64)
+    if table.shape[0] > 1:
+        torch.cumsum(counts[:-1], 0, out=starts[1:])
+    return torch._nested_view_from_buffer(values, table, _contiguous_strides(table), starts)

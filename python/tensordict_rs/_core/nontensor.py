@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 import warnings
 import weakref
@@ -23,18 +24,115 @@ from typing import Any
 import numpy as np
 import torch
 
-from .nodes import NonTensorData
+from .. import _native
+from .nodes import NonTensorData, _json_text
 
 _BASIC = (int, slice, type(None), type(Ellipsis))
 
 
-class _Cells:
-    """The values of one or more stacks (views share it): a list, or a packed string column."""
+class StrColumn:
+    """A packed column of strings: their UTF-8 bytes back to back and ``n + 1`` int64 offsets
+    (NumPy arrays, over the buffers a load returns). What a loaded stack of strings holds: no
+    Python object per row until a row is read, and the bytes cross to other processes as two
+    buffers, not as a million ``str``.
 
-    __slots__ = ("values",)
+    >>> column = StrColumn.from_strings(["a", "bé", ""])
+    >>> len(column), column.tolist(), column.take(np.array([2, 1])).tolist()
+    (3, ['a', 'bé', ''], ['', 'bé'])
+    """
+
+    __slots__ = ("offsets", "values")
+
+    def __init__(self, values: Any, offsets: Any) -> None:
+        self.values = (
+            np.frombuffer(values, dtype=np.uint8) if not isinstance(values, np.ndarray) else values
+        )
+        self.offsets = (
+            np.frombuffer(offsets, dtype=np.int64)
+            if not isinstance(offsets, np.ndarray)
+            else offsets
+        )
+
+    @classmethod
+    def from_strings(cls, strings: list[str]) -> StrColumn:
+        """A column of ``strings``."""
+        encoded = [s.encode("utf-8") for s in strings]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        return cls(b"".join(encoded), offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def _addresses(self) -> tuple[int, int, int, int]:
+        values = self.values if self.values.size else np.zeros(1, dtype=np.uint8)
+        return (
+            values.ctypes.data,
+            int(self.values.size),
+            self.offsets.ctypes.data,
+            int(self.offsets.size),
+        )
+
+    def get(self, ids: np.ndarray) -> list[Any]:
+        """The strings ``ids`` (a flat int64 array), in one native call."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        values, nbytes, offsets, count = self._addresses()
+        return _native.decode_strings(  # type: ignore[no-any-return]
+            values, nbytes, offsets, count, ids.ctypes.data if ids.size else 0, int(ids.size)
+        )
+
+    def tolist(self) -> list[Any]:
+        """Every string, in order."""
+        return self.get(np.arange(len(self), dtype=np.int64))
+
+    def take(self, ids: np.ndarray) -> StrColumn:
+        """A new column of the strings ``ids`` (their bytes gathered)."""
+        ids = np.asarray(ids, dtype=np.int64).ravel()
+        starts = self.offsets[ids]
+        lengths = self.offsets[ids + 1] - starts
+        offsets = np.zeros(ids.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        if total == 0:
+            return StrColumn(np.zeros(0, dtype=np.uint8), offsets)
+        base = np.repeat(starts - offsets[:-1], lengths)
+        return StrColumn(self.values[base + np.arange(total)], offsets)
+
+    def json(self, shape: Sequence[int]) -> bytes:
+        """The column as the nested JSON arrays of a stack's meta.json."""
+        values, nbytes, offsets, count = self._addresses()
+        return _native.strings_json(values, nbytes, offsets, count, list(shape))  # type: ignore[no-any-return]
+
+    def __reduce__(self) -> Any:
+        return (StrColumn, (self.values.tobytes(), self.offsets.tobytes()))
+
+
+class _Cells:
+    """The values of one or more stacks (views share it): a list, or a packed string column.
+
+    ``saved`` is set for the cells of a stack that is saved in a directory: (a weak reference
+    to that stack, the directory that holds it, its key); a write through any view of the cells
+    then writes the stack's meta.json again, as tensordict does.
+    """
+
+    __slots__ = ("saved", "values")
 
     def __init__(self, values: Any) -> None:
         self.values = values
+        self.saved: tuple[Any, Any, str] | None = None
+
+    def written(self) -> None:
+        """Writes the saved stack these cells belong to again (if any)."""
+        if self.saved is None:
+            return
+        ref, parent, key = self.saved
+        stack = ref()
+        if stack is None:
+            self.saved = None
+            return
+        data, shape = stack.json_data(key)
+        device = None if stack.device is None else str(stack.device)
+        _native.rewrite_stack(os.fspath(parent), key, stack.stack_dim, device, data, shape)
 
     def writable(self) -> list[Any]:
         """The cells as a list (a packed column is decoded once, for every view)."""
@@ -339,16 +437,16 @@ class NonTensorStack:
         cells = self._cells.writable()
         if target.ndim == 0:
             cells[int(target)] = _scalar_value(value)
-            return
-        for cell, item in zip(
-            target.ravel().tolist(), _broadcast_values(value, target.shape), strict=True
-        ):
-            cells[cell] = item
+        else:
+            values = _broadcast_values(value, target.shape)
+            for cell, item in zip(target.ravel().tolist(), values, strict=True):
+                cells[cell] = item
+        self._cells.written()
 
-    def _set_cells(self, positions: np.ndarray, values: list[Any]) -> None:
-        cells = self._cells.writable()
-        for cell, item in zip(positions.ravel().tolist(), values, strict=True):
-            cells[cell] = item
+    def _bind_saved(self, parent: Any, key: str) -> None:
+        """Marks this stack as saved under ``parent`` at ``key``: a later write into it (or a
+        view of it) writes its meta.json again."""
+        self._cells.saved = (weakref.ref(self), parent, key)
 
     # ------------------------------------------------------------------ shapes
     def _gathered(self, pos: np.ndarray) -> NonTensorStack:
@@ -534,11 +632,38 @@ class NonTensorStack:
             f"    device={self._device})"
         )
 
+    def json_data(self, key: str) -> tuple[bytes, list[int] | None]:
+        """What a save writes: the JSON of the values (nested lists, row-major) and the shape
+        when the nesting alone would not give it (cells that are lists of one length). A value
+        that JSON cannot hold raises ``InvalidTreeError`` naming ``key`` (nothing is pickled)."""
+        shape = list(self._pos.shape)
+        cells = self._cells.values
+        ids = self._pos.ravel()
+        if type(cells) is not list:
+            column = cells if _is_arange(ids, len(cells)) else cells.take(ids)
+            return column.json(shape), None
+        flat = [cells[i] for i in ids.tolist()]
+        fast = _native.str_list_json(flat, shape)
+        if fast is not None:
+            return fast, None
+        for value in flat:
+            _json_text(value, key)  # refuses what JSON cannot hold, naming the key
+        text = json.dumps(_nest(flat, tuple(shape)), ensure_ascii=False, separators=(",", ":"))
+        lengths = {len(v) if type(v) in (list, tuple) else None for v in flat}
+        hint = (
+            shape if flat and len(lengths) == 1 and None not in lengths and 0 not in shape else None
+        )
+        return text.encode("utf-8"), hint
+
     def __reduce__(self) -> Any:
         return (
             _rebuild,
             (self.values_flat(), tuple(self._pos.shape), self._device, self.stack_dim),
         )
+
+
+def _is_arange(ids: np.ndarray, n: int) -> bool:
+    return ids.size == n and (n == 0 or (int(ids[0]) == 0 and bool((np.diff(ids) == 1).all())))
 
 
 def _rebuild(
