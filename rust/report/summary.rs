@@ -196,12 +196,14 @@ fn summarize_entry(ar: &Archive, dir: &str, meta: TensorDictMeta, depth: usize) 
                             shape: stack.data.shape,
                         }
                     }
-                    _ => return Err(Error::invalid(
-                        at,
-                        format!(
+                    _ => {
+                        return Err(Error::invalid(
+                            at,
+                            format!(
                             "key {key:?} is listed as a NonTensorStack, but its meta.json is not a stack's"
                         ),
-                    )),
+                        ))
+                    }
                 }
             }
             Entry::Collection => {

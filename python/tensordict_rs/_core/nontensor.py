@@ -273,6 +273,17 @@ class NonTensorStack:
         )
 
     @classmethod
+    def _from_loaded(
+        cls, cells: Any, shape: Sequence[int], device: Any, stack_dim: int
+    ) -> NonTensorStack:
+        """A stack from what the Rust core read (a saved directory, a message): its strings as
+        a packed column (``(values_bytes, offsets_bytes)``), or the JSON text of its cells."""
+        values: Any = StrColumn(*cells) if isinstance(cells, tuple) else json.loads(cells)
+        out = cls.from_values(values, shape, device)
+        out.stack_dim = stack_dim
+        return out
+
+    @classmethod
     def from_list(cls, non_tensors: list[Any], device: Any = None) -> NonTensorStack:
         """A stack of the values of ``non_tensors``; nested lists of equal lengths are dims.
 
@@ -656,10 +667,13 @@ class NonTensorStack:
         return text.encode("utf-8"), hint
 
     def __reduce__(self) -> Any:
-        return (
-            _rebuild,
-            (self.values_flat(), tuple(self._pos.shape), self._device, self.stack_dim),
-        )
+        cells = self._cells.values
+        ids = self._pos.ravel()
+        if type(cells) is list:
+            values: Any = [cells[i] for i in ids.tolist()]
+        else:  # a packed column stays one (two byte strings in the pickle)
+            values = cells if _is_arange(ids, len(cells)) else cells.take(ids)
+        return (_rebuild, (values, tuple(self._pos.shape), self._device, self.stack_dim))
 
 
 def _is_arange(ids: np.ndarray, n: int) -> bool:

@@ -393,10 +393,7 @@ def loaded_stack(entry: tuple[Any, ...]) -> NonTensorStack:
     """A NonTensorStack from a loaded ``(STACK, key, shape, device, stack_dim, cells)`` entry:
     its strings as a packed column, or its JSON values as a list."""
     _, _, shape, device, stack_dim, cells = entry
-    values: Any = StrColumn(*cells) if isinstance(cells, tuple) else json.loads(cells)
-    stack = NonTensorStack.from_values(values, shape, device)
-    stack.stack_dim = stack_dim
-    return stack
+    return NonTensorStack._from_loaded(cells, shape, device, stack_dim)
 
 
 def _nested_leaf(
