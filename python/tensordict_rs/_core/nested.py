@@ -66,7 +66,17 @@ def _gather_jagged(value: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     new_offsets = torch.zeros(rows.numel() + 1, dtype=torch.int64)
     torch.cumsum(picked_lens, 0, out=new_offsets[1:])
     flat = _ranges(starts[rows], picked_lens, int(new_offsets[-1]))
-    return torch.nested.nested_tensor_from_jagged(values.index_select(0, flat), offsets=new_offsets)
+    return torch.nested.nested_tensor_from_jagged(
+        values.index_select(0, flat), offsets=new_offsets, **_seqlens(picked_lens)
+    )
+
+
+def _seqlens(lengths: torch.Tensor) -> dict[str, int]:
+    """The min/max sequence lengths a jagged tensor caches: torch sizes a padded tensor by the
+    cached max (without one, ``to_padded_tensor`` pads to the length of all values together)."""
+    if lengths.numel() == 0:
+        return {}
+    return {"min_seqlen": int(lengths.min()), "max_seqlen": int(lengths.max())}
 
 
 def _gather_strided(value: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -146,7 +156,7 @@ def from_flat(values: torch.Tensor, table: torch.Tensor, jagged: bool) -> torch.
         torch.cumsum(table[:, 0], 0, out=offsets[1:])
         rest = [int(d) for d in table[0, 1:]] if table.shape[0] else []
         return torch.nested.nested_tensor_from_jagged(
-            values.view(int(offsets[-1]), *rest), offsets=offsets
+            values.view(int(offsets[-1]), *rest), offsets=offsets, **_seqlens(table[:, 0])
         )
     starts = torch.zeros(table.shape[0], dtype=torch.int64)
     if table.shape[0] > 1:
