@@ -386,3 +386,18 @@ def test_non_json_values_are_kept_in_memory() -> None:
     marker = object()
     stack = ours.NonTensorStack(marker, "b")
     assert stack[0].data is marker and stack.tolist()[0] is marker
+
+
+def test_linked_list_pickles_unlinked_as_the_reference_does() -> None:
+    """``td[key]`` of a stack pickles (a worker sends it back) as a LinkedList of its values,
+    no longer writing into the stack."""
+    import pickle
+
+    def run(pkg: Any) -> Any:
+        td = pkg.TensorDict(batch_size=[2])
+        td["s"] = pkg.NonTensorStack.from_list([["a", "b"], ["c", "d"]])
+        back = pickle.loads(pickle.dumps(td["s"]))
+        back[0] = "z"
+        return back, td["s"]
+
+    assert outcome(run, ours) == outcome(run, ref)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -223,9 +224,12 @@ def test_dataloader_workers_get_batches_with_their_strings(tmp_path: Path) -> No
 
 
 def test_consolidate_keeps_stacks_as_the_reference_does() -> None:
+    """A consolidated tree keeps its stacks; sent to a process (ForkingPickler: its arena is
+    anonymous memory, which plain pickle refuses here) it comes back with them."""
     mine, theirs = sample(ours).consolidate(), sample(ref).consolidate()
+    assert mine.is_consolidated()
     assert observe(mine) == observe(theirs)
-    assert observe(pickle.loads(pickle.dumps(mine))) == observe(theirs)
+    assert observe(pickle.loads(ForkingPickler.dumps(mine))) == observe(theirs)
 
 
 # ------------------------------------------------------------------------------------------

@@ -871,6 +871,11 @@ class LinkedList(list):  # type: ignore[type-arg]
     def __repr__(self) -> str:
         return f"LinkedList({list.__repr__(self)})"
 
+    def __reduce__(self) -> Any:
+        """Pickled as its values (a list sent to another process is no longer linked to the
+        stack), as the reference does."""
+        return type(self), (list(self),)
+
 
 def _NO_STACK() -> None:
     return None

@@ -121,8 +121,9 @@ class Plan:
             if type(value) is _LazyLeaf or isinstance(value, torch.Tensor):
                 if isinstance(value, torch.Tensor) and value.is_nested:
                     raise _native.InvalidTreeError(
-                        f"key {key!r} holds a nested tensor: a tree is sent or consolidated as "
-                        "one message of dense leaves; pad it first (td.to_padded_tensor())"
+                        f"key {key!r} holds a nested tensor: consolidate() and torch.distributed "
+                        "carry one message of dense leaves; pad it first (td.to_padded_tensor()), "
+                        "or send the tree to processes or save it (memmap), which keep nested leaves"
                     )
                 leaves.append((td, key, value))
             elif type(value) is not NonTensorData and type(value) is not NonTensorStack:
