@@ -133,7 +133,7 @@ pub(crate) fn parse_entry(key: &str, value: &Value, batch: &[u64], path: &Path) 
     }
     let what = format!("key {key:?}");
     let nested = match entry.get("is_nested") {
-        None | Some(Value::Bool(false)) => false,
+        None | Some(Value::Null | Value::Bool(false)) => false,
         Some(Value::Bool(true)) => true,
         Some(other) => {
             return Err(Error::invalid(

@@ -135,11 +135,29 @@ pub fn from_map(mut map: serde_json::Map<String, Value>, path: &Path) -> Result<
             ))
         }
     };
+    let Some(stack_dim) = normal_stack_dim(stack_dim, data.shape.len()) else {
+        return Err(invalid(format!(
+            "the stack's stack_dim {stack_dim} is out of range for its {} dims",
+            data.shape.len()
+        )));
+    };
     Ok(StackMeta {
         device,
         stack_dim,
         data,
     })
+}
+
+/// `stack_dim` made non-negative, if it names one of the stack's `ndim` dims (a stack has at
+/// least one); `None` otherwise.
+fn normal_stack_dim(stack_dim: i64, ndim: usize) -> Option<i64> {
+    let ndim = i64::try_from(ndim.max(1)).ok()?;
+    let dim = if stack_dim < 0 {
+        stack_dim.checked_add(ndim)?
+    } else {
+        stack_dim
+    };
+    (0..ndim).contains(&dim).then_some(dim)
 }
 
 /// The typed pass over a whole stack meta.json: strings in `data`, the other keys of the
@@ -161,9 +179,10 @@ fn typed_stack(text: &str) -> Option<StackMeta> {
     if top.shape.as_ref().is_some_and(|s| *s != dims) {
         return None;
     }
+    let stack_dim = normal_stack_dim(top.stack_dim.unwrap_or(0), dims.len())?;
     Some(StackMeta {
         device,
-        stack_dim: top.stack_dim.unwrap_or(0),
+        stack_dim,
         data: StackData {
             shape: dims,
             cells: Cells::Strings { bytes, offsets },

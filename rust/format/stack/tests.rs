@@ -76,3 +76,24 @@ fn write_round_trips() {
     write(&[2], &strings(&["a\"", "é"]), &mut out);
     assert_eq!(out, "[\"a\\\"\",\"é\"]".as_bytes());
 }
+
+#[test]
+fn stack_dim_is_checked_and_made_non_negative() {
+    let meta = |dim: &str, data: &str| {
+        let text = format!(
+            r#"{{"_class":"tensordict:NonTensorStack","stack_dim":{dim},"device":null,"data":{data}}}"#
+        );
+        parse_stack(text.as_bytes(), Path::new("k"))
+    };
+    assert_eq!(meta("1", r#"[["a","b"],["c","d"]]"#).unwrap().stack_dim, 1);
+    assert_eq!(meta("-1", r#"[["a","b"],["c","d"]]"#).unwrap().stack_dim, 1);
+    assert_eq!(meta("-1", r#"["a",1]"#).unwrap().stack_dim, 0);
+    for (dim, data) in [
+        ("2", r#"[["a","b"],["c","d"]]"#),
+        ("-3", r#"["a","b"]"#),
+        ("1", r#"["a",1]"#),
+    ] {
+        let err = meta(dim, data).unwrap_err().to_string();
+        assert!(err.contains("stack_dim") && err.contains("out of range"), "{err}");
+    }
+}
