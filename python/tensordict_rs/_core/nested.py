@@ -57,8 +57,9 @@ def gather_components(value: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 def _gather_jagged(value: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     if value._ragged_idx != 1:  # type: ignore[attr-defined]
         raise NotImplementedError("rows of a jagged tensor whose ragged dim is not 1")
-    offsets = value.offsets()
-    lengths = value.lengths()
+    jag: Any = value  # torch's NestedTensor (offsets, lengths) has no stubs
+    offsets = jag.offsets()
+    lengths = jag.lengths()
     starts = offsets[:-1]
     lens = (offsets[1:] - offsets[:-1]) if lengths is None else lengths
     values = value.values()
@@ -66,17 +67,18 @@ def _gather_jagged(value: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     new_offsets = torch.zeros(rows.numel() + 1, dtype=torch.int64)
     torch.cumsum(picked_lens, 0, out=new_offsets[1:])
     flat = _ranges(starts[rows], picked_lens, int(new_offsets[-1]))
+    low, high = _seqlens(picked_lens)
     return torch.nested.nested_tensor_from_jagged(
-        values.index_select(0, flat), offsets=new_offsets, **_seqlens(picked_lens)
+        values.index_select(0, flat), offsets=new_offsets, min_seqlen=low, max_seqlen=high
     )
 
 
-def _seqlens(lengths: torch.Tensor) -> dict[str, int]:
+def _seqlens(lengths: torch.Tensor) -> tuple[int | None, int | None]:
     """The min/max sequence lengths a jagged tensor caches: torch sizes a padded tensor by the
     cached max (without one, ``to_padded_tensor`` pads to the length of all values together)."""
     if lengths.numel() == 0:
-        return {}
-    return {"min_seqlen": int(lengths.min()), "max_seqlen": int(lengths.max())}
+        return None, None
+    return int(lengths.min()), int(lengths.max())
 
 
 def _gather_strided(value: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -131,10 +133,11 @@ def flat_parts(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
             raise NotImplementedError(
                 f"a jagged tensor whose ragged dim is {value._ragged_idx} (not 1)"  # type: ignore[attr-defined]
             )
-        offsets = value.offsets()
-        if value.lengths() is not None or int(offsets[0]) != 0:
-            value = gather_components(value, torch.arange(value.size(0)))
-            offsets = value.offsets()
+        jag: Any = value  # torch's NestedTensor (offsets, lengths) has no stubs
+        offsets = jag.offsets()
+        if jag.lengths() is not None or int(offsets[0]) != 0:
+            jag = value = gather_components(value, torch.arange(value.size(0)))
+            offsets = jag.offsets()
         values = value.values()
         lengths = (offsets[1:] - offsets[:-1]).to(torch.int64)
         rest = torch.tensor(values.shape[1:], dtype=torch.int64)
@@ -155,8 +158,9 @@ def from_flat(values: torch.Tensor, table: torch.Tensor, jagged: bool) -> torch.
         offsets = torch.zeros(table.shape[0] + 1, dtype=torch.int64)
         torch.cumsum(table[:, 0], 0, out=offsets[1:])
         rest = [int(d) for d in table[0, 1:]] if table.shape[0] else []
+        low, high = _seqlens(table[:, 0])
         return torch.nested.nested_tensor_from_jagged(
-            values.view(int(offsets[-1]), *rest), offsets=offsets, **_seqlens(table[:, 0])
+            values.view(int(offsets[-1]), *rest), offsets=offsets, min_seqlen=low, max_seqlen=high
         )
     starts = torch.zeros(table.shape[0], dtype=torch.int64)
     if table.shape[0] > 1:

@@ -148,7 +148,7 @@ class NonTensorData:
     def __init__(self, data: Any, batch_size: Any = None, device: Any = None) -> None:
         if type(data) is NonTensorData:
             data = data.data
-        self.data = data
+        self.data: Any = data
         self.batch_size = torch.Size([] if batch_size is None else batch_size)
         self.device = None if device is None else torch.device(device)
 

@@ -162,7 +162,7 @@ def _np_index(index: Any) -> tuple[Any, bool]:
     """``index`` in NumPy's terms, and whether it is basic (a view)."""
     parts = index if isinstance(index, tuple) else (index,)
     basic = True
-    out = []
+    out: list[Any] = []
     for part in parts:
         if isinstance(part, bool) or isinstance(part, np.bool_):
             basic = False
@@ -626,9 +626,8 @@ class NonTensorStack:
         elif type(other) is NonTensorData:
             theirs = [other.data] * len(mine)
         else:
-            theirs = flatten_list(other, self._pos.ndim) if isinstance(other, list) else None
-            if theirs is None or len(theirs) != len(mine):
-                theirs = [other] * len(mine)
+            flat = flatten_list(other, self._pos.ndim) if isinstance(other, list) else None
+            theirs = [other] * len(mine) if flat is None or len(flat) != len(mine) else flat
         flags = [_equal(a, b) == equal for a, b in zip(mine, theirs, strict=True)]
         return torch.tensor(flags, dtype=torch.bool, device=self._device).reshape(self.batch_size)
 

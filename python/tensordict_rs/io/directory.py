@@ -20,7 +20,7 @@ from .. import _native
 from .._core import nested as _nested
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
 from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused, _json_text
-from .._core.nontensor import NonTensorStack, StrColumn
+from .._core.nontensor import NonTensorStack
 from ..memmap import MemoryMappedTensor, _from_buffer, _LazyLeaf, _source_bytes, value_nbytes
 from ..ops.stream import stream_tree
 
@@ -51,7 +51,9 @@ class _Plan:
         # sources and their storages stay alive while Rust reads them (a storage, not just the
         # tensor: another thread's ``set_`` on the tensor must not free the memory being read)
         self.keep: list[Any] = []
-        self.slots: list[tuple[TreeNode, str, torch.dtype, tuple[int, ...]]] = []
+        # (node, key, dtype, shape), or for a nested leaf ("nested", table, jagged, numel)
+        # in place of the shape
+        self.slots: list[tuple[TreeNode, str, torch.dtype, tuple[Any, ...]]] = []
         self.kept: set[int] = set()  # slots whose file the save keeps (see node)
         self.sources: list[tuple[int, int]] = []  # anonymous: (data_ptr, nbytes) per slot
 

@@ -50,7 +50,8 @@ RESERVED = (*_native.RESERVED_KEYS, _native.NUMBER_KEY)
 _CPU = torch.device("cpu")
 _STRIDED = torch.strided
 _DATA_PTR = torch.Tensor.data_ptr
-LEAF, NODE, VALUE, STACK = _native.LEAF, _native.NODE, _native.NON_TENSOR, _native.STACK  # entry tags of describe_tree
+# entry tags of describe_tree
+LEAF, NODE, VALUE, STACK = _native.LEAF, _native.NODE, _native.NON_TENSOR, _native.STACK
 
 
 def _aligned(n: int) -> int:
@@ -123,7 +124,7 @@ class Plan:
                     raise _native.InvalidTreeError(
                         f"key {key!r} holds a nested tensor: consolidate() and torch.distributed "
                         "carry one message of dense leaves; pad it first (td.to_padded_tensor()), "
-                        "or send the tree to processes or save it (memmap), which keep nested leaves"
+                        "or send the tree to processes or save it (memmap), which keep them"
                     )
                 leaves.append((td, key, value))
             elif type(value) is not NonTensorData and type(value) is not NonTensorStack:
