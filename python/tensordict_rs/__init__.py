@@ -31,6 +31,15 @@ from .verify import verify
 
 if TYPE_CHECKING:
     from ._core.nodes import NonTensorData
+    from ._core.nontensor import (
+        LinkedList,
+        NonTensorStack,
+        capture_non_tensor_stack,
+        is_non_tensor,
+        list_to_stack,
+        set_capture_non_tensor_stack,
+        set_list_to_stack,
+    )
     from .io.archive import is_memmap_archive, pack_memmap, refresh_archive_checksums, unpack_memmap
     from .io.saving import TensorDictFuture
     from .memmap import MemoryMappedTensor
@@ -42,18 +51,25 @@ __all__ = [
     "FileExistsRuntimeError",
     "InvalidDirectoryError",
     "InvalidTreeError",
+    "LinkedList",
     "LockedError",
     "MemoryMappedTensor",
     "NonTensorData",
+    "NonTensorStack",
     "SymlinkError",
     "TensorDict",
     "TensorDictError",
     "TensorDictFuture",
     "UnsupportedFormatError",
     "__version__",
+    "capture_non_tensor_stack",
     "is_memmap_archive",
+    "is_non_tensor",
+    "list_to_stack",
     "pack_memmap",
     "refresh_archive_checksums",
+    "set_capture_non_tensor_stack",
+    "set_list_to_stack",
     "unpack_memmap",
     "verify",
 ]
@@ -61,6 +77,13 @@ __all__ = [
 _LAZY = {
     "MemoryMappedTensor": ".memmap",
     "NonTensorData": "._core.nodes",
+    "LinkedList": "._core.nontensor",
+    "NonTensorStack": "._core.nontensor",
+    "capture_non_tensor_stack": "._core.nontensor",
+    "is_non_tensor": "._core.nontensor",
+    "list_to_stack": "._core.nontensor",
+    "set_capture_non_tensor_stack": "._core.nontensor",
+    "set_list_to_stack": "._core.nontensor",
     "TensorDict": ".tensordict",
     "TensorDictFuture": ".io.saving",
     "is_memmap_archive": ".io.archive",
@@ -95,6 +118,10 @@ def _alias(old: str, new: str) -> None:
     module = types.ModuleType(f"{__name__}.{old}", f"Moved to {__name__}{new} (old pickles).")
 
     def moved(name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            # (``inspect`` asks every module in sys.modules for ``__file__``, torch's import
+            # does so: answering would import the new module in the middle of that import)
+            raise AttributeError(name)
         return getattr(importlib.import_module(new, __name__), name)
 
     module.__dict__["__getattr__"] = moved  # PEP 562: looked up on each missing name

@@ -18,6 +18,7 @@ __all__ = [
     "PIECE_BYTES",
     "REFUSED",
     "RESERVED_KEYS",
+    "STACK",
     "Buffer",
     "FileExistsRuntimeError",
     "InvalidDirectoryError",
@@ -31,6 +32,7 @@ __all__ = [
     "anonymous_buffers",
     "build_packed_tree",
     "copy_packed",
+    "decode_strings",
     "describe_tree",
     "encode_key",
     "flush_buffers",
@@ -48,8 +50,11 @@ __all__ = [
     "receive_shared",
     "refresh_archive_checksums",
     "reopen_archive",
+    "rewrite_stack",
     "same_entries",
     "shared_regions",
+    "str_list_json",
+    "strings_json",
     "tree_report",
     "tree_summary",
     "verify_archive",
@@ -67,7 +72,8 @@ RESERVED_KEYS: tuple[str, ...]  # the keys meta.json uses for itself
 DTYPES: tuple[str, ...]  # the dtype names of the format, "torch.bool" ... "torch.complex128"
 LEAF: int  # entry tags of the tree tuples: a tensor,
 NODE: int  # a nested TensorDict,
-NON_TENSOR: int  # a non-tensor (JSON) value
+NON_TENSOR: int  # a non-tensor (JSON) value,
+STACK: int  # a NonTensorStack (its cells: a packed string column or JSON text)
 ALIGN: int  # every leaf of a packed tree (and of an arena) starts at a multiple of this
 DESCRIPTION_LIMIT: int  # the longest tree description a receiver accepts
 JSON_DEPTH: int  # the JSON nesting a receiver parses, the root object being one level
@@ -133,6 +139,24 @@ def write_tree(
 ) -> list[Buffer | None]: ...
 def anonymous_buffers(sources: list[tuple[int, int]], *, num_threads: int = 0) -> list[Buffer]: ...
 def load_tree(prefix: str) -> tuple[Any, list[Buffer | None]]: ...
+
+# Packed string columns of NonTensorStack (rust/py/nontensor.rs): addresses of buffers the
+# caller keeps alive for the call.
+def decode_strings(
+    values: int, nbytes: int, offsets: int, count: int, ids: int, n_ids: int
+) -> list[str]: ...
+def strings_json(values: int, nbytes: int, offsets: int, count: int, shape: list[int]) -> bytes: ...
+def str_list_json(cells: list[Any], shape: list[int]) -> bytes | None: ...
+def rewrite_stack(
+    parent: str,
+    key: str,
+    stack_dim: int,
+    device: str | None,
+    data: bytes,
+    shape: list[int] | None,
+    *,
+    durable: bool = False,
+) -> None: ...
 def verify_tree(prefix: str) -> list[str]: ...
 def write_file(path: str, data_ptr: int, nbytes: int, *, existsok: bool = False) -> Buffer: ...
 def open_file(path: str, nbytes: int) -> Buffer: ...

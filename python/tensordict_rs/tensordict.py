@@ -12,6 +12,7 @@ import torch
 from ._core import index as _index
 from ._core.locking import Lockable, locked_error
 from ._core.nodes import TD, Key, NonTensorData, TreeNode
+from ._core.nontensor import NonTensorStack
 from ._core.repr import compact_repr
 from ._core.walk import KeyList, map_leaves, walk_items
 from .io import safetensors as _safetensors
@@ -20,6 +21,7 @@ from .memmap import _LazyLeaf
 from .ops import apply as _apply
 from .ops import indexing as _indexing
 from .ops import keys as _keys
+from .ops import nested as _nested_ops
 from .ops import pointwise as _pointwise
 from .ops import shape as _shape
 from .ops import torch_functions as _torch
@@ -263,7 +265,7 @@ class TensorDict(
 
     def _entry_shape(self, key: str) -> tuple[int, ...] | None:
         value = self._tensordict[key]
-        if isinstance(value, TensorDict):
+        if isinstance(value, (TensorDict, NonTensorStack)):
             return tuple(value.batch_size)
         info = self._leaf_info(key)
         return None if info is None else info[0]
@@ -294,6 +296,11 @@ class TensorDict(
             return TensorDict(value, self._batch_size, self._device, non_blocking=non_blocking)
         value = _keys.leaf_value(value)
         if isinstance(value, NonTensorData):
+            return value
+        if isinstance(value, NonTensorStack):
+            self._check_batch(key, value.batch_size)
+            if self._device is not None and value.device != self._device:
+                value = value.to(self._device)
             return value
         if self._device is not None and value.device != self._device:
             value = value.to(self._device, non_blocking=non_blocking)
@@ -392,7 +399,12 @@ class TensorDict(
         if isinstance(current, TensorDict):
             current.update_(value)
         elif isinstance(current, NonTensorData):
-            current.data = value.data if isinstance(value, NonTensorData) else value
+            if isinstance(value, NonTensorStack):
+                self._tensordict[key] = self._convert(key, value, non_blocking)
+            else:
+                current.data = value.data if isinstance(value, NonTensorData) else value
+        elif isinstance(current, NonTensorStack):
+            current[...] = value
         else:
             if isinstance(value, torch.Tensor):
                 self._check_batch(key, value.shape)
@@ -450,7 +462,11 @@ class TensorDict(
             isinstance(index, tuple) and not _index.is_batch_index(index)
         ):
             value = self.get(index)
-            return value.data if type(value) is NonTensorData else value
+            if type(value) is NonTensorData:
+                return value.data
+            if type(value) is NonTensorStack:
+                return value.tolist(as_linked_list=True)
+            return value
         return self._index(index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -572,6 +588,10 @@ class TensorDict(
     flatten_keys = _keys.flatten_keys
     unflatten_keys = _keys.unflatten_keys
     to_dict = _keys.to_dict
+    set_non_tensor = _keys.set_non_tensor
+    get_non_tensor = _keys.get_non_tensor
+    non_tensor_items = _keys.non_tensor_items
+    filter_non_tensor_data = _keys.filter_non_tensor_data
     empty = _keys.empty
     is_empty = _keys.is_empty
 
@@ -605,6 +625,8 @@ class TensorDict(
         return _torch.dispatch(func, args, kwargs)
 
     # ------------------------------------------------------------------ batch indexing
+
+    to_padded_tensor = _nested_ops.to_padded_tensor
 
     _index = _indexing.index
     index_select = _indexing.index_select

@@ -12,18 +12,58 @@ use crate::sys::dir::{self, Dir, EntryKind};
 /// Reads and parses the meta.json of `dir`: at most `META_LIMIT` bytes of a regular file,
 /// never through a symlink (a `SymlinkError`), never blocking on a FIFO.
 pub fn read_meta(dir: &Dir) -> Result<NodeMeta> {
+    read_meta_limited(dir, format::META_LIMIT)
+}
+
+/// `read_meta` with another size bound (a stack's meta.json holds its values).
+pub fn read_meta_limited(dir: &Dir, limit: u64) -> Result<NodeMeta> {
     let path = dir.child_path(format::META_FILE);
-    let bytes = dir
-        .read_limited(format::META_FILE, format::META_LIMIT)
-        .map_err(|e| match e {
-            e if dir::is_symlink_refused(&e) => {
-                Error::symlink(&path, "meta.json is a symlink; refusing to follow it")
-            }
-            e if dir::is_not_regular(&e) => Error::invalid(&path, format!("meta.json is {e}")),
-            e if e.kind() == io::ErrorKind::InvalidData => Error::invalid(&path, e.to_string()),
-            e => Error::io(&path, e),
-        })?;
+    let bytes = dir.read_limited(format::META_FILE, limit).map_err(|e| match e {
+        e if dir::is_symlink_refused(&e) => {
+            Error::symlink(&path, "meta.json is a symlink; refusing to follow it")
+        }
+        e if dir::is_not_regular(&e) => Error::invalid(&path, format!("meta.json is {e}")),
+        e if e.kind() == io::ErrorKind::InvalidData => Error::invalid(&path, e.to_string()),
+        e => Error::io(&path, e),
+    })?;
     format::parse_meta(&bytes, &path)
+}
+
+/// Opens and reads the directory of the NonTensorStack at `key` in `parent` (batch size
+/// `batch`): its meta.json must be a stack's, whose values nest to at least `batch`.
+pub fn read_stack(parent: &Dir, key: &str, batch: &[u64]) -> Result<format::StackMeta> {
+    let child = open_child_dir(parent, key)?;
+    let path = child.child_path(format::META_FILE);
+    let stack = match read_meta_limited(&child, format::STACK_META_LIMIT)? {
+        NodeMeta::Stack(stack) => stack,
+        _ => {
+            return Err(Error::invalid(
+                &path,
+                format!("key {key:?} is listed as a NonTensorStack, but its meta.json is not a stack's"),
+            ))
+        }
+    };
+    check_stack(&stack, key, batch, &path)?;
+    Ok(stack)
+}
+
+/// A stack's values must nest to its parent's batch size (as many values as rows).
+pub fn check_stack(
+    stack: &format::StackMeta,
+    key: &str,
+    batch: &[u64],
+    path: &std::path::Path,
+) -> Result<()> {
+    if !stack.data.shape.starts_with(batch) {
+        return Err(Error::invalid(
+            path,
+            format!(
+                "key {key:?}: the stack's values have shape {:?}, which does not start with the batch size {batch:?}",
+                stack.data.shape
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Opens the sub-directory of `key` in `parent`. A symlink there is a `SymlinkError` (never

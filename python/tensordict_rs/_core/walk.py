@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
+from . import nested as _nested
 from .nodes import TD, NonTensorData, TreeNode
+from .nontensor import NonTensorStack
 
 KEEP: Any = object()  # "the source tree's" (device)
 LeafFn = Callable[..., Any]
@@ -58,6 +60,7 @@ def map_leaves(
     check: bool = False,
     lock: bool = False,
     non_tensor: LeafFn | None = None,
+    moves_rows: bool = False,
 ) -> TD:
     """A new tree of ``fn(leaf, *other_leaves)`` for every tensor leaf of ``td``.
 
@@ -66,7 +69,10 @@ def map_leaves(
     result's (default: ``td``'s); nested trees keep their extra batch dims after it. ``device``
     is the result's device (default ``td``'s). ``check`` moves results to that device and
     checks them against the batch size (for user functions). ``lock`` locks the result when
-    ``td`` is locked. ``non_tensor(value, *others)`` maps NonTensorData (default: a copy).
+    ``td`` is locked. ``non_tensor(value, *others)`` maps the non-tensor entries
+    (``NonTensorData`` and ``NonTensorStack``, their batch sizes set; default: a copy).
+    ``moves_rows`` says that ``fn`` only moves elements (an index, a shape operation): a
+    ``NonTensorStack`` then moves its values the same way (``fn`` runs on its positions).
     With ``inplace`` the results are copied into ``td``'s leaves and ``td`` is returned.
     """
     if inplace:
@@ -77,7 +83,9 @@ def map_leaves(
         return td
     batch = td._batch_size if batch_size is None else torch.Size(batch_size)
     target = td._device if device is KEEP else device
-    out = _map(td, fn, others, batch, target, check, non_tensor)
+    if non_tensor is None and moves_rows:
+        non_tensor = _moved(fn)
+    out = _map(td, fn, others, batch, target, check, non_tensor, moves_rows, td.batch_dims)
     if lock and td._is_locked:
         out._lock_tree()
     return out
@@ -91,6 +99,8 @@ def _map(
     device: torch.device | None,
     check: bool,
     non_tensor: LeafFn | None,
+    moves: bool = False,
+    root_dims: int = 0,
 ) -> TD:
     out = type(td)._new_unchecked(batch, device)
     items = out._tensordict
@@ -100,12 +110,26 @@ def _map(
         rest = [other_entry(o, key) for o in others]
         if isinstance(value, TreeNode):
             sub = torch.Size([*batch, *value._batch_size[dims:]])
-            items[key] = _map(value, fn, tuple(rest), sub, device, check, non_tensor)
-        elif type(value) is NonTensorData:
-            data = NonTensorData(value.data) if non_tensor is None else non_tensor(value, *rest)
-            items[key] = data
+            items[key] = _map(
+                value, fn, tuple(rest), sub, device, check, non_tensor, moves, root_dims
+            )
+        elif type(value) is NonTensorData or type(value) is NonTensorStack:
+            if non_tensor is None:
+                data = value.clone(recurse=False)
+            else:
+                if type(value) is NonTensorData:
+                    value.batch_size, value.device = td._batch_size, td._device
+                for o, r in zip(others, rest, strict=True):
+                    if type(r) is NonTensorData and isinstance(o, TreeNode):
+                        r.batch_size, r.device = o._batch_size, o._device
+                data = non_tensor(value, *rest)
+            if data is not None:
+                items[key] = data
         else:
-            result = fn(value, *rest)
+            if moves and value.is_nested:
+                result = _nested.moved(fn, value, root_dims)
+            else:
+                result = fn(value, *rest)
             if result is None:
                 continue
             if check:
@@ -114,6 +138,18 @@ def _map(
                 out._check_batch(key, result.shape)
             items[key] = result
     return out
+
+
+def _moved(fn: LeafFn) -> LeafFn:
+    """The non-tensor map of a row-moving ``fn``: a stack's values move as its elements would;
+    a NonTensorData keeps its value (its batch size is its tree's)."""
+
+    def move(value: Any, *_: Any) -> Any:
+        if type(value) is NonTensorStack:
+            return value.apply_positions(fn)
+        return NonTensorData(value.data)
+
+    return move
 
 
 def zip_leaves(td: TreeNode, *others: Any) -> Iterator[tuple[Any, ...]]:
@@ -178,6 +214,9 @@ def walk_items(
         elif type(value) is NonTensorData:
             if not leaves_only:
                 value.batch_size, value.device = td._batch_size, td._device
+                yield full, value
+        elif type(value) is NonTensorStack:
+            if not leaves_only:
                 yield full, value
         else:
             yield full, value

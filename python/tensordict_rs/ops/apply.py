@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nontensor import NonTensorStack
 from .devices import _normalize_device
 
 NO_DEFAULT: Any = object()
@@ -201,8 +202,8 @@ class _ApplyWalk:
                 if sub._tensordict or not self.filter_empty:
                     out._tensordict[key] = sub
                 continue
-            if type(value) is NonTensorData:
-                out._tensordict[key] = NonTensorData(value.data)
+            if type(value) is NonTensorData or type(value) is NonTensorStack:
+                out._tensordict[key] = value.clone(recurse=False)
                 continue
             result = self._call(path, value, rest)
             if result is None:
@@ -223,7 +224,7 @@ class _ApplyWalk:
             if isinstance(value, TreeNode) and not self.call_on_nested:
                 self.into(value, tuple(rest), target._get_str(key), path)
                 continue
-            if type(value) is NonTensorData:
+            if type(value) is NonTensorData or type(value) is NonTensorStack:
                 continue
             result = self._call(path, value, rest)
             if result is None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nontensor import NonTensorStack
 from .._core.walk import leaves, map_leaves, zip_leaves
 
 # ---------------------------------------------------------------------------- operands
@@ -363,8 +364,8 @@ def _cast_filtered(
         value = td._get_str(key)
         if isinstance(value, TreeNode):
             out._tensordict[key] = _cast_filtered(value, dtype, keep, (*prefix, key))
-        elif type(value) is NonTensorData:
-            out._tensordict[key] = NonTensorData(value.data)
+        elif type(value) is NonTensorData or type(value) is NonTensorStack:
+            out._tensordict[key] = value.clone(recurse=False)
         else:
             out._tensordict[key] = value.to(dtype) if keep((*prefix, key), value) else value
     if td._is_locked:
@@ -499,7 +500,7 @@ def _flat_items(source: Any, prefix: tuple[str, ...]) -> list[tuple[tuple[str, .
         path = (*prefix, *_key_tuple(key))
         if isinstance(value, (TreeNode, Mapping)):
             out.extend(_flat_items(value, path))
-        elif type(value) is not NonTensorData:
+        elif type(value) is not NonTensorData and type(value) is not NonTensorStack:
             out.append((path, value))
     return out
 
@@ -602,7 +603,9 @@ def to_tensordict(td: TD, *, retain_none: bool | None = None) -> TD:
 def _compare(td: TD, other: Any, op: Callable[[Any, Any], torch.Tensor]) -> TD:
     batch = td.batch_size
 
-    def non_tensor(value: NonTensorData, other_value: Any) -> torch.Tensor:
+    def non_tensor(value: Any, other_value: Any) -> torch.Tensor:
+        if type(value) is NonTensorStack or type(other_value) is NonTensorStack:
+            return op(value, other_value)  # element by element, of the stack's batch size
         data = other_value.data if isinstance(other_value, NonTensorData) else other_value
         return torch.tensor(op(value.data, data)).expand(batch)
 

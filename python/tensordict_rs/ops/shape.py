@@ -49,7 +49,7 @@ def dim_of(td: TD, dim: int, extra: int = 0) -> int:
 
 
 def _with_batch(td: TD, leaf_fn: Any, batch: Any, lock: bool = True) -> TD:
-    return map_leaves(td, leaf_fn, batch_size=batch, lock=lock)
+    return map_leaves(td, leaf_fn, batch_size=batch, lock=lock, moves_rows=True)
 
 
 def expand(td: TD, *args: Any, **kwargs: Any) -> TD:

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from .. import _native
 from .._core.nodes import TD, NonTensorData
+from .._core.nontensor import NonTensorStack, capture_non_tensor_stack
 from .._core.walk import KEEP, is_tree, map_leaves, walk_items, zip_leaves
 from . import shape
 
@@ -38,18 +38,38 @@ def _key_sets_match(tds: Sequence[TD], what: str) -> list[Any]:
     return keys
 
 
-def _same_non_tensor(what: str) -> Callable[..., NonTensorData]:
-    """Joins the NonTensorData of several trees: one value for all, or refused."""
+def _stack_non_tensor(dim: int) -> Callable[..., Any]:
+    """``torch.stack`` of non-tensor entries: a NonTensorStack along ``dim``, as tensordict 0.15
+    gives (equal values too: they are one value per element once stacked)."""
 
-    def join(first: NonTensorData, *rest: Any) -> NonTensorData:
-        for other in rest:
-            data = other.data if isinstance(other, NonTensorData) else other
-            if data != first.data:
-                raise _native.TensorDictError(
-                    f"cannot {what} non-tensor values that differ ({first.data!r} and {data!r}): "
-                    "tensordict-rs keeps one value per non-tensor entry"
-                )
-        return NonTensorData(first.data)
+    def join(*values: Any) -> Any:
+        if capture_non_tensor_stack() and all(type(v) is NonTensorData for v in values):
+            first = values[0]
+            try:
+                same = all(v.data is first.data or bool(v.data == first.data) for v in values)
+            except Exception:
+                same = False
+            if same:
+                return NonTensorData(first.data)
+        return NonTensorStack(*values, stack_dim=dim)
+
+    return join
+
+
+def _cat_non_tensor(dim: int) -> Callable[..., Any]:
+    """``torch.cat`` of non-tensor entries: one NonTensorData when every entry holds the same
+    value, else a NonTensorStack of the values of every row."""
+
+    def join(*values: Any) -> Any:
+        first = values[0]
+        if all(type(v) is NonTensorData for v in values):
+            try:
+                same = all(v.data is first.data or bool(v.data == first.data) for v in values)
+            except Exception:
+                same = False
+            if same:
+                return NonTensorData(first.data)
+        return NonTensorStack.concatenate(values, dim)
 
     return join
 
@@ -97,7 +117,7 @@ def stack(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
         *tds[1:],
         batch_size=result,
         device=first.device,
-        non_tensor=_same_non_tensor("stack"),
+        non_tensor=_stack_non_tensor(dim),
     )
 
 
@@ -134,7 +154,7 @@ def cat(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
         *tds[1:],
         batch_size=result,
         device=_common_device(tds),
-        non_tensor=_same_non_tensor("concatenate"),
+        non_tensor=_cat_non_tensor(dim),
     )
 
 
@@ -252,8 +272,10 @@ def _where_trees(td: TD, condition: torch.Tensor, other: TD, pad: Any) -> Any:
                 value = _where_trees(theirs, ~condition, empty, pad)
             else:
                 value = _where_trees(mine, condition, theirs if theirs is not None else empty, pad)
-        elif isinstance(mine, NonTensorData) or isinstance(theirs, NonTensorData):
-            value = NonTensorData((mine if mine is not None else theirs).data)
+        elif isinstance(mine, (NonTensorData, NonTensorStack)) or isinstance(
+            theirs, (NonTensorData, NonTensorStack)
+        ):
+            value = _where_non_tensor(condition, mine, theirs, td, other)
         elif mine is None:
             value = torch.where(_expand_right(condition, theirs), pad, theirs)
         elif theirs is None:
@@ -262,6 +284,25 @@ def _where_trees(td: TD, condition: torch.Tensor, other: TD, pad: Any) -> Any:
             value = torch.where(_expand_right(condition, mine), mine, theirs)
         out._tensordict[key] = value
     return out
+
+
+def _where_non_tensor(condition: torch.Tensor, mine: Any, theirs: Any, td: TD, other: TD) -> Any:
+    """Element-wise choice between two non-tensor entries (a missing one keeps the other's
+    value): a NonTensorData when both hold the same value, else a NonTensorStack."""
+    if mine is None or theirs is None:
+        present = mine if mine is not None else theirs
+        return present.clone(recurse=False)
+    if type(mine) is NonTensorData:
+        mine.batch_size, mine.device = td.batch_size, td.device
+    if type(theirs) is NonTensorData:
+        theirs.batch_size, theirs.device = other.batch_size, other.device
+    if type(mine) is NonTensorData and type(theirs) is NonTensorData:
+        try:
+            if mine.data is theirs.data or bool(mine.data == theirs.data):
+                return NonTensorData(mine.data)
+        except Exception:
+            pass
+    return NonTensorStack.where(condition, mine, theirs)
 
 
 def torch_where(condition: torch.Tensor, input: Any, other: Any, *, out: Any = None) -> Any:

@@ -15,6 +15,7 @@ from typing import Self
 
 import torch
 
+from .. import _native
 from .._core.nodes import TreeNode
 from . import packed as _packed
 
@@ -106,7 +107,10 @@ class Consolidation(TreeNode):
         >>> td.is_consolidated(), td.consolidate().is_consolidated()
         (False, True)
         """
-        return _packed.plan(self).consolidated
+        try:
+            return _packed.plan(self).consolidated
+        except _native.InvalidTreeError:  # a tree consolidate refuses (a nested leaf) is not
+            return False
 
 
 def _same(plan: _packed.Plan, device: torch.device) -> bool:

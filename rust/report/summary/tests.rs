@@ -7,6 +7,7 @@ fn summarizes_without_data_files() {
     let p = std::env::temp_dir().join(format!("tdrs-summary-{}", storage::random_suffix()));
     let data = [0u8; 24];
     let leaves = vec![LeafSpec {
+        nested: None,
         dtype: "torch.float32".into(),
         shape: vec![3, 2],
         device: "cpu".into(),

@@ -5,6 +5,7 @@ fn saved() -> std::path::PathBuf {
     let p = std::env::temp_dir().join(format!("tdrs-load-{}", storage::random_suffix()));
     let data: Vec<u8> = (0..24).collect();
     let leaves = vec![LeafSpec {
+        nested: None,
         dtype: "torch.float32".into(),
         shape: vec![3, 2],
         device: "cpu".into(),
@@ -44,7 +45,10 @@ fn loads_a_saved_tree() {
     let LoadedEntry::Node(sub) = &node.entries[0].1 else {
         panic!()
     };
-    let LoadedEntry::Leaf { dtype, shape, index } = &sub.entries[0].1 else {
+    let LoadedEntry::Leaf {
+        dtype, shape, index, ..
+    } = &sub.entries[0].1
+    else {
         panic!()
     };
     assert_eq!((*dtype, shape.as_slice()), ("torch.float32", &[3u64, 2][..]));

@@ -15,6 +15,7 @@ fn saved() -> PathBuf {
     let p = std::env::temp_dir().join(format!("tdrs-read-{}", random_suffix()));
     let data = [7u8; 8];
     let leaves = vec![LeafSpec {
+        nested: None,
         dtype: "torch.float32".into(),
         shape: vec![2],
         device: "cpu".into(),

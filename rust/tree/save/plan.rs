@@ -66,7 +66,11 @@ impl OldDir {
                 if entry.contains_key("type") {
                     old.dirs.push(format::encode_key(&key));
                 } else if entry.contains_key("dtype") || entry.contains_key("shape") {
-                    old.files.push(format::leaf_file(&key));
+                    let file = format::leaf_file(&key);
+                    if entry.get("is_nested") == Some(&Value::Bool(true)) {
+                        old.files.push(format::shape_file(&file));
+                    }
+                    old.files.push(file);
                 }
             }
         }
@@ -84,6 +88,10 @@ fn meta_is_ours(dir: &Dir) -> Result<bool> {
     match dir.stat(format::META_FILE).map_err(|e| Error::io(&path, e))? {
         None => Ok(true),
         Some(st) if st.kind == EntryKind::File => {
+            if st.size > format::META_LIMIT {
+                // only a stack's meta.json is this large: its first bytes say so
+                return Ok(stack_header(dir));
+            }
             let Ok(bytes) = dir.read_limited(format::META_FILE, format::META_LIMIT) else {
                 return Ok(false);
             };
@@ -94,6 +102,21 @@ fn meta_is_ours(dir: &Dir) -> Result<bool> {
         }
         Some(_) => Ok(false),
     }
+}
+
+/// True when `dir/meta.json` starts as a NonTensorStack's does (as tensordict and this library
+/// write it): how a meta.json too large to parse here is known to be ours.
+fn stack_header(dir: &Dir) -> bool {
+    use std::io::Read;
+    let Ok(file) = dir.open_read(format::META_FILE) else {
+        return false;
+    };
+    let mut head = Vec::new();
+    if file.take(128).read_to_end(&mut head).is_err() {
+        return false;
+    }
+    let want = format!("{{\"_type\":\"{}\"", format::stack::STACK_TYPE);
+    head.starts_with(want.as_bytes())
 }
 
 /// Whether a sub-directory the new tree needs is there: missing is fine, a directory is kept,
@@ -241,14 +264,37 @@ impl Plan {
             match entry {
                 EntrySpec::Leaf(i) => {
                     let leaf = &leaves[*i];
-                    metas.push((
-                        key.as_str(),
-                        EntryMeta::Leaf {
-                            dtype: &leaf.dtype,
-                            shape: &leaf.shape,
-                            device: &leaf.device,
-                        },
-                    ));
+                    metas.push((key.as_str(), leaf.entry_meta()));
+                    if let Some(nested) = &leaf.nested {
+                        // the table of component shapes, beside the data (small: staged whole)
+                        let table = format::shape_file(&format::leaf_file(key));
+                        if dir.is_some() {
+                            written.insert(table.clone());
+                        }
+                        let path = final_path.join(&table);
+                        match stat(&table)? {
+                            None => {}
+                            Some(st) if st.kind == EntryKind::File && old.owns_file(&table) => {}
+                            Some(st) => return Err(foreign(&path, kind_name(st.kind))),
+                        }
+                        match &staged {
+                            Some(at) => staging
+                                .dir(stage)
+                                .write_new(&inside(at, &table), &nested.table, opts.durable)
+                                .map_err(|e| Error::io(&path, e))?,
+                            None => {
+                                let to = with(rel, &table);
+                                self.stage_meta(
+                                    staging,
+                                    stage,
+                                    &nested.table,
+                                    to,
+                                    &final_path,
+                                    opts.durable,
+                                )?;
+                            }
+                        }
+                    }
                     if leaf.nbytes == 0 {
                         continue;
                     }
@@ -316,10 +362,10 @@ impl Plan {
                     children.push((name, child, present));
                     metas.push((key.as_str(), EntryMeta::TensorDict));
                 }
-                EntrySpec::NonTensor(value) => {
+                EntrySpec::NonTensor(_) | EntrySpec::Stack(_) => {
+                    let (bytes, kind) = entry.value_dir().expect("a directory of values");
                     let name = format::encode_key(key);
                     written.insert(name.clone());
-                    let bytes = format::non_tensor_meta(value);
                     if let Some(at) = &staged {
                         let sub = inside(at, &name);
                         let sub_meta = format!("{sub}/{}", format::META_FILE);
@@ -330,7 +376,7 @@ impl Plan {
                             .dir(stage)
                             .write_new(&sub_meta, &bytes, opts.durable)
                             .map_err(io_err)?;
-                        metas.push((key.as_str(), EntryMeta::NonTensorData));
+                        metas.push((key.as_str(), kind));
                         continue;
                     }
                     let present = self.need_dir(&final_path, rel, &name, stat(&name)?)?;
@@ -348,7 +394,7 @@ impl Plan {
                     }
                     let to = with(&with(rel, &name), format::META_FILE);
                     self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)?;
-                    metas.push((key.as_str(), EntryMeta::NonTensorData));
+                    metas.push((key.as_str(), kind));
                 }
             }
         }

@@ -11,6 +11,7 @@ fn tmp() -> std::path::PathBuf {
 
 fn leaf(data: &[u8]) -> LeafSpec<'_> {
     LeafSpec {
+        nested: None,
         dtype: "torch.uint8".into(),
         shape: vec![data.len() as u64],
         device: "cpu".into(),
