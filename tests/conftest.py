@@ -39,6 +39,7 @@ def pytest_report_header() -> str:
     """The default start method, on the header of every run (``fork`` on Linux before 3.14)."""
     return f"multiprocessing default start method: {START_METHOD or 'the platform default'}"
 
+
 requires_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 
@@ -65,9 +66,12 @@ def run_python(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]
     """Runs a Python snippet in a new interpreter (``sys.executable``) and returns the result.
 
     The snippet is dedented; a non-zero exit status fails the test with the child's stderr.
+    The timeout (300 s) bounds a hung child, not a slow one: a new interpreter's first
+    ``import torch`` in a fresh environment (the wheel smoke runs) reads 1.5 GB from disk, and
+    a busy 2-CPU machine has taken over 60 s for it.
     """
 
-    def run(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def run(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [sys.executable, "-c", textwrap.dedent(code), *args],
             capture_output=True,
