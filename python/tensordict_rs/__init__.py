@@ -14,6 +14,7 @@ tensor([1., 2.])
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,9 @@ if TYPE_CHECKING:
     from .memmap import MemoryMappedTensor
     from .tensordict import TensorDict
 
-__version__ = "0.1.0"
+#: The installed distribution's version (its metadata: the wheel's, or the editable install's),
+#: so that it cannot drift from what ``pip`` reports; ``tensordict-rs --version`` prints the same.
+__version__: str = importlib.metadata.version("tensordict-rs")
 
 __all__ = [
     "FileExistsRuntimeError",

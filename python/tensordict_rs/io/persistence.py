@@ -98,7 +98,7 @@ class MemoryMapped(TreeNode):
         ``result()`` waits), as tensordict does; otherwise the save finishes first.
         With ``archive=True`` or a prefix ending in ``.tdz`` the tree is one zip archive (see
         ``io/archive.py``), its leaves views of it; ``compression="deflate"`` compresses them.
-        ``progress=True`` draws a ``tqdm`` bar of the bytes written (needs tqdm; off when
+        ``progress=True`` draws a ``tqdm`` bar of the bytes written (off when
         ``TENSORDICT_RS_NO_PROGRESS=1`` and in DataLoader workers).
 
         >>> import torch
