@@ -44,7 +44,8 @@ class TreeNode:
     _is_shared: bool
     _memmap_prefix: Path | None  # the directory (or archive) a memory-mapped tree is saved at
     _lock_parents: list[weakref.ref[TreeNode]]  # the trees that locked this one (see locking)
-    _lock_ops: list[bool | None]  # what each lock_/unlock_ changed (for ``with td.lock_():``)
+    _lock_ops: list[Any]  # what each lock_/unlock_ changed (for ``with td.lock_():``), or an undo
+    _names: list[str | None] | None = None  # names of the batch dims (ops/names.py); None: unnamed
 
     def _init(self, batch_size: torch.Size, device: torch.device | None) -> None:
         self._tensordict = {}
@@ -114,6 +115,12 @@ class TreeNode:
         def __setitem__(self, index: Any, value: Any) -> None: ...
         def __contains__(self, key: object) -> bool: ...
         def apply(self, fn: Callable[..., Any], *others: Any, **kwargs: Any) -> Self: ...
+
+        # ops/names.py, ops/factories.py
+        @property
+        def names(self) -> list[str | None]: ...
+        def _set_names(self, value: list[str | None] | None) -> None: ...
+        def copy(self) -> Self: ...
 
         # _core/locking.py
         @property
