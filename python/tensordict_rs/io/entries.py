@@ -21,6 +21,7 @@ from .. import _native
 from .._core.nodes import TreeNode
 from .._core.walk import leaves as _walk_leaves
 from ..memmap import MemoryMappedTensor
+from ..ops import as_classmethod
 from . import h5 as _h5
 
 
@@ -69,7 +70,7 @@ def _commit(td: TreeNode) -> None:
     if locked:
         td._unlock_tree()
     try:
-        td.memmap_(prefix)  # keeps the files already there; writes meta.json
+        cast(Any, td).memmap_(prefix)  # keeps the files already there; writes meta.json
     finally:
         if locked and not td.is_locked:
             td.lock_()
@@ -172,7 +173,13 @@ def make_memmap_from_storage(
     """
     path, filename = _target(td, key, robust_key)
     dtype = dtype or torch.get_default_dtype()
-    view = torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
+    size = torch.Size(shape)
+    strides: list[int] = []
+    step = 1
+    for n in reversed(size):  # contiguous strides
+        strides.insert(0, step)
+        step *= max(n, 1)
+    view = torch.empty(0, dtype=dtype).set_(storage, 0, size, strides)
     source = _file_of(td, storage)
     if source is not None and source != os.fspath(filename):
         raise RuntimeError(
@@ -212,7 +219,7 @@ class FileEntries(TreeNode):
     make_memmap = make_memmap
     make_memmap_from_tensor = make_memmap_from_tensor
     make_memmap_from_storage = make_memmap_from_storage
-    from_h5 = classmethod(_h5.from_h5)
+    from_h5 = as_classmethod(_h5.from_h5)
     to_h5 = _h5.to_h5
 
     def load_(self, prefix: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:

@@ -11,6 +11,7 @@ its own as ``bytes``, with a FutureWarning announcing ``str``).
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -23,7 +24,7 @@ from .._core.walk import walk_items
 
 def _h5py() -> Any:
     try:
-        import h5py
+        h5py = importlib.import_module("h5py")  # optional, untyped: not a dependency
     except ImportError as err:
         raise ImportError(
             "from_h5 and to_h5 need h5py, which tensordict_rs does not install: pip install h5py"

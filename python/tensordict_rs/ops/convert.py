@@ -12,13 +12,14 @@ import collections
 import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from .._core.nodes import TD, NonTensorData, TreeNode
 from .._core.walk import leaves, map_leaves
+from . import as_classmethod
 from .keys import _max_batch
 
 _PYTREE_TYPE = "_pytree_type"
@@ -416,7 +417,7 @@ def from_list(
             inner = None if batch_size is None else list(batch_size)[1:]
             dims = None if batch_dims is None else max(batch_dims - 1, 0)
             items.append(
-                cls.from_dict(
+                cast(Any, cls).from_dict(
                     item,
                     batch_size=inner,
                     device=device,
@@ -424,10 +425,10 @@ def from_list(
                     batch_dims=dims,
                 )
             )
-    result = torch.stack(items, 0)
+    result: Any = torch.stack(cast(Any, items), 0)
     if names is not None:
         result.names = names
-    return result
+    return cast(TD, result)
 
 
 def from_dict_instance(
@@ -447,7 +448,7 @@ def from_dict_instance(
     >>> TensorDict().from_dict_instance({"a": torch.zeros(2)}, batch_size=[2])
     TensorDict(batch_size=[2], fields={a: f32[2]})
     """
-    return type(td).from_dict(
+    return cast(Any, type(td)).from_dict(
         input_dict, auto_batch_size=auto_batch_size, batch_size=batch_size, device=device,
         batch_dims=batch_dims, names=names,
     )  # fmt: skip
@@ -644,15 +645,15 @@ class Conversions(TreeNode):
     numpy = numpy
     tolist = tolist
     to_namedtuple = to_namedtuple
-    from_namedtuple = classmethod(from_namedtuple)
-    from_tuple = classmethod(from_tuple)
-    from_dataclass = classmethod(from_dataclass)
-    from_struct_array = classmethod(from_struct_array)
+    from_namedtuple = as_classmethod(from_namedtuple)
+    from_tuple = as_classmethod(from_tuple)
+    from_dataclass = as_classmethod(from_dataclass)
+    from_struct_array = as_classmethod(from_struct_array)
     to_struct_array = to_struct_array
-    from_any = classmethod(from_any)
-    from_list = classmethod(from_list)
+    from_any = as_classmethod(from_any)
+    from_list = as_classmethod(from_list)
     from_dict_instance = from_dict_instance
-    from_pytree = classmethod(from_pytree)
+    from_pytree = as_classmethod(from_pytree)
     to_pytree = to_pytree
     cat_tensors = cat_tensors
     stack_tensors = stack_tensors

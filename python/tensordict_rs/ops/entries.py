@@ -161,7 +161,7 @@ def get_item_shape(td: TreeNode, key: Any) -> torch.Size:
     if type(value) is NonTensorData:
         return node.batch_size
     shape = node._entry_shape(path[-1])
-    return torch.Size(shape)
+    return node.batch_size if shape is None else torch.Size(shape)
 
 
 def entry_class(td: TreeNode, key: Any) -> type:
@@ -273,13 +273,13 @@ def _prune_nested_emptied(td: TreeNode, parents: set[tuple[str, ...]]) -> None:
 
 
 def split_keys(
-    td: TreeNode,
+    td: TD,
     *key_sets: Any,
     inplace: bool = False,
     default: Any = _NO_DEFAULT,
     strict: bool = True,
     reproduce_struct: bool = False,
-) -> tuple[TreeNode, ...]:
+) -> tuple[TD, ...]:
     """One TensorDict per set of keys (a list, a ``{key: new_key}`` dict, or a predicate
     ``fn(key, leaf)``), plus one of the remaining entries; ``inplace`` removes the selected
     entries from ``td``, which is then the last one.

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from .._core.nodes import TD, TreeNode
 from .._core.walk import copy_tree, map_leaves
+from . import as_classmethod
 
 _KEEP: Any = object()
 
@@ -198,11 +199,11 @@ def from_schema(
         else:
             td.set(key, torch.zeros(full, dtype=dtype, device=device))
     if storage == "memmap":
-        return td.memmap_like(**kwargs)
+        return cast(Any, td).memmap_like(**kwargs)  # io/ is above ops/: a TensorDict's method
     if kwargs:
         raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
     if storage == "shared":
-        td.share_memory_()
+        cast(Any, td).share_memory_()
     return td
 
 
@@ -215,4 +216,4 @@ class Factories(TreeNode):
     new_empty = new_empty
     new_full = new_full
     new_tensor = new_tensor
-    from_schema = classmethod(from_schema)
+    from_schema = as_classmethod(from_schema)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .._core.nodes import TD, NonTensorData, TreeNode
+from . import as_classmethod
 
 _NO_DEFAULT: Any = object()
 
@@ -191,7 +192,10 @@ def _swap_leaf(
     preserve: bool,
     non_blocking: bool,
 ) -> Any:
-    params, buffers = module._parameters, module._buffers
+    params: dict[str, Any] = module._parameters
+    buffers: dict[str, Any] = module._buffers
+    old: Any
+    where: dict[str, Any] | None
     if key in params:
         old, where = params[key], params
     elif key in buffers:
@@ -294,13 +298,12 @@ def _state_dict_input(td: TD, module: nn.Module) -> TD:
     out = type(td)._new_unchecked(torch.Size([]), None)
     for name, value in state.items():
         path = tuple(name.split("."))
-        owner = module
+        owner: Any = module
         for part in path[:-1]:
             owner = owner._modules[part]
-        if isinstance(owner._parameters.get(path[-1]), nn.Parameter) and not isinstance(
-            value, nn.Parameter
-        ):
-            value = _parameter(value, owner._parameters[path[-1]].requires_grad)
+        old = owner._parameters.get(path[-1])
+        if isinstance(old, nn.Parameter) and not isinstance(value, nn.Parameter):
+            value = _parameter(value, old.requires_grad)
         out.set(path, value)
     return out
 
@@ -524,8 +527,8 @@ class ModuleWeights(TreeNode):
     """Model weights (a mixin of TensorDict): ``from_module``, ``from_modules``,
     ``to_module`` (also a context manager), ``state_dict``, ``load_state_dict``."""
 
-    from_module = classmethod(from_module)
-    from_modules = classmethod(from_modules)
+    from_module = as_classmethod(from_module)
+    from_modules = as_classmethod(from_modules)
     to_module = to_module
     state_dict = state_dict
     load_state_dict = load_state_dict

@@ -62,7 +62,7 @@ def against(value: Any, leaf: torch.Tensor) -> Any:
 # not for comparisons, clamp, masked_fill, | and ^, nor when the operand is a tensor: matched.
 
 
-def _binary(fn: Callable[[Any, Any], Any], lock: bool = True) -> Callable[[TD, Any], TD]:
+def _binary(fn: Callable[[Any, Any], Any], lock: bool = True) -> Callable[..., Any]:
     def method(td: TD, other: Any) -> TD:
         other = operand(td, other)
         keep = lock and type(other) is not _BatchTensor
@@ -367,10 +367,10 @@ def lerp(td: TD, end: Any, weight: Any) -> TD:
     )
 
 
-def _in_place_with(fn: Callable[..., Any]) -> Callable[..., TreeNode]:
+def _in_place_with(fn: Callable[..., Any]) -> Callable[..., Any]:
     """An in-place method writing ``fn(leaf, *operands)`` into every leaf (``out=leaf``)."""
 
-    def method(td: TreeNode, *others: Any) -> TreeNode:
+    def method(td: TD, *others: Any) -> TD:
         ops = [operand(td, o) for o in others]
         for leaf, *values in list(zip_leaves(td, *ops)):
             fn(leaf, *(against(v, leaf) for v in values), out=leaf)
@@ -424,7 +424,7 @@ def lerp_(td: TD, end: Any, weight: Any) -> TD:
     return _lerp_(td, end, weight)
 
 
-def addcmul(td: TD, other1: Any, other2: Any, *, value: float | None = 1) -> TD:
+def addcmul(td: TD, other1: Any, other2: Any, *, value: float = 1) -> TD:
     """``td + value * other1 * other2`` per leaf (a new TensorDict).
 
     >>> import torch
@@ -442,7 +442,7 @@ def addcmul(td: TD, other1: Any, other2: Any, *, value: float | None = 1) -> TD:
     )
 
 
-def addcdiv(td: TD, other1: Any, other2: Any, value: float | None = 1) -> TD:
+def addcdiv(td: TD, other1: Any, other2: Any, value: float = 1) -> TD:
     """``td + value * other1 / other2`` per leaf (a new TensorDict).
 
     >>> import torch
@@ -460,7 +460,7 @@ def addcdiv(td: TD, other1: Any, other2: Any, value: float | None = 1) -> TD:
     )
 
 
-def addcmul_(td: TD, other1: Any, other2: Any, *, value: float | None = 1) -> TD:
+def addcmul_(td: TD, other1: Any, other2: Any, *, value: float = 1) -> TD:
     """``td += value * other1 * other2`` per leaf, in place; returns ``td``.
 
     >>> import torch
@@ -474,7 +474,7 @@ def addcmul_(td: TD, other1: Any, other2: Any, *, value: float | None = 1) -> TD
     return td
 
 
-def addcdiv_(td: TD, other1: Any, other2: Any, *, value: float | None = 1) -> TD:
+def addcdiv_(td: TD, other1: Any, other2: Any, *, value: float = 1) -> TD:
     """``td += value * other1 / other2`` per leaf, in place; returns ``td``.
 
     >>> import torch
@@ -972,6 +972,4 @@ class MorePointwise(TreeNode):
     mod = mod
     bitwise_and = bitwise_and
     logical_and = logical_and
-
-
-MorePointwise.type = type_  # not in the class body: it would shadow type() there
+    type = type_  # last in the body: from here on ``type`` is the method in this scope

@@ -10,6 +10,7 @@ leaves now have before their own dims.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -19,7 +20,10 @@ from .._core.nodes import NonTensorData, TreeNode
 
 
 def _flatten(td: Any) -> tuple[list[Any], Any]:
-    keys, values, own, fixed = [], [], [], {}
+    keys: list[str] = []
+    values: list[Any] = []
+    own: list[int | None] = []
+    fixed: dict[str, Any] = {}
     for key in list(td._tensordict):
         value = td._get_str(key)
         if type(value) is NonTensorData:  # not a leaf of the transform: kept in the context
@@ -67,7 +71,7 @@ def _batch_of(values: list[Any], own: tuple[Any, ...], batch: tuple[int, ...]) -
     return torch.Size(first[:common])
 
 
-def _unflatten(values: list[Any], context: Any) -> Any:
+def _unflatten(values: Iterable[Any], context: Any) -> Any:
     cls, keys, batch, device, own, fixed, order = context
     td = cls._new_unchecked(_batch_of(list(values), own, batch), device)
     entries = dict(zip(keys, values, strict=True))

@@ -208,7 +208,7 @@ def repeat(td: TD, *repeats: Any, inplace: bool = False) -> TD:
     return _rebind(td, result) if inplace else result
 
 
-def _rebind(td: TD, result: TreeNode) -> TD:
+def _rebind(td: TD, result: Any) -> TD:
     """``td`` given the entries and batch size of ``result`` (the ``inplace=True`` forms)."""
     from .shape import _in_place
 
@@ -368,7 +368,7 @@ def gather(
     td: TD,
     dim: int,
     index: torch.Tensor,
-    out: TreeNode | None = None,
+    out: TD | None = None,
     *,
     inplace: bool = False,
 ) -> TD:

@@ -287,7 +287,7 @@ def _sum_like(name: str, doc: str, transform: bool = True) -> Callable[..., Any]
         reduce: bool | None = None,
         key_transform: Callable[[Any], Any] | None = None,
     ) -> Any:
-        kwargs = {} if dtype is None else {"dtype": dtype}
+        kwargs: dict[str, Any] = {} if dtype is None else {"dtype": dtype}
         return reduce_leaves(
             td, name, dim, keepdim, further=reduce,
             key_transform=key_transform if not reduce else None, **kwargs,
@@ -451,7 +451,7 @@ def _prod(
     dtype: torch.dtype | None = None,
     reduce: bool | None = None,
 ) -> Any:
-    kwargs = {} if dtype is None else {"dtype": dtype}
+    kwargs: dict[str, Any] = {} if dtype is None else {"dtype": dtype}
     result = reduce_leaves(td, "prod", dim, False, further=reduce, tuple_ok=False, **kwargs)
     if keepdim:
         if isinstance(dim, tuple):

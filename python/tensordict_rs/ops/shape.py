@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .._core.locking import LOCK_ERROR
-from .._core.nodes import TD, TreeNode
+from .._core.nodes import TD
 from .._core.walk import KEEP, map_leaves
 
 _SCALAR = torch.zeros((), dtype=torch.uint8)
@@ -48,13 +48,11 @@ def dim_of(td: TD, dim: int, extra: int = 0) -> int:
     return new
 
 
-def _with_batch(
-    td: TreeNode, leaf_fn: Any, batch: Any, lock: bool = True, names: Any = KEEP
-) -> TreeNode:
+def _with_batch(td: TD, leaf_fn: Any, batch: Any, lock: bool = True, names: Any = KEEP) -> TD:
     return map_leaves(td, leaf_fn, batch_size=batch, lock=lock, names=names)
 
 
-def _named(td: TreeNode, order: Any) -> list[Any] | None:
+def _named(td: TD, order: Any) -> list[Any] | None:
     """The names of ``td``'s batch dims in ``order`` (indices, or None for a new unnamed
     dim); None when ``td`` is unnamed."""
     if td._names is None:

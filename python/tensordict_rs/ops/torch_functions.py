@@ -342,7 +342,9 @@ def _loss(name: str) -> Callable[..., Any]:
                 f"Invalid reduction mode: {reduction}. Expected one of 'none', 'mean', 'sum'."
             )
         extra = {k: v for k, v in kwargs.items() if k == "beta"}
-        rule = None if reduction == "none" else (lambda batch: [])
+        rule: Callable[[torch.Size], Any] | None = (
+            None if reduction == "none" else (lambda batch: [])
+        )
         return map_leaves(
             input, lambda a, b: fn(a, b, reduction=reduction, **extra), target, node_batch=rule
         )

@@ -16,6 +16,7 @@ from typing import Self
 import torch
 
 from .._core.nodes import TreeNode
+from ..ops import as_classmethod
 from . import consolidated_file as _file
 from . import packed as _packed
 
@@ -25,7 +26,7 @@ _CPU = torch.device("cpu")
 class Consolidation(TreeNode):
     """The consolidation methods of TensorDict (mixed into the class)."""
 
-    from_consolidated = classmethod(_file.from_consolidated)
+    from_consolidated = as_classmethod(_file.from_consolidated)
 
     def consolidate(
         self,

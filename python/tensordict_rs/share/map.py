@@ -252,9 +252,9 @@ def _results(
     task = _Task(fn, dim, write, token)
     imap = (pool.imap_unordered if shuffle else pool.imap)(task, tasks, batch)
     if pbar and importlib.util.find_spec("tqdm") is not None:
-        import tqdm
+        from tqdm.auto import tqdm  # type: ignore[import-untyped,unused-ignore]
 
-        imap = tqdm.tqdm(imap, total=len(indices))
+        imap = tqdm(imap, total=len(indices))
     return imap, indices, write
 
 
