@@ -8,6 +8,8 @@ none of these modules imports ``tensordict.py``: they take ``TreeNode`` (or ``TD
 new trees with ``type(td)._new_unchecked``.
 """
 
+from __future__ import annotations
+
 from collections.abc import Callable
 from typing import Any
 
