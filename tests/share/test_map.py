@@ -261,3 +261,64 @@ def test_map_iter_stops_early_and_cleans_up() -> None:
     assert first["a"].tolist() == [1, 2]
     it.close()  # closes the pool it made
     assert {p.pid for p in mp.active_children()} <= before
+
+
+def preprocess(td: Any) -> Any:
+    """The recipe's ``fn``: a new entry computed from a chunk of the memory-mapped source, and
+    where the chunk's leaf came from (a memory map of the source file, not a pickled copy)."""
+    x = td["x"]
+    mapped = type(x).__name__ == "MemoryMappedTensor" and str(
+        getattr(x, "filename", None) or getattr(x, "_filename", "")
+    ).endswith("x.memmap")
+    return (
+        td.empty()
+        .set("y", (x * 2 + 1).float().sum(-1))
+        .set("mapped", torch.tensor(mapped).expand(td.shape))
+    )
+
+
+@pytest.mark.parametrize("start_method", [m for m in ("fork", "spawn") if m in METHODS])
+def test_preprocessing_recipe_matches_reference(tmp_path: Path, start_method: str) -> None:
+    """Workflow 1 of issue 23, side by side: ``out = example.expand(N).memmap_like(dest)``,
+    then ``data.map(fn, dim=0, num_workers=2, chunksize=C, out=out)``; the workers read
+    chunks of the source from its files and write into the output's files."""
+    n, width = 512, 256
+    source = torch.arange(n * width, dtype=torch.int32).view(n, width)
+    results = {}
+    for P in PKGS:
+        root = tmp_path / P.__name__
+        data = P.TensorDict({"x": source.clone()}, [n]).memmap_(root / "src")
+        example = preprocess(data[:1])[0]
+        out = example.expand(n).memmap_like(root / "dest")
+        res = data.map(
+            preprocess,
+            dim=0,
+            num_workers=2,
+            chunksize=64,
+            out=out,
+            generator=gen(),
+            # the reference's result does not depend on the start method: fork keeps it short
+            mp_start_method=start_method if P is rs else "fork",
+        )
+        assert res is out
+        results[P.__name__] = P.TensorDict.load_memmap(root / "dest")
+    ours, theirs = results["tensordict_rs"], results["tensordict"]
+    expected = (source * 2 + 1).float().sum(-1)
+    for td in (ours, theirs):
+        assert torch.equal(td["y"].as_subclass(torch.Tensor), expected)
+    # every chunk reached our workers as a memory map of the source file (the reference
+    # sends them the same way, as memory-mapped tensors)
+    assert ours["mapped"].all()
+
+
+def test_map_chunk_crosses_without_its_data(tmp_path: Path) -> None:
+    """What crosses to a worker for a chunk of a 32 MiB memory-mapped source: its file path
+    and view geometry (a few hundred bytes), never the data."""
+    from multiprocessing.reduction import ForkingPickler
+
+    n = 8192
+    data = rs.TensorDict({"x": torch.ones(n, 1024)}, [n]).memmap_(tmp_path / "src")
+    whole = len(ForkingPickler.dumps(data))
+    chunk = len(ForkingPickler.dumps(data[1024:2048]))
+    assert whole < 4096 and chunk < 4096, (whole, chunk)
+    assert data.numel() * 1024 * 4 > 1000 * whole
