@@ -200,7 +200,7 @@ def from_namedtuple(
     >>> from tensordict_rs import TensorDict
     >>> Point = collections.namedtuple("Point", "x y")
     >>> TensorDict.from_namedtuple(Point(torch.zeros(3), torch.ones(3)), auto_batch_size=True)
-    TensorDict(batch_size=[3], fields={x: f32[3], y: f32[3]})
+    TensorDict(batch_size=[3], fields={x: f32[], y: f32[]})
     """
     items = list(zip(named_tuple._fields, tuple(named_tuple), strict=True))
     td = _from_mapping_values(cls, items)
@@ -255,7 +255,7 @@ def from_dataclass(
     ...     obs: torch.Tensor
     ...     reward: torch.Tensor
     >>> TensorDict.from_dataclass(Sample(torch.zeros(4, 2), torch.ones(4)), auto_batch_size=True)
-    TensorDict(batch_size=[4], fields={obs: f32[4,2], reward: f32[4]})
+    TensorDict(batch_size=[4], fields={obs: f32[2], reward: f32[]})
     """
     if as_tensorclass:
         raise NotImplementedError(
@@ -354,7 +354,7 @@ def from_any(
     >>> import torch
     >>> from tensordict_rs import TensorDict
     >>> TensorDict.from_any({"a": torch.zeros(3), "b": (torch.ones(3),)}, auto_batch_size=True)
-    TensorDict(batch_size=[3], fields={a: f32[3], b: {0: f32[3]}})
+    TensorDict(batch_size=[3], fields={a: f32[], b: {0: f32[]}})
     """
     kwargs = {"auto_batch_size": auto_batch_size, "batch_dims": batch_dims, "device": device,
               "batch_size": batch_size}  # fmt: skip
@@ -403,7 +403,7 @@ def from_list(
     >>> import torch
     >>> from tensordict_rs import TensorDict
     >>> TensorDict.from_list([{"a": torch.zeros(2)}, {"a": torch.ones(2)}])
-    TensorDict(batch_size=[2], fields={a: f32[2,2]})
+    TensorDict(batch_size=[2], fields={a: f32[2]})
     """
     if lazy:
         raise NotImplementedError(
@@ -446,7 +446,7 @@ def from_dict_instance(
     >>> import torch
     >>> from tensordict_rs import TensorDict
     >>> TensorDict().from_dict_instance({"a": torch.zeros(2)}, batch_size=[2])
-    TensorDict(batch_size=[2], fields={a: f32[2]})
+    TensorDict(batch_size=[2], fields={a: f32[]})
     """
     return cast(Any, type(td)).from_dict(
         input_dict, auto_batch_size=auto_batch_size, batch_size=batch_size, device=device,

@@ -8,6 +8,7 @@ dtype and device (unless given), through ``map_leaves``.
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
@@ -142,7 +143,9 @@ def new_tensor(
     source = data if isinstance(data, torch.Tensor) else torch.as_tensor(data)
 
     def leaf(t: torch.Tensor) -> torch.Tensor:
-        return t.new_tensor(source, dtype=dtype or t.dtype, **kwargs)
+        with warnings.catch_warnings():  # torch's advice on copying a tensor: a copy is meant
+            warnings.simplefilter("ignore", UserWarning)
+            return t.new_tensor(source, dtype=dtype or t.dtype, **kwargs)
 
     if device is _KEEP:
         target = source.device if isinstance(data, torch.Tensor) else None

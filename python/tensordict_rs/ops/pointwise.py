@@ -539,7 +539,7 @@ logical_and = _binary_torch(
     torch.logical_and,
     "The logical AND of every leaf and ``other``: a TensorDict of bools."
     + _TWO_INTS
-    + "    >>> td.logical_and(0)['x']\n    tensor([False, False])\n",
+    + "    >>> td.logical_and(torch.tensor(0))['x']\n    tensor([False, False])\n",
 )
 
 

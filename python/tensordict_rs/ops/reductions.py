@@ -533,7 +533,7 @@ def norm(
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
-    >>> td = TensorDict(a=torch.full((3, 4), 2.0), b=TensorDict(c=torch.ones(3)), batch_size=[3])
+    >>> td = TensorDict(a=torch.full((3, 4), 2.0), b={"c": torch.ones(3)}, batch_size=[3])
     >>> norms = td.norm()
     >>> norms["a"], norms["b", "c"], norms.batch_size
     (tensor(6.9282), tensor(1.7321), torch.Size([]))
