@@ -338,6 +338,15 @@ WORKLOADS: tuple[Workload, ...] = (
         ">= 1.0x",
         min_ratio=1.0,
     ),
+    Workload(
+        "map_w2",
+        "map(fn, num_workers=2, out=memmap_like) of a 1 GiB memmap dataset, /dev/shm",
+        "GB/s",
+        "fn applied serially in one process, written into a preallocated memmap",
+        ">= 2x the reference and <= 1.2x the limit's time",
+        min_ratio=2.0,
+        min_fraction=1 / 1.2,
+    ),
 )
 
 BY_ID = {w.id: w for w in WORKLOADS}

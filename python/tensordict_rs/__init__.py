@@ -102,6 +102,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module, __name__), name)
+    if name == "TensorDict":  # registers TensorDictParams for from_module(as_module=True)
+        importlib.import_module(".nn", __name__)
     globals()[name] = value
     return value
 

@@ -23,6 +23,7 @@ from .ops import indexing as _indexing
 from .ops import keys as _keys
 from .ops import nested as _nested_ops
 from .ops import pointwise as _pointwise
+from .ops import pytree as _pytree
 from .ops import shape as _shape
 from .ops import torch_functions as _torch
 from .ops.devices import DeviceMoves, _normalize_device
@@ -30,6 +31,7 @@ from .ops.pointwise_types import _PointwiseTypes
 from .share import processes as _sharing
 from .share.consolidate import Consolidation
 from .share.distributed import Distributed
+from .share.map import Methods as _Methods
 from .share.processes import Shareable, register
 
 __all__ = ["TensorDict"]
@@ -88,6 +90,7 @@ class TensorDict(
     Consolidation,
     Shareable,
     _PointwiseTypes,
+    _Methods,
 ):
     """A dictionary of tensors with common leading batch dimensions and an optional device.
 
@@ -117,12 +120,13 @@ class TensorDict(
         entries; lists of numbers and NumPy arrays become tensors."""
         batch = torch.Size([] if batch_size is None else batch_size)
         self._init(batch, _normalize_device(device))
-        self.names = names
         for key, value in _keys.entry_pairs(source, entries):
             if isinstance(key, str):
                 self._set_str(key, value, validate=True, non_blocking=non_blocking)
             else:
                 self.set(key, value, non_blocking=non_blocking)
+        if names is not None:
+            self.names = names
         if lock:
             self.lock_()
 
@@ -149,7 +153,10 @@ class TensorDict(
                 raise RuntimeError(
                     f"the batch size {new} does not fit key {key!r} of shape {torch.Size(shape)}"
                 )
+        names = self._names
         self._batch_size = new
+        if names is not None:  # the names of the dims that stay; new dims unnamed
+            self._set_names([*names[: len(new)], *[None] * (len(new) - len(names))])
 
     @property
     def shape(self) -> torch.Size:
@@ -182,23 +189,6 @@ class TensorDict(
         2
         """
         return len(self._batch_size)
-
-    @property
-    def names(self) -> list[None]:
-        """Names of the batch dims: always None here (tensordict-rs does not name dims).
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> TensorDict({"a": torch.zeros(2, 3)}, [2, 3]).names
-        [None, None]
-        """
-        return [None] * len(self._batch_size)
-
-    @names.setter
-    def names(self, value: Any) -> None:
-        if value is not None and any(name is not None for name in value):
-            raise ValueError(
-                "tensordict-rs does not name batch dimensions; only None names can be set"
-            )
 
     def numel(self) -> int:
         """Number of elements of the batch (product of ``batch_size``).
@@ -291,9 +281,14 @@ class TensorDict(
             self._check_batch(key, value.batch_size)
             if self._device is not None and value.device != self._device:
                 value = value.to(self._device, non_blocking=non_blocking)
+            if self._names is not None and value.names[: len(self._names)] != self._names:
+                value._set_names([*self._names, *value.names[len(self._names) :]])
             return value
         if isinstance(value, Mapping):
-            return TensorDict(value, self._batch_size, self._device, non_blocking=non_blocking)
+            nested = TensorDict(value, self._batch_size, self._device, non_blocking=non_blocking)
+            if self._names is not None:
+                nested._set_names(list(self._names))
+            return nested
         value = _keys.leaf_value(value)
         if isinstance(value, NonTensorData):
             return value
@@ -324,9 +319,9 @@ class TensorDict(
                     raise KeyError(
                         f'key "{part}" not found in TensorDict with keys {sorted(td._tensordict)}'
                     )
-                td._set_str(
-                    part, TensorDict._new_unchecked(td._batch_size, td._device), validate=False
-                )
+                child = TensorDict._new_unchecked(td._batch_size, td._device)
+                child._names = td._names
+                td._set_str(part, child, validate=False)
             td = td._tensordict[part]
             if not isinstance(td, TensorDict):
                 raise KeyError(f"{part!r} is a leaf, not a nested TensorDict")
@@ -691,6 +686,7 @@ class TensorDict(
 
 
 register(TensorDict)
+_pytree.register(TensorDict)
 
 # Set after the class body so that the casts named float/int/bool do not shadow the builtins there.
 for _name, _method in {**_pointwise.methods(), **_pointwise.CASTS}.items():

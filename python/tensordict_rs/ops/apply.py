@@ -55,6 +55,25 @@ def apply(
     )  # fmt: skip
 
 
+def fast_apply(
+    td: TreeNode,
+    fn: Callable[..., Any],
+    *others: Any,
+    named: bool = False,
+    nested_keys: bool = False,
+    is_leaf: Any = None,
+    checked: bool = False,
+    **kwargs: Any,
+) -> TreeNode:
+    """tensordict's private ``_fast_apply`` (used by code written against its internals):
+    ``apply`` / ``named_apply`` with its extra keywords (``is_leaf`` and ``checked`` change
+    nothing here: every TensorDict leaf is a tensor or non-tensor data, always checked)."""
+    del is_leaf, checked
+    if named:
+        return named_apply(td, fn, *others, nested_keys=nested_keys, **kwargs)
+    return apply(td, fn, *others, **kwargs)
+
+
 def named_apply(
     td: TD,
     fn: Callable[..., Any],
@@ -122,8 +141,6 @@ def _apply(
     lock = bool(constructor_kwargs.pop("lock", False))
     if constructor_kwargs:
         raise TypeError(f"apply() got unexpected keyword arguments {sorted(constructor_kwargs)}")
-    if names is not NO_DEFAULT and names is not None and any(n is not None for n in names):
-        raise ValueError("dimension names are not supported by tensordict_rs")
     walk = _ApplyWalk(fn, default, filter_empty is not False, call_on_nested, named, nested_keys)
     if inplace or out is not None:
         target = out if out is not None and not inplace else td
@@ -132,6 +149,11 @@ def _apply(
     batch = td._batch_size if batch_size is None else torch.Size(batch_size)
     new_device = td._device if device is NO_DEFAULT else _normalize_device(device)
     result = walk.new(td, others, batch, new_device, ())
+    if result is not None:
+        if names is not NO_DEFAULT:
+            result._set_names(None if names is None else list(names))
+        elif td._names is not None and len(batch) == td.batch_dims:
+            result._set_names(list(td._names))
     if lock or (propagate_lock and td._is_locked):
         result._lock_tree()
     return result

@@ -13,7 +13,7 @@ import torch
 
 from .._core import index as _items
 from .._core.locking import locked_error
-from .._core.nodes import TD, NonTensorData
+from .._core.nodes import TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.walk import is_tree, map_leaves, zip_leaves
 from . import gather as _gather
@@ -36,6 +36,8 @@ def index(td: TD, index: Any) -> TD:
     if rows is not None and td.batch_dims >= 1:
         gathered = _gather.gather(td, rows)  # one native call for CPU trees
         if gathered is not None:
+            if td._names is not None:
+                gathered._set_names(list(td._names))
             return gathered
         # index_select refuses negative rows; wrap them like tensor indexing does.
         size = td._batch_size[0]
@@ -55,13 +57,62 @@ def index(td: TD, index: Any) -> TD:
     # A view of rows is a new, unlocked tree, never a saved one (as tensordict's td[1:]).
     items = _items.normalize(index, td.batch_dims)
     batch = _items.indexed_batch_size(td._batch_size, items)
-    out = map_leaves(td, lambda t: t[items], batch_size=batch, moves_rows=True)
+    out = map_leaves(
+        td, lambda t: t[items], batch_size=batch, moves_rows=True, names=_index_names(td, items)
+    )
     if td._is_shared and all(i is None or isinstance(i, (int, slice)) for i in items):
         out._mark_shared()  # a view of shared memory is shared (tensordict's td[0], td[1:])
     return out
 
 
-def set_rows(td: TD, index: Any, value: Any) -> None:
+def _index_names(td: TreeNode, items: tuple[Any, ...]) -> list[Any] | None:
+    """The names of the batch dims left by a normalized index: an int drops its dim, a slice
+    or a 1-d index keeps it, ``None`` adds an unnamed one, a k-d boolean mask or a k-d index
+    tensor replaces its dims by unnamed ones."""
+    if td._names is None:
+        return None
+    names = list(td._names)
+    out: list[Any] = []
+    at = 0
+    tensors = 0
+    for item in items:
+        if item is None:
+            out.append(None)
+        elif item is Ellipsis:
+            rest = (
+                len(names)
+                - at
+                - sum(
+                    1 if not isinstance(i, torch.Tensor) or i.dtype != torch.bool else i.ndim
+                    for i in items[items.index(item) + 1 :]
+                    if i is not None
+                )
+            )
+            out.extend(names[at : at + rest])
+            at += rest
+        elif isinstance(item, (int, torch.SymInt)) or (
+            isinstance(item, torch.Tensor) and item.ndim == 0 and item.dtype != torch.bool
+        ):
+            at += 1
+        elif isinstance(item, slice):
+            out.append(names[at])
+            at += 1
+        elif isinstance(item, torch.Tensor) or isinstance(item, (list, range)):
+            tensors += 1
+            t = torch.as_tensor(item) if not isinstance(item, torch.Tensor) else item
+            used = t.ndim if t.dtype == torch.bool else 1
+            if t.ndim == 1 and tensors == 1:
+                out.append(names[at])
+            else:
+                out.extend([None] * (1 if t.dtype == torch.bool else t.ndim))
+            at += used
+        else:
+            return None
+    out.extend(names[at:])
+    return out if any(n is not None for n in out) else None
+
+
+def set_rows(td: TreeNode, index: Any, value: Any) -> None:
     """``td[index] = value`` for a batch index (see ``TensorDict.__setitem__``)."""
     items = _items.normalize(index, td.batch_dims)
     _items.indexed_batch_size(td._batch_size, items)  # out-of-range rows: IndexError

@@ -21,6 +21,7 @@ import torch
 from .._core.nodes import TD, NonTensorData
 from .._core.nontensor import NonTensorStack, capture_non_tensor_stack
 from .._core.walk import KEEP, is_tree, map_leaves, walk_items, zip_leaves
+from .._core.walk import leaves as _leaves
 from . import shape
 
 
@@ -111,6 +112,10 @@ def stack(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
     result = torch.Size(batch)
     if out is not None:
         return _into(out, result, tds, lambda leaves, sink: torch.stack(leaves, dim, out=sink))
+    names = None
+    if first._names is not None:
+        names = list(first._names)
+        names.insert(dim, None)
     return map_leaves(
         first,
         lambda *leaves: torch.stack(leaves, dim),
@@ -118,6 +123,7 @@ def stack(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
         batch_size=result,
         device=first.device,
         non_tensor=_stack_non_tensor(dim),
+        names=names,
     )
 
 
@@ -366,6 +372,69 @@ def _permute(td: TD, dims: Sequence[int]) -> TD:
     return shape.permute(td, *dims)
 
 
+def _loss(name: str) -> Callable[..., Any]:
+    fn = getattr(torch.nn.functional, name)
+
+    def loss(input: Any, target: Any, *args: Any, reduction: str = "mean", **kwargs: Any) -> Any:
+        """``torch.nn.functional.<name>`` leaf by leaf: a TensorDict of losses (batch size
+        ``[]`` with ``reduction="mean"``/``"sum"``)."""
+        if reduction not in ("none", "mean", "sum"):
+            raise ValueError(
+                f"Invalid reduction mode: {reduction}. Expected one of 'none', 'mean', 'sum'."
+            )
+        extra = {k: v for k, v in kwargs.items() if k == "beta"}
+        rule: Callable[[torch.Size], Any] | None = (
+            None if reduction == "none" else (lambda batch: [])
+        )
+        return map_leaves(
+            input, lambda a, b: fn(a, b, reduction=reduction, **extra), target, node_batch=rule
+        )
+
+    loss.__name__ = name
+    return loss
+
+
+def _one_tree(value: Any, what: str) -> Any:
+    if isinstance(value, (tuple, list)):
+        if len(value) != 1:
+            raise ValueError(f"torch.autograd.grad for TensorDict only supports a single {what}")
+        value = value[0]
+    return value
+
+
+def _autograd_grad(outputs: Any, inputs: Any, grad_outputs: Any = None, **kwargs: Any) -> Any:
+    """``torch.autograd.grad`` of a TensorDict of outputs with respect to a TensorDict of
+    inputs: a TensorDict of gradients shaped like ``inputs`` (as tensordict does)."""
+    outputs = _one_tree(outputs, "output")
+    inputs = _one_tree(inputs, "input")
+    if not is_tree(outputs):
+        raise ValueError(
+            "torch.autograd.grad for TensorDict only supports TensorDictBase as output"
+        )
+    if not is_tree(inputs):
+        raise ValueError("torch.autograd.grad for TensorDict only supports TensorDictBase as input")
+    out_leaves = [t for _, _, t in _leaves(outputs)]
+    if grad_outputs is not None:
+        grad_outputs = _one_tree(grad_outputs, "grad_output")
+        grad_outputs = (
+            [g for _, g in zip_leaves(outputs, grad_outputs)]
+            if is_tree(grad_outputs)
+            else grad_outputs
+        )
+    in_leaves = [t for _, _, t in _leaves(inputs)]
+    grads = torch.autograd.grad(out_leaves, in_leaves, grad_outputs=grad_outputs, **kwargs)
+    found = iter(grads)
+    return map_leaves(inputs, lambda _: next(found))
+
+
+def _reduction(name: str) -> Callable[..., Any]:
+    def call(input: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(input, name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
 HANDLED: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.stack: stack,
     torch.cat: cat,
@@ -381,6 +450,17 @@ HANDLED: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.rand_like: rand_like,
     torch.randn_like: randn_like,
     torch.permute: _permute,
+    torch.swapaxes: _method("transpose"),
+    torch.swapdims: _method("transpose"),
+    torch.maximum: lambda input, other, *, out=None: input.maximum(other),
+    torch.nn.functional.l1_loss: _loss("l1_loss"),
+    torch.nn.functional.mse_loss: _loss("mse_loss"),
+    torch.nn.functional.smooth_l1_loss: _loss("smooth_l1_loss"),
+    torch.autograd.grad: _autograd_grad,
+    **{getattr(torch, name): _reduction(name) for name in ("sum", "mean", "std", "var")},
+    torch.gather: lambda input, dim, index, *, out=None, sparse_grad=False: input.gather(
+        dim, index, out=out
+    ),
     **{
         getattr(torch, name): _method(name)
         for name in (
@@ -394,6 +474,22 @@ HANDLED: dict[Callable[..., Any], Callable[..., Any]] = {
             "flatten",
             "unflatten",
             "transpose",
+            "flip",
+            "fliplr",
+            "flipud",
+            "roll",
+            "rot90",
+            "narrow",
+            "movedim",
+            "moveaxis",
+            "tile",
+            "repeat_interleave",
+            "tensor_split",
+            "masked_select",
+            "broadcast_to",
+            "atleast_1d",
+            "atleast_2d",
+            "atleast_3d",
         )
     },
 }

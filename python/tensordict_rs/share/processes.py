@@ -421,3 +421,8 @@ class Shareable(TreeNode):
         for td, key, value in list(leaves(self)):
             td._tensordict[key] = value.pin_memory()
         return self
+
+    def pin_memory_(self, num_threads: int | None = None) -> Self:
+        """``pin_memory(inplace=True)``: pins every tensor leaf in place; returns self."""
+        self.pin_memory(num_threads, inplace=True)
+        return self
