@@ -30,10 +30,21 @@ from ._native import (
 from .verify import verify
 
 if TYPE_CHECKING:
+    from ._core.classes import TensorCollection, TensorDictBase, is_tensor_collection, is_tensorclass
     from ._core.nodes import NonTensorData
+    from .functional import (
+        cat,
+        dense_stack_tds,
+        lazy_stack,
+        merge_tensordicts,
+        pad,
+        pad_sequence,
+        stack,
+    )
     from .io.archive import is_memmap_archive, pack_memmap, refresh_archive_checksums, unpack_memmap
     from .io.saving import TensorDictFuture
     from .memmap import MemoryMappedTensor
+    from .tensorclass import TensorClass, from_dataclass, tensorclass
     from .tensordict import TensorDict
 
 __version__ = "0.1.0"
@@ -46,19 +57,48 @@ __all__ = [
     "MemoryMappedTensor",
     "NonTensorData",
     "SymlinkError",
+    "TensorClass",
+    "TensorCollection",
     "TensorDict",
+    "TensorDictBase",
     "TensorDictError",
     "TensorDictFuture",
     "UnsupportedFormatError",
     "__version__",
+    "cat",
+    "dense_stack_tds",
+    "from_dataclass",
     "is_memmap_archive",
+    "is_tensor_collection",
+    "is_tensorclass",
+    "lazy_stack",
+    "merge_tensordicts",
     "pack_memmap",
+    "pad",
+    "pad_sequence",
     "refresh_archive_checksums",
+    "stack",
+    "tensorclass",
     "unpack_memmap",
     "verify",
 ]
 
 _LAZY = {
+    "TensorCollection": "._core.classes",
+    "TensorDictBase": "._core.classes",
+    "is_tensor_collection": "._core.classes",
+    "is_tensorclass": "._core.classes",
+    "cat": ".functional",
+    "dense_stack_tds": ".functional",
+    "lazy_stack": ".functional",
+    "merge_tensordicts": ".functional",
+    "pad": ".functional",
+    "pad_sequence": ".functional",
+    "stack": ".functional",
+    "TensorClass": ".tensorclass",
+    "from_dataclass": ".tensorclass",
+    "tensorclass": ".tensorclass",
+    "utils": ".utils",
     "MemoryMappedTensor": ".memmap",
     "NonTensorData": "._core.nodes",
     "TensorDict": ".tensordict",
@@ -75,7 +115,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    imported = importlib.import_module(module, __name__)
+    value = imported if name == "utils" else getattr(imported, name)
     globals()[name] = value
     return value
 
