@@ -22,7 +22,7 @@ pub use keys::{
 };
 pub use meta::{
     dtype, nbytes, DType, Entry, LeafMeta, NodeMeta, TensorDictMeta, DTYPES, FORMAT_VERSION, LEAF_SUFFIX,
-    MAX_DEPTH, META_FILE, META_LIMIT, RESERVED_KEYS,
+    MAX_DEPTH, META_FILE, META_LIMIT, RESERVED_KEYS, TENSORCLASS_DIR,
 };
 pub use parse::parse_meta_generic;
 pub use write::{non_tensor_meta, tensordict_meta, EntryMeta};

@@ -7,7 +7,8 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::meta::{
-    dtype, nbytes, valid_device, Entry, LeafMeta, NodeMeta, TensorDictMeta, FORMAT_VERSION, RESERVED_KEYS,
+    dtype, is_user_class, nbytes, valid_device, Entry, LeafMeta, NodeMeta, TensorDictMeta, FORMAT_VERSION,
+    RESERVED_KEYS,
 };
 use crate::error::{Error, Result};
 
@@ -28,6 +29,13 @@ pub fn parse_meta_generic(bytes: &[u8], path: &Path) -> Result<NodeMeta> {
                 format!("meta.json has _format_version {v}; this library reads up to {FORMAT_VERSION}"),
             ))
         }
+    }
+    if map
+        .get("_type")
+        .and_then(Value::as_str)
+        .is_some_and(is_user_class)
+    {
+        return Ok(NodeMeta::TensorClass(map));
     }
     let class = map.get("_class").and_then(Value::as_str);
     let type_ = map.get("_type").and_then(Value::as_str);

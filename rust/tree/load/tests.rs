@@ -13,10 +13,12 @@ fn saved() -> std::path::PathBuf {
         same_file: None,
     }];
     let child = NodeSpec {
+        class: None,
         batch: vec![3],
         entries: vec![("x".into(), EntrySpec::Leaf(0))],
     };
     let root = NodeSpec {
+        class: None,
         batch: vec![3],
         entries: vec![("sub".into(), EntrySpec::Node(child))],
     };

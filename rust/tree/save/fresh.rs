@@ -210,6 +210,7 @@ fn build(
         false,
         0,
         None,
+        false,
     )?;
     plan.write_data(&staging, leaves, opts)?;
     if opts.durable {
