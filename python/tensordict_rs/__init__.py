@@ -30,7 +30,12 @@ from ._native import (
 from .verify import verify
 
 if TYPE_CHECKING:
-    from ._core.classes import TensorCollection, TensorDictBase, is_tensor_collection, is_tensorclass
+    from ._core.classes import (
+        TensorCollection,
+        TensorDictBase,
+        is_tensor_collection,
+        is_tensorclass,
+    )
     from ._core.nodes import NonTensorData
     from .functional import (
         cat,
