@@ -79,7 +79,7 @@ def _mark(td: TD, path: Path, *, memmapped: bool) -> None:
     td._device = _CPU
     td._is_memmap = memmapped
     td._memmap_prefix = path
-    stack = [td]
+    stack: list[TreeNode] = [td]
     while stack:
         node = stack.pop()
         for value in node._tensordict.values():

@@ -358,7 +358,7 @@ def _tensorclass_node(cls: type[TD], class_text: str, path: Path) -> type[TD]:
     """
     meta = json.loads(class_text)
     type_name = meta.get("_type")
-    found = _classes.lookup(type_name, meta.get("_class"))
+    found: Any = _classes.lookup(type_name, meta.get("_class"))
     saved = str(type_name or meta.get("_class")).removeprefix("<class '").removesuffix("'>")
     caller = cls._tensorclass
     if found is None and caller is not None:
