@@ -149,3 +149,18 @@ def _alias(old: str, new: str) -> None:
 
 for _old, _new in _MOVED_MODULES.items():
     _alias(_old, _new)
+
+
+class _Package(types.ModuleType):
+    """This package's module type: ``tensordict_rs.tensorclass`` is the decorator, as
+    ``tensordict.tensorclass`` is, also after the submodule of that name is imported (the
+    import system then sets the package attribute to the submodule; it gets the decorator).
+    ``from tensordict_rs.tensorclass import ...`` still reads the submodule."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "tensorclass" and isinstance(value, types.ModuleType):
+            value = value.tensorclass
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
