@@ -119,7 +119,7 @@ pub(crate) fn walk(
             let pickle = format!("{dir}other.pickle");
             if ar.entry(&pickle).is_some() {
                 return Err(Error::unsupported(
-                    &entry_path(&ar.path, &pickle),
+                    entry_path(&ar.path, &pickle),
                     "this tensorclass has fields stored with pickle, which is never loaded (only JSON values are)",
                 ));
             }
