@@ -265,7 +265,7 @@ def _set_field(obj: Any, key: str, value: Any, *, inplace: bool = False) -> None
     elif isinstance(value, dict) and _is_tensorclass_type(hint):
         value = typing.cast(Any, hint).from_dict(value, batch_size=td.batch_size)._as_node()
     elif cls._autocast and hint is not Any and not isinstance(value, TensorDict):
-        value = _cast(value, hint)
+        value = _cast(value, hint, td.batch_size)
     elif isinstance(value, (torch.Tensor, TensorDict)):
         pass
     elif not cls._nocast and isinstance(value, (bool, int, float, np.ndarray, np.number)):
@@ -283,13 +283,19 @@ def _scalar_hint(cls: type, key: str) -> bool:
     return hint in (int, float, bool)
 
 
-def _cast(value: Any, hint: Any) -> Any:
-    """autocast: the value converted to its field's annotation."""
+def _cast(value: Any, hint: Any, batch_size: torch.Size) -> Any:
+    """autocast: the value converted to its field's annotation (a mapping to a TensorDict for
+    a TensorDict annotation, anything to an array for ``np.ndarray``; unions are left as they
+    are, as in tensordict)."""
     origin = typing.get_origin(hint)
-    if origin is typing.Union or hint is Any:
+    if origin is typing.Union or origin is types.UnionType or hint is Any:
         return value if isinstance(value, torch.Tensor) else NonTensorData(value)
     if isinstance(hint, type) and issubclass(hint, torch.Tensor):
         return torch.as_tensor(value)
+    if isinstance(hint, type) and issubclass(hint, TensorDict) and isinstance(value, Mapping):
+        return TensorDict(dict(value), batch_size)
+    if isinstance(hint, type) and issubclass(hint, np.ndarray):
+        return NonTensorData(np.asarray(value))
     if isinstance(hint, type) and hint in (int, float, bool, str):
         if isinstance(value, torch.Tensor):
             value = value.item()
@@ -355,9 +361,12 @@ def _setattr(self: Any, key: str, value: Any) -> None:
     if key in ("batch_size", "names"):
         setattr(self.__dict__["_tensordict"], key, value)
         return
-    if key == "device":
-        self.__dict__["_tensordict"].device = value  # raises tensordict's error
-        return
+    if key == "device" and "device" not in cls.__dataclass_fields__:
+        raise RuntimeError(
+            "device cannot be set using tensorclass.device = device, because device cannot be "
+            "updated in-place. To update device, use tensorclass.to(new_device), which will "
+            "return a new tensorclass on the new device."
+        )
     static = inspect.getattr_static(cls, key, None)
     if key.startswith("_") or hasattr(static, "__set__"):
         object.__setattr__(self, key, value)
@@ -415,10 +424,10 @@ def _repr(self: Any) -> str:
 
     td = self.__dict__["_tensordict"]
     body = _body(td)
-    missing = [
-        (name, "None")
-        for name in type(self).__dataclass_fields__
-        if name not in td._tensordict and type(self).__dataclass_fields__[name].repr
+    missing = [  # (class variables are not fields)
+        (field.name, "None")
+        for field in dataclasses.fields(self)
+        if field.name not in td._tensordict and field.repr
     ]
     hidden = {n for n, f in type(self).__dataclass_fields__.items() if not f.repr}
     body = [(k, v) for k, v in body if k not in hidden]
@@ -669,10 +678,24 @@ def _process(cls: type, flags: dict[str, Any]) -> type:
     cls._cast_filter = flags.get("cast_filter")  # type: ignore[attr-defined]
     cls._post_init = getattr(cls, "__post_init__", None)  # type: ignore[attr-defined]
     cls._TensorDict = _node_class(cls)  # type: ignore[attr-defined]
-    cls.__init__ = _init_wrapper(cls.__init__)  # type: ignore[misc]
+    init = _init_wrapper(cls.__init__)  # type: ignore[misc]
+    # the signature shows the TensorDict's keywords after the fields, as tensordict's does
+    signature = inspect.signature(cls.__init__)  # type: ignore[misc]
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
+        for name in ("batch_size", "device", "names")
+        if name not in signature.parameters
+    ]
+    init.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*signature.parameters.values(), *extra]
+    )
+    cls.__init__ = init  # type: ignore[misc]
+    expected = set()
     for name, field in cls.__dataclass_fields__.items():  # type: ignore[attr-defined]
         if field._field_type is dataclasses._FIELD:  # type: ignore[attr-defined]
             setattr(cls, name, _Field(name, cls))
+            expected.add(name)
+    cls.__expected_keys__ = expected  # type: ignore[attr-defined]
     members = {
         "__getattr__": _getattr,
         "__setattr__": _setattr,
@@ -723,7 +746,7 @@ def _tensor_only_type(hint: Any) -> bool:
 def _check_tensor_only(cls: type) -> None:
     """tensor_only: every field is annotated with a tensor type or a tensor collection."""
     hints = _type_hints(cls)
-    for name in cls.__dataclass_fields__:  # type: ignore[attr-defined]
+    for name in (field.name for field in dataclasses.fields(cls)):  # type: ignore[arg-type]
         if name in hints and not _tensor_only_type(hints[name]):
             raise TypeError("tensor_only requires types to be Tensor, Tensor-subtypes or None.")
 
@@ -804,6 +827,12 @@ class TensorClass(metaclass=_TensorClassMeta):
     """
 
     _base_flags: ClassVar[dict[str, Any]] = {}
+    # the options of the base itself (each subclass gets its own, see _process)
+    _autocast: ClassVar[bool] = False
+    _nocast: ClassVar[bool] = False
+    _frozen: ClassVar[bool] = False
+    _tensor_only: ClassVar[bool] = False
+    _shadow: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         flags = {
