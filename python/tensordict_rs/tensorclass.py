@@ -358,7 +358,7 @@ def _getattr(self: Any, name: str) -> Any:
 
 def _setattr(self: Any, key: str, value: Any) -> None:
     cls = type(self)
-    if key in ("batch_size", "names"):
+    if key in ("batch_size", "names") and key not in cls.__dataclass_fields__:  # (shadow)
         setattr(self.__dict__["_tensordict"], key, value)
         return
     if key == "device" and "device" not in cls.__dataclass_fields__:
@@ -652,9 +652,9 @@ def _reserved(name: str) -> bool:
 def _process(cls: type, flags: dict[str, Any]) -> type:
     """Makes ``cls`` a tensorclass in place and returns it."""
     if flags.get("autocast") and flags.get("nocast"):
-        raise ValueError("autocast and nocast cannot both be set")
+        raise TypeError("autocast is exclusive with nocast.")
     if flags.get("tensor_only") and (flags.get("autocast") or flags.get("nocast")):
-        raise ValueError("tensor_only cannot be combined with autocast or nocast")
+        raise TypeError("tensor_only and autocast or nocast are exclusive features.")
     own = inspect.get_annotations(cls)
     if not flags.get("shadow"):
         for name in own:
