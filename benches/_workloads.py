@@ -339,6 +339,15 @@ WORKLOADS: tuple[Workload, ...] = (
         min_ratio=1.0,
     ),
     Workload(
+        "tc_loading",
+        "DataLoader over a memory-mapped tensorclass (tensorclass_imagenet's loop), batches of 128",
+        "M rows/s",
+        "the same loop over a tensordict_rs TensorDict of the same data",
+        ">= 3x the reference; the tensorclass >= 0.9 of the TensorDict",
+        min_ratio=3.0,
+        min_fraction=0.9,
+    ),
+    Workload(
         "map_w2",
         "map(fn, num_workers=2, out=memmap_like) of a 1 GiB memmap dataset, /dev/shm",
         "GB/s",

@@ -31,6 +31,12 @@ from ._native import (
 from .verify import verify
 
 if TYPE_CHECKING:
+    from ._core.classes import (
+        TensorCollection,
+        TensorDictBase,
+        is_tensor_collection,
+        is_tensorclass,
+    )
     from ._core.nodes import NonTensorData
     from ._core.nontensor import (
         LinkedList,
@@ -41,9 +47,19 @@ if TYPE_CHECKING:
         set_capture_non_tensor_stack,
         set_list_to_stack,
     )
+    from .functional import (
+        cat,
+        dense_stack_tds,
+        lazy_stack,
+        merge_tensordicts,
+        pad,
+        pad_sequence,
+        stack,
+    )
     from .io.archive import is_memmap_archive, pack_memmap, refresh_archive_checksums, unpack_memmap
     from .io.saving import TensorDictFuture
     from .memmap import MemoryMappedTensor
+    from .tensorclass import TensorClass, from_dataclass, tensorclass
     from .tensordict import TensorDict
 
 #: The installed distribution's version (its metadata: the wheel's, or the editable install's),
@@ -60,24 +76,53 @@ __all__ = [
     "NonTensorData",
     "NonTensorStack",
     "SymlinkError",
+    "TensorClass",
+    "TensorCollection",
     "TensorDict",
+    "TensorDictBase",
     "TensorDictError",
     "TensorDictFuture",
     "UnsupportedFormatError",
     "__version__",
     "capture_non_tensor_stack",
+    "cat",
+    "dense_stack_tds",
+    "from_dataclass",
     "is_memmap_archive",
     "is_non_tensor",
+    "is_tensor_collection",
+    "is_tensorclass",
+    "lazy_stack",
     "list_to_stack",
+    "merge_tensordicts",
     "pack_memmap",
+    "pad",
+    "pad_sequence",
     "refresh_archive_checksums",
     "set_capture_non_tensor_stack",
     "set_list_to_stack",
+    "stack",
+    "tensorclass",
     "unpack_memmap",
     "verify",
 ]
 
 _LAZY = {
+    "TensorCollection": "._core.classes",
+    "TensorDictBase": "._core.classes",
+    "is_tensor_collection": "._core.classes",
+    "is_tensorclass": "._core.classes",
+    "cat": ".functional",
+    "dense_stack_tds": ".functional",
+    "lazy_stack": ".functional",
+    "merge_tensordicts": ".functional",
+    "pad": ".functional",
+    "pad_sequence": ".functional",
+    "stack": ".functional",
+    "TensorClass": ".tensorclass",
+    "from_dataclass": ".tensorclass",
+    "tensorclass": ".tensorclass",
+    "utils": ".utils",
     "MemoryMappedTensor": ".memmap",
     "NonTensorData": "._core.nodes",
     "LinkedList": "._core.nontensor",
@@ -101,7 +146,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    imported = importlib.import_module(module, __name__)
+    value = imported if name == "utils" else getattr(imported, name)
     if name == "TensorDict":  # registers TensorDictParams for from_module(as_module=True)
         importlib.import_module(".nn", __name__)
     globals()[name] = value
@@ -135,3 +181,18 @@ def _alias(old: str, new: str) -> None:
 
 for _old, _new in _MOVED_MODULES.items():
     _alias(_old, _new)
+
+
+class _Package(types.ModuleType):
+    """This package's module type: ``tensordict_rs.tensorclass`` is the decorator, as
+    ``tensordict.tensorclass`` is, also after the submodule of that name is imported (the
+    import system then sets the package attribute to the submodule; it gets the decorator).
+    ``from tensordict_rs.tensorclass import ...`` still reads the submodule."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "tensorclass" and isinstance(value, types.ModuleType):
+            value = value.tensorclass
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

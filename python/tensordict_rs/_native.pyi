@@ -19,6 +19,7 @@ __all__ = [
     "REFUSED",
     "RESERVED_KEYS",
     "STACK",
+    "TENSORCLASS_DIR",
     "Buffer",
     "FileExistsRuntimeError",
     "InvalidDirectoryError",
@@ -69,6 +70,7 @@ FORMAT_VERSION: int
 # Constants shared with the Rust core, defined there once (rust/format, rust/packed.rs,
 # rust/py/tree.rs, rust/sys/gather.rs).
 RESERVED_KEYS: tuple[str, ...]  # the keys meta.json uses for itself
+TENSORCLASS_DIR: str  # the sub-directory of a tensorclass directory that holds its TensorDict
 DTYPES: tuple[str, ...]  # the dtype names of the format, "torch.bool" ... "torch.complex128"
 LEAF: int  # entry tags of the tree tuples: a tensor,
 NODE: int  # a nested TensorDict,

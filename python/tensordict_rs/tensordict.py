@@ -10,6 +10,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Self
 import torch
 
 from ._core import index as _index
+from ._core.classes import TensorDictBase, public
 from ._core.locking import Lockable, locked_error
 from ._core.nodes import TD, Key, NonTensorData, TreeNode
 from ._core.nontensor import NonTensorStack
@@ -277,6 +278,9 @@ class TensorDict(
 
     def _convert(self, key: str, value: Any, non_blocking: bool) -> Any:
         """Validates a new value for ``key``: device, batch dims, nested mappings."""
+        as_node = getattr(value, "_as_node", None)
+        if as_node is not None:  # a tensorclass: stored as its TensorDict (of its subclass)
+            value = as_node()
         if isinstance(value, TensorDict):
             self._check_batch(key, value.batch_size)
             if self._device is not None and value.device != self._device:
@@ -348,6 +352,8 @@ class TensorDict(
             ) from None
         if type(value) is NonTensorData:
             value.batch_size, value.device = td._batch_size, td._device
+        elif isinstance(value, TensorDict) and type(value)._tensorclass is not None:
+            return type(value)._tensorclass._from_tensordict(value)
         return value
 
     def set(
@@ -528,7 +534,7 @@ class TensorDict(
         >>> td.values(include_nested=True, leaves_only=True)
         [tensor([0., 0.]), tensor([1., 1.])]
         """
-        return [v for _, v in walk_items(self, include_nested, leaves_only)]
+        return [public(v) for _, v in walk_items(self, include_nested, leaves_only)]
 
     def items(
         self, include_nested: bool = False, leaves_only: bool = False
@@ -540,7 +546,7 @@ class TensorDict(
         >>> [(key, value.tolist()) for key, value in td.items(True, leaves_only=True)]
         [('a', [0.0, 0.0]), (('b', 'c'), [1.0, 1.0])]
         """
-        return list(walk_items(self, include_nested, leaves_only))
+        return [(k, public(v)) for k, v in walk_items(self, include_nested, leaves_only)]
 
     def __contains__(self, key: object) -> bool:
         if isinstance(key, str):
@@ -686,6 +692,7 @@ class TensorDict(
 
 
 register(TensorDict)
+TensorDictBase.register(TensorDict)
 _pytree.register(TensorDict)
 
 # Set after the class body so that the casts named float/int/bool do not shadow the builtins there.

@@ -115,6 +115,23 @@ pub(crate) fn walk(
                 "this archive holds non-tensor values only, not a TensorDict",
             ))
         }
+        NodeMeta::TensorClass(class) => {
+            // tensordict's tensorclass layout: the fields are the TensorDict in _tensordict/
+            let pickle = format!("{dir}other.pickle");
+            if ar.entry(&pickle).is_some() {
+                return Err(Error::unsupported(
+                    entry_path(&ar.path, &pickle),
+                    "this tensorclass has fields stored with pickle, which is never loaded (only JSON values are)",
+                ));
+            }
+            let fields = format!("{dir}{}/", format::TENSORCLASS_DIR);
+            if ar.entry(&format!("{fields}{}", format::META_FILE)).is_none() {
+                return Err(bad(&meta_path, "a tensorclass without its _tensordict directory"));
+            }
+            let mut node = walk(ar, parsed, &fields, depth + 1, jobs)?;
+            node.class = Some(serde_json::Value::Object(class).to_string());
+            return Ok(node);
+        }
     };
     let mut entries = Vec::with_capacity(meta.entries.len());
     for (key, entry) in meta.entries {
@@ -230,7 +247,7 @@ pub(crate) fn walk(
                         check_stack(&stack, &key, &meta.batch, &entry_path(&ar.path, &child_meta))?;
                         entries.push((key, LoadedEntry::Stack(stack)));
                     }
-                    sub @ NodeMeta::TensorDict(_) => {
+                    sub @ (NodeMeta::TensorDict(_) | NodeMeta::TensorClass(_)) => {
                         // handed to the child's walk, which would otherwise parse it again
                         parsed.insert(child_meta.clone(), Ok(sub));
                         let node = walk(ar, parsed, &child, depth + 1, jobs)?;
@@ -253,6 +270,7 @@ pub(crate) fn walk(
         batch: meta.batch,
         device: meta.device,
         entries,
+        class: None,
     })
 }
 

@@ -57,10 +57,12 @@ pub(crate) fn sample(data: &[Vec<u8>]) -> (NodeSpec, Vec<LeafSpec<'_>>) {
         },
     ];
     let nested = NodeSpec {
+        class: None,
         batch: vec![3],
         entries: vec![("b".into(), EntrySpec::Leaf(1)), ("e".into(), EntrySpec::Leaf(2))],
     };
     let root = NodeSpec {
+        class: None,
         batch: vec![3],
         entries: vec![
             ("z".into(), EntrySpec::Leaf(0)),
@@ -149,6 +151,7 @@ fn zeros_and_big_leaves_get_right_crcs() {
     }
     let leaves = vec![leaf(Some(&big), big.len()), leaf(None, big.len())];
     let root = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![("a".into(), EntrySpec::Leaf(0)), ("b".into(), EntrySpec::Leaf(1))],
     };

@@ -130,8 +130,23 @@ impl Planned {
     }
 }
 
-/// Lists the entries of `node` (its directory in the archive is `dir`, "" or ending in "/").
+/// Lists the entries of `node` (its directory in the archive is `dir`, "" or ending in "/"):
+/// a tensorclass node is its meta.json, then its TensorDict in `_tensordict/`.
 fn plan_node(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Vec<Planned>) {
+    match &node.class {
+        Some(class) => {
+            out.push(meta_entry(
+                format!("{dir}{}", format::META_FILE),
+                class.meta.clone(),
+            ));
+            plan_fields(&format!("{dir}{}/", format::TENSORCLASS_DIR), node, leaves, out);
+        }
+        None => plan_fields(dir, node, leaves, out),
+    }
+}
+
+/// Lists the entries of the TensorDict `node` at `dir`.
+fn plan_fields(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Vec<Planned>) {
     let mut metas = Vec::with_capacity(node.entries.len());
     let mut files: Vec<(String, usize)> = Vec::new();
     let mut tables: Vec<(String, &[u8])> = Vec::new();
@@ -151,9 +166,15 @@ fn plan_node(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Vec<
                 }
                 metas.push((key.as_str(), leaf.entry_meta()));
             }
-            EntrySpec::Node(_) => {
+            EntrySpec::Node(child) => {
                 dirs.push((format::portable_key(key), entry));
-                metas.push((key.as_str(), EntryMeta::TensorDict));
+                metas.push((
+                    key.as_str(),
+                    match &child.class {
+                        Some(class) => EntryMeta::TensorClass(&class.name),
+                        None => EntryMeta::TensorDict,
+                    },
+                ));
             }
             EntrySpec::NonTensor(_) => {
                 dirs.push((format::portable_key(key), entry));

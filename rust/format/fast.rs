@@ -72,6 +72,9 @@ fn finish(top: Top<'_>) -> Option<NodeMeta> {
     if keys.windows(2).any(|w| w[0] == w[1]) {
         return None;
     }
+    if top.type_.as_deref().is_some_and(meta::is_user_class) {
+        return None; // a tensorclass directory: the generic parser keeps its whole meta.json
+    }
     let kind = top
         .class
         .as_deref()

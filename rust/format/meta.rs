@@ -2,7 +2,7 @@
 //! parsers produce. It matches what tensordict 0.15 writes (see the reference document §1), so
 //! that directories move both ways.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// Name of the metadata file of every directory.
 pub const META_FILE: &str = "meta.json";
@@ -21,6 +21,8 @@ pub const META_LIMIT: u64 = 64 << 20;
 pub const MAX_DEPTH: usize = 256;
 /// Highest `_format_version` this library reads.
 pub const FORMAT_VERSION: u64 = 1;
+/// The sub-directory of a tensorclass directory that holds its TensorDict.
+pub const TENSORCLASS_DIR: &str = "_tensordict";
 
 /// Keys that meta.json uses for itself: a leaf with one of these names would be lost.
 pub const RESERVED_KEYS: &[&str] = &["shape", "device", "_type", "_format_version", "_class", "_names"];
@@ -231,6 +233,16 @@ pub enum NodeMeta {
     TensorDict(TensorDictMeta),
     NonTensor(Value),
     Stack(super::stack::StackMeta),
+    /// A tensorclass directory (tensordict's layout: this meta.json names the class, the
+    /// fields are a TensorDict in `_tensordict/`). The whole meta.json object, for the Python
+    /// layer, which finds the class it names.
+    TensorClass(Map<String, Value>),
+}
+
+/// True when a meta.json's `_type` names a user class (`<class 'module.Name'>` outside the
+/// tensordict package): a tensorclass directory.
+pub(crate) fn is_user_class(type_: &str) -> bool {
+    type_.starts_with("<class '") && type_.ends_with("'>") && !type_.starts_with("<class 'tensordict.")
 }
 
 /// `type` or `type:index`, with a device type torch knows.

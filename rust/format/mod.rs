@@ -25,7 +25,7 @@ pub use keys::{
 pub use meta::{
     dtype, nbytes, nested_nbytes, DType, Entry, Layout, LeafMeta, NestedMeta, NodeMeta, TensorDictMeta,
     DTYPES, FORMAT_VERSION, JAGGED, LEAF_SUFFIX, MAX_DEPTH, META_FILE, META_LIMIT, RESERVED_KEYS,
-    SHAPE_SUFFIX, STRIDED,
+    SHAPE_SUFFIX, STRIDED, TENSORCLASS_DIR,
 };
 pub use parse::parse_meta_generic;
 pub use stack::{StackMeta, STACK_META_LIMIT};

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::meta::{
-    dtype, nbytes, valid_device, Entry, Layout, LeafMeta, NestedMeta, NodeMeta, TensorDictMeta,
+    dtype, is_user_class, nbytes, valid_device, Entry, Layout, LeafMeta, NestedMeta, NodeMeta, TensorDictMeta,
     FORMAT_VERSION, JAGGED, RESERVED_KEYS, STRIDED,
 };
 use crate::error::{Error, Result};
@@ -29,6 +29,13 @@ pub fn parse_meta_generic(bytes: &[u8], path: &Path) -> Result<NodeMeta> {
                 format!("meta.json has _format_version {v}; this library reads up to {FORMAT_VERSION}"),
             ))
         }
+    }
+    if map
+        .get("_type")
+        .and_then(Value::as_str)
+        .is_some_and(is_user_class)
+    {
+        return Ok(NodeMeta::TensorClass(map));
     }
     let class = map.get("_class").and_then(Value::as_str);
     let type_ = map.get("_type").and_then(Value::as_str);

@@ -23,6 +23,8 @@ pub enum EntryMeta<'a> {
     TensorDict,
     NonTensorData,
     NonTensorStack,
+    /// A tensorclass directory: `{"type": <class name>}`.
+    TensorClass(&'a str),
 }
 
 /// Formats JSON like Python's `json.dumps` does by default (`", "` and `": "`), so that files
@@ -105,6 +107,7 @@ pub fn tensordict_meta<'a>(
                 EntryMeta::TensorDict => map.serialize_entry(key, &TypeJson("TensorDict"))?,
                 EntryMeta::NonTensorData => map.serialize_entry(key, &TypeJson("NonTensorData"))?,
                 EntryMeta::NonTensorStack => map.serialize_entry(key, &TypeJson("NonTensorStack"))?,
+                EntryMeta::TensorClass(name) => map.serialize_entry(key, &TypeJson(name))?,
             }
         }
         map.serialize_entry("shape", batch)?;
@@ -143,9 +146,9 @@ impl serde::Serialize for LeafJson<'_> {
 }
 
 /// `{"type": ...}`: the entry of a sub-directory in a TensorDict meta.json.
-struct TypeJson(&'static str);
+struct TypeJson<'a>(&'a str);
 
-impl serde::Serialize for TypeJson {
+impl serde::Serialize for TypeJson<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut map = ser.serialize_map(Some(1))?;

@@ -16,7 +16,7 @@ use crate::format::stack::{self as stack_format, Cells};
 use crate::format::Layout;
 use crate::sys::storage::Region;
 use crate::tree::load::{self, LoadedEntry, LoadedNode};
-use crate::tree::save::{self, EntrySpec, LeafSpec, NestedSpec, NodeSpec, SaveOptions};
+use crate::tree::save::{self, ClassSpec, EntrySpec, LeafSpec, NestedSpec, NodeSpec, SaveOptions};
 
 /// The tag of a tensor entry in the tuples of a tree (saved, loaded, summarized, described).
 pub const LEAF: u8 = 0;
@@ -44,7 +44,16 @@ type LeafTuple = (
 );
 
 pub(super) fn node_spec<'a>(node: &Bound<'_, PyAny>, leaves: &mut Vec<LeafSpec<'a>>) -> PyResult<NodeSpec> {
-    let (batch, entries): (Vec<u64>, Bound<'_, PyList>) = node.extract()?;
+    let node = node.cast::<PyTuple>()?;
+    // (batch, entries) or, for a tensorclass, (batch, entries, class name, meta.json text)
+    let (batch, entries, class) = if node.len() == 4 {
+        let (batch, entries, name, meta): (Vec<u64>, Bound<'_, PyList>, String, String) = node.extract()?;
+        let meta = meta.into_bytes();
+        (batch, entries, Some(ClassSpec { name, meta }))
+    } else {
+        let (batch, entries): (Vec<u64>, Bound<'_, PyList>) = node.extract()?;
+        (batch, entries, None)
+    };
     let mut out = Vec::with_capacity(entries.len());
     for item in entries.iter() {
         let item = item.cast_into::<PyTuple>()?;
@@ -105,7 +114,11 @@ pub(super) fn node_spec<'a>(node: &Bound<'_, PyAny>, leaves: &mut Vec<LeafSpec<'
         };
         out.push((key, entry));
     }
-    Ok(NodeSpec { batch, entries: out })
+    Ok(NodeSpec {
+        batch,
+        entries: out,
+        class,
+    })
 }
 
 pub(super) fn buffers(regions: Vec<Option<Region>>) -> Vec<Option<Buffer>> {
@@ -114,7 +127,9 @@ pub(super) fn buffers(regions: Vec<Option<Region>>) -> Vec<Option<Buffer>> {
 
 /// Saves a whole tree under `prefix` atomically, in one call, with the GIL released.
 ///
-/// `tree` is `(batch_size, entries)`; each entry is `(0, key, dtype, shape, device, data_ptr,
+/// `tree` is `(batch_size, entries)`, or `(batch_size, entries, class_name, meta_json)` for a
+/// tensorclass (saved in tensordict's layout: `meta_json` as the directory's meta.json, the
+/// entries in its `_tensordict/`, `class_name` as the parent's `{"type": ...}`); each entry is `(0, key, dtype, shape, device, data_ptr,
 /// nbytes, same_file)` for a tensor (data_ptr 0: memmap_like, an existing file kept as it
 /// is, a new one zero-filled; same_file: the (device, inode) the source maps, kept when it
 /// is the file at the leaf's name), `(1, key, subtree)` for a nested TensorDict, or
@@ -184,7 +199,7 @@ pub(super) fn node_to_py<'py>(py: Python<'py>, node: LoadedNode) -> PyResult<Bou
         };
         entries.append(item)?;
     }
-    (node.batch, node.device, entries).into_pyobject(py)
+    (node.batch, node.device, entries, node.class).into_pyobject(py)
 }
 
 /// A stack's cells for Python: `(values_bytes, offsets_bytes)` (int64) for strings, else the
@@ -205,7 +220,8 @@ pub(super) fn cells_to_py<'py>(py: Python<'py>, cells: &Cells) -> PyResult<Bound
 }
 
 /// Loads and validates the tree at `prefix` in one call, mapping every leaf with the GIL
-/// released. Returns `(tree, buffers)`: tree is `(batch_size, device, entries)` with entries
+/// released. Returns `(tree, buffers)`: tree is `(batch_size, device, entries, class_meta)`
+/// (`class_meta`: the meta.json text of a tensorclass directory, else None) with entries
 /// `(0, key, dtype, shape, leaf_index)`, `(1, key, subtree)` or `(2, key, json_text)`.
 #[pyfunction]
 pub fn load_tree<'py>(

@@ -13,7 +13,7 @@ use crate::format::{self, Entry, LeafMeta, NodeMeta, TensorDictMeta};
 use crate::sys::dir::Dir;
 use crate::sys::storage::MapMode;
 use crate::tree::load::{check_nested_table, read_nested_table, LoadedNested};
-use crate::tree::read::{check_stack, open_child_dir, read_meta, read_stack};
+use crate::tree::read::{check_stack, open_child_dir, read_meta, read_stack, tensorclass_fields};
 
 /// One entry of a summarized directory.
 #[derive(Debug)]
@@ -79,6 +79,10 @@ fn tensordict(meta: NodeMeta, at: &Path, what: &str) -> Result<TensorDictMeta> {
             at,
             format!("this {what} holds non-tensor values only, not a TensorDict"),
         )),
+        NodeMeta::TensorClass(_) => Err(Error::invalid(
+            at,
+            "the _tensordict directory of a tensorclass holds another tensorclass, not a TensorDict",
+        )),
     }
 }
 
@@ -114,6 +118,10 @@ fn summarize_dir(dir: &Dir, meta: TensorDictMeta, depth: usize) -> Result<Summar
                         }
                     }
                     NodeMeta::TensorDict(sub) => SummaryEntry::Node(summarize_dir(&child, sub, depth + 1)?),
+                    NodeMeta::TensorClass(_) => {
+                        let (fields, sub) = tensorclass_fields(&child)?;
+                        SummaryEntry::Node(summarize_dir(&fields, sub, depth + 1)?)
+                    }
                 }
             }
         };
@@ -131,6 +139,10 @@ fn summarize_dir(dir: &Dir, meta: TensorDictMeta, depth: usize) -> Result<Summar
 /// data files are not checked: that is `verify_tree`'s job).
 pub fn summarize(prefix: &Path) -> Result<SummaryNode> {
     let root = Dir::open(prefix).map_err(|e| Error::io(prefix, e))?;
+    if let NodeMeta::TensorClass(_) = read_meta(&root)? {
+        let (fields, meta) = tensorclass_fields(&root)?;
+        return summarize_dir(&fields, meta, 0);
+    }
     let meta = tensordict(read_meta(&root)?, root.path(), "directory")?;
     summarize_dir(&root, meta, 0)
 }
@@ -140,11 +152,25 @@ pub fn summarize(prefix: &Path) -> Result<SummaryNode> {
 pub fn summarize_archive(path: &Path) -> Result<SummaryNode> {
     let ar = Archive::open(path, MapMode::ReadOnly)?;
     let at = ar.path.join(format::META_FILE);
-    let meta = match archive_meta(&ar, "")? {
+    let (root, meta) = match archive_meta(&ar, "")? {
         None => return Err(Error::invalid(&at, "meta.json is missing")),
-        Some(meta) => tensordict(meta, &at, "archive")?,
+        Some(NodeMeta::TensorClass(_)) => archive_fields(&ar, "")?,
+        Some(meta) => (String::new(), tensordict(meta, &at, "archive")?),
     };
-    summarize_entry(&ar, "", meta, 0)
+    summarize_entry(&ar, &root, meta, 0)
+}
+
+/// The entry prefix of the fields of the tensorclass at `dir` in an archive, and their meta.
+fn archive_fields(ar: &Archive, dir: &str) -> Result<(String, TensorDictMeta)> {
+    let fields = format!("{dir}{}/", format::TENSORCLASS_DIR);
+    let at = ar.path.join(&fields).join(format::META_FILE);
+    match archive_meta(ar, &fields)? {
+        None => Err(Error::invalid(
+            &at,
+            "a tensorclass without its _tensordict directory",
+        )),
+        Some(meta) => Ok((fields, tensordict(meta, &at, "archive")?)),
+    }
 }
 
 fn archive_meta(ar: &Archive, dir: &str) -> Result<Option<NodeMeta>> {
@@ -224,6 +250,10 @@ fn summarize_entry(ar: &Archive, dir: &str, meta: TensorDictMeta, depth: usize) 
                     }
                     Some(NodeMeta::TensorDict(sub)) => {
                         SummaryEntry::Node(summarize_entry(ar, &child, sub, depth + 1)?)
+                    }
+                    Some(NodeMeta::TensorClass(_)) => {
+                        let (fields, sub) = archive_fields(ar, &child)?;
+                        SummaryEntry::Node(summarize_entry(ar, &fields, sub, depth + 1)?)
                     }
                 }
             }

@@ -18,7 +18,7 @@ use crate::sys::identity::{self, FileId};
 use crate::sys::pool;
 use crate::sys::storage::{self, MapMode, Region};
 use crate::tree::commit;
-use crate::tree::read::{open_child_dir, read_meta, read_stack};
+use crate::tree::read::{open_child_dir, read_meta, read_stack, tensorclass_fields};
 
 /// One loaded entry. Leaves point into the flat region list returned beside the tree.
 #[derive(Debug)]
@@ -50,6 +50,9 @@ pub struct LoadedNode {
     pub batch: Vec<u64>,
     pub device: Option<String>,
     pub entries: Vec<(String, LoadedEntry)>,
+    /// For a tensorclass directory: its meta.json (JSON text), which names the class; the
+    /// node is then the TensorDict of its `_tensordict/` sub-directory.
+    pub class: Option<String>,
 }
 
 /// A leaf file to open and map, found while walking.
@@ -128,16 +131,22 @@ struct MapGroup {
 fn load_from(root: &Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
     let mut groups = Vec::new();
     let mut count = 0;
-    let meta = match read_meta(root)? {
-        NodeMeta::TensorDict(m) => m,
+    let mut rel = Vec::new();
+    let (meta, class) = match read_meta(root)? {
+        NodeMeta::TensorDict(m) => (m, None),
         NodeMeta::NonTensor(_) | NodeMeta::Stack(_) => {
             return Err(Error::unsupported(
                 root.path(),
                 "this directory holds non-tensor values only, not a TensorDict",
             ))
         }
+        NodeMeta::TensorClass(class) => {
+            rel.push(format::TENSORCLASS_DIR.to_string());
+            (tensorclass_fields(root)?.1, Some(class))
+        }
     };
-    let node = walk(root, &mut Vec::new(), 0, &[], meta, &mut groups, &mut count)?;
+    let mut node = walk(root, &mut rel, 0, &[], meta, &mut groups, &mut count)?;
+    node.class = class.map(|c| Value::Object(c).to_string());
     // Every directory's meta.json is read first; then the files are mapped in parallel, a
     // group at a time (each worker holds one directory open while it maps its group).
     let leaves: usize = groups.iter().map(|g: &MapGroup| g.jobs.len()).sum();
@@ -239,7 +248,12 @@ fn walk(
                         entries.push((key, Some(LoadedEntry::Stack(stack))));
                     }
                     NodeMeta::TensorDict(sub) => {
-                        children.push((entries.len(), format::encode_key(&key), sub));
+                        children.push((entries.len(), format::encode_key(&key), sub, None));
+                        entries.push((key, None));
+                    }
+                    NodeMeta::TensorClass(class) => {
+                        let sub = tensorclass_fields(&child)?.1;
+                        children.push((entries.len(), format::encode_key(&key), sub, Some(class)));
                         entries.push((key, None));
                     }
                 }
@@ -255,13 +269,22 @@ fn walk(
         });
     }
     drop(dir);
-    for (at, name, sub) in children {
+    for (at, name, sub, class) in children {
         rel.push(name);
+        if class.is_some() {
+            rel.push(format::TENSORCLASS_DIR.to_string());
+        }
         let node = walk(root, rel, depth + 1, &meta.batch, sub, groups, count);
+        if class.is_some() {
+            rel.pop();
+        }
         rel.pop();
-        entries[at].1 = Some(LoadedEntry::Node(node?));
+        let mut node = node?;
+        node.class = class.map(|c| Value::Object(c).to_string());
+        entries[at].1 = Some(LoadedEntry::Node(node));
     }
     Ok(LoadedNode {
+        class: None,
         batch: meta.batch,
         device: meta.device,
         entries: entries
@@ -569,6 +592,19 @@ fn verify_dir(
             problems.push(Error::unsupported(&path, "non-tensor values only, not a TensorDict").to_string());
             return;
         }
+        Ok(NodeMeta::TensorClass(_)) => match tensorclass_fields(&dir) {
+            Ok((_, sub)) => {
+                drop(dir);
+                rel.push(format::TENSORCLASS_DIR.to_string());
+                verify_dir(root, rel, depth + 1, Some(sub), problems);
+                rel.pop();
+                return;
+            }
+            Err(e) => {
+                problems.push(e.to_string());
+                return;
+            }
+        },
         Err(e) => {
             problems.push(e.to_string());
             return;
@@ -628,7 +664,24 @@ fn verify_dir(
                         )
                         .to_string(),
                     ),
-                    Ok(NodeMeta::TensorDict(sub)) => children.push((format::encode_key(&key), sub)),
+                    Ok(NodeMeta::TensorDict(sub)) => children.push((vec![format::encode_key(&key)], sub)),
+                    Ok(NodeMeta::TensorClass(_)) => match tensorclass_fields(&child) {
+                        Ok((_, sub)) if !sub.batch.starts_with(&meta.batch) => problems.push(
+                            Error::invalid(
+                                child.path(),
+                                format!(
+                                    "key {key:?}: batch size {:?} does not start with its parent's {:?}",
+                                    sub.batch, meta.batch
+                                ),
+                            )
+                            .to_string(),
+                        ),
+                        Ok((_, sub)) => children.push((
+                            vec![format::encode_key(&key), format::TENSORCLASS_DIR.to_string()],
+                            sub,
+                        )),
+                        Err(e) => problems.push(e.to_string()),
+                    },
                     Err(e) => problems.push(e.to_string()),
                 },
                 Err(e) => problems.push(e.to_string()),
@@ -636,10 +689,11 @@ fn verify_dir(
         }
     }
     drop(dir);
-    for (name, sub) in children {
-        rel.push(name);
+    for (names, sub) in children {
+        let n = names.len();
+        rel.extend(names);
         verify_dir(root, rel, depth + 1, Some(sub), problems);
-        rel.pop();
+        rel.truncate(rel.len() - n);
     }
 }
 

@@ -6,7 +6,7 @@
 use std::io;
 
 use crate::error::{Error, Result};
-use crate::format::{self, NodeMeta};
+use crate::format::{self, NodeMeta, TensorDictMeta};
 use crate::sys::dir::{self, Dir, EntryKind};
 
 /// Reads and parses the meta.json of `dir`: at most `META_LIMIT` bytes of a regular file,
@@ -86,6 +86,28 @@ pub fn open_child_dir(parent: &Dir, key: &str) -> Result<Dir> {
         _ => Err(Error::invalid(
             &path,
             format!("key {key:?} should be a directory"),
+        )),
+    }
+}
+
+/// The fields of the tensorclass directory `dir` (tensordict's layout: the class's meta.json,
+/// then the TensorDict in `_tensordict/`): that sub-directory, open, and its meta.json. A
+/// pickled field (`other.pickle`) is refused, never read.
+pub fn tensorclass_fields(dir: &Dir) -> Result<(Dir, TensorDictMeta)> {
+    let pickle = "other.pickle";
+    let at = dir.child_path(pickle);
+    if dir.kind(pickle).map_err(|e| Error::io(&at, e))? != EntryKind::Missing {
+        return Err(Error::unsupported(
+            at,
+            "this tensorclass has fields stored with pickle, which is never loaded (only JSON values are)",
+        ));
+    }
+    let sub = open_child_dir(dir, format::TENSORCLASS_DIR)?;
+    match read_meta(&sub)? {
+        NodeMeta::TensorDict(m) => Ok((sub, m)),
+        _ => Err(Error::invalid(
+            sub.child_path(format::META_FILE),
+            "the _tensordict directory of a tensorclass does not hold a TensorDict",
         )),
     }
 }

@@ -107,6 +107,17 @@ impl EntrySpec {
 pub struct NodeSpec {
     pub batch: Vec<u64>,
     pub entries: Vec<(String, EntrySpec)>,
+    /// Set when the TensorDict is a tensorclass's: the node is then saved in tensordict's
+    /// tensorclass layout (`meta.json` naming the class, the TensorDict in `_tensordict/`).
+    pub class: Option<ClassSpec>,
+}
+
+/// The class of a tensorclass node.
+pub struct ClassSpec {
+    /// The class's `__name__`, recorded in the parent's meta.json entry (`{"type": name}`).
+    pub name: String,
+    /// The bytes of the tensorclass directory's own meta.json.
+    pub meta: Vec<u8>,
 }
 
 /// How to save.
@@ -251,6 +262,7 @@ fn save_locked(
             true,
             0,
             None,
+            false,
         )?;
         // The files earlier saves replaced may still be being freed: wait for them only
         // when this save needs their room.

@@ -15,7 +15,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
 import torch
 
@@ -46,6 +46,9 @@ class TreeNode:
     _lock_parents: list[weakref.ref[TreeNode]]  # the trees that locked this one (see locking)
     _lock_ops: list[Any]  # what each lock_/unlock_ changed (for ``with td.lock_():``), or an undo
     _names: list[str | None] | None = None  # names of the batch dims (ops/names.py); None: unnamed
+    # the tensorclass whose instances this tree class stores (a tensorclass's ``_TensorDict``
+    # subclass, see tensorclass.py), None for every other tree class
+    _tensorclass: ClassVar[Any] = None
 
     def _init(self, batch_size: torch.Size, device: torch.device | None) -> None:
         self._tensordict = {}
@@ -160,6 +163,8 @@ class NonTensorData:
     """
 
     __slots__ = ("batch_size", "data", "device")
+    _is_tensorclass = True  # tensordict's NonTensorData is a tensorclass (is_tensorclass)
+    _is_non_tensor = True
 
     _is_non_tensor = True
 

@@ -14,6 +14,8 @@ def _entry(td: TreeNode, key: str) -> Node:
     if isinstance(value, TreeNode):
         extra = value.batch_size[td.batch_dims :]
         prefix = f"[{','.join(map(str, extra))}]" if extra else ""
+        if type(value)._tensorclass is not None:  # a nested tensorclass: its class name
+            prefix = type(value)._tensorclass.__name__ + prefix
         return prefix, _body(value)
     info = td._leaf_info(key)
     if info is None:

@@ -18,6 +18,7 @@ import torch
 
 from .. import _native
 from .._core import nested as _nested
+from .._core import classes as _classes
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
 from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused, _json_text
 from .._core.nontensor import NonTensorStack
@@ -25,6 +26,7 @@ from ..memmap import MemoryMappedTensor, _from_buffer, _LazyLeaf, _source_bytes,
 from ..ops.stream import stream_tree
 
 LEAF, NODE, NON_TENSOR, STACK = _native.LEAF, _native.NODE, _native.NON_TENSOR, _native.STACK
+TENSORCLASS_DIR = _native.TENSORCLASS_DIR  # where a tensorclass directory keeps its TensorDict
 _CPU = torch.device("cpu")
 _STRIDED = torch.strided
 
@@ -133,8 +135,13 @@ class _Plan:
             (table.numpy().tobytes(), jagged),
         )
 
-    def node(self, td: TreeNode, path: Path) -> tuple[list[int], list[tuple[Any, ...]]]:
-        """The directory spec of ``td``, to be saved at ``path``."""
+    def node(self, td: TreeNode, path: Path) -> tuple[Any, ...]:
+        """The directory spec of ``td``, to be saved at ``path``: ``(batch, entries)``, and for
+        a tensorclass's TensorDict also its class name and meta.json (its fields then go to
+        ``path/_tensordict``)."""
+        tensorclass = type(td)._tensorclass
+        if tensorclass is not None:
+            path = path / TENSORCLASS_DIR
         entries: list[tuple[Any, ...]] = []
         slots = self.slots
         keep = self.keep
@@ -199,6 +206,8 @@ class _Plan:
             if same is not None:
                 self.kept.add(len(slots))
             slots.append((td, key, dtype, shape))
+        if tensorclass is not None:
+            return list(td.batch_size), entries, *class_spec(tensorclass)
         return list(td.batch_size), entries
 
     def anonymous(self, td: TreeNode) -> None:
@@ -257,7 +266,15 @@ class _Plan:
             )
 
 
+def class_spec(tensorclass: type) -> tuple[str, str]:
+    """The class name (for the parent's meta.json entry) and the meta.json of a tensorclass
+    directory, as tensordict writes them (``{"_type": "<class 'module.Name'>"}``)."""
+    return tensorclass.__name__, json.dumps({"_type": str(tensorclass)})
+
+
 def _mark(td: TreeNode, prefix: Path | None) -> None:
+    if prefix is not None and type(td)._tensorclass is not None:
+        prefix = prefix / TENSORCLASS_DIR
     td._device = _CPU
     td._is_memmap = True
     td._memmap_prefix = prefix
@@ -354,7 +371,13 @@ def _build(
     device: torch.device | None,
     non_blocking: bool,
 ) -> TD:
-    batch, _, entries = node
+    batch, _, entries, class_text = node
+    plain = _plain(cls)
+    if class_text is not None:
+        cls = _tensorclass_node(cls, class_text, path)
+        path = path / TENSORCLASS_DIR
+    else:
+        cls = plain
     td = cls._new_unchecked(torch.Size(batch), device)
     td._memmap_prefix = path
     items = td._tensordict
@@ -382,7 +405,7 @@ def _build(
             items[key] = value
         elif tag == NODE:
             sub_path = path / _native.encode_key(key)
-            items[key] = _build(cls, entry[2], buffers, sub_path, device, non_blocking)
+            items[key] = _build(plain, entry[2], buffers, sub_path, device, non_blocking)
         elif tag == STACK:
             items[key] = stack = loaded_stack(entry)
             stack._bind_saved(path, key)
@@ -419,6 +442,41 @@ def _nested_leaf(
     if device is not None and device.type != "cpu":
         value = value.to(device, non_blocking=non_blocking)
     return value
+
+
+def _plain(cls: type[TD]) -> type[TD]:
+    """The tree class itself for a tensorclass's subclass of it (``Cls._TensorDict``)."""
+    for klass in cls.__mro__:
+        if klass.__dict__.get("_tensorclass") is None:
+            return klass
+    return cls
+
+
+def _tensorclass_node(cls: type[TD], class_text: str, path: Path) -> type[TD]:
+    """The tree subclass of the tensorclass a tensorclass directory names.
+
+    The class is looked up among the tensorclasses defined in this process (``_class``, then
+    ``_type``), never imported. As tensordict does, ``X.load_memmap`` on a tensorclass ``X``
+    with the saved ``__qualname__`` loads as ``X`` when the saved module is another one (a
+    class saved from ``__main__`` loads in a module that defines it again).
+    """
+    meta = json.loads(class_text)
+    type_name = meta.get("_type")
+    found: Any = _classes.lookup(type_name, meta.get("_class"))
+    saved = str(type_name or meta.get("_class")).removeprefix("<class '").removesuffix("'>")
+    caller = cls._tensorclass
+    if found is None and caller is not None:
+        module = saved.removesuffix("." + caller.__qualname__)
+        if module != saved and not module.startswith("__main__.") and "<locals>" not in module:
+            found = caller
+    if found is None:
+        raise RuntimeError(
+            f"Could not find the class {saved} saved in {path}. Import the module that defines "
+            f"it, or call {saved.rpartition('.')[2]}.load_memmap() instead of "
+            f"{cls.__qualname__.removesuffix('._TensorDict')}.load_memmap()."
+        )
+    node: type[TD] = found._TensorDict
+    return node
 
 
 def _device_or_none(name: str | None) -> torch.device | None:

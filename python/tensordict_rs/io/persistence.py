@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal, Self, Unpack, overload
 
 from .. import _native
+from .._core.classes import public
 from .._core.nodes import NonTensorData, TreeNode
 from ..memmap import MemoryMappedTensor, _LazyLeaf
 from ..ops.devices import _normalize_device
@@ -292,7 +293,7 @@ class MemoryMapped(TreeNode):
             loaded = _progress.load(
                 progress, prefix, lambda: _archive.load(cls, prefix, target, non_blocking, mode)
             )
-            return loaded if subpath is None else _archive.subtree(loaded, subpath, prefix)
+            return public(loaded if subpath is None else _archive.subtree(loaded, subpath, prefix))
         if mode not in (None, "r+"):
             raise ValueError(
                 f"mode {mode!r}: directories are mapped shared where writable (mode='r+'); "
@@ -303,7 +304,7 @@ class MemoryMapped(TreeNode):
             prefix,
             lambda: directory.load(cls, prefix, target, non_blocking),
         )
-        return loaded if subpath is None else _archive.subtree(loaded, subpath, prefix)
+        return public(loaded if subpath is None else _archive.subtree(loaded, subpath, prefix))
 
     @overload
     def save(

@@ -19,6 +19,7 @@ fn contentless_leaves_are_reserved_not_holes() {
         same_file: None,
     }];
     let root = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![("a".into(), EntrySpec::Leaf(0))],
     };

@@ -16,10 +16,12 @@ fn summarizes_without_data_files() {
         same_file: None,
     }];
     let child = NodeSpec {
+        class: None,
         batch: vec![3],
         entries: vec![("x".into(), EntrySpec::Leaf(0))],
     };
     let root = NodeSpec {
+        class: None,
         batch: vec![3],
         entries: vec![
             ("sub".into(), EntrySpec::Node(child)),
@@ -59,10 +61,12 @@ fn summarizes_without_data_files() {
 fn symlinks_are_refused_as_the_loader_refuses_them() {
     let p = std::env::temp_dir().join(format!("tdrs-summary-{}", storage::random_suffix()));
     let root = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![(
             "sub".into(),
             EntrySpec::Node(NodeSpec {
+                class: None,
                 batch: vec![],
                 entries: vec![("s".into(), EntrySpec::NonTensor(Value::from(1)))],
             }),

@@ -24,10 +24,12 @@ fn saved() -> PathBuf {
         same_file: None,
     }];
     let sub = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![("x".into(), EntrySpec::Leaf(0))],
     };
     let root = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![
             ("sub".into(), EntrySpec::Node(sub)),

@@ -210,6 +210,7 @@ fn build(
         false,
         0,
         None,
+        false,
     )?;
     crate::sys::reclaim::make_room(sibling, plan.data_bytes(leaves));
     plan.write_data(&staging, leaves, opts)?;

@@ -61,6 +61,13 @@ impl OldDir {
         let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&bytes) else {
             return old;
         };
+        if map
+            .get("_type")
+            .and_then(Value::as_str)
+            .is_some_and(format::meta::is_user_class)
+        {
+            old.dirs.push(format::TENSORCLASS_DIR.to_string()); // a tensorclass's fields
+        }
         for (key, value) in map {
             if let Value::Object(entry) = value {
                 if entry.contains_key("type") {
@@ -198,8 +205,12 @@ impl Plan {
         exists: bool,
         parent_stage: usize,
         parent_staged: Option<&str>,
+        fields: bool,
     ) -> Result<()> {
         let final_path = commit_path(&self.root_path, rel);
+        // A tensorclass node is two directories: this one (its meta.json names the class) and
+        // `_tensordict/` below it, the same node again as a TensorDict (`fields`).
+        let wrapper = if fields { None } else { node.class.as_ref() };
         let dir = if exists {
             let dir = root.open_rel(rel).map_err(|e| Error::io(&final_path, e))?;
             if !meta_is_ours(&dir)? {
@@ -259,8 +270,15 @@ impl Plan {
         let mut written: HashSet<String> = HashSet::new();
         let mut metas = Vec::with_capacity(node.entries.len());
         // Sub-trees are walked after this directory's own files, one open directory at a time.
-        let mut children: Vec<(String, &NodeSpec, bool)> = Vec::new();
-        for (key, entry) in &node.entries {
+        let mut children: Vec<(String, &NodeSpec, bool, bool)> = Vec::new();
+        if wrapper.is_some() {
+            let name = format::TENSORCLASS_DIR.to_string();
+            written.insert(name.clone());
+            let present = dir_present(&final_path, &name, stat(&name)?)?;
+            children.push((name, node, present, true));
+        }
+        let entries: &[(String, EntrySpec)] = if wrapper.is_some() { &[] } else { &node.entries };
+        for (key, entry) in entries {
             match entry {
                 EntrySpec::Leaf(i) => {
                     let leaf = &leaves[*i];
@@ -359,8 +377,14 @@ impl Plan {
                     written.insert(name.clone());
                     // a missing sub-tree is staged whole (see `staged`), not made with a mkdir step
                     let present = dir_present(&final_path, &name, stat(&name)?)?;
-                    children.push((name, child, present));
-                    metas.push((key.as_str(), EntryMeta::TensorDict));
+                    children.push((name, child, present, false));
+                    metas.push((
+                        key.as_str(),
+                        match &child.class {
+                            Some(class) => EntryMeta::TensorClass(&class.name),
+                            None => EntryMeta::TensorDict,
+                        },
+                    ));
                 }
                 EntrySpec::NonTensor(_) | EntrySpec::Stack(_) => {
                     let (bytes, kind) = entry.value_dir().expect("a directory of values");
@@ -398,12 +422,15 @@ impl Plan {
                 }
             }
         }
-        let bytes = format::tensordict_meta(metas, &node.batch);
+        let bytes = match wrapper {
+            Some(class) => class.meta.clone(),
+            None => format::tensordict_meta(metas, &node.batch),
+        };
         if let Some(d) = &dir {
             self.plan_removals(d, rel, &old, &written, 0)?;
         }
         drop(dir);
-        for (name, child, present) in children {
+        for (name, child, present, child_fields) in children {
             rel.push(name);
             let result = self.node(
                 root,
@@ -415,6 +442,7 @@ impl Plan {
                 present,
                 stage,
                 staged.as_deref(),
+                child_fields,
             );
             rel.pop();
             result?;

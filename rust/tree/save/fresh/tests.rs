@@ -24,6 +24,7 @@ fn leaf(data: &[u8]) -> LeafSpec<'_> {
 /// A flat tree `a`, `b` and a nested `n/c`.
 fn tree() -> NodeSpec {
     NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![
             ("a".into(), EntrySpec::Leaf(0)),
@@ -31,6 +32,7 @@ fn tree() -> NodeSpec {
             (
                 "n".into(),
                 EntrySpec::Node(NodeSpec {
+                    class: None,
                     batch: vec![],
                     entries: vec![("c".into(), EntrySpec::Leaf(2))],
                 }),
