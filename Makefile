@@ -3,6 +3,9 @@
 #   make test   builds the package into .venv and runs every test (Rust and Python)
 # `make lint` runs the linters CI runs (the layer check included), `make docs` builds docs/ with
 # MkDocs (warnings as errors), `make bench` the benchmarks against tensordict.
+# `make test-forkserver` runs the sharing tests with forkserver as the default start method
+# (Python 3.14's on Linux); `make wheels` builds the release wheel and runs the smoke suite in
+# fresh environments of every Python 3.11-3.13 the machine has (.ci/wheels).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -10,7 +13,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SOURCES := pyproject.toml Cargo.toml $(shell find rust -name '*.rs')
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo test test-forkserver wheels lint docs bench clean
 
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -23,6 +26,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	cargo test --quiet
 	$(PY) -m pytest -q
+
+test-forkserver: $(STAMP)
+	TDRS_START_METHOD=forkserver $(PY) -m pytest -q tests/share
+
+wheels:
+	PYTHON=$(PYTHON) .ci/wheels
 
 lint: $(STAMP)
 	cargo fmt --check

@@ -273,6 +273,31 @@ WORKLOADS: tuple[Workload, ...] = (
         max_fds=4,
     ),
     Workload(
+        "big1_save_shm",
+        "memmap_(prefix) one big leaf: 1 GiB in one leaf + 3 small, /dev/shm",
+        "GB/s",
+        "fastest plain method: write(2) 1 thread or pwrite(2) 2 threads, +/- fallocate",
+        ">= 0.9 of the fastest plain method",
+        min_fraction=0.9,
+    ),
+    Workload(
+        "big1_save_tmp",
+        "memmap_(prefix) one big leaf: 1 GiB in one leaf + 3 small, temp dir (ext4)",
+        "GB/s",
+        "fastest plain method: write(2) 1 thread or pwrite(2) 2 threads, +/- fallocate",
+        ">= 0.9 of the fastest plain method",
+        min_fraction=0.9,
+    ),
+    Workload(
+        "big1_resave_tmp",
+        "memmap_(prefix, existsok=True) over the same tree, one big leaf 1 GiB, temp dir (ext4)",
+        "GB/s",
+        "fastest plain method into a new file: write(2) 1 thread or pwrite(2) 2 threads, "
+        "+/- fallocate",
+        ">= 0.9 of the fastest plain method (the reference overwrites in place)",
+        min_fraction=0.9,
+    ),
+    Workload(
         "ctx_memcpy",
         "memcpy between resident buffers, np.copyto, 2 threads (context)",
         "GB/s",
@@ -312,6 +337,24 @@ WORKLOADS: tuple[Workload, ...] = (
         "reading the resident source tensors",
         ">= 1.0x",
         min_ratio=1.0,
+    ),
+    Workload(
+        "tc_loading",
+        "DataLoader over a memory-mapped tensorclass (tensorclass_imagenet's loop), batches of 128",
+        "M rows/s",
+        "the same loop over a tensordict_rs TensorDict of the same data",
+        ">= 3x the reference; the tensorclass >= 0.9 of the TensorDict",
+        min_ratio=3.0,
+        min_fraction=0.9,
+    ),
+    Workload(
+        "map_w2",
+        "map(fn, num_workers=2, out=memmap_like) of a 1 GiB memmap dataset, /dev/shm",
+        "GB/s",
+        "fn applied serially in one process, written into a preallocated memmap",
+        ">= 2x the reference and <= 1.2x the limit's time",
+        min_ratio=2.0,
+        min_fraction=1 / 1.2,
     ),
 )
 

@@ -253,6 +253,26 @@ def render(data: dict[str, Any]) -> str:
     for wl in WORKLOADS:
         if wl.id in results and wl.limit and not wl.info:
             lines.append(f"- {wl.title}: {wl.limit}.")
+    big = [wl for wl in WORKLOADS if wl.id in results and "plain" in results[wl.id]]
+    if big:
+        lines += ["", "One big leaf, plain methods and the kernel's dirty pages:", ""]
+    for wl in big:
+        entry = results[wl.id]
+        plain = ", ".join(
+            f"{name} {_num(entry['amount'] / t / 1e9)} GB/s"
+            for name, t in sorted(entry["plain"].items(), key=lambda kv: kv[1])
+        )
+        dirty = entry.get("dirty", {})
+        counters = ", ".join(
+            f"{case} {d}/{w}" for case, (d, w) in sorted(dirty.items()) if case in (REF, RS)
+        )
+        load = entry.get("load")
+        text = f"- {wl.title}: {plain or 'no plain method'}"
+        if counters:
+            text += f"; Dirty/Writeback MiB before the calls (medians): {counters}"
+        if load:
+            text += f"; load average {load[0]:.1f}-{load[2]:.1f} (median {load[1]:.1f})"
+        lines.append(text + ".")
     memcpy = results.get("ctx_memcpy")
     if memcpy:
         times, _ = _case(memcpy, LIMIT)

@@ -30,7 +30,9 @@ use pyo3::types::PyTuple;
 #[cfg(feature = "python")]
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    use py::{archive, errors, gather, info, memmap, packed, progress, safetensors, sharing, tree};
+    use py::{
+        archive, errors, gather, info, memmap, nontensor, packed, progress, safetensors, sharing, tree,
+    };
     let py = m.py();
     m.add_class::<py::buffer::Buffer>()?;
     // directories
@@ -38,6 +40,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tree::load_tree, m)?)?;
     m.add_function(wrap_pyfunction!(tree::verify_tree, m)?)?;
     m.add_function(wrap_pyfunction!(tree::flush_buffers, m)?)?;
+    m.add_function(wrap_pyfunction!(tree::wait_freed, m)?)?;
     m.add_function(wrap_pyfunction!(tree::encode_key, m)?)?;
     // memory-mapped tensors
     m.add_function(wrap_pyfunction!(memmap::anonymous_buffers, m)?)?;
@@ -70,6 +73,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gather::gather_rows, m)?)?;
     m.add_function(wrap_pyfunction!(gather::gather_prepare, m)?)?;
     m.add_function(wrap_pyfunction!(gather::same_entries, m)?)?;
+    // packed columns of strings (NonTensorStack)
+    m.add_function(wrap_pyfunction!(nontensor::decode_strings, m)?)?;
+    m.add_function(wrap_pyfunction!(nontensor::strings_json, m)?)?;
+    m.add_function(wrap_pyfunction!(nontensor::str_list_json, m)?)?;
+    m.add_function(wrap_pyfunction!(nontensor::rewrite_stack, m)?)?;
     // a tree as one message
     m.add_class::<packed::PackedTable>()?;
     m.add_function(wrap_pyfunction!(packed::copy_packed, m)?)?;
@@ -94,10 +102,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FORMAT_VERSION", format::FORMAT_VERSION)?;
     m.add("RESERVED_KEYS", PyTuple::new(py, format::RESERVED_KEYS)?)?;
     m.add("MAX_DEPTH", format::MAX_DEPTH)?;
+    m.add("TENSORCLASS_DIR", format::TENSORCLASS_DIR)?;
     m.add("DTYPES", PyTuple::new(py, format::DTYPES.iter().map(|d| d.name))?)?;
     m.add("LEAF", tree::LEAF)?;
     m.add("NODE", tree::NODE)?;
     m.add("NON_TENSOR", tree::NON_TENSOR)?;
+    m.add("STACK", tree::STACK)?;
     m.add("ALIGN", crate::packed::ALIGN)?;
     m.add("DESCRIPTION_LIMIT", crate::packed::DESCRIPTION_LIMIT)?;
     m.add("JSON_DEPTH", crate::packed::JSON_DEPTH)?;

@@ -23,6 +23,7 @@ use serde_json::Value;
 use crate::format;
 use crate::format::fast::{OptStr, Str};
 use crate::format::meta::{NTD_TYPE, TD_CLASS, TD_TYPE};
+use crate::format::stack::STACK_TYPE;
 use crate::sys::gather::{self, Copy, Overlap, Range};
 
 /// Every leaf starts at a multiple of this many bytes (every dtype can be viewed in place): the
@@ -74,6 +75,11 @@ pub enum Described<'a> {
     Value {
         key: &'a str,
         data: Value,
+    },
+    /// A NonTensorStack: its meta.json (`format::stack::meta_bytes`), inlined.
+    Stack {
+        key: &'a str,
+        meta: &'a [u8],
     },
 }
 
@@ -139,6 +145,12 @@ fn write_node(out: &mut Vec<u8>, node: &DescribedNode<'_>) {
                 serde_json::to_writer(&mut *out, data).expect("a Value always serializes");
                 out.extend_from_slice(b", \"_metadata\": null, \"_is_non_tensor\": true}, ");
             }
+            Described::Stack { key, meta } => {
+                json_str(out, key);
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(meta);
+                out.extend_from_slice(b", ");
+            }
         }
     }
     out.extend_from_slice(b"\"shape\": ");
@@ -176,6 +188,8 @@ pub enum Parsed<'a> {
     Node(Cow<'a, str>, ParsedNode<'a>),
     /// A non-tensor value, as JSON text.
     Value(Cow<'a, str>, String),
+    /// A NonTensorStack (its values checked against the node's batch size).
+    Stack(Cow<'a, str>, format::StackMeta),
 }
 
 /// A parsed TensorDict node.
@@ -235,6 +249,7 @@ enum Raw<'de> {
     Node(Box<RawNode<'de>>),
     /// A non-tensor value, as JSON text.
     Value(String),
+    Stack(format::StackMeta),
 }
 
 /// A TensorDict object before its entries are checked (`None`: an entry that is no object).
@@ -315,6 +330,25 @@ impl<'de> EntrySeed<'_, 'de> {
             };
             return Ok(Field::Entry(Raw::Value(data.to_string())));
         }
+        if fields.type_.as_deref() == Some(STACK_TYPE) {
+            let mut map = serde_json::Map::new();
+            if let Some(data) = fields.data {
+                map.insert("data".into(), data);
+            }
+            if let Some(dim) = fields.stack_dim {
+                map.insert("stack_dim".into(), dim);
+            }
+            if let Some(device) = fields.device {
+                map.insert("device".into(), Value::String(device.into_owned()));
+            }
+            if let Some(shape) = fields.shape {
+                map.insert("shape".into(), shape.into());
+            }
+            let at: Vec<String> = self.state.path.borrow().iter().map(|k| k.to_string()).collect();
+            let meta = format::stack::from_map(map, std::path::Path::new(&at.join("/")))
+                .map_err(|e| self.state.fail::<E>(e.to_string()))?;
+            return Ok(Field::Entry(Raw::Stack(meta)));
+        }
         Ok(Field::Entry(Raw::Node(Box::new(RawNode {
             tensordict: fields.type_.as_deref() == Some(TD_TYPE),
             batch: fields.shape,
@@ -333,6 +367,7 @@ struct Fields<'de> {
     is_nested: Option<bool>,
     type_: Option<Cow<'de, str>>,
     data: Option<Value>,
+    stack_dim: Option<Value>,
     entries: Vec<(Cow<'de, str>, Option<Raw<'de>>)>,
 }
 
@@ -371,6 +406,10 @@ impl<'de> Visitor<'de> for EntrySeed<'_, 'de> {
                     map.next_value::<IgnoredAny>()?;
                 }
                 "data" if out.type_.as_deref() == Some(NTD_TYPE) => out.data = Some(map.next_value()?),
+                "data" if out.type_.as_deref() == Some(STACK_TYPE) => out.data = Some(map.next_value()?),
+                "stack_dim" if out.type_.as_deref() == Some(STACK_TYPE) => {
+                    out.stack_dim = Some(map.next_value()?)
+                }
                 _ => match self.child(&mut map, key)? {
                     (key, Field::Str(d)) if key == "dtype" => out.dtype = Some(d),
                     (key, Field::Bool(b)) if key == "is_nested" => out.is_nested = Some(b),
@@ -455,12 +494,25 @@ fn check_node<'a>(
             Some(Raw::Leaf(dtype, shape)) => Checked::Leaf(check_leaf(dtype, shape, &batch, path, end)?),
             Some(Raw::Node(node)) => Checked::Node(check_node(*node, &batch, path, end)?),
             Some(Raw::Value(text)) => Checked::Value(text),
+            Some(Raw::Stack(meta)) => {
+                if !meta.data.shape.starts_with(&batch) {
+                    return Err(bad(
+                        path,
+                        format!(
+                            "the stack's values have shape {:?}, which does not start with the batch size {batch:?}",
+                            meta.data.shape
+                        ),
+                    ));
+                }
+                Checked::Stack(meta)
+            }
         };
         let key = path.pop().expect("pushed above");
         entries.push(match parsed {
             Checked::Leaf(l) => Parsed::Leaf(key, l),
             Checked::Node(n) => Parsed::Node(key, n),
             Checked::Value(v) => Parsed::Value(key, v),
+            Checked::Stack(s) => Parsed::Stack(key, s),
         });
     }
     Ok(ParsedNode {
@@ -474,6 +526,7 @@ enum Checked<'a> {
     Leaf(ParsedLeaf),
     Node(ParsedNode<'a>),
     Value(String),
+    Stack(format::StackMeta),
 }
 
 fn check_leaf(

@@ -14,6 +14,7 @@ tensor([1., 2.])
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -30,37 +31,107 @@ from ._native import (
 from .verify import verify
 
 if TYPE_CHECKING:
+    from ._core.classes import (
+        TensorCollection,
+        TensorDictBase,
+        is_tensor_collection,
+        is_tensorclass,
+    )
     from ._core.nodes import NonTensorData
+    from ._core.nontensor import (
+        LinkedList,
+        NonTensorStack,
+        capture_non_tensor_stack,
+        is_non_tensor,
+        list_to_stack,
+        set_capture_non_tensor_stack,
+        set_list_to_stack,
+    )
+    from .functional import (
+        cat,
+        dense_stack_tds,
+        lazy_stack,
+        merge_tensordicts,
+        pad,
+        pad_sequence,
+        stack,
+    )
     from .io.archive import is_memmap_archive, pack_memmap, refresh_archive_checksums, unpack_memmap
     from .io.saving import TensorDictFuture
     from .memmap import MemoryMappedTensor
+    from .tensorclass import TensorClass, from_dataclass, tensorclass
     from .tensordict import TensorDict
 
-__version__ = "0.1.0"
+#: The installed distribution's version (its metadata: the wheel's, or the editable install's),
+#: so that it cannot drift from what ``pip`` reports; ``tensordict-rs --version`` prints the same.
+__version__: str = importlib.metadata.version("tensordict-rs")
 
 __all__ = [
     "FileExistsRuntimeError",
     "InvalidDirectoryError",
     "InvalidTreeError",
+    "LinkedList",
     "LockedError",
     "MemoryMappedTensor",
     "NonTensorData",
+    "NonTensorStack",
     "SymlinkError",
+    "TensorClass",
+    "TensorCollection",
     "TensorDict",
+    "TensorDictBase",
     "TensorDictError",
     "TensorDictFuture",
     "UnsupportedFormatError",
     "__version__",
+    "capture_non_tensor_stack",
+    "cat",
+    "dense_stack_tds",
+    "from_dataclass",
     "is_memmap_archive",
+    "is_non_tensor",
+    "is_tensor_collection",
+    "is_tensorclass",
+    "lazy_stack",
+    "list_to_stack",
+    "merge_tensordicts",
     "pack_memmap",
+    "pad",
+    "pad_sequence",
     "refresh_archive_checksums",
+    "set_capture_non_tensor_stack",
+    "set_list_to_stack",
+    "stack",
+    "tensorclass",
     "unpack_memmap",
     "verify",
 ]
 
 _LAZY = {
+    "TensorCollection": "._core.classes",
+    "TensorDictBase": "._core.classes",
+    "is_tensor_collection": "._core.classes",
+    "is_tensorclass": "._core.classes",
+    "cat": ".functional",
+    "dense_stack_tds": ".functional",
+    "lazy_stack": ".functional",
+    "merge_tensordicts": ".functional",
+    "pad": ".functional",
+    "pad_sequence": ".functional",
+    "stack": ".functional",
+    "TensorClass": ".tensorclass",
+    "from_dataclass": ".tensorclass",
+    "tensorclass": ".tensorclass",
+    "utils": ".utils",
     "MemoryMappedTensor": ".memmap",
     "NonTensorData": "._core.nodes",
+    "LinkedList": "._core.nontensor",
+    "NonTensorStack": "._core.nontensor",
+    "capture_non_tensor_stack": "._core.nontensor",
+    "is_non_tensor": "._core.nontensor",
+    "list_to_stack": "._core.nontensor",
+    "set_capture_non_tensor_stack": "._core.nontensor",
+    "set_list_to_stack": "._core.nontensor",
     "TensorDict": ".tensordict",
     "TensorDictFuture": ".io.saving",
     "is_memmap_archive": ".io.archive",
@@ -75,7 +146,10 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    imported = importlib.import_module(module, __name__)
+    value = imported if name == "utils" else getattr(imported, name)
+    if name == "TensorDict":  # registers TensorDictParams for from_module(as_module=True)
+        importlib.import_module(".nn", __name__)
     globals()[name] = value
     return value
 
@@ -95,6 +169,10 @@ def _alias(old: str, new: str) -> None:
     module = types.ModuleType(f"{__name__}.{old}", f"Moved to {__name__}{new} (old pickles).")
 
     def moved(name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            # (``inspect`` asks every module in sys.modules for ``__file__``, torch's import
+            # does so: answering would import the new module in the middle of that import)
+            raise AttributeError(name)
         return getattr(importlib.import_module(new, __name__), name)
 
     module.__dict__["__getattr__"] = moved  # PEP 562: looked up on each missing name
@@ -103,3 +181,18 @@ def _alias(old: str, new: str) -> None:
 
 for _old, _new in _MOVED_MODULES.items():
     _alias(_old, _new)
+
+
+class _Package(types.ModuleType):
+    """This package's module type: ``tensordict_rs.tensorclass`` is the decorator, as
+    ``tensordict.tensorclass`` is, also after the submodule of that name is imported (the
+    import system then sets the package attribute to the submodule; it gets the decorator).
+    ``from tensordict_rs.tensorclass import ...`` still reads the submodule."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "tensorclass" and isinstance(value, types.ModuleType):
+            value = value.tensorclass
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

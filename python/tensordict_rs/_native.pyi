@@ -19,6 +19,8 @@ __all__ = [
     "PIECE_BYTES",
     "REFUSED",
     "RESERVED_KEYS",
+    "STACK",
+    "TENSORCLASS_DIR",
     "Buffer",
     "FileExistsRuntimeError",
     "InvalidDirectoryError",
@@ -32,6 +34,7 @@ __all__ = [
     "anonymous_buffers",
     "build_packed_tree",
     "copy_packed",
+    "decode_strings",
     "describe_tree",
     "encode_key",
     "flush_buffers",
@@ -48,12 +51,16 @@ __all__ = [
     "receive_shared",
     "refresh_archive_checksums",
     "reopen_archive",
+    "rewrite_stack",
     "same_entries",
     "shared_regions",
+    "str_list_json",
+    "strings_json",
     "tree_report",
     "tree_summary",
     "verify_archive",
     "verify_tree",
+    "wait_freed",
     "write_archive",
     "write_file",
     "write_safetensors",
@@ -65,10 +72,12 @@ FORMAT_VERSION: int
 # rust/py/tree.rs, rust/sys/gather.rs).
 RESERVED_KEYS: tuple[str, ...]  # the keys meta.json uses for itself
 MAX_DEPTH: int  # the deepest nesting of a tree (directories, safetensors key paths)
+TENSORCLASS_DIR: str  # the sub-directory of a tensorclass directory that holds its TensorDict
 DTYPES: tuple[str, ...]  # the dtype names of the format, "torch.bool" ... "torch.complex128"
 LEAF: int  # entry tags of the tree tuples: a tensor,
 NODE: int  # a nested TensorDict,
-NON_TENSOR: int  # a non-tensor (JSON) value
+NON_TENSOR: int  # a non-tensor (JSON) value,
+STACK: int  # a NonTensorStack (its cells: a packed string column or JSON text)
 ALIGN: int  # every leaf of a packed tree (and of an arena) starts at a multiple of this
 DESCRIPTION_LIMIT: int  # the longest tree description a receiver accepts
 JSON_DEPTH: int  # the JSON nesting a receiver parses, the root object being one level
@@ -134,10 +143,29 @@ def write_tree(
 ) -> list[Buffer | None]: ...
 def anonymous_buffers(sources: list[tuple[int, int]], *, num_threads: int = 0) -> list[Buffer]: ...
 def load_tree(prefix: str) -> tuple[Any, list[Buffer | None]]: ...
+
+# Packed string columns of NonTensorStack (rust/py/nontensor.rs): addresses of buffers the
+# caller keeps alive for the call.
+def decode_strings(
+    values: int, nbytes: int, offsets: int, count: int, ids: int, n_ids: int
+) -> list[str]: ...
+def strings_json(values: int, nbytes: int, offsets: int, count: int, shape: list[int]) -> bytes: ...
+def str_list_json(cells: list[Any], shape: list[int]) -> bytes | None: ...
+def rewrite_stack(
+    parent: str,
+    key: str,
+    stack_dim: int,
+    device: str | None,
+    data: bytes,
+    shape: list[int] | None,
+    *,
+    durable: bool = False,
+) -> None: ...
 def verify_tree(prefix: str) -> list[str]: ...
 def write_file(path: str, data_ptr: int, nbytes: int, *, existsok: bool = False) -> Buffer: ...
 def open_file(path: str, nbytes: int) -> Buffer: ...
 def flush_buffers(buffers: list[Buffer]) -> None: ...
+def wait_freed() -> int: ...
 def encode_key(key: str) -> str: ...
 def tree_summary(prefix: str) -> tuple[Any, ...]: ...
 def tree_report(prefix: str, shown: str, *, json: bool = False) -> str: ...

@@ -5,6 +5,10 @@ TensorDict (observations, actions, rewards, dones and the next step's reward and
 with ``memmap_(prefix)``, loads it with ``TensorDict.load_memmap`` in a second Python process,
 checks that every byte matches (BLAKE2 digests of each leaf, computed in both processes), samples
 a random batch there, and prints sizes, the directory tree and the throughput of each step.
+
+When PyTorch's ``tensordict`` is installed, the save is also timed against its ``memmap_`` on the
+same data, in the same directory, in alternated rounds (``--rounds``, medians), and the demo says
+which one was faster (``--no-compare`` skips it).
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -89,6 +95,67 @@ def _size(n: float) -> str:
     return f"{n} B"
 
 
+def _reference() -> Any | None:
+    """PyTorch's ``tensordict`` when it is installed (and is not this package under its name)."""
+    try:
+        import tensordict
+    except ImportError:
+        return None
+    if not hasattr(tensordict, "TensorDict") or "tensordict_rs" in tensordict.__name__:
+        return None
+    if "tensordict_rs" in getattr(tensordict.TensorDict, "__module__", ""):
+        return None
+    return tensordict
+
+
+def _nested(leaves: dict[tuple[str, ...], torch.Tensor]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in leaves.items():
+        node = out
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = value
+    return out
+
+
+def compare_saves(
+    leaves: dict[tuple[str, ...], torch.Tensor], batch: list[int], work: Path, rounds: int
+) -> tuple[float, float, str] | None:
+    """Median ``memmap_`` times of this package and of the reference on the same tensors, each
+    saving to a new prefix in ``work``, in alternated rounds. None without the reference."""
+    ref = _reference()
+    if ref is None:
+        return None
+    times: dict[str, list[float]] = {"rs": [], "ref": []}
+    for r in range(rounds):
+        for who in ("rs", "ref") if r % 2 == 0 else ("ref", "rs"):
+            data = _nested(leaves)
+            td = TensorDict(data, batch) if who == "rs" else ref.TensorDict(data, batch_size=batch)
+            prefix = work / f"compare-{who}-{r}"
+            os.sync()  # neither starts with the other's dirty pages still to write
+            t0 = time.perf_counter()
+            td.memmap_(prefix)
+            times[who].append(time.perf_counter() - t0)
+            del td
+            shutil.rmtree(prefix, ignore_errors=True)
+    return statistics.median(times["rs"]), statistics.median(times["ref"]), ref.__version__
+
+
+def _fs_type(path: Path) -> str:
+    """The file system type of ``path`` (from /proc/mounts; "?" elsewhere)."""
+    best, kind = "", "?"
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                inside = len(parts) > 2 and os.fspath(path).startswith(parts[1])
+                if inside and len(parts[1]) > len(best):
+                    best, kind = parts[1], parts[2]
+    except OSError:
+        pass
+    return kind
+
+
 def _child(prefix: str) -> None:
     """Runs in the second process: load, digest, sample a batch, report as JSON."""
     t0 = time.perf_counter()
@@ -112,12 +179,42 @@ def _child(prefix: str) -> None:
     print(json.dumps(report))
 
 
+def _print_comparison(
+    leaves: dict[tuple[str, ...], torch.Tensor],
+    batch: list[int],
+    work: Path,
+    rounds: int,
+    nbytes: int,
+) -> None:
+    result = compare_saves(leaves, batch, work, rounds)
+    if result is None:
+        print("vs ref  tensordict is not installed: no side-by-side figure")
+        return
+    rs, ref, version = result
+    where = f"{work} ({_fs_type(work)})"
+    print(
+        f"vs ref  memmap_ of the same buffer to {where}, {rounds} alternated rounds, medians: "
+        f"tensordict-rs {rs * 1e3:.0f} ms ({nbytes / rs / 1e9:.2f} GB/s), tensordict {version} "
+        f"{ref * 1e3:.0f} ms ({nbytes / ref / 1e9:.2f} GB/s)"
+    )
+    if rs <= ref:
+        print(f"        tensordict-rs was faster: {ref / rs:.2f}x the reference's speed")
+    else:
+        print(f"        tensordict {version} was faster: {rs / ref:.2f}x tensordict-rs's speed")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the demo; returns 0 when the second process saw exactly the saved values."""
     parser = argparse.ArgumentParser(prog="python -m tensordict_rs.demo", description=__doc__)
     parser.add_argument("--mib", type=int, default=256, help="buffer size in MiB (default 256)")
     parser.add_argument("--dir", help="where to save (default: a new temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the saved directory")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternated rounds against tensordict (default 3)"
+    )
+    parser.add_argument(
+        "--no-compare", action="store_true", help="do not time the save against tensordict"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -134,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"built   {td.batch_size[0]:,} transitions, {_size(nbytes)} in {elapsed:.2f} s")
         print(_indent(repr(td)))
         expected = digests(td)
+        source = dict(td.items(include_nested=True, leaves_only=True))
+        leaves = {(k,) if isinstance(k, str) else tuple(k): v for k, v in source.items()}
 
         t0 = time.perf_counter()
         td.memmap_(prefix)
@@ -147,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"        {line}")
         problems = verify(prefix)
         print(f"verify  {'OK' if not problems else problems}")
+        if not args.no_compare and args.rounds > 0:
+            _print_comparison(leaves, list(td.batch_size), work, args.rounds, nbytes)
 
         t0 = time.perf_counter()
         out = subprocess.run(

@@ -10,8 +10,10 @@ from typing import Any, Concatenate, Generic, ParamSpec, Self
 import torch
 
 from ._core import index as _index
+from ._core.classes import TensorDictBase, public
 from ._core.locking import Lockable, locked_error
 from ._core.nodes import TD, Key, NonTensorData, TreeNode
+from ._core.nontensor import NonTensorStack
 from ._core.repr import compact_repr
 from ._core.walk import KeyList, map_leaves, walk_items
 from .io import safetensors as _safetensors
@@ -20,7 +22,9 @@ from .memmap import _LazyLeaf
 from .ops import apply as _apply
 from .ops import indexing as _indexing
 from .ops import keys as _keys
+from .ops import nested as _nested_ops
 from .ops import pointwise as _pointwise
+from .ops import pytree as _pytree
 from .ops import shape as _shape
 from .ops import torch_functions as _torch
 from .ops.devices import DeviceMoves, _normalize_device
@@ -28,6 +32,7 @@ from .ops.pointwise_types import _PointwiseTypes
 from .share import processes as _sharing
 from .share.consolidate import Consolidation
 from .share.distributed import Distributed
+from .share.map import Methods as _Methods
 from .share.processes import Shareable, register
 
 __all__ = ["TensorDict"]
@@ -86,6 +91,7 @@ class TensorDict(
     Consolidation,
     Shareable,
     _PointwiseTypes,
+    _Methods,
 ):
     """A dictionary of tensors with common leading batch dimensions and an optional device.
 
@@ -115,12 +121,13 @@ class TensorDict(
         entries; lists of numbers and NumPy arrays become tensors."""
         batch = torch.Size([] if batch_size is None else batch_size)
         self._init(batch, _normalize_device(device))
-        self.names = names
         for key, value in _keys.entry_pairs(source, entries):
             if isinstance(key, str):
                 self._set_str(key, value, validate=True, non_blocking=non_blocking)
             else:
                 self.set(key, value, non_blocking=non_blocking)
+        if names is not None:
+            self.names = names
         if lock:
             self.lock_()
 
@@ -147,7 +154,10 @@ class TensorDict(
                 raise RuntimeError(
                     f"the batch size {new} does not fit key {key!r} of shape {torch.Size(shape)}"
                 )
+        names = self._names
         self._batch_size = new
+        if names is not None:  # the names of the dims that stay; new dims unnamed
+            self._set_names([*names[: len(new)], *[None] * (len(new) - len(names))])
 
     @property
     def shape(self) -> torch.Size:
@@ -180,23 +190,6 @@ class TensorDict(
         2
         """
         return len(self._batch_size)
-
-    @property
-    def names(self) -> list[None]:
-        """Names of the batch dims: always None here (tensordict-rs does not name dims).
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> TensorDict({"a": torch.zeros(2, 3)}, [2, 3]).names
-        [None, None]
-        """
-        return [None] * len(self._batch_size)
-
-    @names.setter
-    def names(self, value: Any) -> None:
-        if value is not None and any(name is not None for name in value):
-            raise ValueError(
-                "tensordict-rs does not name batch dimensions; only None names can be set"
-            )
 
     def numel(self) -> int:
         """Number of elements of the batch (product of ``batch_size``).
@@ -263,7 +256,7 @@ class TensorDict(
 
     def _entry_shape(self, key: str) -> tuple[int, ...] | None:
         value = self._tensordict[key]
-        if isinstance(value, TensorDict):
+        if isinstance(value, (TensorDict, NonTensorStack)):
             return tuple(value.batch_size)
         info = self._leaf_info(key)
         return None if info is None else info[0]
@@ -285,15 +278,28 @@ class TensorDict(
 
     def _convert(self, key: str, value: Any, non_blocking: bool) -> Any:
         """Validates a new value for ``key``: device, batch dims, nested mappings."""
+        as_node = getattr(value, "_as_node", None)
+        if as_node is not None:  # a tensorclass: stored as its TensorDict (of its subclass)
+            value = as_node()
         if isinstance(value, TensorDict):
             self._check_batch(key, value.batch_size)
             if self._device is not None and value.device != self._device:
                 value = value.to(self._device, non_blocking=non_blocking)
+            if self._names is not None and value.names[: len(self._names)] != self._names:
+                value._set_names([*self._names, *value.names[len(self._names) :]])
             return value
         if isinstance(value, Mapping):
-            return TensorDict(value, self._batch_size, self._device, non_blocking=non_blocking)
+            nested = TensorDict(value, self._batch_size, self._device, non_blocking=non_blocking)
+            if self._names is not None:
+                nested._set_names(list(self._names))
+            return nested
         value = _keys.leaf_value(value)
         if isinstance(value, NonTensorData):
+            return value
+        if isinstance(value, NonTensorStack):
+            self._check_batch(key, value.batch_size)
+            if self._device is not None and value.device != self._device:
+                value = value.to(self._device)
             return value
         if self._device is not None and value.device != self._device:
             value = value.to(self._device, non_blocking=non_blocking)
@@ -317,9 +323,9 @@ class TensorDict(
                     raise KeyError(
                         f'key "{part}" not found in TensorDict with keys {sorted(td._tensordict)}'
                     )
-                td._set_str(
-                    part, TensorDict._new_unchecked(td._batch_size, td._device), validate=False
-                )
+                child = TensorDict._new_unchecked(td._batch_size, td._device)
+                child._names = td._names
+                td._set_str(part, child, validate=False)
             td = td._tensordict[part]
             if not isinstance(td, TensorDict):
                 raise KeyError(f"{part!r} is a leaf, not a nested TensorDict")
@@ -346,6 +352,8 @@ class TensorDict(
             ) from None
         if type(value) is NonTensorData:
             value.batch_size, value.device = td._batch_size, td._device
+        elif isinstance(value, TensorDict) and type(value)._tensorclass is not None:
+            return type(value)._tensorclass._from_tensordict(value)
         return value
 
     def set(
@@ -392,7 +400,12 @@ class TensorDict(
         if isinstance(current, TensorDict):
             current.update_(value)
         elif isinstance(current, NonTensorData):
-            current.data = value.data if isinstance(value, NonTensorData) else value
+            if isinstance(value, NonTensorStack):
+                self._tensordict[key] = self._convert(key, value, non_blocking)
+            else:
+                current.data = value.data if isinstance(value, NonTensorData) else value
+        elif isinstance(current, NonTensorStack):
+            current[...] = value
         else:
             if isinstance(value, torch.Tensor):
                 self._check_batch(key, value.shape)
@@ -450,7 +463,11 @@ class TensorDict(
             isinstance(index, tuple) and not _index.is_batch_index(index)
         ):
             value = self.get(index)
-            return value.data if type(value) is NonTensorData else value
+            if type(value) is NonTensorData:
+                return value.data
+            if type(value) is NonTensorStack:
+                return value.tolist(as_linked_list=True)
+            return value
         return self._index(index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -517,7 +534,7 @@ class TensorDict(
         >>> td.values(include_nested=True, leaves_only=True)
         [tensor([0., 0.]), tensor([1., 1.])]
         """
-        return [v for _, v in walk_items(self, include_nested, leaves_only)]
+        return [public(v) for _, v in walk_items(self, include_nested, leaves_only)]
 
     def items(
         self, include_nested: bool = False, leaves_only: bool = False
@@ -529,7 +546,7 @@ class TensorDict(
         >>> [(key, value.tolist()) for key, value in td.items(True, leaves_only=True)]
         [('a', [0.0, 0.0]), (('b', 'c'), [1.0, 1.0])]
         """
-        return list(walk_items(self, include_nested, leaves_only))
+        return [(k, public(v)) for k, v in walk_items(self, include_nested, leaves_only)]
 
     def __contains__(self, key: object) -> bool:
         if isinstance(key, str):
@@ -572,6 +589,10 @@ class TensorDict(
     flatten_keys = _keys.flatten_keys
     unflatten_keys = _keys.unflatten_keys
     to_dict = _keys.to_dict
+    set_non_tensor = _keys.set_non_tensor
+    get_non_tensor = _keys.get_non_tensor
+    non_tensor_items = _keys.non_tensor_items
+    filter_non_tensor_data = _keys.filter_non_tensor_data
     empty = _keys.empty
     is_empty = _keys.is_empty
 
@@ -605,6 +626,8 @@ class TensorDict(
         return _torch.dispatch(func, args, kwargs)
 
     # ------------------------------------------------------------------ batch indexing
+
+    to_padded_tensor = _nested_ops.to_padded_tensor
 
     _index = _indexing.index
     index_select = _indexing.index_select
@@ -669,6 +692,8 @@ class TensorDict(
 
 
 register(TensorDict)
+TensorDictBase.register(TensorDict)
+_pytree.register(TensorDict)
 
 # Set after the class body so that the casts named float/int/bool do not shadow the builtins there.
 for _name, _method in {**_pointwise.methods(), **_pointwise.CASTS}.items():

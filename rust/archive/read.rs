@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::format::{self, Entry, LeafMeta, NodeMeta};
 use crate::sys::pool;
 use crate::sys::storage::{MapMode, Region};
-use crate::tree::load::{LoadedEntry, LoadedNode};
+use crate::tree::load::{check_nested_table, LoadedEntry, LoadedNode};
+use crate::tree::read::check_stack;
 
 /// The bytes of one loaded leaf: a view of the archive's map, or a copy.
 #[derive(Debug)]
@@ -108,18 +109,54 @@ pub(crate) fn walk(
     }
     let meta = match take_meta(ar, parsed, &meta_name)? {
         NodeMeta::TensorDict(m) => m,
-        NodeMeta::NonTensor(_) => {
+        NodeMeta::NonTensor(_) | NodeMeta::Stack(_) => {
             return Err(Error::unsupported(
                 &meta_path,
-                "this archive holds a single non-tensor value, not a TensorDict",
+                "this archive holds non-tensor values only, not a TensorDict",
             ))
+        }
+        NodeMeta::TensorClass(class) => {
+            // tensordict's tensorclass layout: the fields are the TensorDict in _tensordict/
+            let pickle = format!("{dir}other.pickle");
+            if ar.entry(&pickle).is_some() {
+                return Err(Error::unsupported(
+                    entry_path(&ar.path, &pickle),
+                    "this tensorclass has fields stored with pickle, which is never loaded (only JSON values are)",
+                ));
+            }
+            let fields = format!("{dir}{}/", format::TENSORCLASS_DIR);
+            if ar.entry(&format!("{fields}{}", format::META_FILE)).is_none() {
+                return Err(bad(&meta_path, "a tensorclass without its _tensordict directory"));
+            }
+            let mut node = walk(ar, parsed, &fields, depth + 1, jobs)?;
+            node.class = Some(serde_json::Value::Object(class).to_string());
+            return Ok(node);
         }
     };
     let mut entries = Vec::with_capacity(meta.entries.len());
     for (key, entry) in meta.entries {
         match entry {
-            Entry::Leaf(LeafMeta { dtype, shape, nbytes }) => {
+            Entry::Leaf(leaf) => {
                 let index = jobs.len();
+                let mut nbytes = leaf.nbytes;
+                let mut nested = None;
+                if leaf.nested.is_some() {
+                    let data_name = format!("{dir}{}", format::portable_leaf_file(&key));
+                    let table = format::shape_file(&data_name);
+                    let at = entry_path(&ar.path, &table);
+                    let e = ar.entry(&table).ok_or_else(|| {
+                        bad(
+                            &at,
+                            format!("the table of component shapes of key {key:?} is missing (no entry {table:?})"),
+                        )
+                    })?;
+                    let want = leaf.nested.and_then(|n| n.table_bytes()).unwrap_or(0);
+                    let bytes = ar.read(e, want as u64 + 1)?;
+                    let (loaded, size) = check_nested_table(&bytes, &key, &leaf, &meta.batch, &at)?;
+                    nbytes = size;
+                    nested = Some(loaded);
+                }
+                let LeafMeta { dtype, shape, .. } = leaf;
                 if nbytes == 0 {
                     jobs.push(None);
                 } else {
@@ -137,6 +174,15 @@ pub(crate) fn walk(
                             format!("the data of key {key:?} is missing (no entry {name:?})"),
                         )
                     })?;
+                    if nested.is_some() && ar.entries[e].size != nbytes as u64 {
+                        return Err(bad(
+                            &at(),
+                            format!(
+                                "the data of key {key:?} holds {} bytes; its components need exactly {nbytes}",
+                                ar.entries[e].size
+                            ),
+                        ));
+                    }
                     if ar.entries[e].size < nbytes as u64 {
                         return Err(bad(
                             &at(),
@@ -158,8 +204,28 @@ pub(crate) fn walk(
                         dtype: dtype.name,
                         shape,
                         index,
+                        nested,
                     },
                 ));
+            }
+            Entry::Stack => {
+                let child_meta = format!("{dir}{}/{}", format::portable_key(&key), format::META_FILE);
+                let at = entry_path(&ar.path, &child_meta);
+                parsed.remove(&child_meta); // read again under the stacks' larger bound
+                let e = ar
+                    .entry(&child_meta)
+                    .ok_or_else(|| bad(&at, format!("the sub-directory of key {key:?} is missing")))?;
+                let bytes = ar.read(e, format::STACK_META_LIMIT)?;
+                let NodeMeta::Stack(stack) = format::parse_meta(&bytes, &at)? else {
+                    return Err(bad(
+                        &at,
+                        format!(
+                            "key {key:?} is listed as a NonTensorStack, but its meta.json is not a stack's"
+                        ),
+                    ));
+                };
+                check_stack(&stack, &key, &meta.batch, &at)?;
+                entries.push((key, LoadedEntry::Stack(stack)));
             }
             Entry::Collection => {
                 let child = format!("{dir}{}/", format::portable_key(&key));
@@ -177,7 +243,11 @@ pub(crate) fn walk(
                 }
                 match take_meta(ar, parsed, &child_meta)? {
                     NodeMeta::NonTensor(value) => entries.push((key, LoadedEntry::NonTensor(value))),
-                    sub @ NodeMeta::TensorDict(_) => {
+                    NodeMeta::Stack(stack) => {
+                        check_stack(&stack, &key, &meta.batch, &entry_path(&ar.path, &child_meta))?;
+                        entries.push((key, LoadedEntry::Stack(stack)));
+                    }
+                    sub @ (NodeMeta::TensorDict(_) | NodeMeta::TensorClass(_)) => {
                         // handed to the child's walk, which would otherwise parse it again
                         parsed.insert(child_meta.clone(), Ok(sub));
                         let node = walk(ar, parsed, &child, depth + 1, jobs)?;
@@ -200,6 +270,7 @@ pub(crate) fn walk(
         batch: meta.batch,
         device: meta.device,
         entries,
+        class: None,
     })
 }
 

@@ -29,6 +29,7 @@ pub(crate) fn opts(compression: Compression) -> ArchiveOptions {
 pub(crate) fn sample(data: &[Vec<u8>]) -> (NodeSpec, Vec<LeafSpec<'_>>) {
     let leaves = vec![
         LeafSpec {
+            nested: None,
             dtype: "torch.float32".into(),
             shape: vec![3],
             device: "cpu".into(),
@@ -37,6 +38,7 @@ pub(crate) fn sample(data: &[Vec<u8>]) -> (NodeSpec, Vec<LeafSpec<'_>>) {
             same_file: None,
         },
         LeafSpec {
+            nested: None,
             dtype: "torch.uint8".into(),
             shape: vec![3, data[1].len() as u64 / 3],
             device: "cpu".into(),
@@ -45,6 +47,7 @@ pub(crate) fn sample(data: &[Vec<u8>]) -> (NodeSpec, Vec<LeafSpec<'_>>) {
             same_file: None,
         },
         LeafSpec {
+            nested: None,
             dtype: "torch.int64".into(),
             shape: vec![3, 0],
             device: "cpu".into(),
@@ -54,10 +57,12 @@ pub(crate) fn sample(data: &[Vec<u8>]) -> (NodeSpec, Vec<LeafSpec<'_>>) {
         },
     ];
     let nested = NodeSpec {
+        class: None,
         batch: vec![3],
         entries: vec![("b".into(), EntrySpec::Leaf(1)), ("e".into(), EntrySpec::Leaf(2))],
     };
     let root = NodeSpec {
+        class: None,
         batch: vec![3],
         entries: vec![
             ("z".into(), EntrySpec::Leaf(0)),
@@ -135,6 +140,7 @@ fn zeros_and_big_leaves_get_right_crcs() {
         .collect::<Vec<u8>>();
     fn leaf(data: Option<&[u8]>, n: usize) -> LeafSpec<'_> {
         LeafSpec {
+            nested: None,
             dtype: "torch.uint8".into(),
             shape: vec![n as u64],
             device: "cpu".into(),
@@ -145,6 +151,7 @@ fn zeros_and_big_leaves_get_right_crcs() {
     }
     let leaves = vec![leaf(Some(&big), big.len()), leaf(None, big.len())];
     let root = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![("a".into(), EntrySpec::Leaf(0)), ("b".into(), EntrySpec::Leaf(1))],
     };

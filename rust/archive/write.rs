@@ -130,10 +130,26 @@ impl Planned {
     }
 }
 
-/// Lists the entries of `node` (its directory in the archive is `dir`, "" or ending in "/").
+/// Lists the entries of `node` (its directory in the archive is `dir`, "" or ending in "/"):
+/// a tensorclass node is its meta.json, then its TensorDict in `_tensordict/`.
 fn plan_node(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Vec<Planned>) {
+    match &node.class {
+        Some(class) => {
+            out.push(meta_entry(
+                format!("{dir}{}", format::META_FILE),
+                class.meta.clone(),
+            ));
+            plan_fields(&format!("{dir}{}/", format::TENSORCLASS_DIR), node, leaves, out);
+        }
+        None => plan_fields(dir, node, leaves, out),
+    }
+}
+
+/// Lists the entries of the TensorDict `node` at `dir`.
+fn plan_fields(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Vec<Planned>) {
     let mut metas = Vec::with_capacity(node.entries.len());
     let mut files: Vec<(String, usize)> = Vec::new();
+    let mut tables: Vec<(String, &[u8])> = Vec::new();
     let mut dirs: Vec<(String, &EntrySpec)> = Vec::new();
     for (key, entry) in &node.entries {
         match entry {
@@ -142,22 +158,31 @@ fn plan_node(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Vec<
                 if leaf.nbytes > 0 {
                     files.push((format::portable_leaf_file(key), *i));
                 }
+                if let Some(nested) = &leaf.nested {
+                    tables.push((
+                        format::shape_file(&format::portable_leaf_file(key)),
+                        &nested.table,
+                    ));
+                }
+                metas.push((key.as_str(), leaf.entry_meta()));
+            }
+            EntrySpec::Node(child) => {
+                dirs.push((format::portable_key(key), entry));
                 metas.push((
                     key.as_str(),
-                    EntryMeta::Leaf {
-                        dtype: &leaf.dtype,
-                        shape: &leaf.shape,
-                        device: &leaf.device,
+                    match &child.class {
+                        Some(class) => EntryMeta::TensorClass(&class.name),
+                        None => EntryMeta::TensorDict,
                     },
                 ));
-            }
-            EntrySpec::Node(_) => {
-                dirs.push((format::portable_key(key), entry));
-                metas.push((key.as_str(), EntryMeta::TensorDict));
             }
             EntrySpec::NonTensor(_) => {
                 dirs.push((format::portable_key(key), entry));
                 metas.push((key.as_str(), EntryMeta::NonTensorData));
+            }
+            EntrySpec::Stack(_) => {
+                dirs.push((format::portable_key(key), entry));
+                metas.push((key.as_str(), EntryMeta::NonTensorStack));
             }
         }
     }
@@ -180,6 +205,10 @@ fn plan_node(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Vec<
             leaf: Some(i),
         });
     }
+    tables.sort();
+    for (name, table) in tables {
+        out.push(meta_entry(format!("{dir}{name}"), table.to_vec()));
+    }
     dirs.sort_by(|a, b| a.0.cmp(&b.0));
     for (name, entry) in dirs {
         match entry {
@@ -187,6 +216,10 @@ fn plan_node(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Vec<
             EntrySpec::NonTensor(value) => out.push(meta_entry(
                 format!("{dir}{name}/{}", format::META_FILE),
                 format::non_tensor_meta(value),
+            )),
+            EntrySpec::Stack(bytes) => out.push(meta_entry(
+                format!("{dir}{name}/{}", format::META_FILE),
+                bytes.clone(),
             )),
             EntrySpec::Leaf(_) => {}
         }

@@ -34,6 +34,8 @@ enum Slot {
     },
     /// An object with a `type` key: a sub-directory.
     Collection,
+    /// `{"type": "NonTensorStack"}`: a stack's sub-directory.
+    Stack,
     /// A value checked by the generic per-entry code (see the module documentation).
     Generic(Value),
 }
@@ -70,6 +72,9 @@ fn finish(top: Top<'_>) -> Option<NodeMeta> {
     if keys.windows(2).any(|w| w[0] == w[1]) {
         return None;
     }
+    if top.type_.as_deref().is_some_and(meta::is_user_class) {
+        return None; // a tensorclass directory: the generic parser keeps its whole meta.json
+    }
     let kind = top
         .class
         .as_deref()
@@ -104,6 +109,7 @@ fn tensordict(top: Top<'_>) -> Option<TensorDictMeta> {
     for (key, slot) in top.entries {
         let entry = match slot {
             Slot::Collection => Entry::Collection,
+            Slot::Stack => Entry::Stack,
             Slot::Leaf { dtype, shape } => {
                 // (`batch` is most often empty: no slice comparison then)
                 let prefix = batch.is_empty() || shape.starts_with(&batch);
@@ -111,7 +117,12 @@ fn tensordict(top: Top<'_>) -> Option<TensorDictMeta> {
                     return None;
                 }
                 let nbytes = meta::nbytes(&shape, dtype.itemsize)?;
-                Entry::Leaf(LeafMeta { dtype, shape, nbytes })
+                Entry::Leaf(LeafMeta {
+                    dtype,
+                    shape,
+                    nbytes,
+                    nested: None,
+                })
             }
             Slot::Generic(value) => match parse_entry(&key, &value, &batch, Path::new("")) {
                 Ok(Some(entry)) => entry,
@@ -311,15 +322,19 @@ impl<'de> Visitor<'de> for EntrySeed {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Slot, A::Error> {
         let mut collection = false;
+        let mut stack = false;
         let mut dtype = None;
         let mut shape = None;
         let mut nested = None;
         while let Some(key) = map.next_key_seed(Str)? {
             match key.as_ref() {
                 "type" => {
-                    map.next_value::<IgnoredAny>()?;
+                    let kind: Value = map.next_value()?;
+                    stack = kind.as_str() == Some("NonTensorStack");
                     collection = true;
                 }
+                // nested leaves and layouts: the generic parser reads them
+                "layout" => return Err(give_up()),
                 "dtype" => set_once(&mut dtype, map.next_value_seed(DtypeSeed)?)?,
                 "shape" => set_once(&mut shape, map.next_value_seed(Dims)?)?,
                 "is_nested" => set_once(&mut nested, map.next_value::<bool>()?)?,
@@ -329,7 +344,7 @@ impl<'de> Visitor<'de> for EntrySeed {
             }
         }
         if collection {
-            return Ok(Slot::Collection);
+            return Ok(if stack { Slot::Stack } else { Slot::Collection });
         }
         match (dtype, shape, nested) {
             (Some(dtype), Some(shape), None | Some(false)) => Ok(Slot::Leaf { dtype, shape }),

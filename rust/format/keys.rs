@@ -107,5 +107,12 @@ pub fn portable_leaf_file(key: &str) -> String {
     name
 }
 
+/// The name of a nested leaf's table of component shapes, beside its data file `name`
+/// (`key.memmap` -> `key.shape.memmap`, as the reference's `with_suffix` makes it).
+pub fn shape_file(name: &str) -> String {
+    let stem = name.strip_suffix(super::meta::LEAF_SUFFIX).unwrap_or(name);
+    format!("{stem}{}", super::meta::SHAPE_SUFFIX)
+}
+
 #[cfg(test)]
 mod tests;

@@ -2,18 +2,27 @@
 //! parsers produce. It matches what tensordict 0.15 writes (see the reference document §1), so
 //! that directories move both ways.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// Name of the metadata file of every directory.
 pub const META_FILE: &str = "meta.json";
 /// Suffix of a leaf's data file.
 pub const LEAF_SUFFIX: &str = ".memmap";
+/// Suffix of a nested leaf's table of component shapes (`key.shape.memmap`, int64 `[n, k]`).
+pub const SHAPE_SUFFIX: &str = ".shape.memmap";
+/// `layout` of a jagged nested leaf's entry (a key the reference's loader does not read: it
+/// loads the leaf as a strided nested tensor of the same components).
+pub const JAGGED: &str = "torch.jagged";
+/// `layout` of a strided tensor, accepted on any entry.
+pub const STRIDED: &str = "torch.strided";
 /// Largest meta.json we read: far above any real tree, small enough to refuse garbage.
 pub const META_LIMIT: u64 = 64 << 20;
 /// Deepest nesting we follow when loading.
 pub const MAX_DEPTH: usize = 256;
 /// Highest `_format_version` this library reads.
 pub const FORMAT_VERSION: u64 = 1;
+/// The sub-directory of a tensorclass directory that holds its TensorDict.
+pub const TENSORCLASS_DIR: &str = "_tensordict";
 
 /// Keys that meta.json uses for itself: a leaf with one of these names would be lost.
 pub const RESERVED_KEYS: &[&str] = &["shape", "device", "_type", "_format_version", "_class", "_names"];
@@ -124,12 +133,77 @@ pub fn nbytes(shape: &[u64], itemsize: usize) -> Option<usize> {
     usize::try_from(n).ok().filter(|&n| n <= isize::MAX as usize)
 }
 
-/// A validated leaf entry.
+/// The layout of a nested leaf.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    Strided,
+    Jagged,
+}
+
+/// What a nested leaf's entry says: `components` tensors of `dims` dims each (the entry's
+/// `shape` is `[components, dims]`, the shape of its table of component shapes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NestedMeta {
+    pub components: u64,
+    pub dims: u64,
+    pub layout: Layout,
+}
+
+impl NestedMeta {
+    /// Bytes of the table of component shapes (`key.shape.memmap`), or `None` on overflow.
+    pub fn table_bytes(&self) -> Option<usize> {
+        nbytes(&[self.components, self.dims], 8)
+    }
+}
+
+/// A validated leaf entry. For a nested leaf, `shape` is the shape of its table of component
+/// shapes and `nbytes` 0: the data's size comes from the table (`nested_nbytes`).
 #[derive(Debug)]
 pub struct LeafMeta {
     pub dtype: &'static DType,
     pub shape: Vec<u64>,
     pub nbytes: usize,
+    pub nested: Option<NestedMeta>,
+}
+
+/// Bytes of a nested leaf's data: its component shapes (`dims` per component, row-major in
+/// `table`) checked (no negative size) and summed with checked arithmetic. `Err` says why.
+pub fn nested_nbytes(
+    table: &[i64],
+    dims: usize,
+    itemsize: usize,
+    batch_tail: &[u64],
+) -> std::result::Result<usize, String> {
+    let mut total: usize = 0;
+    let rows = if dims == 0 {
+        Vec::new()
+    } else {
+        table.chunks_exact(dims).collect::<Vec<_>>()
+    };
+    for (i, row) in rows.iter().enumerate() {
+        let mut n: usize = 1;
+        for &d in row.iter() {
+            let d = usize::try_from(d).map_err(|_| format!("component {i} has a negative size {d}"))?;
+            n = n
+                .checked_mul(d)
+                .ok_or_else(|| format!("component {i}'s size overflows"))?;
+        }
+        if row.len() < batch_tail.len()
+            || row
+                .iter()
+                .zip(batch_tail)
+                .any(|(&d, &b)| u64::try_from(d).ok() != Some(b))
+        {
+            return Err(format!(
+                "component {i} has shape {row:?}, which does not start with the batch dims {batch_tail:?}"
+            ));
+        }
+        total = total.checked_add(n).ok_or("the components' sizes overflow")?;
+    }
+    total
+        .checked_mul(itemsize)
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or_else(|| "the components' sizes overflow".to_string())
 }
 
 /// A validated entry of a TensorDict meta.json.
@@ -138,6 +212,9 @@ pub enum Entry {
     Leaf(LeafMeta),
     /// A sub-directory; what it holds is decided by its own meta.json.
     Collection,
+    /// The sub-directory of a NonTensorStack (`{"type": "NonTensorStack"}`): its meta.json
+    /// holds the values, and may be larger than others (`stack::STACK_META_LIMIT`).
+    Stack,
 }
 
 /// A validated TensorDict meta.json.
@@ -155,10 +232,21 @@ pub struct TensorDictMeta {
 pub enum NodeMeta {
     TensorDict(TensorDictMeta),
     NonTensor(Value),
+    Stack(super::stack::StackMeta),
+    /// A tensorclass directory (tensordict's layout: this meta.json names the class, the
+    /// fields are a TensorDict in `_tensordict/`). The whole meta.json object, for the Python
+    /// layer, which finds the class it names.
+    TensorClass(Map<String, Value>),
+}
+
+/// True when a meta.json's `_type` names a user class (`<class 'module.Name'>` outside the
+/// tensordict package): a tensorclass directory.
+pub(crate) fn is_user_class(type_: &str) -> bool {
+    type_.starts_with("<class '") && type_.ends_with("'>") && !type_.starts_with("<class 'tensordict.")
 }
 
 /// `type` or `type:index`, with a device type torch knows.
-pub(crate) fn valid_device(s: &str) -> bool {
+pub fn valid_device(s: &str) -> bool {
     const TYPES: &[&str] = &[
         "cpu",
         "cuda",

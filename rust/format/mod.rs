@@ -15,16 +15,20 @@ pub mod fast;
 pub mod keys;
 pub mod meta;
 pub mod parse;
+pub mod stack;
 pub mod write;
 
 pub use keys::{
-    encode_key, fold_case, leaf_file, legacy_name, portable_key, portable_leaf_file, windows_safe_name,
+    encode_key, fold_case, leaf_file, legacy_name, portable_key, portable_leaf_file, shape_file,
+    windows_safe_name,
 };
 pub use meta::{
-    dtype, nbytes, DType, Entry, LeafMeta, NodeMeta, TensorDictMeta, DTYPES, FORMAT_VERSION, LEAF_SUFFIX,
-    MAX_DEPTH, META_FILE, META_LIMIT, RESERVED_KEYS,
+    dtype, nbytes, nested_nbytes, DType, Entry, Layout, LeafMeta, NestedMeta, NodeMeta, TensorDictMeta,
+    DTYPES, FORMAT_VERSION, JAGGED, LEAF_SUFFIX, MAX_DEPTH, META_FILE, META_LIMIT, RESERVED_KEYS,
+    SHAPE_SUFFIX, STRIDED, TENSORCLASS_DIR,
 };
 pub use parse::parse_meta_generic;
+pub use stack::{StackMeta, STACK_META_LIMIT};
 pub use write::{non_tensor_meta, tensordict_meta, to_json_bytes, EntryMeta};
 
 /// Parses and validates a meta.json read from `path`: the typed fast path (`fast`) for the

@@ -7,7 +7,8 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::meta::{
-    dtype, nbytes, valid_device, Entry, LeafMeta, NodeMeta, TensorDictMeta, FORMAT_VERSION, RESERVED_KEYS,
+    dtype, is_user_class, nbytes, valid_device, Entry, Layout, LeafMeta, NestedMeta, NodeMeta,
+    TensorDictMeta, FORMAT_VERSION, JAGGED, RESERVED_KEYS, STRIDED,
 };
 use crate::error::{Error, Result};
 
@@ -29,6 +30,13 @@ pub fn parse_meta_generic(bytes: &[u8], path: &Path) -> Result<NodeMeta> {
             ))
         }
     }
+    if map
+        .get("_type")
+        .and_then(Value::as_str)
+        .is_some_and(is_user_class)
+    {
+        return Ok(NodeMeta::TensorClass(map));
+    }
     let class = map.get("_class").and_then(Value::as_str);
     let type_ = map.get("_type").and_then(Value::as_str);
     let kind = class
@@ -46,6 +54,7 @@ pub fn parse_meta_generic(bytes: &[u8], path: &Path) -> Result<NodeMeta> {
                 "non-tensor data stored with pickle is never loaded (only JSON values are)",
             )),
         },
+        Some("NonTensorStack") => super::stack::from_map(map, path).map(NodeMeta::Stack),
         Some(other) => Err(Error::unsupported(
             path,
             format!("directories of type {other:?} are not supported"),
@@ -122,16 +131,41 @@ pub(crate) fn parse_entry(key: &str, value: &Value, batch: &[u64], path: &Path) 
             format!("entry for key {key:?} is not an object"),
         ));
     };
-    if entry.contains_key("type") {
-        return Ok(Some(Entry::Collection));
+    if let Some(kind) = entry.get("type") {
+        return Ok(Some(if kind.as_str() == Some("NonTensorStack") {
+            Entry::Stack
+        } else {
+            Entry::Collection
+        }));
     }
     let what = format!("key {key:?}");
-    if entry.get("is_nested").and_then(Value::as_bool).unwrap_or(false) {
-        return Err(Error::unsupported(
-            path,
-            format!("{what}: nested (jagged) tensors are not supported"),
-        ));
-    }
+    let nested = match entry.get("is_nested") {
+        None | Some(Value::Null | Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => true,
+        Some(other) => {
+            return Err(Error::invalid(
+                path,
+                format!("{what}: is_nested {other} is not a bool"),
+            ))
+        }
+    };
+    let layout = match entry.get("layout") {
+        None => None,
+        Some(Value::String(s)) if s == STRIDED => None,
+        Some(Value::String(s)) if s == JAGGED && nested => Some(Layout::Jagged),
+        Some(Value::String(s)) if s == JAGGED => {
+            return Err(Error::invalid(
+                path,
+                format!("{what}: layout {s:?} on an entry that is not nested"),
+            ))
+        }
+        Some(other) => {
+            return Err(Error::unsupported(
+                path,
+                format!("{what}: layout {other} is not one this library reads (torch.strided, torch.jagged)"),
+            ))
+        }
+    };
     let dtype_name = entry
         .get("dtype")
         .and_then(Value::as_str)
@@ -139,6 +173,41 @@ pub(crate) fn parse_entry(key: &str, value: &Value, batch: &[u64], path: &Path) 
     let dt = dtype(dtype_name)
         .ok_or_else(|| Error::invalid(path, format!("{what}: unknown dtype {dtype_name:?}")))?;
     let shape = parse_shape(entry.get("shape"), &what, path)?;
+    if nested {
+        // the entry's shape is the shape of the table of component shapes: [components, dims]
+        let &[components, dims] = shape.as_slice() else {
+            return Err(Error::invalid(
+                path,
+                format!("{what}: a nested leaf's shape {shape:?} is not [components, dims]"),
+            ));
+        };
+        let meta = NestedMeta {
+            components,
+            dims,
+            layout: layout.unwrap_or(Layout::Strided),
+        };
+        if meta.table_bytes().is_none() {
+            return Err(Error::invalid(path, format!("{what}: shape {shape:?} overflows")));
+        }
+        if batch.first().is_some_and(|&b| b != components) || (batch.len() as u64) > dims + 1 {
+            return Err(Error::invalid(
+                path,
+                format!("{what}: a nested leaf of {components} components of {dims} dims cannot have the batch size {batch:?}"),
+            ));
+        }
+        if meta.layout == Layout::Jagged && dims == 0 {
+            return Err(Error::invalid(
+                path,
+                format!("{what}: a jagged leaf needs components of at least one dim"),
+            ));
+        }
+        return Ok(Some(Entry::Leaf(LeafMeta {
+            dtype: dt,
+            shape,
+            nbytes: 0,
+            nested: Some(meta),
+        })));
+    }
     let nb = nbytes(&shape, dt.itemsize)
         .ok_or_else(|| Error::invalid(path, format!("{what}: shape {shape:?} overflows")))?;
     if shape.len() < batch.len() || shape[..batch.len()] != batch[..] {
@@ -151,5 +220,6 @@ pub(crate) fn parse_entry(key: &str, value: &Value, batch: &[u64], path: &Path) 
         dtype: dt,
         shape,
         nbytes: nb,
+        nested: None,
     })))
 }

@@ -55,3 +55,26 @@ fn refuses_bad_meta() {
     let pickled = r#"{"_type": "<class 'tensordict.tensorclass.NonTensorData'>", "_is_non_tensor": true}"#;
     assert!(parse_err(pickled).contains("pickle"));
 }
+
+#[test]
+fn a_user_class_is_a_tensorclass_directory() {
+    let meta = br#"{"_type": "<class '__main__.Sample'>", "source": "x"}"#;
+    assert!(
+        fast::parse(meta).is_none(),
+        "the fast parser leaves it to the generic one"
+    );
+    let NodeMeta::TensorClass(map) = parse_meta(meta, Path::new("p")).unwrap() else {
+        panic!()
+    };
+    assert_eq!(map["source"], "x");
+    // tensordict's own classes are not user classes
+    let ntd = br#"{"_type": "<class 'tensordict.tensorclass.NonTensorData'>", "data": 1}"#;
+    assert!(matches!(
+        parse_meta(ntd, Path::new("p")).unwrap(),
+        NodeMeta::NonTensor(_)
+    ));
+    let entry = tensordict_meta([("inner", EntryMeta::TensorClass("Inner"))], &[]);
+    assert!(String::from_utf8(entry)
+        .unwrap()
+        .starts_with(r#"{"inner": {"type": "Inner"}, "shape""#));
+}

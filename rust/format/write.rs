@@ -12,8 +12,19 @@ pub enum EntryMeta<'a> {
         shape: &'a [u64],
         device: &'a str,
     },
+    /// A nested leaf: `shape` is the shape of its table of component shapes; a jagged one
+    /// records its layout (a key the reference ignores: it reads the strided layout).
+    Nested {
+        dtype: &'a str,
+        shape: &'a [u64],
+        device: &'a str,
+        jagged: bool,
+    },
     TensorDict,
     NonTensorData,
+    NonTensorStack,
+    /// A tensorclass directory: `{"type": <class name>}`.
+    TensorClass(&'a str),
 }
 
 /// Formats JSON like Python's `json.dumps` does by default (`", "` and `": "`), so that files
@@ -71,11 +82,33 @@ pub fn tensordict_meta<'a>(
         let mut map = (&mut ser).serialize_map(None)?;
         for (key, entry) in entries {
             match entry {
-                EntryMeta::Leaf { dtype, shape, device } => {
-                    map.serialize_entry(key, &LeafJson { dtype, shape, device })?
-                }
+                EntryMeta::Leaf { dtype, shape, device } => map.serialize_entry(
+                    key,
+                    &LeafJson {
+                        dtype,
+                        shape,
+                        device,
+                        nested: None,
+                    },
+                )?,
+                EntryMeta::Nested {
+                    dtype,
+                    shape,
+                    device,
+                    jagged,
+                } => map.serialize_entry(
+                    key,
+                    &LeafJson {
+                        dtype,
+                        shape,
+                        device,
+                        nested: Some(jagged),
+                    },
+                )?,
                 EntryMeta::TensorDict => map.serialize_entry(key, &TypeJson("TensorDict"))?,
                 EntryMeta::NonTensorData => map.serialize_entry(key, &TypeJson("NonTensorData"))?,
+                EntryMeta::NonTensorStack => map.serialize_entry(key, &TypeJson("NonTensorStack"))?,
+                EntryMeta::TensorClass(name) => map.serialize_entry(key, &TypeJson(name))?,
             }
         }
         map.serialize_entry("shape", batch)?;
@@ -94,24 +127,29 @@ struct LeafJson<'a> {
     dtype: &'a str,
     shape: &'a [u64],
     device: &'a str,
+    /// `Some(jagged)` for a nested leaf.
+    nested: Option<bool>,
 }
 
 impl serde::Serialize for LeafJson<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let mut map = ser.serialize_map(Some(4))?;
+        let mut map = ser.serialize_map(None)?;
         map.serialize_entry("device", self.device)?;
         map.serialize_entry("shape", self.shape)?;
         map.serialize_entry("dtype", self.dtype)?;
-        map.serialize_entry("is_nested", &false)?;
+        map.serialize_entry("is_nested", &self.nested.is_some())?;
+        if self.nested == Some(true) {
+            map.serialize_entry("layout", super::meta::JAGGED)?;
+        }
         map.end()
     }
 }
 
 /// `{"type": ...}`: the entry of a sub-directory in a TensorDict meta.json.
-struct TypeJson(&'static str);
+struct TypeJson<'a>(&'a str);
 
-impl serde::Serialize for TypeJson {
+impl serde::Serialize for TypeJson<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut map = ser.serialize_map(Some(1))?;

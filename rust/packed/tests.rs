@@ -100,7 +100,7 @@ fn fields_named_like_the_format_are_keys_when_they_hold_objects() {
         .entries
         .iter()
         .map(|e| match e {
-            Parsed::Leaf(k, _) | Parsed::Node(k, _) | Parsed::Value(k, _) => k.as_ref(),
+            Parsed::Leaf(k, _) | Parsed::Node(k, _) | Parsed::Value(k, _) | Parsed::Stack(k, _) => k.as_ref(),
         })
         .collect();
     assert_eq!(keys, ["data", "is_nested"]);
@@ -197,7 +197,7 @@ fn keys_named_like_non_tensor_fields_are_entries_of_a_node() {
         .entries
         .iter()
         .map(|e| match e {
-            Parsed::Leaf(k, _) | Parsed::Node(k, _) | Parsed::Value(k, _) => k.as_ref(),
+            Parsed::Leaf(k, _) | Parsed::Node(k, _) | Parsed::Value(k, _) | Parsed::Stack(k, _) => k.as_ref(),
         })
         .collect();
     assert_eq!(keys, ["_is_non_tensor", "_metadata", "v"]);

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-use super::tree::{LEAF, NODE, NON_TENSOR};
+use super::tree::{LEAF, NODE, NON_TENSOR, STACK};
 use crate::report::render;
 use crate::report::summary;
 
@@ -20,6 +20,24 @@ fn summary_to_py<'py>(py: Python<'py>, node: summary::SummaryNode) -> PyResult<B
             summary::SummaryEntry::Node(child) => (NODE, key, summary_to_py(py, child)?).into_pyobject(py)?,
             summary::SummaryEntry::NonTensor(value) => {
                 (NON_TENSOR, key, value.to_string()).into_pyobject(py)?
+            }
+            // (0, key, dtype, shape, nbytes, layout): -1 in the shape where components differ
+            summary::SummaryEntry::Nested {
+                dtype,
+                shape,
+                nbytes,
+                jagged,
+            } => (
+                LEAF,
+                key,
+                dtype,
+                PyTuple::new(py, shape)?,
+                nbytes,
+                if jagged { "torch.jagged" } else { "torch.strided" },
+            )
+                .into_pyobject(py)?,
+            summary::SummaryEntry::Stack { shape } => {
+                (STACK, key, PyTuple::new(py, shape)?).into_pyobject(py)?
             }
         };
         entries.append(item)?;

@@ -6,7 +6,8 @@
 //! `_tree.py`, `_persistence.py`, `verify.py`), `memmap` (`memmap.py`), `sharing`
 //! (`_sharing.py`), `archive` (`_archive.py`), `safetensors` (`_safetensors.py`), `info` (the
 //! command line), `progress` (`_progress.py`), `gather` (`_gather.py`), `packed` (`_packed.py`,
-//! `_stream.py`); `buffer` is the object every one of them returns, `errors` the exceptions.
+//! `_stream.py`), `nontensor` (the packed string columns of `_core/nontensor.py`); `buffer` is
+//! the object every one of them returns, `errors` the exceptions.
 //! `lib.rs` registers them all in the `_native` module.
 
 pub mod archive;
@@ -15,6 +16,7 @@ pub mod errors;
 pub mod gather;
 pub mod info;
 pub mod memmap;
+pub mod nontensor;
 pub mod packed;
 pub mod progress;
 pub mod safetensors;

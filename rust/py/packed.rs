@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::buffer::Buffer;
 use super::errors::InvalidTreeError;
 use super::gather::refuse_overlap;
-use super::tree::{LEAF, NODE};
+use super::tree::{LEAF, NODE, STACK};
 use crate::packed::{self, Described, DescribedNode, PackedLayout, Parsed, ParsedNode};
 use crate::sys::anon;
 use crate::sys::gather::{self, Copy, Overlap};
@@ -220,6 +220,7 @@ enum EntryOwned {
     Leaf(String, String, Vec<u64>, String),
     Node(String, DescribedNodeOwned),
     Value(String, Value),
+    Stack(String, Vec<u8>),
 }
 
 impl DescribedNodeOwned {
@@ -240,6 +241,20 @@ impl DescribedNodeOwned {
                     entry.get_item(4)?.extract()?,
                 ),
                 NODE => EntryOwned::Node(key, Self::extract(&entry.get_item(2)?.cast_into()?)?),
+                STACK => {
+                    // (3, key, stack_dim, device, data_json, shape_or_None), as write_tree takes it
+                    let stack_dim: i64 = entry.get_item(2)?.extract()?;
+                    let device: Option<String> = entry.get_item(3)?.extract()?;
+                    let data: Vec<u8> = entry.get_item(4)?.extract()?;
+                    let shape: Option<Vec<u64>> = entry.get_item(5)?.extract()?;
+                    let meta = crate::format::stack::meta_bytes(
+                        stack_dim,
+                        device.as_deref(),
+                        &data,
+                        shape.as_deref(),
+                    );
+                    EntryOwned::Stack(key, meta)
+                }
                 _ => {
                     let text: String = entry.get_item(2)?.extract()?;
                     let data = serde_json::from_str(&text)
@@ -277,6 +292,7 @@ impl DescribedNodeOwned {
                         key,
                         data: data.clone(),
                     },
+                    EntryOwned::Stack(key, meta) => Described::Stack { key, meta },
                 })
                 .collect(),
         }
@@ -364,6 +380,14 @@ impl<'py> TreeBuilder<'py, '_> {
                 }
                 Parsed::Node(key, sub) => (key, self.node(sub)?),
                 Parsed::Value(key, text) => (key, self.make_value.call1((text,))?),
+                Parsed::Stack(key, stack) => {
+                    let cells = super::tree::cells_to_py(py, &stack.data.cells)?;
+                    let shape = PyTuple::new(py, &stack.data.shape)?;
+                    let made =
+                        self.make_value
+                            .call1((cells, shape, stack.device.clone(), stack.stack_dim))?;
+                    (key, made)
+                }
             };
             items.set_item(key.as_ref(), value)?;
         }
@@ -383,7 +407,8 @@ impl<'py> TreeBuilder<'py, '_> {
 /// non-empty leaf when `arena` (then `whole` is one anonymous shared map of `capacity` bytes,
 /// at least `total`, populated up front, and each buffer a slice of it), else
 /// `make_leaf(offset, nbytes, dtype, shape)` (and `whole` is None); `make_empty(shape, dtype)`
-/// for leaves without bytes; `make_value(json_text)` for non-tensor values. `dtypes` maps
+/// for leaves without bytes; `make_value(json_text)` for non-tensor values and
+/// `make_value(cells, shape, device, stack_dim)` for stacks (`cells` as `load_tree` gives them). `dtypes` maps
 /// dtype names to torch dtypes. `on_buffer(whole, total)`, if given, is called as soon as
 /// `whole` exists, before the tree is built (so that the data can be arriving meanwhile).
 /// `nodes` lists `(dict, keys, values)` of every node, for the tree's copy plan. With `into`

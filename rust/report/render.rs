@@ -48,7 +48,11 @@ fn totals(node: &SummaryNode) -> Totals {
                 t.sub_trees += s.sub_trees + 1;
                 t.children.push(s);
             }
-            SummaryEntry::NonTensor(_) => {}
+            SummaryEntry::Nested { nbytes, .. } => {
+                t.nbytes += *nbytes as u128;
+                t.leaves += 1;
+            }
+            SummaryEntry::NonTensor(_) | SummaryEntry::Stack { .. } => {}
         }
     }
     t
@@ -110,6 +114,18 @@ fn python_type(value: &Value) -> &'static str {
 }
 
 /// `"[1,2]"`-style (`sep` `,`) or `"[1, 2]"`-style (`sep` `, `) list of dimensions.
+/// `dims` for a nested leaf's shape, whose ragged dims are -1.
+fn signed_dims(out: &mut String, shape: &[i64], sep: &str) {
+    out.push('[');
+    for (i, d) in shape.iter().enumerate() {
+        if i > 0 {
+            out.push_str(sep);
+        }
+        let _ = write!(out, "{d}");
+    }
+    out.push(']');
+}
+
 fn dims(out: &mut String, shape: &[u64], sep: &str) {
     out.push('[');
     for (i, d) in shape.iter().enumerate() {
@@ -204,6 +220,12 @@ fn repr_entries(node: &SummaryNode) -> Vec<(String, ReprNode)> {
                     ReprNode::tree(prefix, repr_entries(sub))
                 }
                 SummaryEntry::NonTensor(value) => ReprNode::Leaf(python_type(value).to_string()),
+                SummaryEntry::Nested { dtype, shape, .. } => {
+                    let mut text = short_name(dtype);
+                    signed_dims(&mut text, shape.get(dims_here..).unwrap_or(&[]), ",");
+                    ReprNode::Leaf(text)
+                }
+                SummaryEntry::Stack { .. } => ReprNode::Leaf("NonTensorStack".to_string()),
             };
             (key.clone(), value)
         })
@@ -350,6 +372,31 @@ fn rows<'a>(node: &'a SummaryNode, totals: &Totals, path: &str, out: &mut Vec<Ro
                 });
                 rows(sub, t, &inner, out);
             }
+            SummaryEntry::Nested {
+                dtype,
+                shape,
+                nbytes,
+                jagged,
+            } => {
+                let mut text = String::new();
+                signed_dims(&mut text, shape, ", ");
+                out.push(Row {
+                    size: Some(*nbytes as u128),
+                    kind: if *jagged { "jagged" } else { "nested" },
+                    shape: text,
+                    name: format!("{name} ({})", dtype.strip_prefix("torch.").unwrap_or(dtype)),
+                });
+            }
+            SummaryEntry::Stack { shape } => {
+                let mut text = String::new();
+                dims(&mut text, shape, ", ");
+                out.push(Row {
+                    size: None,
+                    kind: "NonTensorStack",
+                    shape: text,
+                    name,
+                });
+            }
             SummaryEntry::NonTensor(value) => {
                 let mut text = json_value(value);
                 if width(&text) > VALUE_WIDTH {
@@ -449,6 +496,25 @@ fn json_node(out: &mut String, node: &SummaryNode, t: &Totals) {
                 let _ = write!(out, r#", "nbytes": {nbytes}}}"#);
             }
             SummaryEntry::Node(sub) => json_node(out, sub, children.next().expect("one total per sub-tree")),
+            SummaryEntry::Nested {
+                dtype,
+                shape,
+                nbytes,
+                jagged,
+            } => {
+                out.push_str(r#"{"kind": "nested", "dtype": "#);
+                json_str(out, dtype);
+                out.push_str(r#", "layout": "#);
+                json_str(out, if *jagged { "torch.jagged" } else { "torch.strided" });
+                out.push_str(r#", "shape": "#);
+                signed_dims(out, shape, ", ");
+                let _ = write!(out, r#", "nbytes": {nbytes}}}"#);
+            }
+            SummaryEntry::Stack { shape } => {
+                out.push_str(r#"{"kind": "NonTensorStack", "shape": "#);
+                json_dims(out, shape);
+                out.push('}');
+            }
             SummaryEntry::NonTensor(value) => {
                 out.push_str(r#"{"kind": "non_tensor", "value": "#);
                 out.push_str(&json_value(value));

@@ -4,8 +4,9 @@
 //! `dir` (directory handles that never follow a symlink; `dir/unix.rs`, `dir/windows.rs`),
 //! `identity` (which file a handle or name is), `storage` (the `Region` every map is, file
 //! maps, space reservation, positioned writes), `anon` (anonymous shared memory, every
-//! platform), `pool` (every thread of the crate), `progress` (the progress counter), `gather`
-//! (bulk copies between raw addresses).
+//! platform), `pool` (every thread of the crate), `progress` (the progress counter), `reclaim`
+//! (the space of replaced files, freed in the background), `gather` (bulk copies between raw
+//! addresses).
 
 pub mod anon;
 pub mod dir;
@@ -13,4 +14,5 @@ pub mod gather;
 pub mod identity;
 pub mod pool;
 pub mod progress;
+pub mod reclaim;
 pub mod storage;

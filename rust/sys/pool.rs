@@ -11,6 +11,9 @@
 //!   gain: they spin for [`SPIN`] after each job, claim pieces of posted [`Work`] beside the
 //!   caller, and never touch memory once a job is done.
 //!
+//! - [`background`]: one detached thread for work nobody waits on (freeing the space of
+//!   the files a save replaced, `sys::reclaim`).
+//!
 //! Why not one kind: file jobs on the persistent threads would lose them in a forked child
 //! (threads do not survive `fork`: a DataLoader worker would load on one thread), to any
 //! copy posted meanwhile from another thread (one slot), and a panic would need catching;
@@ -270,6 +273,33 @@ fn helper_loop(h: &'static Helpers) {
 pub fn prepare() {
     if let Some(h) = helpers() {
         h.post(None);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Background work
+
+/// Runs `f` on a new detached thread named `name`; gives `f` back when no thread can be made
+/// (the caller then runs it itself).
+pub fn background<F>(name: &str, f: F) -> std::result::Result<(), F>
+where
+    F: FnOnce() + Send + 'static,
+{
+    // The closure goes through a slot so that it comes back when the spawn fails.
+    let slot = Arc::new(Mutex::new(Some(f)));
+    let theirs = Arc::clone(&slot);
+    let spawned = std::thread::Builder::new().name(name.to_string()).spawn(move || {
+        let f = theirs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(f) = f {
+            f();
+        }
+    });
+    match spawned {
+        Ok(_) => Ok(()),
+        Err(_) => match slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(f) => Err(f),
+            None => Ok(()),
+        },
     }
 }
 

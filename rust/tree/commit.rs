@@ -71,7 +71,10 @@ pub enum Op {
     Aside { name: String },
     /// Move staged entry `name` of staging directory `stage` to `to`. `id`: the staged
     /// entry's identity (done when `to` holds it, pending while the staging directory does);
-    /// `replaces`: the old tree's file at `to` (None: a new name, which is never replaced).
+    /// `replaces`: the old tree's file at `to` (None: a new name, which is never replaced);
+    /// a big one is exchanged with the staged file and freed in the background
+    /// (`apply::replace_file`). Journals of issue 29's saves (no version) used `replaces` for
+    /// the staged identity; a replay reads them so (`apply::prove`).
     Rename {
         stage: usize,
         name: String,

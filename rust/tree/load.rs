@@ -12,14 +12,16 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::format::{self, Entry, LeafMeta, NodeMeta, TensorDictMeta};
+use crate::format::{self, Entry, Layout, LeafMeta, NodeMeta, StackMeta, TensorDictMeta};
 use crate::sys::dir::{self, Dir, EntryKind};
 use crate::sys::identity::Stamp;
 use crate::sys::identity::{self, FileId};
 use crate::sys::pool;
 use crate::sys::storage::{self, MapMode, Region};
 use crate::tree::commit;
-use crate::tree::read::{open_child_dir, read_meta, read_meta_stamped};
+use crate::tree::read::{
+    open_child_dir, read_meta, read_meta_stamped, read_stack, read_stack_stamped, tensorclass_fields,
+};
 
 /// One loaded entry. Leaves point into the flat region list returned beside the tree.
 #[derive(Debug)]
@@ -28,9 +30,21 @@ pub enum LoadedEntry {
         dtype: &'static str,
         shape: Vec<u64>,
         index: usize,
+        /// A nested leaf's table of component shapes and layout (`shape` is the table's).
+        nested: Option<LoadedNested>,
     },
     Node(LoadedNode),
     NonTensor(Value),
+    Stack(StackMeta),
+}
+
+/// What a nested leaf needs besides its data: the shape of every component (`dims` sizes per
+/// component, row-major) and its layout.
+#[derive(Debug, Clone)]
+pub struct LoadedNested {
+    pub sizes: Vec<i64>,
+    pub dims: u64,
+    pub layout: Layout,
 }
 
 /// A loaded TensorDict directory.
@@ -39,6 +53,9 @@ pub struct LoadedNode {
     pub batch: Vec<u64>,
     pub device: Option<String>,
     pub entries: Vec<(String, LoadedEntry)>,
+    /// For a tensorclass directory: its meta.json (JSON text), which names the class; the
+    /// node is then the TensorDict of its `_tensordict/` sub-directory.
+    pub class: Option<String>,
 }
 
 /// A leaf file to open and map, found while walking.
@@ -47,6 +64,9 @@ struct LeafJob {
     /// The leaf's key (None: a single file, see `open_file`), for messages only.
     key: Option<String>,
     nbytes: usize,
+    /// The file must hold exactly `nbytes` (a nested leaf's data: a longer file means the
+    /// table of component shapes does not describe it).
+    exact: bool,
 }
 
 impl LeafJob {
@@ -146,16 +166,22 @@ type Walked = (LoadedNode, Vec<Option<Region>>, Vec<(Vec<String>, Stamp)>);
 
 fn load_from(root: &Dir) -> Result<Walked> {
     let mut found = Found::default();
-    let meta = match read_meta(root)? {
-        NodeMeta::TensorDict(m) => m,
-        NodeMeta::NonTensor(_) => {
+    let mut rel = Vec::new();
+    let (meta, class) = match read_meta(root)? {
+        NodeMeta::TensorDict(m) => (m, None),
+        NodeMeta::NonTensor(_) | NodeMeta::Stack(_) => {
             return Err(Error::unsupported(
                 root.path(),
-                "this directory holds a single non-tensor value, not a TensorDict",
+                "this directory holds non-tensor values only, not a TensorDict",
             ))
         }
+        NodeMeta::TensorClass(class) => {
+            rel.push(format::TENSORCLASS_DIR.to_string());
+            (tensorclass_fields(root)?.1, Some(class))
+        }
     };
-    let node = walk(root, &mut Vec::new(), 0, &[], meta, &mut found)?;
+    let mut node = walk(root, &mut rel, 0, &[], meta, &mut found)?;
+    node.class = class.map(|c| Value::Object(c).to_string());
     let Found {
         groups,
         count,
@@ -227,17 +253,22 @@ fn walk(
     for (key, entry) in meta.entries {
         match entry {
             Entry::Leaf(leaf) => {
-                let LeafMeta { dtype, shape, nbytes } = leaf;
                 let index = found.count + jobs.len();
-                let name = if nbytes > 0 {
-                    leaf_name(&dir, &key)?
-                } else {
-                    String::new()
+                let (nested, nbytes, name) = match leaf.nested {
+                    Some(_) => {
+                        let name = leaf_name(&dir, &key)?;
+                        let (loaded, nbytes) = read_nested(&dir, &key, &name, &leaf, &meta.batch)?;
+                        (Some(loaded), nbytes, name)
+                    }
+                    None if leaf.nbytes > 0 => (None, leaf.nbytes, leaf_name(&dir, &key)?),
+                    None => (None, 0, String::new()),
                 };
+                let LeafMeta { dtype, shape, .. } = leaf;
                 jobs.push(LeafJob {
                     name,
                     key: Some(key.clone()),
                     nbytes,
+                    exact: nested.is_some(),
                 });
                 entries.push((
                     key,
@@ -245,8 +276,16 @@ fn walk(
                         dtype: dtype.name,
                         shape,
                         index,
+                        nested,
                     }),
                 ));
+            }
+            Entry::Stack => {
+                let (stack, stamp) = read_stack_stamped(&dir, &key, &meta.batch)?;
+                let mut child_rel = rel.clone();
+                child_rel.push(format::encode_key(&key));
+                found.stamps.push((child_rel, stamp));
+                entries.push((key, Some(LoadedEntry::Stack(stack))));
             }
             Entry::Collection => {
                 let child = open_settled_child(&dir, &key)?;
@@ -256,8 +295,22 @@ fn walk(
                 found.stamps.push((child_rel, stamp));
                 match child_meta {
                     NodeMeta::NonTensor(value) => entries.push((key, Some(LoadedEntry::NonTensor(value)))),
+                    NodeMeta::Stack(stack) => {
+                        crate::tree::read::check_stack(
+                            &stack,
+                            &key,
+                            &meta.batch,
+                            &child.child_path(format::META_FILE),
+                        )?;
+                        entries.push((key, Some(LoadedEntry::Stack(stack))));
+                    }
                     NodeMeta::TensorDict(sub) => {
-                        children.push((entries.len(), format::encode_key(&key), sub));
+                        children.push((entries.len(), format::encode_key(&key), sub, None));
+                        entries.push((key, None));
+                    }
+                    NodeMeta::TensorClass(class) => {
+                        let sub = tensorclass_fields(&child)?.1;
+                        children.push((entries.len(), format::encode_key(&key), sub, Some(class)));
                         entries.push((key, None));
                     }
                 }
@@ -273,13 +326,22 @@ fn walk(
         });
     }
     drop(dir);
-    for (at, name, sub) in children {
+    for (at, name, sub, class) in children {
         rel.push(name);
+        if class.is_some() {
+            rel.push(format::TENSORCLASS_DIR.to_string());
+        }
         let node = walk(root, rel, depth + 1, &meta.batch, sub, found);
+        if class.is_some() {
+            rel.pop();
+        }
         rel.pop();
-        entries[at].1 = Some(LoadedEntry::Node(node?));
+        let mut node = node?;
+        node.class = class.map(|c| Value::Object(c).to_string());
+        entries[at].1 = Some(LoadedEntry::Node(node));
     }
     Ok(LoadedNode {
+        class: None,
         batch: meta.batch,
         device: meta.device,
         entries: entries
@@ -313,6 +375,119 @@ fn leaf_name(dir: &Dir, key: &str) -> Result<String> {
     Ok(encoded)
 }
 
+/// Parses a nested leaf's table of component shapes (`bytes`, int64 little-endian) and checks
+/// it against the entry (`leaf`) and the batch size: its size exactly, no negative size, the
+/// components' leading dims equal to the batch dims after the first. Returns the loaded
+/// nested description and the data's exact size. `what` names the file in messages.
+pub fn check_nested_table(
+    bytes: &[u8],
+    key: &str,
+    leaf: &LeafMeta,
+    batch: &[u64],
+    path: &Path,
+) -> Result<(LoadedNested, usize)> {
+    let nested = leaf.nested.expect("a nested leaf");
+    let want = nested.table_bytes().ok_or_else(|| {
+        Error::invalid(
+            path,
+            format!("key {key:?}: the table of component shapes overflows"),
+        )
+    })?;
+    if bytes.len() != want {
+        return Err(Error::invalid(
+            path,
+            format!(
+                "the table of component shapes of key {key:?} holds {} bytes; its entry ({} components of {} dims) needs {want}",
+                bytes.len(),
+                nested.components,
+                nested.dims
+            ),
+        ));
+    }
+    let sizes: Vec<i64> = bytes
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    let tail = batch.get(1..).unwrap_or(&[]);
+    let nbytes = format::nested_nbytes(&sizes, nested.dims as usize, leaf.dtype.itemsize, tail)
+        .map_err(|why| Error::invalid(path, format!("key {key:?}: {why}")))?;
+    if nested.layout == Layout::Jagged {
+        // a jagged tensor is ragged in its first dim only: the others are one size for all
+        let dims = nested.dims as usize;
+        let mut rows = sizes.chunks_exact(dims.max(1));
+        if let Some(first) = rows.next() {
+            if let Some(i) = rows.position(|row| row[1..] != first[1..]) {
+                return Err(Error::invalid(
+                    path,
+                    format!(
+                        "key {key:?}: a jagged leaf's components differ after their first dim (component {} is {:?}, component 0 {first:?})",
+                        i + 1,
+                        &sizes[(i + 1) * dims..(i + 2) * dims]
+                    ),
+                ));
+            }
+        }
+    }
+    Ok((
+        LoadedNested {
+            sizes,
+            dims: nested.dims,
+            layout: nested.layout,
+        },
+        nbytes,
+    ))
+}
+
+/// Reads and checks the table of component shapes of the nested leaf `key` in `dir`.
+pub fn read_nested_table(
+    dir: &Dir,
+    key: &str,
+    leaf: &LeafMeta,
+    batch: &[u64],
+) -> Result<(LoadedNested, usize)> {
+    let name = leaf_name(dir, key)?;
+    read_nested(dir, key, &name, leaf, batch)
+}
+
+/// Reads and checks a nested leaf's table of component shapes from `dir`.
+fn read_nested(
+    dir: &Dir,
+    key: &str,
+    name: &str,
+    leaf: &LeafMeta,
+    batch: &[u64],
+) -> Result<(LoadedNested, usize)> {
+    let table = format::shape_file(name);
+    let path = dir.child_path(&table);
+    let want = leaf.nested.and_then(|n| n.table_bytes()).ok_or_else(|| {
+        Error::invalid(
+            &path,
+            format!("key {key:?}: the table of component shapes overflows"),
+        )
+    })?;
+    // one byte more than needed: a longer file is refused, not cut
+    let bytes = dir.read_limited(&table, want as u64 + 1).map_err(|e| match e {
+        e if dir::is_symlink_refused(&e) => Error::symlink(
+            &path,
+            format!("the table of component shapes of key {key:?} is a symlink; refusing to follow it"),
+        ),
+        e if e.kind() == io::ErrorKind::NotFound => Error::invalid(
+            &path,
+            format!("the table of component shapes of key {key:?} is missing"),
+        ),
+        e if e.kind() == io::ErrorKind::InvalidData => Error::invalid(
+            &path,
+            format!("the table of component shapes of key {key:?} is longer than its entry says ({e})"),
+        ),
+        e if dir::is_not_regular(&e) => Error::invalid(
+            &path,
+            format!("the table of component shapes of key {key:?} is {e}"),
+        ),
+        e => Error::io(&path, e),
+    })?;
+    check_nested_table(&bytes, key, leaf, batch, &path)
+}
+
 /// Opens a leaf file (never blocking), checks it is a regular file long enough for its shape.
 /// `path` is the file's path (`dir.child_path(&job.name)`), for messages.
 fn check_leaf(dir: &Dir, job: &LeafJob, path: &Path) -> Result<(std::fs::File, bool, std::fs::Metadata)> {
@@ -331,6 +506,17 @@ fn check_leaf(dir: &Dir, job: &LeafJob, path: &Path) -> Result<(std::fs::File, b
         e => Error::io(path, e),
     })?;
     let md = file.metadata().map_err(|e| Error::io(path, e))?;
+    if job.exact && md.len() != job.nbytes as u64 {
+        return Err(Error::invalid(
+            path,
+            format!(
+                "the data file of {} holds {} bytes; its components need exactly {}",
+                job.label(),
+                md.len(),
+                job.nbytes
+            ),
+        ));
+    }
     if md.len() < job.nbytes as u64 {
         return Err(Error::invalid(
             path,
@@ -391,6 +577,7 @@ pub fn open_file(path: &Path, nbytes: usize) -> Result<Region> {
         name,
         key: None,
         nbytes,
+        exact: false,
     };
     let path = dir.child_path(&job.name);
     let (file, writable, md) = check_leaf(&dir, &job, &path)?;
@@ -460,11 +647,23 @@ fn verify_dir(
         .map_or_else(|| read_meta(&dir), Ok)
     {
         Ok(NodeMeta::TensorDict(m)) => m,
-        Ok(NodeMeta::NonTensor(_)) => {
-            problems
-                .push(Error::unsupported(&path, "a single non-tensor value, not a TensorDict").to_string());
+        Ok(NodeMeta::NonTensor(_) | NodeMeta::Stack(_)) => {
+            problems.push(Error::unsupported(&path, "non-tensor values only, not a TensorDict").to_string());
             return;
         }
+        Ok(NodeMeta::TensorClass(_)) => match tensorclass_fields(&dir) {
+            Ok((_, sub)) => {
+                drop(dir);
+                rel.push(format::TENSORCLASS_DIR.to_string());
+                verify_dir(root, rel, depth + 1, Some(sub), problems);
+                rel.pop();
+                return;
+            }
+            Err(e) => {
+                problems.push(e.to_string());
+                return;
+            }
+        },
         Err(e) => {
             problems.push(e.to_string());
             return;
@@ -473,18 +672,31 @@ fn verify_dir(
     let mut children = Vec::new();
     for (key, entry) in meta.entries {
         match entry {
-            Entry::Leaf(leaf) if leaf.nbytes == 0 => {}
+            Entry::Leaf(leaf) if leaf.nbytes == 0 && leaf.nested.is_none() => {}
             Entry::Leaf(leaf) => {
                 let checked = leaf_name(&dir, &key).and_then(|name| {
+                    let (nbytes, exact) = match leaf.nested {
+                        Some(_) => (read_nested(&dir, &key, &name, &leaf, &meta.batch)?.1, true),
+                        None => (leaf.nbytes, false),
+                    };
                     let path = dir.child_path(&name);
                     let job = LeafJob {
                         name,
                         key: Some(key.clone()),
-                        nbytes: leaf.nbytes,
+                        nbytes,
+                        exact,
                     };
-                    check_leaf(&dir, &job, &path)
+                    if nbytes == 0 {
+                        return Ok(());
+                    }
+                    check_leaf(&dir, &job, &path).map(|_| ())
                 });
                 if let Err(e) = checked {
+                    problems.push(e.to_string());
+                }
+            }
+            Entry::Stack => {
+                if let Err(e) = read_stack(&dir, &key, &meta.batch) {
                     problems.push(e.to_string());
                 }
             }
@@ -500,6 +712,16 @@ fn verify_dir(
                 ),
                 Ok(child) => match read_meta(&child) {
                     Ok(NodeMeta::NonTensor(_)) => {}
+                    Ok(NodeMeta::Stack(stack)) => {
+                        if let Err(e) = crate::tree::read::check_stack(
+                            &stack,
+                            &key,
+                            &meta.batch,
+                            &child.child_path(format::META_FILE),
+                        ) {
+                            problems.push(e.to_string());
+                        }
+                    }
                     Ok(NodeMeta::TensorDict(sub)) if !sub.batch.starts_with(&meta.batch) => problems.push(
                         Error::invalid(
                             child.path(),
@@ -510,7 +732,24 @@ fn verify_dir(
                         )
                         .to_string(),
                     ),
-                    Ok(NodeMeta::TensorDict(sub)) => children.push((format::encode_key(&key), sub)),
+                    Ok(NodeMeta::TensorDict(sub)) => children.push((vec![format::encode_key(&key)], sub)),
+                    Ok(NodeMeta::TensorClass(_)) => match tensorclass_fields(&child) {
+                        Ok((_, sub)) if !sub.batch.starts_with(&meta.batch) => problems.push(
+                            Error::invalid(
+                                child.path(),
+                                format!(
+                                    "key {key:?}: batch size {:?} does not start with its parent's {:?}",
+                                    sub.batch, meta.batch
+                                ),
+                            )
+                            .to_string(),
+                        ),
+                        Ok((_, sub)) => children.push((
+                            vec![format::encode_key(&key), format::TENSORCLASS_DIR.to_string()],
+                            sub,
+                        )),
+                        Err(e) => problems.push(e.to_string()),
+                    },
                     Err(e) => problems.push(e.to_string()),
                 },
                 Err(e) => problems.push(e.to_string()),
@@ -518,10 +757,11 @@ fn verify_dir(
         }
     }
     drop(dir);
-    for (name, sub) in children {
-        rel.push(name);
+    for (names, sub) in children {
+        let n = names.len();
+        rel.extend(names);
         verify_dir(root, rel, depth + 1, Some(sub), problems);
-        rel.pop();
+        rel.truncate(rel.len() - n);
     }
 }
 

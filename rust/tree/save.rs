@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::format;
 use crate::sys::dir::{Dir, EntryKind};
 use crate::sys::identity::FileId;
+use crate::sys::reclaim;
 use crate::sys::storage::Region;
 use crate::tree::commit::{self, SaveLock, Staging};
 
@@ -47,6 +48,34 @@ pub struct LeafSpec<'a> {
     /// (device, inode) of the file the source maps (shared), when that file may be the
     /// one at the leaf's target name: then it is kept instead of rewritten.
     pub same_file: Option<FileId>,
+    /// A nested leaf: `shape` is `[components, dims]` and `data` its components back to back.
+    pub nested: Option<NestedSpec>,
+}
+
+/// What a nested leaf saves besides its data: the table of its component shapes (int64,
+/// little-endian, `components x dims`), written as `key.shape.memmap`, and its layout.
+pub struct NestedSpec {
+    pub table: Vec<u8>,
+    pub jagged: bool,
+}
+
+impl LeafSpec<'_> {
+    /// The leaf's entry in its directory's meta.json.
+    pub fn entry_meta(&self) -> crate::format::EntryMeta<'_> {
+        match &self.nested {
+            None => crate::format::EntryMeta::Leaf {
+                dtype: &self.dtype,
+                shape: &self.shape,
+                device: &self.device,
+            },
+            Some(nested) => crate::format::EntryMeta::Nested {
+                dtype: &self.dtype,
+                shape: &self.shape,
+                device: &self.device,
+                jagged: nested.jagged,
+            },
+        }
+    }
 }
 
 /// One entry of a node: a leaf (index into the flat leaf list), a sub-tree or a JSON value.
@@ -54,12 +83,41 @@ pub enum EntrySpec {
     Leaf(usize),
     Node(NodeSpec),
     NonTensor(Value),
+    /// A NonTensorStack: its meta.json (`format::stack::meta_bytes`).
+    Stack(Vec<u8>),
+}
+
+impl EntrySpec {
+    /// The meta.json of a directory that holds only values (NonTensorData, NonTensorStack).
+    pub fn value_dir(&self) -> Option<(std::borrow::Cow<'_, [u8]>, crate::format::EntryMeta<'static>)> {
+        match self {
+            EntrySpec::NonTensor(value) => Some((
+                crate::format::non_tensor_meta(value).into(),
+                crate::format::EntryMeta::NonTensorData,
+            )),
+            EntrySpec::Stack(bytes) => {
+                Some((bytes.as_slice().into(), crate::format::EntryMeta::NonTensorStack))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// A TensorDict to save.
 pub struct NodeSpec {
     pub batch: Vec<u64>,
     pub entries: Vec<(String, EntrySpec)>,
+    /// Set when the TensorDict is a tensorclass's: the node is then saved in tensordict's
+    /// tensorclass layout (`meta.json` naming the class, the TensorDict in `_tensordict/`).
+    pub class: Option<ClassSpec>,
+}
+
+/// The class of a tensorclass node.
+pub struct ClassSpec {
+    /// The class's `__name__`, recorded in the parent's meta.json entry (`{"type": name}`).
+    pub name: String,
+    /// The bytes of the tensorclass directory's own meta.json.
+    pub meta: Vec<u8>,
 }
 
 /// How to save.
@@ -214,7 +272,11 @@ fn save_locked(
             true,
             0,
             None,
+            false,
         )?;
+        // The files earlier saves replaced may still be being freed: wait for them only
+        // when this save needs their room.
+        reclaim::make_room(root, plan.data_bytes(leaves));
         plan.write_data(&staging, leaves, opts)?;
         if opts.durable {
             plan.sync_staged_dirs(&staging)?;
@@ -273,4 +335,35 @@ fn save_locked(
 fn journal_would_replace(root: &Dir) -> bool {
     root.kind(format::META_FILE)
         .map_or(true, |k| k != EntryKind::Missing)
+}
+
+/// Rewrites the meta.json of the value directory of `key` in the saved directory `parent`
+/// (a NonTensorStack written again after one of its rows changed), atomically: the new file
+/// is written beside it and renamed over it, so a reader sees the old values or the new ones.
+/// The directory is opened without following a symlink; its meta.json must be a stack's.
+pub fn rewrite_value_dir(parent: &Path, key: &str, meta: &[u8], durable: bool) -> Result<()> {
+    let root = Dir::open(parent).map_err(|e| Error::io(parent, e))?;
+    let dir = crate::tree::read::open_child_dir(&root, key)?;
+    let path = dir.child_path(format::META_FILE);
+    match crate::tree::read::read_meta_limited(&dir, format::STACK_META_LIMIT)? {
+        format::NodeMeta::Stack(_) => {}
+        _ => {
+            return Err(Error::invalid(
+                &path,
+                format!("key {key:?}: this meta.json is not a stack's; refusing to replace it"),
+            ))
+        }
+    }
+    let temp = format!(".{}.{}.tmp", format::META_FILE, std::process::id());
+    let io_err = |e| Error::io(&path, e);
+    let _ = dir.remove_file(&temp); // a leftover of a crashed rewrite of this process id
+    dir.write_new(&temp, meta, durable).map_err(io_err)?;
+    dir.rename(&temp, &dir, format::META_FILE, false).map_err(|e| {
+        let _ = dir.remove_file(&temp);
+        io_err(e)
+    })?;
+    if durable {
+        dir.sync().map_err(io_err)?;
+    }
+    Ok(())
 }

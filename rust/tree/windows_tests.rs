@@ -110,6 +110,7 @@ fn names(dir: &Path) -> Vec<String> {
 
 fn one_leaf_tree() -> NodeSpec {
     NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![("x".into(), EntrySpec::Leaf(0))],
     }
@@ -196,6 +197,7 @@ fn a_save_over_mapped_leaves_moves_them_aside_and_keeps_user_files() {
 fn crash_tree(new: bool) -> (NodeSpec, Vec<Vec<u8>>) {
     let v = u8::from(new) + 1;
     let sub = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![("y".into(), EntrySpec::Leaf(1))],
     };
@@ -211,6 +213,7 @@ fn crash_tree(new: bool) -> (NodeSpec, Vec<Vec<u8>>) {
     let data = vec![vec![v; 4], vec![v + 10; 5], vec![v + 20; 6]];
     (
         NodeSpec {
+            class: None,
             batch: vec![],
             entries,
         },
@@ -338,6 +341,7 @@ fn reserved_names_stay_out_of_file_names() {
     let data: Vec<Vec<u8>> = (0..=keys.len()).map(|i| vec![i as u8; 3]).collect();
     let leaves: Vec<_> = data.iter().map(|b| leaf(b)).collect();
     let child = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![("PRN".into(), EntrySpec::Leaf(keys.len()))],
     };
@@ -349,6 +353,7 @@ fn reserved_names_stay_out_of_file_names() {
     entries.push(("NUL".into(), EntrySpec::Node(child)));
     entries.push(("dot.".into(), EntrySpec::NonTensor("v".into())));
     let root = NodeSpec {
+        class: None,
         batch: vec![],
         entries,
     };
@@ -400,12 +405,14 @@ fn keys_that_differ_only_in_case_are_refused() {
     let dir = tmp();
     let prefix = dir.join("td");
     let root = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![("a".into(), EntrySpec::Leaf(0)), ("A".into(), EntrySpec::Leaf(1))],
     };
     let err = write_tree(&prefix, &root, &[leaf(&[1]), leaf(&[2])], opts()).unwrap_err();
     assert!(err.to_string().contains("\"A\""), "{err}");
     let meta = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![("META.JSON".into(), EntrySpec::NonTensor(1.into()))],
     };

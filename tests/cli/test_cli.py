@@ -202,3 +202,50 @@ def test_console_script(saved: Path) -> None:
         pytest.skip("the package is not installed with its scripts in this interpreter's prefix")
     out = subprocess.run([str(script), "verify", str(saved)], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"{saved}: OK"
+
+
+def _project_version(name: str) -> str:
+    """The ``version = "..."`` line of the repository's pyproject.toml or Cargo.toml."""
+    import tomllib
+
+    data = tomllib.loads((Path(__file__).parents[2] / name).read_text())
+    return str(data["project" if name == "pyproject.toml" else "package"]["version"])
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    import importlib.metadata
+
+    import tensordict_rs
+
+    installed = importlib.metadata.version("tensordict-rs")
+    assert tensordict_rs.__version__ == installed
+    # what is built is what the sources say: the wheel's metadata comes from pyproject.toml, and
+    # the crate says the same version (one number for the Python package and the Rust core)
+    assert installed == _project_version("pyproject.toml") == _project_version("Cargo.toml")
+
+
+def test_version_option() -> None:
+    out = cli("--version")
+    assert out.returncode == 0, out.stderr
+    import platform
+
+    from tensordict_rs import __version__
+
+    assert out.stdout.strip() == (
+        f"tensordict-rs {__version__} (Python {platform.python_version()}, {sys.platform})"
+    )
+    # the version needs neither torch nor a subcommand
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["torch"] = None  # any import of torch now fails
+        import tensordict_rs.cli
+        try:
+            tensordict_rs.cli.main(["--version"])
+        except SystemExit as exit:
+            assert exit.code == 0, exit.code
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("tensordict-rs ")

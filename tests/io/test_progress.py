@@ -116,7 +116,7 @@ def test_missing_tqdm_fails_before_writing(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setitem(sys.modules, "tqdm", None)
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
     td = tree(1)
-    with pytest.raises(ModuleNotFoundError, match=r"pip install 'tensordict-rs\[progress\]'"):
+    with pytest.raises(ModuleNotFoundError, match=r"tqdm \(a dependency of tensordict-rs\)"):
         td.memmap(tmp_path / "a", progress=True)
     assert not (tmp_path / "a").exists()
     td.memmap(tmp_path / "a")  # without progress, nothing is needed
@@ -212,3 +212,12 @@ def test_return_early_draws_from_the_writing_thread(tmp_path: Path, bars: list[F
     (bar,) = bars
     assert bar.n == bar.total == nbytes(td) and bar.closed
     assert (saved == td).all()
+
+
+def test_tqdm_is_a_plain_dependency() -> None:
+    """``pip install tensordict-rs`` brings tqdm: progress=True needs no extra."""
+    import importlib.metadata
+
+    requires = importlib.metadata.requires("tensordict-rs") or []
+    plain = [r for r in requires if r.startswith("tqdm") and "extra ==" not in r]
+    assert plain, requires

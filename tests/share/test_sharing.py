@@ -30,6 +30,12 @@ from tensordict_rs import MemoryMappedTensor, TensorDict, _native
 from torch.utils.data import DataLoader
 
 METHODS = ["fork", "spawn", "forkserver"]
+# ``default``: no context named (``mp.Process``, ``mp.Queue``, a DataLoader without
+# ``multiprocessing_context``), whatever the process default is: fork on Linux before 3.14,
+# forkserver from 3.14 on (and under TDRS_START_METHOD=forkserver, see conftest.py), as users'
+# programs run on those versions. No forkserver preload is set for it: its children import
+# torch and tensordict_rs themselves, as they do in a program that sets nothing.
+WITH_DEFAULT = [*METHODS, "default"]
 ROUNDS = int(os.environ.get("TDRS_SHARING_ROUNDS", "1000"))
 WAIT = 120  # seconds any one wait on a child may take (a spawn child imports torch)
 
@@ -37,8 +43,14 @@ _preloaded = False
 
 
 def context(method: str) -> Any:
-    """The start method's context; forkserver children fork from a server that has torch."""
+    """The start method's context; forkserver children fork from a server that has torch.
+
+    ``default`` is the ``multiprocessing`` module itself: its Process, Queue and Pool follow
+    the process's default start method.
+    """
     global _preloaded
+    if method == "default":
+        return mp
     ctx = mp.get_context(method)
     if method == "forkserver" and not _preloaded:
         ctx.set_forkserver_preload(["torch", "tensordict_rs", "test_sharing"])
@@ -145,9 +157,10 @@ def pool_sum(t: MemoryMappedTensor) -> float:
 # ------------------------------------------------------------------------ tests
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", WITH_DEFAULT)
 def test_process_queue_and_pool(method: str, tmp_path: Path) -> None:
     ctx = context(method)
+    method = ctx.get_start_method()  # what ``default`` is in this process
     gc.collect()
     memfds_before = memfds()
     small = tree(1).memmap_()
@@ -314,7 +327,7 @@ def test_getitems_is_one_gather() -> None:
     assert torch.equal(torch.cat([b["x"] for b in batches]), ours["x"])
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", WITH_DEFAULT)
 def test_dataloader_workers(method: str, tmp_path: Path) -> None:
     rows = 64
     data = TensorDict({}, [rows])
@@ -330,7 +343,7 @@ def test_dataloader_workers(method: str, tmp_path: Path) -> None:
         shuffle=True,
         num_workers=2,
         collate_fn=identity,
-        multiprocessing_context=context(method),
+        multiprocessing_context=None if method == "default" else context(method),
         persistent_workers=False,
         timeout=WAIT,
     )

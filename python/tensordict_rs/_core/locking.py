@@ -115,7 +115,9 @@ class Lockable(TreeNode):
     def __exit__(self, *exc: object) -> None:
         if self._lock_ops:
             op = self._lock_ops.pop()
-            if op is True:
+            if callable(op):  # the undo of an operation used as a context (to_module)
+                op()
+            elif op is True:
                 self._unlock_tree()
             elif op is False:
                 self._lock_tree()

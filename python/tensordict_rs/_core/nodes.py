@@ -15,7 +15,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
 import torch
 
@@ -44,7 +44,11 @@ class TreeNode:
     _is_shared: bool
     _memmap_prefix: Path | None  # the directory (or archive) a memory-mapped tree is saved at
     _lock_parents: list[weakref.ref[TreeNode]]  # the trees that locked this one (see locking)
-    _lock_ops: list[bool | None]  # what each lock_/unlock_ changed (for ``with td.lock_():``)
+    _lock_ops: list[Any]  # what each lock_/unlock_ changed (for ``with td.lock_():``), or an undo
+    _names: list[str | None] | None = None  # names of the batch dims (ops/names.py); None: unnamed
+    # the tensorclass whose instances this tree class stores (a tensorclass's ``_TensorDict``
+    # subclass, see tensorclass.py), None for every other tree class
+    _tensorclass: ClassVar[Any] = None
 
     def _init(self, batch_size: torch.Size, device: torch.device | None) -> None:
         self._tensordict = {}
@@ -115,6 +119,23 @@ class TreeNode:
         def __contains__(self, key: object) -> bool: ...
         def apply(self, fn: Callable[..., Any], *others: Any, **kwargs: Any) -> Self: ...
 
+        # the mixins of issue 23 (ops/names.py, ops/factories.py, ops/convert.py, ...)
+        @property
+        def names(self) -> list[str | None]: ...
+        def _set_names(self, value: list[str | None] | None) -> None: ...
+        def copy(self) -> Self: ...
+        def _entry_shape(self, key: str) -> tuple[int, ...] | None: ...
+        def reshape(self, *args: Any, **kwargs: Any) -> Self: ...
+        def expand(self, *args: Any, **kwargs: Any) -> Self: ...
+        def unbind(self, dim: int = 0) -> tuple[Self, ...]: ...
+        def to(self, *args: Any, **kwargs: Any) -> Self: ...
+        def del_(self, key: Key) -> Self: ...
+        def is_memmap(self) -> bool: ...
+        def is_shared(self) -> bool: ...
+        @property
+        def saved_path(self) -> Path | None: ...
+        def _unlock_tree(self) -> None: ...
+
         # _core/locking.py
         @property
         def is_locked(self) -> bool: ...
@@ -127,36 +148,170 @@ class TreeNode:
 
 
 class NonTensorData:
-    """A non-tensor value stored in a TensorDict (a string, number, list or dict).
+    """A non-tensor value stored in a TensorDict (a string, number, list or dict): one value
+    for every element of the batch.
 
     Saved as JSON (never pickled); ``td[key]`` returns the value itself, ``td.get(key)`` this
-    wrapper.
+    wrapper. Indexing keeps the value (a row is a ``NonTensorData`` with a smaller batch);
+    ``==`` gives a bool tensor of the batch size, as in tensordict; a row that receives
+    another value turns the entry into a ``NonTensorStack`` (``maybe_to_stack``).
 
     >>> NonTensorData({"step": 3}).data
     {'step': 3}
+    >>> NonTensorData("a", batch_size=[3])[1:]
+    NonTensorData(data=a, batch_size=torch.Size([2]), device=None)
     """
 
     __slots__ = ("batch_size", "data", "device")
+    _is_tensorclass = True  # tensordict's NonTensorData is a tensorclass (is_tensorclass)
+    _is_non_tensor = True
+
+    _is_non_tensor = True
 
     def __init__(self, data: Any, batch_size: Any = None, device: Any = None) -> None:
-        self.data = data
+        if type(data) is NonTensorData:
+            data = data.data
+        self.data: Any = data
         self.batch_size = torch.Size([] if batch_size is None else batch_size)
         self.device = None if device is None else torch.device(device)
 
     def __repr__(self) -> str:
-        return (
-            f"NonTensorData(data={self.data!r}, batch_size={self.batch_size}, device={self.device})"
-        )
+        text = str(self.data)
+        if len(text) > 200:
+            text = text[:20] + "  ...  " + text[-20:]
+        return f"NonTensorData(data={text}, batch_size={self.batch_size}, device={self.device})"
 
-    def tolist(self) -> Any:
+    @property
+    def shape(self) -> torch.Size:
+        """The batch size."""
+        return self.batch_size
+
+    @property
+    def batch_dims(self) -> int:
+        """The number of batch dims."""
+        return len(self.batch_size)
+
+    ndim = batch_dims
+
+    def dim(self) -> int:
+        """The number of batch dims."""
+        return len(self.batch_size)
+
+    def tolist(self, **_: Any) -> Any:
         """The value repeated over the batch dims, as nested lists (as tensordict gives it)."""
         value = self.data
         for size in reversed(self.batch_size):
             value = [value] * size
         return value
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NonTensorData) and other.data == self.data
+    def to_dict(self, **_: Any) -> Any:
+        """The value itself."""
+        return self.data
+
+    def __getitem__(self, index: Any) -> NonTensorData:
+        """The same value with the batch size of ``index`` applied to this one's."""
+        batch = torch.empty(self.batch_size, dtype=torch.bool, device="meta")[index].shape
+        return NonTensorData(self.data, batch_size=batch, device=self.device)
+
+    def maybe_to_stack(self) -> Any:
+        """A ``NonTensorStack`` with the value in every element (``self`` without batch dims)."""
+        if not self.batch_size:
+            return self
+        from .nontensor import NonTensorStack
+
+        n = self.batch_size.numel()
+        return NonTensorStack.from_values([self.data] * n, self.batch_size, self.device)
+
+    def clone(self, recurse: bool = True) -> NonTensorData:
+        """A copy (the value deep-copied when ``recurse``)."""
+        import copy
+
+        data = copy.deepcopy(self.data) if recurse else self.data
+        return NonTensorData(data, batch_size=self.batch_size, device=self.device)
+
+    def to(self, *args: Any, **kwargs: Any) -> NonTensorData:
+        """The entry on another device (the value itself is a Python object and stays)."""
+        device = kwargs.get("device", self.device)
+        for arg in args:
+            if isinstance(arg, (str, torch.device, int)):
+                device = arg
+        return NonTensorData(self.data, batch_size=self.batch_size, device=device)
+
+    def is_empty(self) -> bool:
+        """Always False: the entry holds a value."""
+        return False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Calls the value (a function stored as a non-tensor entry)."""
+        return self.data(*args, **kwargs)
+
+    def _with_batch(self, fn: Any) -> NonTensorData:
+        """The value with the batch size ``fn`` gives a tensor of this one's shape."""
+        batch = fn(torch.empty(self.batch_size, device="meta")).shape
+        return NonTensorData(self.data, batch_size=batch, device=self.device)
+
+    def expand(self, *shape: Any) -> Any:
+        """A ``NonTensorStack`` of the value over the expanded batch (a value per element)."""
+        sizes = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
+        return self._with_batch(lambda t: t.expand(*sizes)).maybe_to_stack()
+
+    def reshape(self, *shape: Any) -> NonTensorData:
+        """The value with a reshaped batch size."""
+        return self._with_batch(lambda t: t.reshape(*shape))
+
+    view = reshape
+
+    def squeeze(self, dim: int | None = None) -> NonTensorData:
+        """The value without batch dims of size one."""
+        return self._with_batch(lambda t: t.squeeze() if dim is None else t.squeeze(dim))
+
+    def unsqueeze(self, dim: int) -> NonTensorData:
+        """The value with a batch dim of size one at ``dim``."""
+        return self._with_batch(lambda t: t.unsqueeze(dim))
+
+    def flatten(self, start_dim: int | None = None, end_dim: int | None = None) -> NonTensorData:
+        """The value with batch dims ``start_dim..end_dim`` made one."""
+        start = 0 if start_dim is None else start_dim
+        end = -1 if end_dim is None else end_dim
+        return self._with_batch(lambda t: t.flatten(start, end))
+
+    def permute(self, *dims: Any) -> NonTensorData:
+        """The value with its batch dims permuted."""
+        return self._with_batch(lambda t: t.permute(*dims))
+
+    def unbind(self, dim: int = 0) -> tuple[NonTensorData, ...]:
+        """One entry per element along ``dim``."""
+        return tuple(
+            NonTensorData(self.data, batch_size=t.shape, device=self.device)
+            for t in torch.empty(self.batch_size, device="meta").unbind(dim)
+        )
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        """``torch.stack`` / ``torch.cat`` of non-tensor entries give a ``NonTensorStack``."""
+        from .nontensor import NonTensorStack
+
+        return NonTensorStack.__torch_function__(func, types, args, kwargs)
+
+    def _compare(self, other: Any, equal: bool) -> Any:
+        if type(other) is NonTensorData:
+            try:
+                same = other.data is self.data or bool(other.data == self.data)
+            except Exception:
+                same = False
+            return torch.full(self.batch_size, same == equal, device=self.device)
+        if getattr(other, "_is_non_tensor", False):  # a stack: element by element
+            result = other == self if equal else other != self
+            return result
+        return NotImplemented
+
+    def __eq__(self, other: object) -> Any:  # type: ignore[override]
+        return self._compare(other, True)
+
+    def __ne__(self, other: object) -> Any:  # type: ignore[override]
+        return self._compare(other, False)
 
     __hash__ = None  # type: ignore[assignment]
 

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from .nodes import TreeNode
+from .nodes import NonTensorData, TreeNode
 from .render import Node, render, short_name, sort_entries
 
 
@@ -14,10 +14,15 @@ def _entry(td: TreeNode, key: str) -> Node:
     if isinstance(value, TreeNode):
         extra = value.batch_size[td.batch_dims :]
         prefix = f"[{','.join(map(str, extra))}]" if extra else ""
+        if type(value)._tensorclass is not None:  # a nested tensorclass: its class name
+            prefix = type(value)._tensorclass.__name__ + prefix
         return prefix, _body(value)
     info = td._leaf_info(key)
     if info is None:
-        return type(td._tensordict[key].data).__name__
+        value = td._tensordict[key]
+        return (
+            type(value).__name__ if type(value) is not NonTensorData else type(value.data).__name__
+        )
     shape, dtype, device = info
     token = f"{short_name(dtype)}[{','.join(map(str, shape[td.batch_dims :]))}]"
     if td.device is None and device.type != "cpu":

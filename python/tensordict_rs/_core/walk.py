@@ -18,9 +18,11 @@ from typing import Any
 
 import torch
 
+from . import nested as _nested
 from .nodes import TD, NonTensorData, TreeNode
+from .nontensor import NonTensorStack
 
-KEEP: Any = object()  # "the source tree's" (device)
+KEEP: Any = object()  # "the source tree's" (device; names when the batch dims stay as many)
 LeafFn = Callable[..., Any]
 
 
@@ -58,6 +60,10 @@ def map_leaves(
     check: bool = False,
     lock: bool = False,
     non_tensor: LeafFn | None = None,
+    moves_rows: bool = False,
+    node_batch: Callable[[torch.Size], Any] | None = None,
+    node_dims: bool = False,
+    names: Any = KEEP,
 ) -> TD:
     """A new tree of ``fn(leaf, *other_leaves)`` for every tensor leaf of ``td``.
 
@@ -66,8 +72,19 @@ def map_leaves(
     result's (default: ``td``'s); nested trees keep their extra batch dims after it. ``device``
     is the result's device (default ``td``'s). ``check`` moves results to that device and
     checks them against the batch size (for user functions). ``lock`` locks the result when
-    ``td`` is locked. ``non_tensor(value, *others)`` maps NonTensorData (default: a copy).
+    ``td`` is locked. ``non_tensor(value, *others)`` maps the non-tensor entries
+    (``NonTensorData`` and ``NonTensorStack``, their batch sizes set; default: a copy).
+    ``moves_rows`` says that ``fn`` only moves elements (an index, a shape operation): a
+    ``NonTensorStack`` then moves its values the same way (``fn`` runs on its positions).
     With ``inplace`` the results are copied into ``td``'s leaves and ``td`` is returned.
+    ``node_batch(batch_size)`` is the batch-size rule of the operation, applied to every node
+    (the root and each nested tree, from its own batch size): it replaces ``batch_size`` for
+    operations whose nested results do not keep their extra batch dims (reductions).
+    With ``node_dims`` the leaf function gets the batch dims of the tree that holds the leaf
+    as ``fn(leaf, *others, node_dims=n)`` (operations over a leaf's own dims: ``"feature"``).
+    ``names`` are the names of the result's batch dims (a list, or None for unnamed); by
+    default the source's when the result has as many batch dims (element-wise operations,
+    slices, ``cat``...), else unnamed. Nested trees keep the names of their own extra dims.
     """
     if inplace:
         for leaf, *rest in list(zip_leaves(td, *others)):
@@ -75,9 +92,21 @@ def map_leaves(
             if result is not None and result is not leaf:
                 leaf.copy_(result)
         return td
-    batch = td._batch_size if batch_size is None else torch.Size(batch_size)
+    if node_batch is not None:
+        batch = torch.Size(node_batch(td._batch_size))
+    else:
+        batch = td._batch_size if batch_size is None else torch.Size(batch_size)
     target = td._device if device is KEEP else device
-    out = _map(td, fn, others, batch, target, check, non_tensor)
+    if non_tensor is None and moves_rows:
+        non_tensor = _moved(fn)
+    if node_dims:
+        base_fn = fn
+        fn = _NodeDims(base_fn)
+    if names is KEEP:
+        names = td._names if len(batch) == len(td._batch_size) else None
+    out = _map(
+        td, fn, others, batch, target, check, non_tensor, moves_rows, td.batch_dims, node_batch, names
+    )
     if lock and td._is_locked:
         out._lock_tree()
     return out
@@ -91,21 +120,66 @@ def _map(
     device: torch.device | None,
     check: bool,
     non_tensor: LeafFn | None,
+    moves: bool = False,
+    root_dims: int = 0,
+    node_batch: Callable[[torch.Size], Any] | None = None,
+    names: list[Any] | None = None,
 ) -> TD:
     out = type(td)._new_unchecked(batch, device)
+    if names is not None and any(n is not None for n in names):
+        out._names = list(names)
     items = out._tensordict
     dims = td.batch_dims
+    if type(fn) is _NodeDims:
+        fn = fn.at(dims)
     for key in list(td._tensordict):
         value = td._get_str(key)
         rest = [other_entry(o, key) for o in others]
         if isinstance(value, TreeNode):
-            sub = torch.Size([*batch, *value._batch_size[dims:]])
-            items[key] = _map(value, fn, tuple(rest), sub, device, check, non_tensor)
-        elif type(value) is NonTensorData:
-            data = NonTensorData(value.data) if non_tensor is None else non_tensor(value, *rest)
-            items[key] = data
+            if node_batch is None:
+                sub = torch.Size([*batch, *value._batch_size[dims:]])
+            else:
+                sub = torch.Size(node_batch(value._batch_size))
+            extra = len(sub) - len(batch)
+            own = value._names[len(value._names) - extra :] if value._names and extra > 0 else []
+            sub_names = None
+            if out._names is not None or any(n is not None for n in own):
+                sub_names = [
+                    *(out._names or [None] * len(batch)),
+                    *own,
+                    *[None] * (extra - len(own)),
+                ]
+                sub_names = sub_names[: len(sub)]
+            items[key] = _map(
+                value,
+                fn,
+                tuple(rest),
+                sub,
+                device,
+                check,
+                non_tensor,
+                moves,
+                root_dims,
+                node_batch,
+                sub_names,
+            )
+        elif type(value) is NonTensorData or type(value) is NonTensorStack:
+            if non_tensor is None:
+                data = value.clone(recurse=False)
+            else:
+                if type(value) is NonTensorData:
+                    value.batch_size, value.device = td._batch_size, td._device
+                for o, r in zip(others, rest, strict=True):
+                    if type(r) is NonTensorData and isinstance(o, TreeNode):
+                        r.batch_size, r.device = o._batch_size, o._device
+                data = non_tensor(value, *rest)
+            if data is not None:
+                items[key] = data
         else:
-            result = fn(value, *rest)
+            if moves and value.is_nested:
+                result = _nested.moved(fn, value, root_dims)
+            else:
+                result = fn(value, *rest)
             if result is None:
                 continue
             if check:
@@ -114,6 +188,33 @@ def _map(
                 out._check_batch(key, result.shape)
             items[key] = result
     return out
+
+
+def _moved(fn: LeafFn) -> LeafFn:
+    """The non-tensor map of a row-moving ``fn``: a stack's values move as its elements would;
+    a NonTensorData keeps its value (its batch size is its tree's)."""
+
+    def move(value: Any, *_: Any) -> Any:
+        if type(value) is NonTensorStack:
+            return value.apply_positions(fn)
+        return NonTensorData(value.data)
+
+    return move
+
+
+class _NodeDims:
+    """A leaf function that wants the batch dims of the node holding each leaf."""
+
+    __slots__ = ("dims", "fn")
+
+    def __init__(self, fn: LeafFn, dims: int = -1) -> None:
+        self.fn, self.dims = fn, dims
+
+    def at(self, dims: int) -> _NodeDims:
+        return _NodeDims(self.fn, dims)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args, node_dims=self.dims)
 
 
 def zip_leaves(td: TreeNode, *others: Any) -> Iterator[tuple[Any, ...]]:
@@ -179,6 +280,9 @@ def walk_items(
             if not leaves_only:
                 value.batch_size, value.device = td._batch_size, td._device
                 yield full, value
+        elif type(value) is NonTensorStack:
+            if not leaves_only:
+                yield full, value
         else:
             yield full, value
 
@@ -193,6 +297,7 @@ def copy_tree(td: TD, keep: Callable[[tuple[str, ...]], bool] | None = None) -> 
 
 def _copy(td: TD, keep: Callable[[tuple[str, ...]], bool] | None, prefix: tuple[str, ...]) -> TD:
     out = type(td)._new_unchecked(td._batch_size, td._device)
+    out._names = td._names
     items = out._tensordict
     for key, value in td._tensordict.items():
         path = (*prefix, key)

@@ -33,6 +33,12 @@ def _parser() -> argparse.ArgumentParser:
         description="Inspect, check, copy and convert tensordict memory-mapped directories "
         "and .tdz archives.",
     )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=version_line(),
+        help="print the installed version (and its Python and platform) and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     info = sub.add_parser(
         "info", help="the tree, dtypes, shapes and byte sizes of a directory or .tdz archive"
@@ -52,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     copy.add_argument("src", help="a tensordict directory or .tdz archive")
     copy.add_argument("dst", help="the directory or archive (a .tdz name) to write")
     copy.add_argument(
-        "--progress", action="store_true", help="show a progress bar in bytes (needs tqdm)"
+        "--progress", action="store_true", help="show a progress bar in bytes on stderr"
     )
     copy.add_argument("--durable", action="store_true", help="fsync everything before returning")
     copy.add_argument("--overwrite", action="store_true", help="replace an existing tree at dst")
@@ -69,10 +75,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("--overwrite", action="store_true", help="replace an existing dst")
     convert.add_argument(
-        "--progress", action="store_true", help="show a progress bar in bytes (needs tqdm)"
+        "--progress", action="store_true", help="show a progress bar in bytes on stderr"
     )
     sub.add_parser("demo", help="run the replay-buffer demo (see python -m tensordict_rs.demo -h)")
     return parser
+
+
+def version_line() -> str:
+    """``tensordict-rs X.Y.Z (Python A.B.C, platform)``: the version of the installed
+    distribution, read from its metadata like ``tensordict_rs.__version__``, and the interpreter
+    that runs it (a wheel serves every Python from 3.11 up; the line says which one this is).
+    Torch is not imported for it."""
+    import importlib.metadata
+    import platform
+
+    version = importlib.metadata.version("tensordict-rs")
+    return f"tensordict-rs {version} (Python {platform.python_version()}, {sys.platform})"
 
 
 def _error(message: str) -> None:

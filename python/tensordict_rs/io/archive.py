@@ -9,6 +9,7 @@ builds the trees, and holds the module-level conversions tensordict exports.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import zipfile
@@ -18,7 +19,7 @@ from typing import Any, cast
 import torch
 
 from .. import _native
-from .._core.nodes import TD, _gc_paused
+from .._core.nodes import TD, TreeNode, _gc_paused
 from . import directory
 from .directory import _CPU
 
@@ -78,11 +79,11 @@ def _mark(td: TD, path: Path, *, memmapped: bool) -> None:
     td._device = _CPU
     td._is_memmap = memmapped
     td._memmap_prefix = path
-    stack = [td]
+    stack: list[TreeNode] = [td]
     while stack:
         node = stack.pop()
         for value in node._tensordict.values():
-            if isinstance(value, type(td)):
+            if isinstance(value, TreeNode):
                 value._device = _CPU
                 value._is_memmap = memmapped
                 value._memmap_prefix = None
@@ -199,7 +200,7 @@ def subtree(td: TD, subpath: Any, prefix: PathLike) -> TD:
     node: Any = td
     for part in parts:
         value = node._tensordict.get(part)
-        if not isinstance(value, type(td)):
+        if not isinstance(value, TreeNode):
             raise ValueError(
                 f"No tensordict found under subpath {'/'.join(parts)!r} (in {prefix})."
             )
@@ -215,9 +216,9 @@ def _why_copied(path: Path, name: str) -> str:
     return "is compressed" if compressed else "is not aligned for its dtype"
 
 
-def _spec(node: Any, buffers: list[Any]) -> tuple[list[int], list[tuple[Any, ...]]]:
+def _spec(node: Any, buffers: list[Any]) -> tuple[Any, ...]:
     """A save spec (see ``_native.write_tree``) of a loaded tree, reading from its buffers."""
-    batch, _, entries = node
+    batch, _, entries, class_text = node
     out: list[tuple[Any, ...]] = []
     for entry in entries:
         tag, key = entry[0], entry[1]
@@ -229,6 +230,9 @@ def _spec(node: Any, buffers: list[Any]) -> tuple[list[int], list[tuple[Any, ...
             out.append((tag, key, _spec(entry[2], buffers)))
         else:
             out.append(entry)
+    if class_text is not None:  # a tensorclass directory: its class name and meta.json
+        saved = str(json.loads(class_text).get("_type", "")).removesuffix("'>")
+        return list(batch), out, saved.rpartition(".")[2], class_text
     return list(batch), out
 
 

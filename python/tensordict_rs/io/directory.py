@@ -17,12 +17,16 @@ from typing import Any
 import torch
 
 from .. import _native
+from .._core import nested as _nested
+from .._core import classes as _classes
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
 from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused, _json_text
+from .._core.nontensor import NonTensorStack
 from ..memmap import MemoryMappedTensor, _from_buffer, _LazyLeaf, _source_bytes, value_nbytes
 from ..ops.stream import stream_tree
 
-LEAF, NODE, NON_TENSOR = _native.LEAF, _native.NODE, _native.NON_TENSOR
+LEAF, NODE, NON_TENSOR, STACK = _native.LEAF, _native.NODE, _native.NON_TENSOR, _native.STACK
+TENSORCLASS_DIR = _native.TENSORCLASS_DIR  # where a tensorclass directory keeps its TensorDict
 _CPU = torch.device("cpu")
 _STRIDED = torch.strided
 
@@ -49,7 +53,9 @@ class _Plan:
         # sources and their storages stay alive while Rust reads them (a storage, not just the
         # tensor: another thread's ``set_`` on the tensor must not free the memory being read)
         self.keep: list[Any] = []
-        self.slots: list[tuple[TreeNode, str, torch.dtype, tuple[int, ...]]] = []
+        # (node, key, dtype, shape), or for a nested leaf ("nested", table, jagged, numel)
+        # in place of the shape
+        self.slots: list[tuple[TreeNode, str, torch.dtype, tuple[Any, ...]]] = []
         self.kept: set[int] = set()  # slots whose file the save keeps (see node)
         self.sources: list[tuple[int, int]] = []  # anonymous: (data_ptr, nbytes) per slot
 
@@ -92,8 +98,50 @@ class _Plan:
             return None  # a view with another layout than the file's
         return buffer.file_id
 
-    def node(self, td: TreeNode, path: Path) -> tuple[list[int], list[tuple[Any, ...]]]:
-        """The directory spec of ``td``, to be saved at ``path``."""
+    def _nested_parts(self, value: torch.Tensor, key: str) -> tuple[torch.Tensor, Any, bool]:
+        """The flat values, table of component shapes and layout of a nested leaf."""
+        try:
+            values, table, jagged = _nested.flat_parts(value)
+        except NotImplementedError as err:
+            raise _native.UnsupportedFormatError(
+                f"key {key!r} holds {err}, which the directory format cannot hold; "
+                "transpose it back (ragged dim 1) first"
+            ) from None
+        if values.device.type != "cpu":
+            values = values.cpu()
+        return values.contiguous(), table.cpu(), jagged
+
+    def _nested_entry(self, td: TreeNode, key: str, value: torch.Tensor) -> tuple[Any, ...]:
+        """The spec of a nested leaf: its components' bytes and its table of shapes."""
+        values, table, jagged = self._nested_parts(value, key)
+        nbytes = values.numel() * values.element_size()
+        ptr = 0
+        if nbytes and not self.like:
+            self.keep.append(values)
+            self.keep.append(values.untyped_storage())
+            ptr = values.data_ptr()
+        dtype_name = DTYPE_TO_STR.get(values.dtype) or dtype_to_str(values.dtype)
+        device = "cpu" if value.is_cpu else str(value.device)
+        self.slots.append((td, key, values.dtype, ("nested", table, jagged, values.numel())))
+        return (
+            LEAF,
+            key,
+            dtype_name,
+            tuple(table.shape),
+            device,
+            ptr,
+            nbytes,
+            None,
+            (table.numpy().tobytes(), jagged),
+        )
+
+    def node(self, td: TreeNode, path: Path) -> tuple[Any, ...]:
+        """The directory spec of ``td``, to be saved at ``path``: ``(batch, entries)``, and for
+        a tensorclass's TensorDict also its class name and meta.json (its fields then go to
+        ``path/_tensordict``)."""
+        tensorclass = type(td)._tensorclass
+        if tensorclass is not None:
+            path = path / TENSORCLASS_DIR
         entries: list[tuple[Any, ...]] = []
         slots = self.slots
         keep = self.keep
@@ -101,6 +149,14 @@ class _Plan:
         for key, value in td._tensordict.items():
             cls = type(value)
             same: tuple[int, int] | None = None
+            if cls is NonTensorStack:
+                data, shape = value.json_data(key)
+                device = None if value.device is None else str(value.device)
+                entries.append((STACK, key, value.stack_dim, device, data, shape))
+                continue
+            if cls is not _LazyLeaf and isinstance(value, torch.Tensor) and value.is_nested:
+                entries.append(self._nested_entry(td, key, value))
+                continue
             if cls is _LazyLeaf:
                 if not self.like:
                     same = self._same_file(value, path / (_native.encode_key(key) + ".memmap"))
@@ -150,6 +206,8 @@ class _Plan:
             if same is not None:
                 self.kept.add(len(slots))
             slots.append((td, key, dtype, shape))
+        if tensorclass is not None:
+            return list(td.batch_size), entries, *class_spec(tensorclass)
         return list(td.batch_size), entries
 
     def anonymous(self, td: TreeNode) -> None:
@@ -160,7 +218,16 @@ class _Plan:
         for key in sorted(items):
             value = items[key]
             cls = type(value)
-            if cls is NonTensorData:
+            if cls is NonTensorData or cls is NonTensorStack:
+                continue
+            if cls is not _LazyLeaf and isinstance(value, torch.Tensor) and value.is_nested:
+                values, table, jagged = self._nested_parts(value, key)
+                nbytes = values.numel() * values.element_size()
+                self.keep.append(values)
+                self.sources.append((values.data_ptr() if nbytes else 0, nbytes))
+                self.slots.append(
+                    (td, key, values.dtype, ("nested", table, jagged, values.numel()))
+                )
                 continue
             if cls is _LazyLeaf or isinstance(value, torch.Tensor):
                 if self.reuse_maps and (cls is _LazyLeaf or cls is MemoryMappedTensor):
@@ -183,6 +250,15 @@ class _Plan:
         ):
             if i in self.kept:
                 continue  # the save kept this leaf's file: the source map (and object) stays
+            if shape and shape[0] == "nested":
+                _, table, jagged, numel = shape
+                values = (
+                    torch.empty(0, dtype=dtype)
+                    if buffer is None
+                    else _from_buffer(buffer, dtype, (numel,))
+                )
+                td._tensordict[key] = _nested.from_flat(values, table, jagged)
+                continue
             td._tensordict[key] = (
                 torch.empty(shape, dtype=dtype)
                 if buffer is None
@@ -190,13 +266,23 @@ class _Plan:
             )
 
 
+def class_spec(tensorclass: type) -> tuple[str, str]:
+    """The class name (for the parent's meta.json entry) and the meta.json of a tensorclass
+    directory, as tensordict writes them (``{"_type": "<class 'module.Name'>"}``)."""
+    return tensorclass.__name__, json.dumps({"_type": str(tensorclass)})
+
+
 def _mark(td: TreeNode, prefix: Path | None) -> None:
+    if prefix is not None and type(td)._tensorclass is not None:
+        prefix = prefix / TENSORCLASS_DIR
     td._device = _CPU
     td._is_memmap = True
     td._memmap_prefix = prefix
     for key, value in td._tensordict.items():
         if isinstance(value, TreeNode):
             _mark(value, None if prefix is None else prefix / _native.encode_key(key))
+        elif type(value) is NonTensorStack and prefix is not None:
+            value._bind_saved(prefix, key)
 
 
 @_gc_paused()
@@ -285,14 +371,22 @@ def _build(
     device: torch.device | None,
     non_blocking: bool,
 ) -> TD:
-    batch, _, entries = node
+    batch, _, entries, class_text = node
+    plain = _plain(cls)
+    if class_text is not None:
+        cls = _tensorclass_node(cls, class_text, path)
+        path = path / TENSORCLASS_DIR
+    else:
+        cls = plain
     td = cls._new_unchecked(torch.Size(batch), device)
     td._memmap_prefix = path
     items = td._tensordict
     move = device is not None and device.type != "cpu"
     for entry in entries:
         tag, key = entry[0], entry[1]
-        if tag == LEAF:
+        if tag == LEAF and len(entry) > 5:
+            items[key] = _nested_leaf(entry, buffers, device, non_blocking)
+        elif tag == LEAF:
             dtype = STR_TO_DTYPE[entry[2]]
             shape = entry[3]
             buffer = buffers[entry[4]]
@@ -311,10 +405,78 @@ def _build(
             items[key] = value
         elif tag == NODE:
             sub_path = path / _native.encode_key(key)
-            items[key] = _build(cls, entry[2], buffers, sub_path, device, non_blocking)
+            items[key] = _build(plain, entry[2], buffers, sub_path, device, non_blocking)
+        elif tag == STACK:
+            items[key] = stack = loaded_stack(entry)
+            stack._bind_saved(path, key)
         else:
             items[key] = NonTensorData(json.loads(entry[2]))
     return td
+
+
+def loaded_stack(entry: tuple[Any, ...]) -> NonTensorStack:
+    """A NonTensorStack from a loaded ``(STACK, key, shape, device, stack_dim, cells)`` entry:
+    its strings as a packed column, or its JSON values as a list."""
+    _, _, shape, device, stack_dim, cells = entry
+    return NonTensorStack._from_loaded(cells, shape, device, stack_dim)
+
+
+def _nested_leaf(
+    entry: tuple[Any, ...], buffers: list[Any], device: torch.device | None, non_blocking: bool
+) -> torch.Tensor:
+    """A nested leaf from a loaded ``(LEAF, key, dtype, shape, index, (table, dims, jagged))``
+    entry: a view of its mapped components."""
+    dtype = STR_TO_DTYPE[entry[2]]
+    table_bytes, dims, jagged = entry[5]
+    table = (
+        torch.frombuffer(bytearray(table_bytes), dtype=torch.int64).reshape(-1, dims)
+        if table_bytes
+        else torch.zeros((entry[3][0], dims), dtype=torch.int64)
+    )
+    buffer = buffers[entry[4]]
+    numel = int(table.prod(1).sum()) if dims else table.shape[0]
+    values = (
+        torch.empty(0, dtype=dtype) if buffer is None else _from_buffer(buffer, dtype, (numel,))
+    )
+    value = _nested.from_flat(values, table, jagged)
+    if device is not None and device.type != "cpu":
+        value = value.to(device, non_blocking=non_blocking)
+    return value
+
+
+def _plain(cls: type[TD]) -> type[TD]:
+    """The tree class itself for a tensorclass's subclass of it (``Cls._TensorDict``)."""
+    for klass in cls.__mro__:
+        if klass.__dict__.get("_tensorclass") is None:
+            return klass
+    return cls
+
+
+def _tensorclass_node(cls: type[TD], class_text: str, path: Path) -> type[TD]:
+    """The tree subclass of the tensorclass a tensorclass directory names.
+
+    The class is looked up among the tensorclasses defined in this process (``_class``, then
+    ``_type``), never imported. As tensordict does, ``X.load_memmap`` on a tensorclass ``X``
+    with the saved ``__qualname__`` loads as ``X`` when the saved module is another one (a
+    class saved from ``__main__`` loads in a module that defines it again).
+    """
+    meta = json.loads(class_text)
+    type_name = meta.get("_type")
+    found: Any = _classes.lookup(type_name, meta.get("_class"))
+    saved = str(type_name or meta.get("_class")).removeprefix("<class '").removesuffix("'>")
+    caller = cls._tensorclass
+    if found is None and caller is not None:
+        module = saved.removesuffix("." + caller.__qualname__)
+        if module != saved and not module.startswith("__main__.") and "<locals>" not in module:
+            found = caller
+    if found is None:
+        raise RuntimeError(
+            f"Could not find the class {saved} saved in {path}. Import the module that defines "
+            f"it, or call {saved.rpartition('.')[2]}.load_memmap() instead of "
+            f"{cls.__qualname__.removesuffix('._TensorDict')}.load_memmap()."
+        )
+    node: type[TD] = found._TensorDict
+    return node
 
 
 def _device_or_none(name: str | None) -> torch.device | None:

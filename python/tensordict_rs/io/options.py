@@ -36,6 +36,8 @@ class SaveOptions:
     archive: bool | None = None  # one .tdz file (None: when the prefix ends in .tdz)
     compression: str | int | None = None  # archives: "deflate" compresses the leaves
     progress: bool = False  # a tqdm bar of the bytes written
+    share_non_tensor: bool = False  # tensordict's option; True is refused (see persistence)
+    robust_key: bool | None = None  # keys are always percent-encoded (False: only if no-op)
 
     @classmethod
     def given(
@@ -55,6 +57,8 @@ class _Options(TypedDict, total=False):
     durable: bool
     archive: bool | None
     progress: bool
+    share_non_tensor: bool
+    robust_key: bool | None
 
 
 class CopyOptions(_Options, total=False):

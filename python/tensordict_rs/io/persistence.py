@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal, Self, Unpack, overload
 
 from .. import _native
+from .._core.classes import public
 from .._core.nodes import NonTensorData, TreeNode
 from ..memmap import MemoryMappedTensor, _LazyLeaf
 from ..ops.devices import _normalize_device
@@ -98,7 +99,7 @@ class MemoryMapped(TreeNode):
         ``result()`` waits), as tensordict does; otherwise the save finishes first.
         With ``archive=True`` or a prefix ending in ``.tdz`` the tree is one zip archive (see
         ``io/archive.py``), its leaves views of it; ``compression="deflate"`` compresses them.
-        ``progress=True`` draws a ``tqdm`` bar of the bytes written (needs tqdm; off when
+        ``progress=True`` draws a ``tqdm`` bar of the bytes written (off when
         ``TENSORDICT_RS_NO_PROGRESS=1`` and in DataLoader workers).
 
         >>> import torch
@@ -110,6 +111,7 @@ class MemoryMapped(TreeNode):
         ['a.memmap', 'meta.json']
         """
         opts = SaveOptions.given("memmap_", return_early, options, COPY)
+        _check_save_options(self, opts.share_non_tensor, opts.robust_key)
         path = Path(prefix).absolute() if prefix is not None else self._memmap_prefix
         if self._is_memmap and path == self._memmap_prefix and prefix is None:
             self.lock_()
@@ -175,6 +177,7 @@ class MemoryMapped(TreeNode):
         MemoryMappedTensor([0., 1., 2.])
         """
         opts = SaveOptions.given("memmap", return_early, options, COPY)
+        _check_save_options(self, opts.share_non_tensor, opts.robust_key)
         path = Path(prefix).absolute() if prefix is not None else None
         same = self._is_memmap and (path is None or path == self._memmap_prefix)
         if same:
@@ -239,6 +242,7 @@ class MemoryMapped(TreeNode):
                             [0., 0., 0.]])
         """
         opts = SaveOptions.given("memmap_like", return_early, options, LIKE)
+        _check_save_options(self, opts.share_non_tensor, opts.robust_key)
         path = Path(prefix).absolute() if prefix is not None else None
         if _archive.wanted(path, opts.archive):
             return _to_archive(self._structure(), path, opts, like=True, inplace=False)
@@ -289,7 +293,7 @@ class MemoryMapped(TreeNode):
             loaded = _progress.load(
                 progress, prefix, lambda: _archive.load(cls, prefix, target, non_blocking, mode)
             )
-            return loaded if subpath is None else _archive.subtree(loaded, subpath, prefix)
+            return public(loaded if subpath is None else _archive.subtree(loaded, subpath, prefix))
         if mode not in (None, "r+"):
             raise ValueError(
                 f"mode {mode!r}: directories are mapped shared where writable (mode='r+'); "
@@ -300,7 +304,7 @@ class MemoryMapped(TreeNode):
             prefix,
             lambda: directory.load(cls, prefix, target, non_blocking),
         )
-        return loaded if subpath is None else _archive.subtree(loaded, subpath, prefix)
+        return public(loaded if subpath is None else _archive.subtree(loaded, subpath, prefix))
 
     @overload
     def save(
@@ -422,6 +426,32 @@ class MemoryMapped(TreeNode):
         buffers: list[_native.Buffer] = []
         _collect_buffers(self, buffers)
         _native.flush_buffers(buffers)
+
+
+def _check_save_options(td: Any, share_non_tensor: bool, robust_key: bool | None) -> None:
+    """The reference's ``share_non_tensor`` and ``robust_key`` options of the save methods.
+
+    Keys are always percent-encoded in file names here (``robust_key=True``, the reference's
+    default); ``robust_key=False`` is accepted when no key needs encoding, since the names are
+    then the same. Non-tensor values are written to ``meta.json`` and read back in every
+    process; ``share_non_tensor=True`` (values that stay shared after the save, so that a write
+    in one process is seen in the others) is not implemented and raises.
+    """
+    if share_non_tensor:
+        raise NotImplementedError(
+            "share_non_tensor=True (non-tensor values kept shared between processes after the "
+            "save) is not implemented in tensordict_rs: non-tensor values are saved to meta.json "
+            "and each process reads its own copy."
+        )
+    if robust_key is False:
+        for key, _ in td.items(include_nested=True):
+            for part in key if isinstance(key, tuple) else (key,):
+                if _native.encode_key(part) != part:
+                    raise ValueError(
+                        f"robust_key=False: the key {part!r} needs percent-encoding to be a "
+                        "file name inside the directory; tensordict_rs always encodes it "
+                        "(robust_key=True)."
+                    )
 
 
 def _check_load_options(robust_key: bool | None, allow_pickle: bool | None) -> None:

@@ -7,8 +7,9 @@ it). A small Python thread reads it every 0.1 s and moves (or refreshes) a ``tqd
 so the bar is redrawn about ten times a second whatever the native call is doing, and the
 workers pay one atomic addition per 4 MiB written.
 ``TENSORDICT_RS_NO_PROGRESS=1`` turns every bar off, and bars are always off inside DataLoader
-workers (many processes would draw over each other). tqdm is an optional dependency
-(``pip install 'tensordict-rs[progress]'``).
+workers (many processes would draw over each other). tqdm is a dependency of the package (small,
+pure Python, installed by ``pip install tensordict-rs``), so ``progress=True`` works on every
+install; an environment that removed it gets a clear error before anything is written.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def _tqdm() -> Any:
         from tqdm.auto import tqdm  # type: ignore[import-untyped,unused-ignore]
     except ImportError:
         raise ModuleNotFoundError(
-            "progress=True draws a tqdm bar, and tqdm is not installed: "
-            "pip install 'tensordict-rs[progress]' (or pip install tqdm), or leave progress off",
+            "progress=True draws a tqdm bar, and tqdm (a dependency of tensordict-rs) is missing "
+            "from this environment: pip install tqdm, or leave progress off",
             name="tqdm",
         ) from None
     return tqdm

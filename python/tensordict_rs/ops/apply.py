@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nontensor import NonTensorStack
 from .devices import _normalize_device
 
 NO_DEFAULT: Any = object()
@@ -52,6 +53,25 @@ def apply(
         td, fn, others, batch_size, device, names, inplace, default, filter_empty,
         propagate_lock, call_on_nested, out, constructor_kwargs, named=False, nested_keys=False,
     )  # fmt: skip
+
+
+def fast_apply(
+    td: TreeNode,
+    fn: Callable[..., Any],
+    *others: Any,
+    named: bool = False,
+    nested_keys: bool = False,
+    is_leaf: Any = None,
+    checked: bool = False,
+    **kwargs: Any,
+) -> TreeNode:
+    """tensordict's private ``_fast_apply`` (used by code written against its internals):
+    ``apply`` / ``named_apply`` with its extra keywords (``is_leaf`` and ``checked`` change
+    nothing here: every TensorDict leaf is a tensor or non-tensor data, always checked)."""
+    del is_leaf, checked
+    if named:
+        return named_apply(td, fn, *others, nested_keys=nested_keys, **kwargs)
+    return apply(td, fn, *others, **kwargs)
 
 
 def named_apply(
@@ -121,8 +141,6 @@ def _apply(
     lock = bool(constructor_kwargs.pop("lock", False))
     if constructor_kwargs:
         raise TypeError(f"apply() got unexpected keyword arguments {sorted(constructor_kwargs)}")
-    if names is not NO_DEFAULT and names is not None and any(n is not None for n in names):
-        raise ValueError("dimension names are not supported by tensordict_rs")
     walk = _ApplyWalk(fn, default, filter_empty is not False, call_on_nested, named, nested_keys)
     if inplace or out is not None:
         target = out if out is not None and not inplace else td
@@ -131,6 +149,11 @@ def _apply(
     batch = td._batch_size if batch_size is None else torch.Size(batch_size)
     new_device = td._device if device is NO_DEFAULT else _normalize_device(device)
     result = walk.new(td, others, batch, new_device, ())
+    if result is not None:
+        if names is not NO_DEFAULT:
+            result._set_names(None if names is None else list(names))
+        elif td._names is not None and len(batch) == td.batch_dims:
+            result._set_names(list(td._names))
     if lock or (propagate_lock and td._is_locked):
         result._lock_tree()
     return result
@@ -201,8 +224,8 @@ class _ApplyWalk:
                 if sub._tensordict or not self.filter_empty:
                     out._tensordict[key] = sub
                 continue
-            if type(value) is NonTensorData:
-                out._tensordict[key] = NonTensorData(value.data)
+            if type(value) is NonTensorData or type(value) is NonTensorStack:
+                out._tensordict[key] = value.clone(recurse=False)
                 continue
             result = self._call(path, value, rest)
             if result is None:
@@ -223,7 +246,7 @@ class _ApplyWalk:
             if isinstance(value, TreeNode) and not self.call_on_nested:
                 self.into(value, tuple(rest), target._get_str(key), path)
                 continue
-            if type(value) is NonTensorData:
+            if type(value) is NonTensorData or type(value) is NonTensorStack:
                 continue
             result = self._call(path, value, rest)
             if result is None:

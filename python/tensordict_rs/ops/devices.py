@@ -40,7 +40,7 @@ class DeviceMoves(TreeNode):
         >>> td.to(torch.float64)["a"].dtype, td.to("cpu").device
         (torch.float64, device(type='cpu'))
         """
-        device, dtype, non_blocking, inplace, batch_size = _parse_to(args, kwargs)
+        device, dtype, non_blocking, inplace, batch_size, pin = _parse_to(args, kwargs)
         device = _normalize_device(device)
         if dtype is None and (device is None or device == self._device):
             if batch_size is not None:
@@ -50,7 +50,11 @@ class DeviceMoves(TreeNode):
 
         tree: Any = self
 
+        pin = pin and target is not None and target.type == "cuda"
+
         def move(t: torch.Tensor) -> torch.Tensor:
+            if pin and t.device.type == "cpu" and not t.is_pinned():
+                t = t.pin_memory()
             return t.to(device=target, dtype=dtype, non_blocking=non_blocking)
 
         if inplace:
@@ -130,16 +134,41 @@ class DeviceMoves(TreeNode):
         self._set_device_tree(None)
         return self
 
+    def auto_device_(self) -> Self:
+        """Sets the device to the device of the leaves if they all share one (else None);
+        returns self.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> TensorDict({"a": torch.zeros(2)}, [2]).auto_device_().device
+        device(type='cpu')
+        """
+        devices = {leaf.device for _, _, leaf in leaves(self)}
+        self._set_device_tree(devices.pop() if len(devices) == 1 else None)
+        return self
+
+    def record_stream(self, stream: Any) -> Self:
+        """Marks every tensor leaf as used by the CUDA ``stream`` (``Tensor.record_stream``);
+        returns self."""
+        for _, _, leaf in list(leaves(self)):
+            leaf.record_stream(stream)
+        return self
+
 
 def _parse_to(
     args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, torch.dtype | None, bool, bool, Any]:
+) -> tuple[Any, torch.dtype | None, bool, bool, Any, bool]:
     device = kwargs.pop("device", None)
     dtype = kwargs.pop("dtype", None)
     non_blocking = bool(kwargs.pop("non_blocking", False))
     inplace = bool(kwargs.pop("inplace", False))
     batch_size = kwargs.pop("batch_size", None)
     other = kwargs.pop("other", None)
+    if kwargs.pop("non_blocking_pin", False):
+        # pin first, then copy asynchronously: the host side of the copy never blocks
+        non_blocking = True
+        kwargs["_pin"] = True
+    kwargs.pop("num_threads", None)  # the copies run in torch; no thread pool to size
+    pin = kwargs.pop("_pin", False)
     if kwargs:
         raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
     for arg in args:
@@ -162,4 +191,4 @@ def _parse_to(
             dtype = dtypes.pop()
     if device is None and dtype is None and batch_size is None:
         raise TypeError("to() needs a device, a dtype, a tensor, other= or batch_size=")
-    return device, dtype, non_blocking, inplace, batch_size
+    return device, dtype, non_blocking or pin, inplace, batch_size, pin

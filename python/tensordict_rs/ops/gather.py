@@ -21,6 +21,7 @@ import torch
 
 from .. import _native
 from .._core.nodes import TD, NonTensorData
+from .._core.nontensor import NonTensorStack
 from ..memmap import _LazyLeaf
 
 # Below this many gathered bytes torch's per-leaf path would be used. Re-measured with
@@ -46,6 +47,7 @@ def _source(value: Any, keep: list[Any]) -> tuple[int, tuple[int, ...], torch.dt
     if (
         value.device.type != "cpu"
         or value.requires_grad
+        or value.is_nested
         or value.layout is not torch.strided
         or not value.is_contiguous()
         or value.is_conj()
@@ -83,7 +85,7 @@ def _index(rows: torch.Tensor) -> torch.Tensor | None:
 # leaf still has the address, shape, dtype and contiguity it was planned with (in-place
 # ``set_``, ``resize_`` or ``.data =`` change those); else it is made again.
 
-_LEAF, _NODE, _VALUE = 0, 1, 2
+_LEAF, _NODE, _VALUE, _STACK = 0, 1, 2, 3
 
 
 class _Plan:
@@ -123,6 +125,9 @@ class _Plan:
         for key, value in items.items():
             if type(value) is NonTensorData:
                 entries.append((key, _VALUE, value))
+                continue
+            if type(value) is NonTensorStack:
+                entries.append((key, _STACK, value))
                 continue
             if not (type(value) is _LazyLeaf or isinstance(value, torch.Tensor)):
                 entries.append((key, _NODE, len(self.nodes)))
@@ -168,9 +173,10 @@ class _Plan:
                 return False
         return True
 
-    def build(self, td: TD, n: int, jobs: list[tuple[int, int, int, int]]) -> TD:
-        """The batch of ``n`` rows of ``td`` (the planned tree): leaves allocated, the copies
-        listed in ``jobs``."""
+    def build(self, td: TD, index: torch.Tensor, jobs: list[tuple[int, int, int, int]]) -> TD:
+        """The batch of rows ``index`` of ``td`` (the planned tree): leaves allocated, the
+        copies listed in ``jobs``; stacks of non-tensor values take their rows at once."""
+        n = index.numel()
         made: list[Any] = [None] * len(self.owners)
         leaves = self.leaves
         if self.sizes[0] != n:
@@ -189,18 +195,35 @@ class _Plan:
                         jobs.append((address, rows, leaf.data_ptr(), row))
                 elif kind == _NODE:
                     items[key] = made[x]
+                elif kind == _STACK:
+                    items[key] = x.take_rows(index)
                 else:
                     items[key] = NonTensorData(x.data)
             made[i] = out
         return made[0]
 
-    def into(self, out: TD, n: int, keep: list[Any], jobs: list[Any], i: int = 0) -> bool:
+    def into(
+        self,
+        out: TD,
+        n: int,
+        keep: list[Any],
+        jobs: list[Any],
+        stacks: list[tuple[Any, Any]],
+        i: int = 0,
+    ) -> bool:
         """Lists the copies of the planned tree's rows into ``out``'s leaves (of ``n`` rows,
-        matching keys, dtypes and shapes, writable), in the tree's order; False when one
+        matching keys, dtypes and shapes, writable), in the tree's order, and the stacks of
+        non-tensor values that take rows in ``stacks`` (target, source); False when one
         cannot take them. ``i`` is the node of the plan that ``out`` matches."""
         items = out._tensordict
         for key, kind, x in self.entries[i]:
             if kind == _VALUE:
+                continue
+            if kind == _STACK:
+                target = items.get(key)
+                if type(target) is not NonTensorStack or target.batch_size[:1] != (n,):
+                    return False
+                stacks.append((target, x))
                 continue
             value = items.get(key)
             if value is None:
@@ -208,7 +231,7 @@ class _Plan:
             if kind == _NODE:
                 if isinstance(value, torch.Tensor) or type(value) in (_LazyLeaf, NonTensorData):
                     return False
-                if not self.into(value, n, keep, jobs, x):
+                if not self.into(value, n, keep, jobs, stacks, x):
                     return False
                 continue
             if type(value) is _LazyLeaf:
@@ -258,12 +281,15 @@ def gather(td: TD, rows: torch.Tensor, out: TD | None = None) -> TD | None:
         _native.gather_prepare()
     keep: list[Any] = [index, plan]  # the plan's leaves (the sources) stay referenced
     jobs: list[tuple[int, int, int, int]] = []
+    stacks: list[tuple[Any, Any]] = []
     if out is None:
-        result = plan.build(td, n, jobs)
+        result = plan.build(td, index, jobs)
     else:
-        if tuple(out.batch_size[:1]) != (n,) or not plan.into(out, n, keep, jobs):
+        if tuple(out.batch_size[:1]) != (n,) or not plan.into(out, n, keep, jobs, stacks):
             return None
         result = out
     _native.gather_rows(index.data_ptr(), n, jobs, parallel)
+    for target, source in stacks:
+        target[...] = source.take_rows(index)
     del keep
     return result

@@ -13,7 +13,8 @@ import torch
 
 from .._core import index as _items
 from .._core.locking import locked_error
-from .._core.nodes import TD, NonTensorData
+from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nontensor import NonTensorStack
 from .._core.walk import is_tree, map_leaves, zip_leaves
 from . import gather as _gather
 from . import keys as _keys
@@ -35,6 +36,8 @@ def index(td: TD, index: Any) -> TD:
     if rows is not None and td.batch_dims >= 1:
         gathered = _gather.gather(td, rows)  # one native call for CPU trees
         if gathered is not None:
+            if td._names is not None:
+                gathered._set_names(list(td._names))
             return gathered
         # index_select refuses negative rows; wrap them like tensor indexing does.
         size = td._batch_size[0]
@@ -46,18 +49,70 @@ def index(td: TD, index: Any) -> TD:
         rows = torch.where(rows < 0, rows + size, rows)
         batch = torch.Size([rows.numel(), *td._batch_size[1:]])
         return map_leaves(
-            td, lambda t: torch.index_select(t, 0, rows.to(t.device)), batch_size=batch
+            td,
+            lambda t: torch.index_select(t, 0, rows.to(t.device)),
+            batch_size=batch,
+            moves_rows=True,
         )
     # A view of rows is a new, unlocked tree, never a saved one (as tensordict's td[1:]).
     items = _items.normalize(index, td.batch_dims)
     batch = _items.indexed_batch_size(td._batch_size, items)
-    out = map_leaves(td, lambda t: t[items], batch_size=batch)
+    out = map_leaves(
+        td, lambda t: t[items], batch_size=batch, moves_rows=True, names=_index_names(td, items)
+    )
     if td._is_shared and all(i is None or isinstance(i, (int, slice)) for i in items):
         out._mark_shared()  # a view of shared memory is shared (tensordict's td[0], td[1:])
     return out
 
 
-def set_rows(td: TD, index: Any, value: Any) -> None:
+def _index_names(td: TreeNode, items: tuple[Any, ...]) -> list[Any] | None:
+    """The names of the batch dims left by a normalized index: an int drops its dim, a slice
+    or a 1-d index keeps it, ``None`` adds an unnamed one, a k-d boolean mask or a k-d index
+    tensor replaces its dims by unnamed ones."""
+    if td._names is None:
+        return None
+    names = list(td._names)
+    out: list[Any] = []
+    at = 0
+    tensors = 0
+    for item in items:
+        if item is None:
+            out.append(None)
+        elif item is Ellipsis:
+            rest = (
+                len(names)
+                - at
+                - sum(
+                    1 if not isinstance(i, torch.Tensor) or i.dtype != torch.bool else i.ndim
+                    for i in items[items.index(item) + 1 :]
+                    if i is not None
+                )
+            )
+            out.extend(names[at : at + rest])
+            at += rest
+        elif isinstance(item, (int, torch.SymInt)) or (
+            isinstance(item, torch.Tensor) and item.ndim == 0 and item.dtype != torch.bool
+        ):
+            at += 1
+        elif isinstance(item, slice):
+            out.append(names[at])
+            at += 1
+        elif isinstance(item, torch.Tensor) or isinstance(item, (list, range)):
+            tensors += 1
+            t = torch.as_tensor(item) if not isinstance(item, torch.Tensor) else item
+            used = t.ndim if t.dtype == torch.bool else 1
+            if t.ndim == 1 and tensors == 1:
+                out.append(names[at])
+            else:
+                out.extend([None] * (1 if t.dtype == torch.bool else t.ndim))
+            at += used
+        else:
+            return None
+    out.extend(names[at:])
+    return out if any(n is not None for n in out) else None
+
+
+def set_rows(td: TreeNode, index: Any, value: Any) -> None:
     """``td[index] = value`` for a batch index (see ``TensorDict.__setitem__``)."""
     items = _items.normalize(index, td.batch_dims)
     _items.indexed_batch_size(td._batch_size, items)  # out-of-range rows: IndexError
@@ -68,15 +123,49 @@ def set_rows(td: TD, index: Any, value: Any) -> None:
             target = td._get_str(key)
             if is_tree(target):
                 target[items] = sub_value
-            elif isinstance(target, NonTensorData):
-                continue
+            elif type(target) is NonTensorData:
+                _set_non_tensor_rows(td, key, target, items, sub_value)
+            elif type(target) is NonTensorStack:
+                target[_stack_index(items)] = sub_value
             else:
                 target[items] = sub_value
         return
     for key in list(td._tensordict):
         target = td._get_str(key)
-        if not isinstance(target, NonTensorData):
+        if not isinstance(target, (NonTensorData, NonTensorStack)):
             target[items] = value
+
+
+def _stack_index(items: tuple[Any, ...]) -> Any:
+    """A batch index as a stack takes it (lists as int64 tensors)."""
+    return tuple(torch.as_tensor(i) if isinstance(i, list) else i for i in items)
+
+
+def _set_non_tensor_rows(
+    td: TD, key: str, target: NonTensorData, items: tuple[Any, ...], value: Any
+) -> None:
+    """``td[items] = {key: value}`` on a NonTensorData entry: a value equal to the entry's
+    keeps it; another value turns the entry into a stack (one value per row), as tensordict
+    does (a locked tree refuses that change)."""
+    if type(value) is NonTensorData:
+        data: Any = value.data
+    elif type(value) is NonTensorStack:
+        data = value
+    else:
+        data = value
+    if type(data) is not NonTensorStack:
+        try:
+            same = data is target.data or bool(data == target.data)
+        except Exception:
+            same = False
+        if same:
+            return
+    if td._is_locked:
+        raise locked_error()
+    target.batch_size, target.device = td._batch_size, td._device
+    stack = target.maybe_to_stack()
+    stack[_stack_index(items)] = value
+    td._tensordict[key] = stack
 
 
 def preallocate(td: TD, key: str, value: Any, items: tuple[Any, ...]) -> None:
@@ -93,6 +182,11 @@ def preallocate(td: TD, key: str, value: Any, items: tuple[Any, ...]) -> None:
     leaf = _keys.leaf_value(value)
     if isinstance(leaf, NonTensorData):
         td._tensordict[key] = NonTensorData(leaf.data)
+        return
+    if isinstance(leaf, NonTensorStack):
+        # the rows' values, written by the caller; the other rows hold None until written
+        batch = torch.Size([*td._batch_size, *leaf.batch_size[rows:]])
+        td._tensordict[key] = NonTensorStack.from_values([None] * batch.numel(), batch, td._device)
         return
     device = td._device if td._device is not None else leaf.device
     shape = (*td._batch_size, *leaf.shape[rows:])

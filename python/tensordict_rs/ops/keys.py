@@ -13,6 +13,7 @@ import torch
 
 from .._core.locking import locked_error
 from .._core.nodes import TD, Key, NonTensorData
+from .._core.nontensor import NonTensorStack, list_to_stack
 from .._core.walk import KEEP, copy_tree, is_tree
 
 
@@ -213,6 +214,8 @@ def to_dict(td: TD, *, retain_none: bool = True, convert_tensors: bool = False) 
         elif type(value) is NonTensorData:
             if value.data is not None or retain_none:
                 out[key] = value.data
+        elif type(value) is NonTensorStack:
+            out[key] = value.tolist()
         else:
             out[key] = value.tolist() if convert_tensors else value
     return out
@@ -306,8 +309,8 @@ def empty(td: TD, recurse: bool = False, *, batch_size: Any = None, device: Any 
         for key, value in td._tensordict.items():
             if is_tree(value):
                 out._tensordict[key] = empty(value, True)
-            elif type(value) is NonTensorData:
-                out._tensordict[key] = NonTensorData(value.data)
+            elif type(value) is NonTensorData or type(value) is NonTensorStack:
+                out._tensordict[key] = value.clone(recurse=False)
     return out
 
 
@@ -338,8 +341,9 @@ def entry_pairs(source: Mapping[Any, Any] | None, kwargs: dict[str, Any]) -> lis
 
 def leaf_value(value: Any) -> Any:
     """A new entry as tensordict stores it: Python and NumPy scalars, NumPy arrays and lists
-    of numbers become tensors (a 0-dim tensor for a scalar); other values NonTensorData."""
-    if isinstance(value, (torch.Tensor, NonTensorData)):
+    of numbers become tensors (a 0-dim tensor for a scalar); other lists a NonTensorStack (one
+    value per row, nested lists of equal lengths as dims); other values NonTensorData."""
+    if isinstance(value, (torch.Tensor, NonTensorData, NonTensorStack)):
         return value
     if isinstance(value, (bool, int, float, complex)):
         return torch.tensor(value)
@@ -349,5 +353,81 @@ def leaf_value(value: Any) -> Any:
         try:
             return torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError):
+            if type(value) is list and list_to_stack():
+                return NonTensorStack.from_list(value)
             return NonTensorData(value)
     return NonTensorData(value)
+
+
+# ---------------------------------------------------------------------- non-tensor entries
+
+_MISSING: Any = object()
+
+
+def set_non_tensor(td: TD, key: Any, value: Any) -> TD:
+    """Stores ``value`` as one non-tensor value for every row (a list too: it is not split
+    into rows, as ``td[key] = list`` does).
+
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({}, [2]).set_non_tensor("tags", ["a", "b", "c"])
+    >>> td.get_non_tensor("tags")
+    ['a', 'b', 'c']
+    """
+    if isinstance(value, NonTensorStack):
+        return td.set(key, value)
+    data = value.data if type(value) is NonTensorData else value
+    return td.set(key, NonTensorData(data))
+
+
+def get_non_tensor(td: TD, key: Any, default: Any = _MISSING) -> Any:
+    """The value of a non-tensor entry (a stack's values as a ``LinkedList``); a tensor entry
+    is returned as it is, a missing key gives ``default`` (KeyError without one).
+
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"s": "hello", "names": ["a", "b"]}, [2])
+    >>> td.get_non_tensor("s"), td.get_non_tensor("names"), td.get_non_tensor("x", None)
+    ('hello', LinkedList(['a', 'b']), None)
+    """
+    if default is _MISSING:
+        value = td.get(key)
+    else:
+        value = td.get(key, _MISSING)
+        if value is _MISSING:
+            return default
+    if type(value) is NonTensorData:
+        return value.data
+    if type(value) is NonTensorStack:
+        return value.tolist(as_linked_list=True)
+    return value
+
+
+def non_tensor_items(td: TD, include_nested: bool = False) -> list[tuple[Any, Any]]:
+    """``(key, entry)`` for every ``NonTensorData`` and ``NonTensorStack`` entry.
+
+    >>> from tensordict_rs import TensorDict
+    >>> [key for key, _ in TensorDict({"s": "x", "n": {"t": "y"}}, []).non_tensor_items(True)]
+    ['s', ('n', 't')]
+    """
+    return [
+        (key, value)
+        for key, value in td.items(include_nested=include_nested)
+        if type(value) is NonTensorData or type(value) is NonTensorStack
+    ]
+
+
+def filter_non_tensor_data(td: TD) -> TD:
+    """A new TensorDict without the non-tensor entries (nested TensorDicts kept, even empty).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> TensorDict({"x": torch.zeros(2), "s": "text"}, [2]).filter_non_tensor_data().keys()
+    ['x']
+    """
+    return copy_tree(td, keep=lambda path: not _is_non_tensor_at(td, path))
+
+
+def _is_non_tensor_at(td: Any, path: tuple[str, ...]) -> bool:
+    for part in path[:-1]:
+        td = td._tensordict[part]
+    value = td._tensordict[path[-1]]
+    return type(value) is NonTensorData or type(value) is NonTensorStack

@@ -12,13 +12,16 @@ over each leaf's own dims).
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nontensor import NonTensorStack
 from .._core.walk import leaves, map_leaves, zip_leaves
+from . import apply as _apply
 
 # ---------------------------------------------------------------------------- operands
 
@@ -60,7 +63,7 @@ def against(value: Any, leaf: torch.Tensor) -> Any:
 # not for comparisons, clamp, masked_fill, | and ^, nor when the operand is a tensor: matched.
 
 
-def _binary(fn: Callable[[Any, Any], Any], lock: bool = True) -> Callable[[TD, Any], TD]:
+def _binary(fn: Callable[[Any, Any], Any], lock: bool = True) -> Callable[..., Any]:
     def method(td: TD, other: Any) -> TD:
         other = operand(td, other)
         keep = lock and type(other) is not _BatchTensor
@@ -231,7 +234,19 @@ UNARY: dict[str, tuple[str, str]] = {
     "ceil": ("ceil", "``ceil`` of every leaf."),
     "round": ("round", "``round`` of every leaf."),
 }
-UNARY_INPLACE = ("neg_", "abs_", "exp_", "log_", "sqrt_", "sign_", "sigmoid_", "floor_", "ceil_")
+# the element-wise functions added with issue 23: each has an out-of-place form (a new tree,
+# locked like its source) and an in-place form (``name_``: the leaves written, memory maps too)
+ELEMENTWISE = (
+    "acos", "asin", "atan", "cos", "cosh", "erf", "erfc", "expm1", "frac", "lgamma", "log10",
+    "log1p", "log2", "reciprocal", "sin", "sinh", "tan", "tanh", "trunc",
+)  # fmt: skip
+UNARY.update({name: (name, f"``torch.{name}`` of every leaf.") for name in ELEMENTWISE})
+# the predicates: a tree of bools, never locked (as the reference's)
+PREDICATES = ("isfinite", "isnan", "isneginf", "isposinf", "isreal")
+UNARY_INPLACE = (
+    "neg_", "abs_", "exp_", "log_", "sqrt_", "sign_", "sigmoid_", "floor_", "ceil_", "round_",
+    *(name + "_" for name in ELEMENTWISE),
+)  # fmt: skip
 
 
 def methods() -> dict[str, Callable[..., Any]]:
@@ -250,7 +265,25 @@ def methods() -> dict[str, Callable[..., Any]]:
     for name in UNARY_INPLACE:
         doc = f"``{name[:-1]}`` of every leaf, in place." + _example(name, "", True)
         out[name] = _documented(_unary_(name), name, doc)
+    for name in PREDICATES:
+        doc = f"``torch.{name}`` of every leaf: a TensorDict of bools." + _example(name, "")
+        out[name] = _documented(_predicate(name), name, doc)
+    for name, (torch_name, doc) in INPLACE_BINARY.items():
+        out[name] = _documented(_inplace(torch_name), name, doc + _example(name, "y", True))
     return out
+
+
+def _predicate(name: str) -> Callable[[TreeNode], TreeNode]:
+    def method(td: TreeNode) -> TreeNode:
+        return map_leaves(td, lambda t: getattr(torch, name)(t))
+
+    return method
+
+
+INPLACE_BINARY: dict[str, tuple[str, str]] = {
+    "clamp_min_": ("clamp_min_", "Every leaf clamped from below by ``other``, in place."),
+    "clamp_max_": ("clamp_max_", "Every leaf clamped from above by ``other``, in place."),
+}
 
 
 _BITWISE = ("and", "or", "xor", "invert")
@@ -335,6 +368,182 @@ def lerp(td: TD, end: Any, weight: Any) -> TD:
     )
 
 
+def _in_place_with(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """An in-place method writing ``fn(leaf, *operands)`` into every leaf (``out=leaf``)."""
+
+    def method(td: TD, *others: Any) -> TD:
+        ops = [operand(td, o) for o in others]
+        for leaf, *values in list(zip_leaves(td, *ops)):
+            fn(leaf, *(against(v, leaf) for v in values), out=leaf)
+        return td
+
+    return method
+
+
+_maximum_ = _in_place_with(torch.maximum)
+_minimum_ = _in_place_with(torch.minimum)
+_lerp_ = _in_place_with(torch.lerp)
+
+
+def maximum_(td: TD, other: Any) -> TD:
+    """Every leaf replaced by its element-wise maximum with ``other``, in place; returns ``td``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.tensor([0.0, 2.0])}, [2])
+    >>> td.maximum_(1.0)["a"]
+    tensor([1., 2.])
+    """
+    if not isinstance(other, (TreeNode, Mapping, torch.Tensor)):
+        other = torch.tensor(other)
+    return _maximum_(td, other)
+
+
+def minimum_(td: TD, other: Any) -> TD:
+    """Every leaf replaced by its element-wise minimum with ``other``, in place; returns ``td``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.tensor([0.0, 2.0])}, [2])
+    >>> td.minimum_(1.0)["a"]
+    tensor([0., 1.])
+    """
+    if not isinstance(other, (TreeNode, Mapping, torch.Tensor)):
+        other = torch.tensor(other)
+    return _minimum_(td, other)
+
+
+def lerp_(td: TD, end: Any, weight: Any) -> TD:
+    """``td += weight * (end - td)`` per leaf, in place; returns ``td``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.zeros(2)}, [2])
+    >>> td.lerp_(td + 4, 0.25)["a"]
+    tensor([1., 1.])
+    """
+    return _lerp_(td, end, weight)
+
+
+def addcmul(td: TD, other1: Any, other2: Any, *, value: float = 1) -> TD:
+    """``td + value * other1 * other2`` per leaf (a new TensorDict).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.ones(2)}, [2])
+    >>> td.addcmul(td * 2, td * 3, value=0.5)["a"]
+    tensor([4., 4.])
+    """
+    return map_leaves(
+        td,
+        lambda t, a, b: torch.addcmul(t, against(a, t), against(b, t), value=value),
+        operand(td, other1),
+        operand(td, other2),
+        lock=True,
+    )
+
+
+def addcdiv(td: TD, other1: Any, other2: Any, value: float = 1) -> TD:
+    """``td + value * other1 / other2`` per leaf (a new TensorDict).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.ones(2)}, [2])
+    >>> td.addcdiv(td * 3, td * 2, value=2)["a"]
+    tensor([4., 4.])
+    """
+    return map_leaves(
+        td,
+        lambda t, a, b: torch.addcdiv(t, against(a, t), against(b, t), value=value),
+        operand(td, other1),
+        operand(td, other2),
+        lock=True,
+    )
+
+
+def addcmul_(td: TD, other1: Any, other2: Any, *, value: float = 1) -> TD:
+    """``td += value * other1 * other2`` per leaf, in place; returns ``td``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.ones(2)}, [2])
+    >>> td.addcmul_(td * 2, td * 3, value=0.5)["a"]
+    tensor([4., 4.])
+    """
+    for leaf, a, b in list(zip_leaves(td, operand(td, other1), operand(td, other2))):
+        leaf.addcmul_(against(a, leaf), against(b, leaf), value=value)
+    return td
+
+
+def addcdiv_(td: TD, other1: Any, other2: Any, *, value: float = 1) -> TD:
+    """``td += value * other1 / other2`` per leaf, in place; returns ``td``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.ones(2)}, [2])
+    >>> td.addcdiv_(td * 3, td * 2, value=2)["a"]
+    tensor([4., 4.])
+    """
+    for leaf, a, b in list(zip_leaves(td, operand(td, other1), operand(td, other2))):
+        leaf.addcdiv_(against(a, leaf), against(b, leaf), value=value)
+    return td
+
+
+def rsub(td: TD, other: Any, *, alpha: float | None = None, default: Any = None) -> TD:
+    """``other - alpha * td`` per leaf (a new TensorDict).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> TensorDict({"a": torch.ones(2)}, [2]).rsub(5.0, alpha=2)["a"]
+    tensor([3., 3.])
+    """
+    del default
+    kwargs = {} if alpha is None else {"alpha": alpha}
+    return map_leaves(
+        td,
+        lambda t, o: torch.rsub(t, against(o, t), **kwargs),
+        operand(td, other),
+        lock=True,
+    )
+
+
+def _binary_torch(name: str, fn: Callable[..., Any], doc: str) -> Callable[..., TreeNode]:
+    def method(td: TreeNode, other: Any, *, default: Any = None) -> TreeNode:
+        del default  # entries missing in ``other`` raise KeyError, as without a default
+        other = operand(td, other)
+        keep = type(other) is not _BatchTensor
+        return map_leaves(td, lambda t, o: fn(t, against(o, t)), other, lock=keep)
+
+    return _documented(method, name, doc)
+
+
+_TWO_INTS = (
+    "\n\n    >>> import torch\n    >>> from tensordict_rs import TensorDict\n"
+    "    >>> td = TensorDict({'x': torch.tensor([3, 5])}, [2])\n"
+)
+mod = _binary_torch(
+    "mod",
+    torch.remainder,
+    "The remainder of every leaf divided by ``other`` (``torch.remainder``)."
+    + _TWO_INTS
+    + "    >>> td.mod(2)['x']\n    tensor([1, 1])\n",
+)
+bitwise_and = _binary_torch(
+    "bitwise_and",
+    torch.bitwise_and,
+    "The bitwise AND of every leaf and ``other``."
+    + _TWO_INTS
+    + "    >>> td.bitwise_and(6)['x']\n    tensor([2, 4])\n",
+)
+logical_and = _binary_torch(
+    "logical_and",
+    torch.logical_and,
+    "The logical AND of every leaf and ``other``: a TensorDict of bools."
+    + _TWO_INTS
+    + "    >>> td.logical_and(torch.tensor(0))['x']\n    tensor([False, False])\n",
+)
+
+
 # ---------------------------------------------------------------------------- casts
 
 
@@ -356,23 +565,99 @@ def _cast(dtype: torch.dtype, name: str) -> Callable[..., TD]:
 
 
 def _cast_filtered(
-    td: TD, dtype: torch.dtype, keep: Callable[..., bool], prefix: tuple[str, ...]
+    td: TD,
+    dtype: Any,
+    keep: Callable[..., bool],
+    prefix: tuple[str, ...],
+    method: str = "to",
 ) -> TD:
     out = type(td)._new_unchecked(td._batch_size, td._device)
     for key in list(td._tensordict):
         value = td._get_str(key)
         if isinstance(value, TreeNode):
-            out._tensordict[key] = _cast_filtered(value, dtype, keep, (*prefix, key))
-        elif type(value) is NonTensorData:
-            out._tensordict[key] = NonTensorData(value.data)
+            out._tensordict[key] = _cast_filtered(value, dtype, keep, (*prefix, key), method)  # type: ignore[arg-type]
+        elif type(value) is NonTensorData or type(value) is NonTensorStack:
+            out._tensordict[key] = value.clone(recurse=False)
         else:
-            out._tensordict[key] = value.to(dtype) if keep((*prefix, key), value) else value
+            keep_it = keep((*prefix, key), value)
+            out._tensordict[key] = getattr(value, method)(dtype) if keep_it else value
     if td._is_locked:
         out._lock_tree()
     return out
 
 
+def type_(
+    td: TD, dst_type: torch.dtype | str, *, cast_filter: Callable[..., bool] | None = None
+) -> TD:
+    """Every tensor leaf cast with ``Tensor.type(dst_type)`` (a dtype or a name such as
+    ``"torch.IntTensor"``). A locked TensorDict gives an unlocked result with a FutureWarning,
+    as in tensordict 0.15.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> TensorDict({"x": torch.tensor([1.5])}, [1]).type(torch.int32)["x"]
+    tensor([1], dtype=torch.int32)
+    """
+    if td.is_locked:
+        warnings.warn(
+            "type() returns an unlocked tensordict for a locked one. Starting with TensorDict "
+            "0.17, the default will change to a locked result, as int(), float() and "
+            "to(dtype) return.",
+            FutureWarning,
+            stacklevel=2,
+        )
+    if cast_filter is None:
+        return map_leaves(td, lambda t: t.type(dst_type))
+    out = _cast_filtered(td, dst_type, cast_filter, (), method="type")
+    out._unlock_tree() if out.is_locked else None
+    return out
+
+
+def _quantized(dtype: torch.dtype, name: str) -> Callable[..., TreeNode]:
+    cast = _cast(dtype, name)
+
+    def method(td: TreeNode, *, cast_filter: Callable[..., bool] | None = None) -> TreeNode:
+        warnings.warn(
+            f"TensorDictBase.{name}() is deprecated and will be removed in TensorDict 0.18. "
+            "Use td.apply(lambda x: torch.quantize_per_tensor(x, scale, zero_point, "
+            f"torch.{name})) instead.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return cast(td, cast_filter=cast_filter)
+
+    return _documented(
+        method,
+        name,
+        f"Deprecated (as in tensordict 0.15): casts every leaf to ``torch.{name}``, which torch "
+        "refuses for plain tensors; quantize with ``torch.quantize_per_tensor`` instead.",
+    )
+
+
 CASTS = {
+    **{
+        name: _cast(getattr(torch, name), name)
+        for name in (
+            "float16",
+            "float32",
+            "float64",
+            "int8",
+            "int16",
+            "int32",
+            "int64",
+            "uint8",
+            "uint16",
+            "uint32",
+            "uint64",
+            "complex32",
+            "complex64",
+            "complex128",
+        )
+    },
+    **{
+        name: _quantized(getattr(torch, name), name)
+        for name in ("qint8", "qint32", "quint8", "quint4x2")
+    },
     "float": _cast(torch.float32, "float"),
     "double": _cast(torch.float64, "double"),
     "half": _cast(torch.float16, "half"),
@@ -484,6 +769,26 @@ def update_at_(
     return td
 
 
+def copy_at_(
+    td: TD, tensordict: Any, idx: Any, non_blocking: bool = False, *, fast: bool = True
+) -> TD:
+    """Copies the leaves of ``tensordict`` into rows ``idx`` of the matching leaves (which must
+    exist); returns ``td``. ``fast`` is accepted for tensordict's signature.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.zeros(3, 2)}, [3])
+    >>> td.copy_at_(TensorDict({"a": torch.ones(2)}, []), 1)["a"][1]
+    tensor([1., 1.])
+    """
+    del fast
+    for key, value in _flat_items(tensordict, ()):
+        if key not in td:
+            raise KeyError(f"copy_at_: key {key!r} is not in the destination tensordict")
+        set_at_(td, key, value, idx, non_blocking=non_blocking)
+    return td
+
+
 def _key_tuple(key: Any) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else tuple(key)
 
@@ -499,7 +804,7 @@ def _flat_items(source: Any, prefix: tuple[str, ...]) -> list[tuple[tuple[str, .
         path = (*prefix, *_key_tuple(key))
         if isinstance(value, (TreeNode, Mapping)):
             out.extend(_flat_items(value, path))
-        elif type(value) is not NonTensorData:
+        elif type(value) is not NonTensorData and type(value) is not NonTensorStack:
             out.append((path, value))
     return out
 
@@ -602,7 +907,9 @@ def to_tensordict(td: TD, *, retain_none: bool | None = None) -> TD:
 def _compare(td: TD, other: Any, op: Callable[[Any, Any], torch.Tensor]) -> TD:
     batch = td.batch_size
 
-    def non_tensor(value: NonTensorData, other_value: Any) -> torch.Tensor:
+    def non_tensor(value: Any, other_value: Any) -> torch.Tensor:
+        if type(value) is NonTensorStack or type(other_value) is NonTensorStack:
+            return op(value, other_value)  # element by element, of the stack's batch size
         data = other_value.data if isinstance(other_value, NonTensorData) else other_value
         return torch.tensor(op(value.data, data)).expand(batch)
 
@@ -649,3 +956,23 @@ def any_true(td: TD) -> bool:
     (True, False)
     """
     return any(bool(leaf.any()) for _, _, leaf in leaves(td))
+
+
+class MorePointwise(TreeNode):
+    """The element-wise methods of TensorDict not made from ``methods()``'s tables (a mixin):
+    in-place binary and ternary forms, ``copy_at_``, ``type``, and ``_fast_apply``."""
+
+    _fast_apply = _apply.fast_apply
+    copy_at_ = copy_at_
+    lerp_ = lerp_
+    maximum_ = maximum_
+    minimum_ = minimum_
+    addcmul = addcmul
+    addcmul_ = addcmul_
+    addcdiv = addcdiv
+    addcdiv_ = addcdiv_
+    rsub = rsub
+    mod = mod
+    bitwise_and = bitwise_and
+    logical_and = logical_and
+    type = type_  # last in the body: from here on ``type`` is the method in this scope

@@ -16,7 +16,7 @@ import torch
 
 from .._core.locking import LOCK_ERROR
 from .._core.nodes import TD
-from .._core.walk import map_leaves
+from .._core.walk import KEEP, map_leaves
 
 _SCALAR = torch.zeros((), dtype=torch.uint8)
 
@@ -48,8 +48,18 @@ def dim_of(td: TD, dim: int, extra: int = 0) -> int:
     return new
 
 
-def _with_batch(td: TD, leaf_fn: Any, batch: Any, lock: bool = True) -> TD:
-    return map_leaves(td, leaf_fn, batch_size=batch, lock=lock)
+def _with_batch(td: TD, leaf_fn: Any, batch: Any, lock: bool = True, names: Any = KEEP) -> TD:
+    return map_leaves(
+        td, leaf_fn, batch_size=batch, lock=lock, moves_rows=True, names=names
+    )
+
+
+def _named(td: TD, order: Any) -> list[Any] | None:
+    """The names of ``td``'s batch dims in ``order`` (indices, or None for a new unnamed
+    dim); None when ``td`` is unnamed."""
+    if td._names is None:
+        return None
+    return [None if i is None else td._names[i] for i in order]
 
 
 def expand(td: TD, *args: Any, **kwargs: Any) -> TD:
@@ -76,7 +86,8 @@ def expand(td: TD, *args: Any, **kwargs: Any) -> TD:
             f"existing_shape = {td.batch_size}"
         ) from None
     dims = td.batch_dims
-    return _with_batch(td, lambda t: t.expand(*batch, *t.shape[dims:]), batch)
+    names = _named(td, [None] * (len(batch) - dims) + list(range(dims)))
+    return _with_batch(td, lambda t: t.expand(*batch, *t.shape[dims:]), batch, names=names)
 
 
 def expand_as(td: TD, other: Any) -> TD:
@@ -102,7 +113,7 @@ def reshape(td: TD, *args: Any, **kwargs: Any) -> TD:
     """
     batch = _probe(td).reshape(_shape_args(args, kwargs)).shape
     dims = td.batch_dims
-    return _with_batch(td, lambda t: t.reshape(*batch, *t.shape[dims:]), batch)
+    return _with_batch(td, lambda t: t.reshape(*batch, *t.shape[dims:]), batch, names=None)
 
 
 def view(td: TD, *args: Any, **kwargs: Any) -> TD:
@@ -126,7 +137,7 @@ def view(td: TD, *args: Any, **kwargs: Any) -> TD:
     if batch == td.batch_size:
         return td
     dims = td.batch_dims
-    return _with_batch(td, lambda t: t.view(*batch, *t.shape[dims:]), batch)
+    return _with_batch(td, lambda t: t.view(*batch, *t.shape[dims:]), batch, names=None)
 
 
 def squeeze(td: TD, dim: int | None = None) -> TD:
@@ -148,7 +159,8 @@ def squeeze(td: TD, dim: int | None = None) -> TD:
             return td
         drop = (dim,)
     batch = torch.Size(s for i, s in enumerate(td.batch_size) if i not in drop)
-    return _with_batch(td, lambda t: t.squeeze(drop), batch)
+    names = _named(td, [i for i in range(td.batch_dims) if i not in drop])
+    return _with_batch(td, lambda t: t.squeeze(drop), batch, names=names)
 
 
 def unsqueeze(td: TD, dim: int) -> TD:
@@ -168,7 +180,9 @@ def unsqueeze(td: TD, dim: int) -> TD:
         )
     batch = list(td.batch_size)
     batch.insert(new, 1)
-    return _with_batch(td, lambda t: t.unsqueeze(new), batch)
+    order: list[Any] = list(range(td.batch_dims))
+    order.insert(new, None)
+    return _with_batch(td, lambda t: t.unsqueeze(new), batch, names=_named(td, order))
 
 
 def permute(td: TD, *args: Any, **kwargs: Any) -> TD:
@@ -195,7 +209,8 @@ def permute(td: TD, *args: Any, **kwargs: Any) -> TD:
         return td
     batch = [td.batch_size[d] for d in dims]
     n = td.batch_dims
-    return _with_batch(td, lambda t: t.permute(*dims, *range(n, t.ndim)), batch)
+    names = _named(td, dims)
+    return _with_batch(td, lambda t: t.permute(*dims, *range(n, t.ndim)), batch, names=names)
 
 
 def transpose(td: TD, dim0: int, dim1: int) -> TD:
@@ -215,7 +230,9 @@ def transpose(td: TD, dim0: int, dim1: int) -> TD:
         return td
     batch = list(td.batch_size)
     batch[dim0], batch[dim1] = batch[dim1], batch[dim0]
-    return _with_batch(td, lambda t: t.transpose(dim0, dim1), batch)
+    order = list(range(n))
+    order[dim0], order[dim1] = order[dim1], order[dim0]
+    return _with_batch(td, lambda t: t.transpose(dim0, dim1), batch, names=_named(td, order))
 
 
 def _in_place(td: TD, result: TD, inplace: bool) -> TD:
@@ -225,6 +242,7 @@ def _in_place(td: TD, result: TD, inplace: bool) -> TD:
     if td._is_locked:
         raise RuntimeError(LOCK_ERROR)
     td._tensordict, td._batch_size = result._tensordict, result._batch_size
+    td._names = result._names
     return td
 
 
@@ -255,7 +273,8 @@ def flatten(
     if start == end:
         return td
     batch = _probe(td).flatten(start, end).shape
-    return _in_place(td, _with_batch(td, lambda t: t.flatten(start, end), batch), inplace)
+    out = _with_batch(td, lambda t: t.flatten(start, end), batch, names=None)
+    return _in_place(td, out, inplace)
 
 
 def unflatten(td: TD, dim: int, unflattened_size: Sequence[int], *, inplace: bool = False) -> TD:
@@ -270,7 +289,8 @@ def unflatten(td: TD, dim: int, unflattened_size: Sequence[int], *, inplace: boo
     dim = dim_of(td, dim)
     sizes = [operator.index(s) for s in unflattened_size]
     batch = _probe(td).unflatten(dim, sizes).shape
-    return _in_place(td, _with_batch(td, lambda t: t.unflatten(dim, sizes), batch), inplace)
+    out = _with_batch(td, lambda t: t.unflatten(dim, sizes), batch, names=None)
+    return _in_place(td, out, inplace)
 
 
 def _narrow(td: TD, dim: int, start: int, length: int) -> TD:

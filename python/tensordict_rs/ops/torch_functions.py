@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
-from .. import _native
 from .._core.nodes import TD, NonTensorData
+from .._core.nontensor import NonTensorStack, capture_non_tensor_stack
 from .._core.walk import KEEP, is_tree, map_leaves, walk_items, zip_leaves
+from .._core.walk import leaves as _leaves
 from . import shape
 
 
@@ -38,18 +39,38 @@ def _key_sets_match(tds: Sequence[TD], what: str) -> list[Any]:
     return keys
 
 
-def _same_non_tensor(what: str) -> Callable[..., NonTensorData]:
-    """Joins the NonTensorData of several trees: one value for all, or refused."""
+def _stack_non_tensor(dim: int) -> Callable[..., Any]:
+    """``torch.stack`` of non-tensor entries: a NonTensorStack along ``dim``, as tensordict 0.15
+    gives (equal values too: they are one value per element once stacked)."""
 
-    def join(first: NonTensorData, *rest: Any) -> NonTensorData:
-        for other in rest:
-            data = other.data if isinstance(other, NonTensorData) else other
-            if data != first.data:
-                raise _native.TensorDictError(
-                    f"cannot {what} non-tensor values that differ ({first.data!r} and {data!r}): "
-                    "tensordict-rs keeps one value per non-tensor entry"
-                )
-        return NonTensorData(first.data)
+    def join(*values: Any) -> Any:
+        if capture_non_tensor_stack() and all(type(v) is NonTensorData for v in values):
+            first = values[0]
+            try:
+                same = all(v.data is first.data or bool(v.data == first.data) for v in values)
+            except Exception:
+                same = False
+            if same:
+                return NonTensorData(first.data)
+        return NonTensorStack(*values, stack_dim=dim)
+
+    return join
+
+
+def _cat_non_tensor(dim: int) -> Callable[..., Any]:
+    """``torch.cat`` of non-tensor entries: one NonTensorData when every entry holds the same
+    value, else a NonTensorStack of the values of every row."""
+
+    def join(*values: Any) -> Any:
+        first = values[0]
+        if all(type(v) is NonTensorData for v in values):
+            try:
+                same = all(v.data is first.data or bool(v.data == first.data) for v in values)
+            except Exception:
+                same = False
+            if same:
+                return NonTensorData(first.data)
+        return NonTensorStack.concatenate(values, dim)
 
     return join
 
@@ -91,13 +112,18 @@ def stack(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
     result = torch.Size(batch)
     if out is not None:
         return _into(out, result, tds, lambda leaves, sink: torch.stack(leaves, dim, out=sink))
+    names = None
+    if first._names is not None:
+        names = list(first._names)
+        names.insert(dim, None)
     return map_leaves(
         first,
         lambda *leaves: torch.stack(leaves, dim),
         *tds[1:],
         batch_size=result,
         device=first.device,
-        non_tensor=_same_non_tensor("stack"),
+        non_tensor=_stack_non_tensor(dim),
+        names=names,
     )
 
 
@@ -134,7 +160,7 @@ def cat(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
         *tds[1:],
         batch_size=result,
         device=_common_device(tds),
-        non_tensor=_same_non_tensor("concatenate"),
+        non_tensor=_cat_non_tensor(dim),
     )
 
 
@@ -252,8 +278,10 @@ def _where_trees(td: TD, condition: torch.Tensor, other: TD, pad: Any) -> Any:
                 value = _where_trees(theirs, ~condition, empty, pad)
             else:
                 value = _where_trees(mine, condition, theirs if theirs is not None else empty, pad)
-        elif isinstance(mine, NonTensorData) or isinstance(theirs, NonTensorData):
-            value = NonTensorData((mine if mine is not None else theirs).data)
+        elif isinstance(mine, (NonTensorData, NonTensorStack)) or isinstance(
+            theirs, (NonTensorData, NonTensorStack)
+        ):
+            value = _where_non_tensor(condition, mine, theirs, td, other)
         elif mine is None:
             value = torch.where(_expand_right(condition, theirs), pad, theirs)
         elif theirs is None:
@@ -262,6 +290,25 @@ def _where_trees(td: TD, condition: torch.Tensor, other: TD, pad: Any) -> Any:
             value = torch.where(_expand_right(condition, mine), mine, theirs)
         out._tensordict[key] = value
     return out
+
+
+def _where_non_tensor(condition: torch.Tensor, mine: Any, theirs: Any, td: TD, other: TD) -> Any:
+    """Element-wise choice between two non-tensor entries (a missing one keeps the other's
+    value): a NonTensorData when both hold the same value, else a NonTensorStack."""
+    if mine is None or theirs is None:
+        present = mine if mine is not None else theirs
+        return present.clone(recurse=False)
+    if type(mine) is NonTensorData:
+        mine.batch_size, mine.device = td.batch_size, td.device
+    if type(theirs) is NonTensorData:
+        theirs.batch_size, theirs.device = other.batch_size, other.device
+    if type(mine) is NonTensorData and type(theirs) is NonTensorData:
+        try:
+            if mine.data is theirs.data or bool(mine.data == theirs.data):
+                return NonTensorData(mine.data)
+        except Exception:
+            pass
+    return NonTensorStack.where(condition, mine, theirs)
 
 
 def torch_where(condition: torch.Tensor, input: Any, other: Any, *, out: Any = None) -> Any:
@@ -325,6 +372,69 @@ def _permute(td: TD, dims: Sequence[int]) -> TD:
     return shape.permute(td, *dims)
 
 
+def _loss(name: str) -> Callable[..., Any]:
+    fn = getattr(torch.nn.functional, name)
+
+    def loss(input: Any, target: Any, *args: Any, reduction: str = "mean", **kwargs: Any) -> Any:
+        """``torch.nn.functional.<name>`` leaf by leaf: a TensorDict of losses (batch size
+        ``[]`` with ``reduction="mean"``/``"sum"``)."""
+        if reduction not in ("none", "mean", "sum"):
+            raise ValueError(
+                f"Invalid reduction mode: {reduction}. Expected one of 'none', 'mean', 'sum'."
+            )
+        extra = {k: v for k, v in kwargs.items() if k == "beta"}
+        rule: Callable[[torch.Size], Any] | None = (
+            None if reduction == "none" else (lambda batch: [])
+        )
+        return map_leaves(
+            input, lambda a, b: fn(a, b, reduction=reduction, **extra), target, node_batch=rule
+        )
+
+    loss.__name__ = name
+    return loss
+
+
+def _one_tree(value: Any, what: str) -> Any:
+    if isinstance(value, (tuple, list)):
+        if len(value) != 1:
+            raise ValueError(f"torch.autograd.grad for TensorDict only supports a single {what}")
+        value = value[0]
+    return value
+
+
+def _autograd_grad(outputs: Any, inputs: Any, grad_outputs: Any = None, **kwargs: Any) -> Any:
+    """``torch.autograd.grad`` of a TensorDict of outputs with respect to a TensorDict of
+    inputs: a TensorDict of gradients shaped like ``inputs`` (as tensordict does)."""
+    outputs = _one_tree(outputs, "output")
+    inputs = _one_tree(inputs, "input")
+    if not is_tree(outputs):
+        raise ValueError(
+            "torch.autograd.grad for TensorDict only supports TensorDictBase as output"
+        )
+    if not is_tree(inputs):
+        raise ValueError("torch.autograd.grad for TensorDict only supports TensorDictBase as input")
+    out_leaves = [t for _, _, t in _leaves(outputs)]
+    if grad_outputs is not None:
+        grad_outputs = _one_tree(grad_outputs, "grad_output")
+        grad_outputs = (
+            [g for _, g in zip_leaves(outputs, grad_outputs)]
+            if is_tree(grad_outputs)
+            else grad_outputs
+        )
+    in_leaves = [t for _, _, t in _leaves(inputs)]
+    grads = torch.autograd.grad(out_leaves, in_leaves, grad_outputs=grad_outputs, **kwargs)
+    found = iter(grads)
+    return map_leaves(inputs, lambda _: next(found))
+
+
+def _reduction(name: str) -> Callable[..., Any]:
+    def call(input: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(input, name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
 HANDLED: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.stack: stack,
     torch.cat: cat,
@@ -340,6 +450,17 @@ HANDLED: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.rand_like: rand_like,
     torch.randn_like: randn_like,
     torch.permute: _permute,
+    torch.swapaxes: _method("transpose"),
+    torch.swapdims: _method("transpose"),
+    torch.maximum: lambda input, other, *, out=None: input.maximum(other),
+    torch.nn.functional.l1_loss: _loss("l1_loss"),
+    torch.nn.functional.mse_loss: _loss("mse_loss"),
+    torch.nn.functional.smooth_l1_loss: _loss("smooth_l1_loss"),
+    torch.autograd.grad: _autograd_grad,
+    **{getattr(torch, name): _reduction(name) for name in ("sum", "mean", "std", "var")},
+    torch.gather: lambda input, dim, index, *, out=None, sparse_grad=False: input.gather(
+        dim, index, out=out
+    ),
     **{
         getattr(torch, name): _method(name)
         for name in (
@@ -353,6 +474,22 @@ HANDLED: dict[Callable[..., Any], Callable[..., Any]] = {
             "flatten",
             "unflatten",
             "transpose",
+            "flip",
+            "fliplr",
+            "flipud",
+            "roll",
+            "rot90",
+            "narrow",
+            "movedim",
+            "moveaxis",
+            "tile",
+            "repeat_interleave",
+            "tensor_split",
+            "masked_select",
+            "broadcast_to",
+            "atleast_1d",
+            "atleast_2d",
+            "atleast_3d",
         )
     },
 }

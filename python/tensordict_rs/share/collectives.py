@@ -379,5 +379,5 @@ def _insertion_leaves(td: Any) -> Any:
         value = td._get_str(key)
         if isinstance(value, torch.Tensor):
             yield value
-        elif not isinstance(value, _packed.NonTensorData):
+        elif isinstance(value, TreeNode):
             yield from _insertion_leaves(value)

@@ -15,7 +15,10 @@ from typing import Self
 
 import torch
 
+from .. import _native
 from .._core.nodes import TreeNode
+from ..ops import as_classmethod
+from . import consolidated_file as _file
 from . import packed as _packed
 
 _CPU = torch.device("cpu")
@@ -23,6 +26,8 @@ _CPU = torch.device("cpu")
 
 class Consolidation(TreeNode):
     """The consolidation methods of TensorDict (mixed into the class)."""
+
+    from_consolidated = as_classmethod(_file.from_consolidated)
 
     def consolidate(
         self,
@@ -45,8 +50,11 @@ class Consolidation(TreeNode):
         leaves by the views and returns ``self``. An already consolidated tree is returned as
         it is. The copy runs in parallel in the Rust core whatever ``num_threads``; the
         structure always travels with the buffer (``metadata`` changes nothing).
-        ``filename``, ``return_early``, ``use_buffer`` and ``pin_memory`` are refused with
-        ``ValueError`` (the reference's single-file format and futures are not implemented).
+        With ``filename`` the buffer is that file (the reference's single-file layout: the
+        leaves, their description as JSON, its length), mapped shared: the returned tree's
+        leaves are views of the file, and ``from_consolidated(filename)`` reads it back, here
+        or in tensordict. ``return_early``, ``use_buffer`` and ``pin_memory`` are refused with
+        ``ValueError``.
 
         >>> import torch
         >>> from tensordict_rs import TensorDict
@@ -57,10 +65,13 @@ class Consolidation(TreeNode):
         >>> c["n", "b"].sum().item(), c.consolidate() is c
         (6.0, True)
         """
+        if filename is not None:
+            if device is not None and torch.device(device).type != "cpu":
+                raise ValueError("consolidate(filename=...) writes a file: device must be the CPU")
+            return _file.consolidate_to_file(self, filename)  # type: ignore[return-value]
         refused = [
             name
             for name, asked in (
-                ("filename", filename is not None),
                 ("return_early", return_early),
                 ("use_buffer", use_buffer),
                 ("pin_memory", pin_memory),
@@ -106,7 +117,10 @@ class Consolidation(TreeNode):
         >>> td.is_consolidated(), td.consolidate().is_consolidated()
         (False, True)
         """
-        return _packed.plan(self).consolidated
+        try:
+            return _packed.plan(self).consolidated
+        except _native.InvalidTreeError:  # a tree consolidate refuses (a nested leaf) is not
+            return False
 
 
 def _same(plan: _packed.Plan, device: torch.device) -> bool:

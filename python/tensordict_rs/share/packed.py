@@ -39,6 +39,7 @@ import torch
 from .. import _native
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
 from .._core.nodes import TD, NonTensorData, _gc_paused, _json_text
+from .._core.nontensor import NonTensorStack
 from ..memmap import MemoryMappedTensor, _LazyLeaf, value_nbytes
 
 ALIGN = _native.ALIGN  # every leaf of a packed tree (and of an arena) starts at a multiple
@@ -49,7 +50,8 @@ RESERVED = (*_native.RESERVED_KEYS, _native.NUMBER_KEY)
 _CPU = torch.device("cpu")
 _STRIDED = torch.strided
 _DATA_PTR = torch.Tensor.data_ptr
-LEAF, NODE, VALUE = _native.LEAF, _native.NODE, _native.NON_TENSOR  # entry tags of describe_tree
+# entry tags of describe_tree
+LEAF, NODE, VALUE, STACK = _native.LEAF, _native.NODE, _native.NON_TENSOR, _native.STACK
 
 
 def _aligned(n: int) -> int:
@@ -118,8 +120,14 @@ class Plan:
         for key in sorted(items):
             value = items[key]
             if type(value) is _LazyLeaf or isinstance(value, torch.Tensor):
+                if isinstance(value, torch.Tensor) and value.is_nested:
+                    raise _native.InvalidTreeError(
+                        f"key {key!r} holds a nested tensor: consolidate() and torch.distributed "
+                        "carry one message of dense leaves; pad it first (td.to_padded_tensor()), "
+                        "or send the tree to processes or save it (memmap), which keep them"
+                    )
                 leaves.append((td, key, value))
-            elif type(value) is not NonTensorData:
+            elif type(value) is not NonTensorData and type(value) is not NonTensorStack:
                 self._collect(value, nodes)
 
     @property
@@ -437,6 +445,13 @@ def _spec(td: TD, path: tuple[str, ...]) -> tuple[Any, ...]:
             )
         value = items[key]
         kind = type(value)
+        if kind is NonTensorStack:
+            data, shape = value.json_data(key)
+            if level + 1 + _json_depth(value.tolist(), JSON_DEPTH - level - 1) > JSON_DEPTH:
+                raise _too_deep(path, key)
+            device = None if value.device is None else str(value.device)
+            entries.append((STACK, key, value.stack_dim, device, data, shape))
+            continue
         if level + 2 > JSON_DEPTH and kind is not NonTensorData:
             raise _too_deep(path, key)  # a leaf (object and shape list) or a deeper node
         if kind is _LazyLeaf:
@@ -545,7 +560,9 @@ def build(
     def make_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=target)
 
-    def make_value(text: str) -> NonTensorData:
+    def make_value(text: Any, *stack: Any) -> Any:
+        if stack:  # a NonTensorStack: (cells, shape, device, stack_dim)
+            return NonTensorStack._from_loaded(text, *stack)
         return NonTensorData(json.loads(text))
 
     node_device: list[torch.device | None] = []

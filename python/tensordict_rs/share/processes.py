@@ -28,13 +28,15 @@ from typing import Any, Self
 import torch
 
 from .. import _native
+from .._core import nested as _nested
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE
 from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused
+from .._core.nontensor import NonTensorStack
 from .._core.walk import leaves
 from ..io import directory
 from ..memmap import MemoryMappedTensor, _LazyLeaf, _source_bytes, _wrap
 
-BUFFER, NODE, NON_TENSOR, TENSOR = range(4)
+BUFFER, NODE, NON_TENSOR, TENSOR, NESTED, STACK = range(6)
 LOCKED, MEMMAP, SHARED = 1, 2, 4
 
 # (size, stride, storage_offset) of a view; None for the whole buffer as one contiguous tensor
@@ -138,10 +140,19 @@ def _describe(td: Any, msg: _Message) -> tuple[Any, ...]:
             else:
                 buffers.append(value.buffer)
                 entry = (BUFFER, key, len(buffers) - 1, dtype_name, value.shape, None)
+        elif isinstance(value, torch.Tensor) and value.is_nested:
+            # its components' bytes as a 1-D leaf (in the batch arena, or the map it views),
+            # its table of component shapes and layout as plain data
+            flat, table, jagged = _nested.flat_parts(value)
+            holder: list[Any] = []
+            holder.append(msg.tensor_entry(key, flat.contiguous(), holder))
+            entry = (NESTED, key, holder, table, jagged)
         elif isinstance(value, torch.Tensor):
             entry = msg.tensor_entry(key, value, entries)
         elif cls is NonTensorData:
             entry = (NON_TENSOR, key, value.data)
+        elif cls is NonTensorStack:
+            entry = (STACK, key, value)  # pickled: a packed column as two byte strings
         else:
             entry = (NODE, key, _describe(value, msg))
         entries.append(entry)
@@ -186,6 +197,17 @@ def _build(node: tuple[Any, ...], buffers: list[Any]) -> Any:
             items[key] = _build(entry[2], buffers)
         elif tag == NON_TENSOR:
             items[key] = NonTensorData(entry[2])
+        elif tag == NESTED:
+            inner = entry[2][0]
+            if inner[0] == BUFFER:
+                flat = (
+                    _LazyLeaf(buffers[inner[2]], STR_TO_DTYPE[inner[3]], inner[4]).materialize()
+                    if inner[5] is None
+                    else _leaf(buffers[inner[2]], inner[3], inner[4], inner[5])
+                )
+            else:
+                flat = inner[2]
+            items[key] = _nested.from_flat(flat, entry[3], entry[4])
         else:
             items[key] = entry[2]
     td._is_memmap = bool(flags & MEMMAP)
@@ -405,4 +427,9 @@ class Shareable(TreeNode):
             return self.apply(lambda t: t.pin_memory())
         for td, key, value in list(leaves(self)):
             td._tensordict[key] = value.pin_memory()
+        return self
+
+    def pin_memory_(self, num_threads: int | None = None) -> Self:
+        """``pin_memory(inplace=True)``: pins every tensor leaf in place; returns self."""
+        self.pin_memory(num_threads, inplace=True)
         return self

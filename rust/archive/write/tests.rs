@@ -10,6 +10,7 @@ fn contentless_leaves_are_reserved_not_holes() {
     use std::os::unix::fs::MetadataExt;
     let n = 8 << 20;
     let leaves = vec![LeafSpec {
+        nested: None,
         dtype: "torch.uint8".into(),
         shape: vec![n as u64],
         device: "cpu".into(),
@@ -18,6 +19,7 @@ fn contentless_leaves_are_reserved_not_holes() {
         same_file: None,
     }];
     let root = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![("a".into(), EntrySpec::Leaf(0))],
     };

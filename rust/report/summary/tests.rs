@@ -7,6 +7,7 @@ fn summarizes_without_data_files() {
     let p = std::env::temp_dir().join(format!("tdrs-summary-{}", storage::random_suffix()));
     let data = [0u8; 24];
     let leaves = vec![LeafSpec {
+        nested: None,
         dtype: "torch.float32".into(),
         shape: vec![3, 2],
         device: "cpu".into(),
@@ -15,10 +16,12 @@ fn summarizes_without_data_files() {
         same_file: None,
     }];
     let child = NodeSpec {
+        class: None,
         batch: vec![3],
         entries: vec![("x".into(), EntrySpec::Leaf(0))],
     };
     let root = NodeSpec {
+        class: None,
         batch: vec![3],
         entries: vec![
             ("sub".into(), EntrySpec::Node(child)),
@@ -58,10 +61,12 @@ fn summarizes_without_data_files() {
 fn symlinks_are_refused_as_the_loader_refuses_them() {
     let p = std::env::temp_dir().join(format!("tdrs-summary-{}", storage::random_suffix()));
     let root = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![(
             "sub".into(),
             EntrySpec::Node(NodeSpec {
+                class: None,
                 batch: vec![],
                 entries: vec![("s".into(), EntrySpec::NonTensor(Value::from(1)))],
             }),

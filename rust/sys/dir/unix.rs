@@ -170,6 +170,47 @@ impl Dir {
         Ok(rfs::renameat(&self.fd, name, &to.fd, to_name)?)
     }
 
+    /// Exchanges a child of this directory with `to_name` in `to`, atomically
+    /// (`renameat2(RENAME_EXCHANGE)`): both names exist before and after, each now naming
+    /// the other's file. `EINVAL` (or `Unsupported`) where the file system or the system has
+    /// no exchange: callers then rename.
+    pub fn exchange(&self, name: &str, to: &Dir, to_name: &str) -> io::Result<()> {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        {
+            Ok(rfs::renameat_with(
+                &self.fd,
+                name,
+                &to.fd,
+                to_name,
+                rfs::RenameFlags::EXCHANGE,
+            )?)
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        {
+            let _ = (name, to, to_name);
+            Err(io::ErrorKind::Unsupported.into())
+        }
+    }
+
+    /// Bytes an unprivileged user may still write on this directory's file system.
+    pub fn free_space(&self) -> io::Result<u64> {
+        let st = rfs::fstatvfs(&self.fd)?;
+        Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    }
+
+    /// A handle on a child that keeps its file alive after its name is removed (`O_PATH`,
+    /// never following a link): the file's space is freed when the handle is closed, not in
+    /// the `unlink` or `rename` that drops its last name. See `sys::reclaim`.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    pub fn hold(&self, name: &str) -> io::Result<OwnedFd> {
+        Ok(rfs::openat(
+            &self.fd,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?)
+    }
+
     /// Hard-links a child of this directory as `to_name` in `to` (fails if it exists).
     pub fn link(&self, name: &str, to: &Dir, to_name: &str) -> io::Result<()> {
         Ok(rfs::linkat(&self.fd, name, &to.fd, to_name, AtFlags::empty())?)

@@ -156,6 +156,14 @@ impl Dir {
         }
         Ok(())
     }
+    /// Not asked for here (nothing is freed in the background on Windows).
+    pub fn free_space(&self) -> io::Result<u64> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+    /// No atomic exchange of two names here: callers rename instead.
+    pub fn exchange(&self, _name: &str, _to: &Dir, _to_name: &str) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
     pub fn link(&self, name: &str, to: &Dir, to_name: &str) -> io::Result<()> {
         std::fs::hard_link(self.path.join(name), to.path.join(to_name))
     }

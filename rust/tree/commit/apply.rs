@@ -37,6 +37,7 @@ use crate::error::{Error, Result};
 use crate::format::{self, NodeMeta};
 use crate::sys::dir::{Dir, EntryKind, EntryStat};
 use crate::sys::identity::Stamp;
+use crate::sys::reclaim::{self, Later};
 
 /// How a commit ended.
 #[derive(Debug)]
@@ -327,7 +328,8 @@ fn same(root: &Dir, ds: &DirState, state: Option<FileState>, st: &EntryStat) -> 
     let meta = join(root.path(), &ds.path).join(format::META_FILE);
     let read = root
         .open_rel(&ds.path)
-        .and_then(|d| d.read_limited_stamped(format::META_FILE, format::META_LIMIT));
+        // (its size is the state's: a NonTensorStack's meta.json may pass `META_LIMIT`)
+        .and_then(|d| d.read_limited_stamped(format::META_FILE, format::STACK_META_LIMIT));
     match read {
         Ok((bytes, stamp)) => Ok(FileState::of(stamp, &bytes) == state),
         Err(e) if gone(&e) => Ok(false),
@@ -485,6 +487,36 @@ fn rename_exclusive(from: &Dir, name: &str, to: &Dir, to_name: &str, is_dir: boo
     }
 }
 
+/// Puts the staged file `name` in place of the old tree's file `last` of `target`.
+///
+/// A big one (`reclaim::HOLD_BYTES` or more, issue 29) is exchanged with it
+/// (`RENAME_EXCHANGE`) and the old file, now at the staged name, unlinked while a handle keeps
+/// it, its space freed in the background (`later`): a rename over an existing file makes ext4
+/// write the whole new file back inside the rename (`auto_da_alloc`) and free the old one
+/// there (with `discard`, a TRIM of every block), which doubled the time of a 1 GiB re-save.
+/// The name never stops naming one whole version. A kill between the exchange and the unlink
+/// leaves the target holding the staged identity (the step is proven done) and the old file
+/// in the staging directory, which goes with it (`remove_stagings`). Where the file system
+/// (or Windows) has no exchange, or the target is no big regular file: a rename over it.
+fn replace_file(staged: &Dir, name: &str, target: &Dir, last: &str, later: &mut Later) -> io::Result<()> {
+    let old = target
+        .stat(last)?
+        .filter(|st| st.kind == EntryKind::File && st.size >= reclaim::HOLD_BYTES);
+    if let Some(old) = old {
+        match staged.exchange(name, target, last) {
+            Ok(()) => {
+                // The step is done; an old file that cannot go now goes with the staging.
+                let _ = later.remove_file(staged, name, old.size);
+                return Ok(());
+            }
+            // no exchange here, or the target went meanwhile: the rename decides
+            Err(e) if is_einval(&e) || e.kind() == io::ErrorKind::Unsupported || gone(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    staged.rename(name, target, last, false)
+}
+
 fn run(
     root: &Dir,
     journal: &mut Journal,
@@ -494,12 +526,15 @@ fn run(
 ) -> Result<Outcome> {
     let mut parents = Parents { root, open: None };
     let mut touched: Vec<Vec<String>> = Vec::new();
+    // The big files this commit replaces or drops: unlinked here, freed in the background
+    // (when `later` is released or dropped).
+    let mut later = Later::new();
     for (i, state) in states.iter().enumerate() {
         kill_point(i);
         if *state != State::Pending {
             continue;
         }
-        match step(root, journal, i, stagings, &mut parents, &mut touched)? {
+        match step(root, journal, i, stagings, &mut parents, &mut touched, &mut later)? {
             Stepped::Ok => {}
             Stepped::Taken => {
                 drop(parents);
@@ -518,7 +553,9 @@ fn run(
     }
     kill_point(journal.ops.len());
     drop(parents);
-    finish(root, journal, stagings, touched, durable).map(Outcome::Finished)
+    let finished = finish(root, journal, stagings, touched, durable).map(Outcome::Finished);
+    later.release();
+    finished
 }
 
 fn step(
@@ -528,6 +565,7 @@ fn step(
     stagings: &[StageDir<'_>],
     parents: &mut Parents<'_>,
     touched: &mut Vec<Vec<String>>,
+    later: &mut Later,
 ) -> Result<Stepped> {
     let io_at = |path: &[String], e: io::Error| Error::io(join(root.path(), path), e);
     match &journal.ops[i] {
@@ -594,7 +632,7 @@ fn step(
             let moved = if exclusive {
                 rename_exclusive(staged, name, target, last, is_dir)
             } else {
-                staged.rename(name, target, last, false)
+                replace_file(staged, name, target, last, later)
             };
             // Windows refuses to replace a file that is still mapped, but lets it be
             // renamed: the old file goes aside into the staging directory first.
@@ -658,8 +696,8 @@ fn step(
             };
             let last = &path[path.len() - 1];
             let st = parent.stat(last).map_err(|e| io_at(path, e))?;
-            if st.is_some_and(|st| st.kind == EntryKind::File && (st.dev, st.ino) == (*dev, *ino)) {
-                let removed = parent.remove_file(last);
+            if let Some(st) = st.filter(|st| st.kind == EntryKind::File && (st.dev, st.ino) == (*dev, *ino)) {
+                let removed = later.remove_file(parent, last, st.size);
                 #[cfg(windows)]
                 let removed = removed.or_else(|e| match crate::sys::dir::in_use(&e) {
                     true => move_aside(stagings, parent, last),
@@ -881,12 +919,37 @@ fn drop_key(
     let (m, stage, staged) = staged_meta(journal, parent)
         .ok_or_else(|| Error::invalid(&key_at, "the commit has no meta.json step for this directory"))?;
     let mut map = read_staged_meta(stagings, stage, &staged)?;
-    let entry = map
-        .keys()
-        .find(|k| format::leaf_file(k) == *name || format::encode_key(k) == *name)
-        .cloned()
+    // A key's names: a sub-tree's or value's directory; a leaf's file and, for a nested leaf,
+    // its table of shapes beside it.
+    let names_of = |k: &str, v: &Value| -> Vec<String> {
+        let leaf = v.as_object().is_some_and(|e| !e.contains_key("type"));
+        if !leaf {
+            return vec![format::encode_key(k)];
+        }
+        let file = format::leaf_file(k);
+        let nested = v.get("is_nested") == Some(&Value::Bool(true));
+        let mut names = vec![file.clone()];
+        if nested {
+            names.push(format::shape_file(&file));
+        }
+        names
+    };
+    let (entry, names) = map
+        .iter()
+        .map(|(k, v)| (k, names_of(k, v)))
+        .find(|(_, names)| names.iter().any(|n| n == name))
+        .map(|(k, names)| (k.clone(), names))
         .ok_or_else(|| Error::invalid(&key_at, "no key of the new tree is stored under this name"))?;
     map.shift_remove(&entry);
+    let paths: Vec<Vec<String>> = names
+        .iter()
+        .map(|n| {
+            let mut p = parent.to_vec();
+            p.push(n.clone());
+            p
+        })
+        .collect();
+    let of_key = |p: &[String]| p.starts_with(key) || paths.iter().any(|k| p.starts_with(k));
     let bytes = format::to_json_bytes(&Value::Object(map));
     let dir = stagings[stage].get().expect("read above");
     let amended = format!("a{}", journal.dropped.len());
@@ -910,11 +973,11 @@ fn drop_key(
     }
     // the key's own steps go (removals of the old tree's files stay: they check identities)
     journal.ops.retain(|op| match op {
-        Op::Rename { to, .. } | Op::Merge { to, .. } => !to.starts_with(key),
-        Op::Mkdir { path } => !path.starts_with(key),
+        Op::Rename { to, .. } | Op::Merge { to, .. } => !of_key(to),
+        Op::Mkdir { path } => !of_key(path),
         _ => true,
     });
-    journal.dirs.retain(|d| !d.path.starts_with(key));
+    journal.dirs.retain(|d| !of_key(&d.path));
     journal.dropped.push(key.to_vec());
     rewrite_journal(root, journal, stagings, durable)
 }
@@ -988,6 +1051,7 @@ fn remove_stagings(root: &Dir, journal: &Journal, stagings: &[StageDir<'_>]) {
             // save, ours, keeps its own and removes the directory when it drops it).
             #[cfg(windows)]
             let _ = staged.lock(true, false);
+            free_big_files(staged);
             clean_staging(staged);
         }
         if let Ok(holder) = root.open_rel(rel) {
@@ -995,6 +1059,25 @@ fn remove_stagings(root: &Dir, journal: &Journal, stagings: &[StageDir<'_>]) {
             let _ = holder.remove_dir(&name);
         }
     }
+}
+
+/// Removes the big files left at the top of a staging directory (an old file exchanged out
+/// just before a kill; the staged data of a commit that is abandoned), their space freed in
+/// the background (`sys::reclaim`); `clean_staging` removes the rest.
+fn free_big_files(staged: &Dir) {
+    let mut later = Later::new();
+    let Ok(names) = staged.entry_names() else { return };
+    for name in names
+        .iter()
+        .filter(|n| !n.starts_with('d') && super::valid_staged(n))
+    {
+        if let Ok(Some(st)) = staged.stat(name) {
+            if st.kind == EntryKind::File && st.size >= reclaim::HOLD_BYTES {
+                let _ = later.remove_file(staged, name, st.size);
+            }
+        }
+    }
+    later.release();
 }
 
 /// Windows refuses to delete or replace a file that is mapped (a leaf that some process still

@@ -5,6 +5,7 @@ fn saved() -> std::path::PathBuf {
     let p = std::env::temp_dir().join(format!("tdrs-load-{}", storage::random_suffix()));
     let data: Vec<u8> = (0..24).collect();
     let leaves = vec![LeafSpec {
+        nested: None,
         dtype: "torch.float32".into(),
         shape: vec![3, 2],
         device: "cpu".into(),
@@ -13,10 +14,12 @@ fn saved() -> std::path::PathBuf {
         same_file: None,
     }];
     let child = NodeSpec {
+        class: None,
         batch: vec![3],
         entries: vec![("x".into(), EntrySpec::Leaf(0))],
     };
     let root = NodeSpec {
+        class: None,
         batch: vec![3],
         entries: vec![("sub".into(), EntrySpec::Node(child))],
     };
@@ -44,7 +47,10 @@ fn loads_a_saved_tree() {
     let LoadedEntry::Node(sub) = &node.entries[0].1 else {
         panic!()
     };
-    let LoadedEntry::Leaf { dtype, shape, index } = &sub.entries[0].1 else {
+    let LoadedEntry::Leaf {
+        dtype, shape, index, ..
+    } = &sub.entries[0].1
+    else {
         panic!()
     };
     assert_eq!((*dtype, shape.as_slice()), ("torch.float32", &[3u64, 2][..]));
@@ -95,5 +101,60 @@ fn longer_files_load() {
         .set_len(100)
         .unwrap();
     assert!(load_tree(&p).is_ok());
+    std::fs::remove_dir_all(&p).unwrap();
+}
+
+#[test]
+fn a_tensorclass_node_is_saved_in_tensordicts_layout_and_loads_with_its_class() {
+    use crate::tree::save::ClassSpec;
+    let p = std::env::temp_dir().join(format!("tdrs-load-tc-{}", storage::random_suffix()));
+    let data: Vec<u8> = (0..12).collect();
+    let leaves = vec![LeafSpec {
+        dtype: "torch.uint8".into(),
+        shape: vec![3, 4],
+        device: "cpu".into(),
+        data: Some(&data),
+        nbytes: 12,
+        same_file: None,
+        nested: None,
+    }];
+    let class = |name: &str| ClassSpec {
+        name: name.into(),
+        meta: format!(r#"{{"_type": "<class '__main__.{name}'>"}}"#).into_bytes(),
+    };
+    let inner = NodeSpec {
+        class: Some(class("Inner")),
+        batch: vec![3],
+        entries: vec![("y".into(), EntrySpec::Leaf(0))],
+    };
+    let root = NodeSpec {
+        class: Some(class("Outer")),
+        batch: vec![3],
+        entries: vec![("inner".into(), EntrySpec::Node(inner))],
+    };
+    write_tree(&p, &root, &leaves, SaveOptions::default()).unwrap();
+    let read = |rel: &str| std::fs::read_to_string(p.join(rel)).unwrap();
+    assert_eq!(read("meta.json"), r#"{"_type": "<class '__main__.Outer'>"}"#);
+    assert!(read("_tensordict/meta.json").starts_with(r#"{"inner": {"type": "Inner"}"#));
+    assert_eq!(
+        read("_tensordict/inner/meta.json"),
+        r#"{"_type": "<class '__main__.Inner'>"}"#
+    );
+    assert!(p.join("_tensordict/inner/_tensordict/y.memmap").is_file());
+    let (node, regions) = load_tree(&p).unwrap();
+    assert!(node.class.as_deref().unwrap().contains("__main__.Outer"));
+    let LoadedEntry::Node(sub) = &node.entries[0].1 else {
+        panic!()
+    };
+    assert!(sub.class.as_deref().unwrap().contains("__main__.Inner"));
+    let LoadedEntry::Leaf { index, .. } = &sub.entries[0].1 else {
+        panic!()
+    };
+    assert_eq!(regions[*index].as_ref().unwrap().to_vec(), data);
+    assert!(verify_tree(&p).is_empty());
+    // a pickled field is refused, never read
+    std::fs::write(p.join("other.pickle"), b"x").unwrap();
+    assert!(load_err(&p).contains("pickle"));
+    drop(regions);
     std::fs::remove_dir_all(&p).unwrap();
 }

@@ -15,6 +15,7 @@ fn saved() -> PathBuf {
     let p = std::env::temp_dir().join(format!("tdrs-read-{}", random_suffix()));
     let data = [7u8; 8];
     let leaves = vec![LeafSpec {
+        nested: None,
         dtype: "torch.float32".into(),
         shape: vec![2],
         device: "cpu".into(),
@@ -23,10 +24,12 @@ fn saved() -> PathBuf {
         same_file: None,
     }];
     let sub = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![("x".into(), EntrySpec::Leaf(0))],
     };
     let root = NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![
             ("sub".into(), EntrySpec::Node(sub)),

@@ -4,7 +4,8 @@ use std::path::Path;
 
 use super::already_exists;
 use crate::error::{Error, Result};
-use crate::sys::dir::EntryKind;
+use crate::sys::dir::{Dir, EntryKind};
+use crate::sys::reclaim::Later;
 use crate::sys::storage::{self, MapMode, Region};
 use crate::tree::commit;
 
@@ -43,7 +44,7 @@ pub fn write_file(path: &Path, data: Option<&[u8]>, nbytes: usize, existsok: boo
         }
         if replace || named {
             if replace {
-                dir.rename(&temp, &dir, &name, false).map_err(io_err)?;
+                replace_file(&dir, &temp, &name).map_err(io_err)?;
             } else {
                 // exclusive: a file created at the name meanwhile is not replaced
                 #[cfg(windows)] // (a mapped file cannot be deleted there, but renamed)
@@ -61,4 +62,24 @@ pub fn write_file(path: &Path, data: Option<&[u8]>, nbytes: usize, existsok: boo
         let _ = dir.remove_file(&temp);
     }
     result
+}
+
+/// Puts `temp` in place of the existing file `name`: exchanged with it where the file system
+/// can (then the old file, now at `temp`, is unlinked and its space freed in the background,
+/// see `sys::reclaim`), else renamed over it (the old file still freed in the background).
+fn replace_file(dir: &Dir, temp: &str, name: &str) -> std::io::Result<()> {
+    let mut later = Later::new();
+    let old_size = dir.stat(name)?.map_or(0, |st| st.size);
+    match dir.exchange(temp, dir, name) {
+        Ok(()) => {
+            // The new file is in place; an old one that cannot go stays under its temporary
+            // name (`.tdrs%tmp-...`), as a failed link would leave it.
+            let _ = later.remove_file(dir, temp, old_size);
+            Ok(())
+        }
+        Err(_) => {
+            later.keep(dir, name, old_size);
+            dir.rename(temp, dir, name, false)
+        }
+    }
 }

@@ -237,7 +237,9 @@ fn build(
         false,
         0,
         None,
+        false,
     )?;
+    crate::sys::reclaim::make_room(sibling, plan.data_bytes(leaves));
     plan.write_data(&staging, leaves, opts)?;
     if opts.durable {
         plan.sync_staged_dirs(&staging)?;

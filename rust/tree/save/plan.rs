@@ -57,19 +57,33 @@ struct OldDir {
 impl OldDir {
     fn read(dir: &Dir) -> OldDir {
         let mut old = OldDir::default();
-        let Ok((bytes, stamp)) = dir.read_limited_stamped(format::META_FILE, format::META_LIMIT) else {
+        let Ok((bytes, stamp)) = read_meta(dir) else {
             return old;
         };
         old.meta = Some(FileState::of(stamp, &bytes));
+        if bytes.len() as u64 > format::META_LIMIT {
+            return old; // a NonTensorStack's: it owns nothing but itself
+        }
         let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&bytes) else {
             return old;
         };
+        if map
+            .get("_type")
+            .and_then(Value::as_str)
+            .is_some_and(format::meta::is_user_class)
+        {
+            old.dirs.push(format::TENSORCLASS_DIR.to_string()); // a tensorclass's fields
+        }
         for (key, value) in map {
             if let Value::Object(entry) = value {
                 if entry.contains_key("type") {
                     old.dirs.push(format::encode_key(&key));
                 } else if entry.contains_key("dtype") || entry.contains_key("shape") {
-                    old.files.push(format::leaf_file(&key));
+                    let file = format::leaf_file(&key);
+                    if entry.get("is_nested") == Some(&Value::Bool(true)) {
+                        old.files.push(format::shape_file(&file));
+                    }
+                    old.files.push(file);
                 }
             }
         }
@@ -88,17 +102,47 @@ fn meta_is_ours(dir: &Dir) -> Result<(bool, Option<FileState>)> {
     match dir.stat(format::META_FILE).map_err(|e| Error::io(&path, e))? {
         None => Ok((true, None)),
         Some(st) if st.kind == EntryKind::File => {
-            let Ok((bytes, stamp)) = dir.read_limited_stamped(format::META_FILE, format::META_LIMIT) else {
+            // only a stack's meta.json is this large: its first bytes say so (not parsed here)
+            let big = st.size > format::META_LIMIT;
+            if big && !stack_header(dir) {
+                return Ok((false, None));
+            }
+            let Ok((bytes, stamp)) = read_meta(dir) else {
                 return Ok((false, None));
             };
-            let ours = matches!(
-                serde_json::from_slice::<Value>(&bytes),
-                Ok(Value::Object(map)) if map.contains_key("_type") || map.contains_key("shape")
-            );
+            let ours = big
+                || matches!(
+                    serde_json::from_slice::<Value>(&bytes),
+                    Ok(Value::Object(map)) if map.contains_key("_type") || map.contains_key("shape")
+                );
             Ok((ours, Some(FileState::of(stamp, &bytes))))
         }
         Some(_) => Ok((false, None)),
     }
+}
+
+/// `dir/meta.json` with its stamp: up to `META_LIMIT`, a NonTensorStack's (its values live in
+/// it) up to `STACK_META_LIMIT`.
+fn read_meta(dir: &Dir) -> io::Result<(Vec<u8>, Stamp)> {
+    match dir.read_limited_stamped(format::META_FILE, format::META_LIMIT) {
+        Err(_) if stack_header(dir) => dir.read_limited_stamped(format::META_FILE, format::STACK_META_LIMIT),
+        other => other,
+    }
+}
+
+/// True when `dir/meta.json` starts as a NonTensorStack's does (as tensordict and this library
+/// write it): how a meta.json too large to parse here is known to be ours.
+fn stack_header(dir: &Dir) -> bool {
+    use std::io::Read;
+    let Ok(file) = dir.open_read(format::META_FILE) else {
+        return false;
+    };
+    let mut head = Vec::new();
+    if file.take(128).read_to_end(&mut head).is_err() {
+        return false;
+    }
+    let want = format!("{{\"_type\":\"{}\"", format::stack::STACK_TYPE);
+    head.starts_with(want.as_bytes())
 }
 
 /// Whether a sub-directory the new tree needs is there: missing is fine, a directory is kept,
@@ -182,8 +226,12 @@ impl Plan {
         exists: bool,
         parent_stage: usize,
         parent_staged: Option<&str>,
+        fields: bool,
     ) -> Result<()> {
         let final_path = commit_path(&self.root_path, rel);
+        // A tensorclass node is two directories: this one (its meta.json names the class) and
+        // `_tensordict/` below it, the same node again as a TensorDict (`fields`).
+        let wrapper = if fields { None } else { node.class.as_ref() };
         let dir = if exists {
             let dir = root.open_rel(rel).map_err(|e| Error::io(&final_path, e))?;
             if !rel.is_empty() && commit::journal_present(&dir) {
@@ -249,19 +297,52 @@ impl Plan {
         let mut written: HashSet<String> = HashSet::new();
         let mut metas = Vec::with_capacity(node.entries.len());
         // Sub-trees are walked after this directory's own files, one open directory at a time.
-        let mut children: Vec<(String, &NodeSpec, bool)> = Vec::new();
-        for (key, entry) in &node.entries {
+        let mut children: Vec<(String, &NodeSpec, bool, bool)> = Vec::new();
+        if wrapper.is_some() {
+            let name = format::TENSORCLASS_DIR.to_string();
+            written.insert(name.clone());
+            let present = dir_present(&final_path, &name, stat(&name)?)?;
+            children.push((name, node, present, true));
+        }
+        let entries: &[(String, EntrySpec)] = if wrapper.is_some() { &[] } else { &node.entries };
+        for (key, entry) in entries {
             match entry {
                 EntrySpec::Leaf(i) => {
                     let leaf = &leaves[*i];
-                    metas.push((
-                        key.as_str(),
-                        EntryMeta::Leaf {
-                            dtype: &leaf.dtype,
-                            shape: &leaf.shape,
-                            device: &leaf.device,
-                        },
-                    ));
+                    metas.push((key.as_str(), leaf.entry_meta()));
+                    if let Some(nested) = &leaf.nested {
+                        // the table of component shapes, beside the data (small: staged whole)
+                        let table = format::shape_file(&format::leaf_file(key));
+                        if dir.is_some() {
+                            written.insert(table.clone());
+                        }
+                        let path = final_path.join(&table);
+                        let old_table = match stat(&table)? {
+                            None => None,
+                            Some(st) if st.kind == EntryKind::File && old.owns_file(&table) => {
+                                Some((st.dev, st.ino))
+                            }
+                            Some(st) => return Err(foreign(&path, kind_name(st.kind))),
+                        };
+                        match &staged {
+                            Some(at) => staging
+                                .dir(stage)
+                                .write_new(&inside(at, &table), &nested.table, opts.durable)
+                                .map_err(|e| Error::io(&path, e))?,
+                            None => {
+                                let to = with(rel, &table);
+                                self.stage_small(
+                                    staging,
+                                    stage,
+                                    &nested.table,
+                                    to,
+                                    old_table,
+                                    &path,
+                                    opts.durable,
+                                )?;
+                            }
+                        }
+                    }
                     if leaf.nbytes == 0 {
                         continue;
                     }
@@ -324,13 +405,19 @@ impl Plan {
                     written.insert(name.clone());
                     // a missing sub-tree is staged whole (see `staged`), not made with a mkdir step
                     let present = dir_present(&final_path, &name, stat(&name)?)?;
-                    children.push((name, child, present));
-                    metas.push((key.as_str(), EntryMeta::TensorDict));
+                    children.push((name, child, present, false));
+                    metas.push((
+                        key.as_str(),
+                        match &child.class {
+                            Some(class) => EntryMeta::TensorClass(&class.name),
+                            None => EntryMeta::TensorDict,
+                        },
+                    ));
                 }
-                EntrySpec::NonTensor(value) => {
+                EntrySpec::NonTensor(_) | EntrySpec::Stack(_) => {
+                    let (bytes, kind) = entry.value_dir().expect("a directory of values");
                     let name = format::encode_key(key);
                     written.insert(name.clone());
-                    let bytes = format::non_tensor_meta(value);
                     if let Some(at) = &staged {
                         let sub = inside(at, &name);
                         let sub_meta = format!("{sub}/{}", format::META_FILE);
@@ -341,7 +428,7 @@ impl Plan {
                             .dir(stage)
                             .write_new(&sub_meta, &bytes, opts.durable)
                             .map_err(io_err)?;
-                        metas.push((key.as_str(), EntryMeta::NonTensorData));
+                        metas.push((key.as_str(), kind));
                         continue;
                     }
                     let present = self.need_dir(&final_path, rel, &name, stat(&name)?)?;
@@ -362,16 +449,19 @@ impl Plan {
                     }
                     let to = with(&with(rel, &name), format::META_FILE);
                     self.stage_meta(staging, stage, &bytes, to, old_meta, &final_path, opts.durable)?;
-                    metas.push((key.as_str(), EntryMeta::NonTensorData));
+                    metas.push((key.as_str(), kind));
                 }
             }
         }
-        let bytes = format::tensordict_meta(metas, &node.batch);
+        let bytes = match wrapper {
+            Some(class) => class.meta.clone(),
+            None => format::tensordict_meta(metas, &node.batch),
+        };
         if let Some(d) = &dir {
             self.plan_removals(d, rel, &old, &written, 0)?;
         }
         drop(dir);
-        for (name, child, present) in children {
+        for (name, child, present, child_fields) in children {
             rel.push(name);
             let result = self.node(
                 root,
@@ -383,6 +473,7 @@ impl Plan {
                 present,
                 stage,
                 staged.as_deref(),
+                child_fields,
             );
             rel.pop();
             result?;
@@ -461,6 +552,36 @@ impl Plan {
         Ok(())
     }
 
+    /// Stages a small file that is not a meta.json (a nested leaf's table of shapes) for `to`,
+    /// replacing `old` (the old tree's file there; None: a new name, never replaced). Its
+    /// rename goes with the data files'; `journal` records its identity.
+    #[allow(clippy::too_many_arguments)]
+    fn stage_small(
+        &mut self,
+        staging: &Staging,
+        stage: usize,
+        bytes: &[u8],
+        to: Vec<String>,
+        old: Option<(u64, u64)>,
+        path: &Path,
+        durable: bool,
+    ) -> Result<()> {
+        let staged = format!("m{}", self.staged_metas);
+        self.staged_metas += 1;
+        staging
+            .dir(stage)
+            .write_new(&staged, bytes, durable)
+            .map_err(|e| Error::io(path, e))?;
+        self.data.push(Op::Rename {
+            stage,
+            name: staged,
+            to,
+            id: None, // filled in by `journal`
+            replaces: old,
+        });
+        Ok(())
+    }
+
     /// Removal steps for what the old tree owned in `dir` and the new one no longer has:
     /// files (only if still the same file when the step runs) and sub-directories (their
     /// owned contents, then the directory if nothing foreign is left in it).
@@ -514,6 +635,11 @@ impl Plan {
     }
 
     /// Writes the staged data files (in parallel) and maps them.
+    /// The bytes `write_data` will write (or reserve).
+    pub(super) fn data_bytes(&self, leaves: &[LeafSpec<'_>]) -> u64 {
+        self.jobs.iter().map(|job| leaves[job.leaf].nbytes as u64).sum()
+    }
+
     pub(super) fn write_data(
         &mut self,
         staging: &Staging,

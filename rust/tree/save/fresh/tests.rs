@@ -11,6 +11,7 @@ fn tmp() -> std::path::PathBuf {
 
 fn leaf(data: &[u8]) -> LeafSpec<'_> {
     LeafSpec {
+        nested: None,
         dtype: "torch.uint8".into(),
         shape: vec![data.len() as u64],
         device: "cpu".into(),
@@ -23,6 +24,7 @@ fn leaf(data: &[u8]) -> LeafSpec<'_> {
 /// A flat tree `a`, `b` and a nested `n/c`.
 fn tree() -> NodeSpec {
     NodeSpec {
+        class: None,
         batch: vec![],
         entries: vec![
             ("a".into(), EntrySpec::Leaf(0)),
@@ -30,6 +32,7 @@ fn tree() -> NodeSpec {
             (
                 "n".into(),
                 EntrySpec::Node(NodeSpec {
+                    class: None,
                     batch: vec![],
                     entries: vec![("c".into(), EntrySpec::Leaf(2))],
                 }),

@@ -1,0 +1,233 @@
+"""Functions over lists of trees: ``stack``, ``cat``, ``pad``, ``pad_sequence``,
+``merge_tensordicts``, ``dense_stack_tds``, ``lazy_stack`` (tensordict's names and semantics).
+
+``lazy_stack`` is a dense stack here: tensordict's ``LazyStackedTensorDict`` keeps the stacked
+TensorDicts and writes through to them, allows members with different keys or shapes, and saves
+one sub-directory per member. This library stores and loads dense trees only (a memory-mapped
+dataset is dense by construction, and a batch is one gather), so ``lazy_stack`` returns
+``torch.stack(items, dim)``: a copy (writing into it does not reach the members), whose members
+must have the same keys and shapes (else the error names the key).
+
+Tensorclasses are accepted wherever TensorDicts are, and come back as their class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ._core.classes import is_tensorclass
+from ._core.nodes import NonTensorData
+from .tensordict import TensorDict
+
+__all__ = [
+    "cat",
+    "dense_stack_tds",
+    "lazy_stack",
+    "merge_tensordicts",
+    "pad",
+    "pad_sequence",
+    "stack",
+]
+
+
+def stack(items: Sequence[Any], dim: int = 0, *, out: Any = None) -> Any:
+    """``torch.stack`` of TensorDicts or tensorclasses (``out=`` writes into an existing one).
+
+    >>> import torch; from tensordict_rs import TensorDict, stack
+    >>> stack([TensorDict({"a": torch.zeros(2)}, [2])] * 3).batch_size
+    torch.Size([3, 2])
+    """
+    return (
+        torch.stack(list(items), dim, out=out) if out is not None else torch.stack(list(items), dim)
+    )
+
+
+def cat(items: Sequence[Any], dim: int = 0, *, out: Any = None) -> Any:
+    """``torch.cat`` of TensorDicts or tensorclasses.
+
+    >>> import torch; from tensordict_rs import TensorDict, cat
+    >>> cat([TensorDict({"a": torch.zeros(2)}, [2])] * 3).batch_size
+    torch.Size([6])
+    """
+    return torch.cat(list(items), dim, out=out) if out is not None else torch.cat(list(items), dim)
+
+
+def lazy_stack(items: Sequence[Any], dim: int = 0, *, out: Any = None, **kwargs: Any) -> Any:
+    """A dense ``torch.stack`` (see the module docstring for how it differs from tensordict's
+    ``LazyStackedTensorDict``).
+
+    >>> import torch; from tensordict_rs import TensorDict, lazy_stack
+    >>> lazy_stack([TensorDict({"a": torch.zeros(2)}, [2])] * 3, 1).batch_size
+    torch.Size([2, 3])
+    """
+    return stack(items, dim, out=out)
+
+
+def dense_stack_tds(td_list: Any, dim: int | None = None) -> Any:
+    """A dense stack of a list of TensorDicts along ``dim`` (required); a TensorDict is returned
+    as it is (stacks are always dense here).
+
+    >>> import torch; from tensordict_rs import TensorDict, dense_stack_tds
+    >>> dense_stack_tds([TensorDict({"a": torch.zeros(2)}, [2])] * 2, 0).batch_size
+    torch.Size([2, 2])
+    """
+    if isinstance(td_list, TensorDict) or is_tensorclass(td_list):
+        return td_list
+    if dim is None:
+        raise ValueError("If a list of tensordicts is provided, stack_dim must not be None")
+    return stack(td_list, dim)
+
+
+def _tree(value: Any) -> Any:
+    return value._tensordict if is_tensorclass(value) and hasattr(value, "_as_node") else value
+
+
+def _rewrap(like: Any, result: TensorDict) -> Any:
+    if is_tensorclass(like) and hasattr(like, "_as_node"):
+        return type(like)._from_tensordict(result, dict(like._non_tensordict))
+    return result
+
+
+def pad(tensordict: Any, pad_size: Sequence[int], value: float = 0.0, inplace: bool = False) -> Any:
+    """Pads every tensor along the batch dims: ``pad_size`` is ``[before_0, after_0, before_1,
+    after_1, ...]`` in batch-dim order (non-tensor entries are kept).
+
+    >>> import torch; from tensordict_rs import TensorDict, pad
+    >>> pad(TensorDict({"a": torch.ones(2)}, [2]), [1, 0])["a"]
+    tensor([0., 1., 1.])
+    """
+    td = _tree(tensordict)
+    if len(pad_size) > 2 * td.batch_dims:
+        raise RuntimeError("The length of pad_size must be <= 2 * the number of batch dimensions")
+    if len(pad_size) % 2:
+        raise RuntimeError("pad_size must have an even number of dimensions")
+    batch = list(td.batch_size)
+    for i, size in enumerate(pad_size):
+        batch[i // 2] += size
+
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        pads: list[int] = []
+        for d in reversed(range(t.dim())):
+            pads += [pad_size[2 * d], pad_size[2 * d + 1]] if 2 * d < len(pad_size) else [0, 0]
+        return torch.nn.functional.pad(t, pads, value=value)
+
+    from ._core.walk import map_leaves
+
+    result = map_leaves(td, leaf, batch_size=batch)
+    if inplace:
+        td._tensordict = result._tensordict
+        td._batch_size = result._batch_size
+        return tensordict
+    return _rewrap(tensordict, result)
+
+
+def pad_sequence(
+    list_of_tensordicts: Sequence[Any],
+    pad_dim: int = 0,
+    padding_value: float = 0.0,
+    out: Any = None,
+    return_mask: bool | str | tuple[str, ...] = False,
+    padding_side: str = "right",
+) -> Any:
+    """Pads every tensor along ``pad_dim`` to the longest, then stacks: the result's batch is
+    ``[len(list), *batch]``; ``return_mask`` adds a ``"masks"`` tree (or that key) of bools,
+    True where the data is real.
+
+    >>> import torch; from tensordict_rs import TensorDict, pad_sequence
+    >>> tds = [TensorDict({"a": torch.ones(n)}, [n]) for n in (1, 3)]
+    >>> pad_sequence(tds)["a"]
+    tensor([[1., 0., 0.],
+            [1., 1., 1.]])
+    """
+    if not len(list_of_tensordicts):
+        raise RuntimeError("list_of_tensordicts cannot be empty")
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
+    first = list_of_tensordicts[0]
+    if return_mask and is_tensorclass(first):
+        raise RuntimeError(
+            "Expected 'return_mask=False' when list_of_tensordicts contains tensorclasses, but "
+            "got 'return_mask=True'. If you want masks, plase convert the tensorclasses to "
+            "TensorDicts first."
+        )
+    masks_key: Any = "masks" if isinstance(return_mask, bool) else return_mask
+    tds = [_tree(td) for td in list_of_tensordicts]
+    keys = tds[0].keys(include_nested=True, leaves_only=True)
+    for td in tds[1:]:
+        if set(td.keys(include_nested=True, leaves_only=True)) != set(keys):
+            raise KeyError("the tensordicts of pad_sequence must have the same keys")
+    longest = 0
+    for td in tds:
+        for key in keys:
+            shape = td.get(key).shape
+            if not shape:
+                raise RuntimeError("Cannot pad scalars")
+            longest = max(longest, shape[pad_dim if pad_dim >= 0 else len(shape) + pad_dim])
+    padded = []
+    for td in tds:
+        entries: dict[Any, Any] = {}
+        masks: dict[Any, Any] = {}
+        batch = list(td.batch_size)
+        for key in keys:
+            t = td.get(key)
+            dim = pad_dim if pad_dim >= 0 else t.dim() + pad_dim
+            missing = longest - t.shape[dim]
+            pads = [0, 0] * (t.dim() - dim - 1) + (
+                [0, missing] if padding_side == "right" else [missing, 0]
+            )
+            entries[key] = torch.nn.functional.pad(t, pads, value=padding_value)
+            if return_mask:
+                shape = (
+                    list(td.batch_size) if dim < td.batch_dims else [*td.batch_size, t.shape[dim]]
+                )
+                mask = torch.ones(shape, dtype=torch.bool)
+                mask_pads = [0, 0] * (len(shape) - dim - 1) + pads[-2:]
+                masks[key] = torch.nn.functional.pad(mask, mask_pads, value=False)
+        if pad_dim < td.batch_dims:
+            batch[pad_dim] = longest
+        new = TensorDict({}, batch)
+        for key, value in entries.items():
+            new.set(key, value)
+        if return_mask:
+            tree = TensorDict({}, batch)
+            for key, value in masks.items():
+                tree.set(key, value)
+            new.set(masks_key, tree)
+        padded.append(new)
+    result: Any = stack(padded, 0, out=_tree(out)) if out is not None else stack(padded)
+    if out is not None:
+        return out
+    return _rewrap(first, result)
+
+
+def merge_tensordicts(
+    *tensordicts: Any,
+    callback_exist: Callable[..., Any] | Mapping[Any, Callable[..., Any]] | None = None,
+) -> Any:
+    """A new tree with the entries of all ``tensordicts`` (the first one that has a key wins;
+    ``callback_exist(*values)`` combines a key that every tree has).
+
+    >>> import torch; from tensordict_rs import TensorDict, merge_tensordicts
+    >>> merge_tensordicts(TensorDict(a=torch.zeros(2), batch_size=[2]),
+    ...                   TensorDict(b=torch.ones(2), batch_size=[2])).keys()
+    ['a', 'b']
+    """
+    if len(tensordicts) < 2:
+        raise RuntimeError(f"at least 2 tensordicts must be provided, got {len(tensordicts)}")
+    trees = [_tree(td) for td in tensordicts]
+    out = TensorDict({}, trees[0].batch_size, trees[0].device)
+    for td in trees:
+        for key, value in td.items(include_nested=True, leaves_only=False):
+            if isinstance(value, TensorDict) or key in out.keys(include_nested=True):
+                continue
+            values = [other.get(key, None) for other in trees]
+            callback = (
+                callback_exist.get(key) if isinstance(callback_exist, Mapping) else callback_exist
+            )
+            if callback is not None and all(v is not None for v in values):
+                value = callback(*values)
+            out.set(key, value.data if isinstance(value, NonTensorData) else value)
+    return _rewrap(tensordicts[0], out)

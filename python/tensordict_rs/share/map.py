@@ -1,0 +1,411 @@
+"""``TensorDict.map`` and ``map_iter``: a function over chunks of a tree in worker processes.
+
+The tree is split along ``dim`` into views (``split``/``chunk``/``unbind``, or lazily with
+``index_with_generator``), each chunk is sent to a pool worker, and the results are joined
+(``torch.cat``, or ``torch.stack`` for ``chunksize=0``) or written into ``out``.
+
+Nothing is copied on the way: pool tasks and results cross through multiprocessing's
+``ForkingPickler``, where this package's reducers are registered. A chunk of a memory-mapped
+tree crosses as the paths of its files and the geometry of its views; a chunk of an anonymous
+(``share_memory_()``) tree as one descriptor per arena; the worker maps the same pages. A
+result crosses back as one new arena (one descriptor), or is not sent at all: with a
+memory-mapped or shared ``out``, each worker writes its result into its slice of ``out``.
+
+An exception raised by ``fn`` reaches the caller with its type, and a note naming the chunk.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from .._core.nodes import TreeNode
+from ..io.entries import FileEntries
+from ..ops.autograd import Autograd
+from ..ops.convert import Conversions
+from ..ops.entries import Entries
+from ..ops.factories import Factories
+from ..ops.modules import ModuleWeights
+from ..ops.names import Names
+from ..ops.pointwise import MorePointwise
+from ..ops.rearrange import Rearrange
+from ..ops.reductions import Reductions
+
+# The trees of the calls whose pool this process serves (set by ``_seed_worker``): a worker of
+# a pool that ``map`` made gets the source and ``out`` once, and its tasks are only indices.
+_TREES: dict[int, tuple[Any, Any]] = {}
+
+
+def _seed_worker(
+    base_seed: int, queue: Any, num_threads: int, token: int = 0, trees: Any = None
+) -> None:
+    """Pool initializer: worker ``i`` seeds torch with ``base + i`` and NumPy from both (the
+    rule of DataLoader workers), uses ``num_threads`` torch threads, and keeps ``trees`` (the
+    source and ``out`` of the call, crossed once: paths and descriptors, not data)."""
+    if trees is not None:
+        _TREES[token] = trees
+    worker_id = queue.get(timeout=120)
+    torch.manual_seed(base_seed + worker_id)
+    try:
+        import numpy as np
+        from torch.utils.data._utils.worker import _generate_state
+
+        np.random.seed(_generate_state(base_seed, worker_id))
+    except ImportError:  # pragma: no cover - numpy is optional
+        pass
+    torch.set_num_threads(num_threads)
+
+
+class _Task:
+    """Calls ``fn`` on one chunk in a worker (and writes into ``out``'s slice when given).
+
+    A module-level class, so workers started with spawn or forkserver unpickle it by name.
+    An exception gets a note naming the chunk before it crosses back.
+    """
+
+    __slots__ = ("dim", "fn", "token", "write")
+
+    def __init__(self, fn: Callable[..., Any], dim: int, write: bool, token: int = 0) -> None:
+        self.fn, self.dim, self.write, self.token = fn, dim, write, token
+
+    def __call__(self, task: tuple[Any, ...]) -> Any:
+        index, where, chunk, *out = task
+        try:
+            if self.token:  # the worker holds the trees: the task is the chunk's index
+                td, target = _TREES[self.token]
+                at = (*(slice(None),) * self.dim, chunk)
+                chunk = td[at]
+                out = [] if target is None else [target[at]]
+            result = self.fn(chunk)
+            if self.write:
+                if result is not None:
+                    out[0].update_(result)
+                return None
+            return result
+        except Exception as err:
+            err.add_note(f"map: fn raised on chunk {index} ({where} along dim {self.dim})")
+            raise
+
+
+def _holdable(td: TreeNode, mp_start_method: str | None) -> bool:
+    """Whether the workers of a pool made here should hold the whole tree (tasks are then
+    indices): when it reaches them without a copy, memory-mapped or shared, or inherited by
+    fork. (A plain tree sent to spawn/forkserver workers would be copied once per worker; it
+    is sent chunk by chunk instead, each chunk copied once.)"""
+    from torch import multiprocessing as tmp
+
+    method = (
+        mp_start_method
+        or tmp.get_start_method(allow_none=True)
+        or tmp.get_context().get_start_method()
+    )
+    return method == "fork" or _shared_tree(td)
+
+
+def _shared_tree(td: Any) -> bool:
+    from .._core.walk import leaves
+
+    if td.is_memmap() or td.is_shared():
+        return True
+    return all(type(leaf).__name__ == "MemoryMappedTensor" for _, _, leaf in leaves(td))
+
+
+def _token() -> int:
+    """A number naming one call's trees in its workers (never 0: 0 means "sent per task")."""
+    import itertools
+
+    global _COUNTER
+    if _COUNTER is None:
+        _COUNTER = itertools.count(1)
+    return next(_COUNTER)
+
+
+_COUNTER: Any = None
+
+
+def _where(index: Any) -> str:
+    if isinstance(index, slice):
+        return f"elements {index.start}:{index.stop}"
+    if isinstance(index, torch.Tensor):
+        return f"{index.numel()} shuffled elements"
+    return f"element {index}"
+
+
+def _indices(
+    size: int, chunksize: int | None, num_chunks: int | None, num_workers: int
+) -> list[Any]:
+    """The index of every chunk along the split dim: slices, or ints for ``chunksize=0``."""
+    if chunksize is None and num_chunks is None:
+        num_chunks = num_workers
+    if chunksize is not None and num_chunks is not None:
+        raise ValueError("Either chunksize or num_chunks must be provided, but not both.")
+    if num_chunks is not None:
+        num_chunks = max(min(size, num_chunks), 1)
+        chunksize = -(size // -num_chunks) if size else 1
+    elif chunksize == 0:
+        return list(range(size))
+    assert chunksize is not None
+    if chunksize < 0:
+        raise ValueError(f"chunksize must be non-negative, got {chunksize}")
+    return [slice(start, min(start + chunksize, size)) for start in range(0, size, chunksize)]
+
+
+def _tasks(
+    td: TreeNode,
+    out: TreeNode | None,
+    dim: int,
+    indices: list[Any],
+    shuffle: bool,
+    held: bool,
+) -> Iterator[tuple[Any, ...]]:
+    """``(position, description, chunk[, out chunk])`` for every chunk, made as the pool asks
+    for them; with ``held`` (the workers hold the trees) the chunk is its index."""
+    base = (slice(None),) * dim
+    if shuffle:
+        perm = torch.randperm(td.batch_size[dim], device=td.device)
+        indices = [perm[i] if isinstance(i, slice) else perm[i : i + 1].squeeze(0) for i in indices]
+
+    def one(position: int, index: Any) -> tuple[Any, ...]:
+        if held:
+            return (position, _where(index), index)
+        chunk = td[(*base, index)]
+        if out is None:
+            return (position, _where(index), chunk)
+        return (position, _where(index), chunk, out[(*base, index)])
+
+    return (one(p, i) for p, i in enumerate(indices))
+
+
+def _pool(
+    num_workers: int | None,
+    generator: torch.Generator | None,
+    max_tasks_per_child: int | None,
+    worker_threads: int,
+    mp_start_method: str | None,
+    method: str,
+    token: int = 0,
+    trees: Any = None,
+) -> Any:
+    from torch import multiprocessing as tmp
+
+    if num_workers is None:
+        num_workers = tmp.cpu_count()
+    if generator is None:
+        warnings.warn(
+            f"{method}() got no generator and draws the base seed of its workers from a new "
+            "torch.Generator, so every call seeds them alike. Starting with TensorDict 0.17, "
+            "the default will change to drawing it from the global torch RNG, as "
+            "torch.utils.data.DataLoader does, which also advances that RNG by one draw. Pass "
+            "generator=torch.default_generator for the new behaviour now, or "
+            "generator=torch.Generator() to keep the current seeds.",
+            FutureWarning,
+            stacklevel=3,
+        )
+        generator = torch.Generator()
+    seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    ctx = tmp.get_context(mp_start_method) if mp_start_method else tmp.get_context()
+    queue = ctx.Queue(maxsize=num_workers)
+    for i in range(num_workers):
+        queue.put(i)
+    return ctx.Pool(
+        processes=num_workers,
+        initializer=_seed_worker,
+        initargs=(seed, queue, worker_threads, token, trees),
+        maxtasksperchild=max_tasks_per_child,
+    )
+
+
+def _results(
+    td: TreeNode,
+    fn: Callable[..., Any],
+    dim: int,
+    pool: Any,
+    out: TreeNode | None,
+    chunksize: int | None,
+    num_chunks: int | None,
+    lazily: bool,
+    shuffle: bool,
+    pbar: bool,
+    token: int = 0,
+) -> tuple[Any, list[Any], bool]:
+    if shuffle and not lazily:
+        raise RuntimeError(
+            "Shuffling is not permitted unless use_generator is set to ``True`` for efficiency "
+            "purposes."
+        )
+    ndim = td.batch_dims
+    dim = dim + ndim if dim < 0 else dim
+    if not 0 <= dim < ndim:
+        raise IndexError(
+            f"dim {dim} is out of range for tensordict with batch size {td.batch_size}"
+        )
+    indices = _indices(td.batch_size[dim], chunksize, num_chunks, pool._processes)
+    write = out is not None and (out.is_shared() or out.is_memmap())
+    tasks = _tasks(td, out if write else None, dim, indices, shuffle, held=bool(token))
+    # Several chunks per message when there are many: one pipe round trip per message, not per
+    # chunk (fn is still called on each chunk; results still come back in order).
+    batch = max(1, min(64, len(indices) // (4 * max(pool._processes, 1))))
+    task = _Task(fn, dim, write, token)
+    imap = (pool.imap_unordered if shuffle else pool.imap)(task, tasks, batch)
+    if pbar and importlib.util.find_spec("tqdm") is not None:
+        from tqdm.auto import tqdm  # type: ignore[import-untyped,unused-ignore]
+
+        imap = tqdm(imap, total=len(indices))
+    return imap, indices, write
+
+
+def map(
+    td: TreeNode,
+    fn: Callable[..., Any],
+    dim: int = 0,
+    num_workers: int | None = None,
+    *,
+    out: TreeNode | None = None,
+    chunksize: int | None = None,
+    num_chunks: int | None = None,
+    pool: Any = None,
+    generator: torch.Generator | None = None,
+    max_tasks_per_child: int | None = None,
+    worker_threads: int = 1,
+    index_with_generator: bool = False,
+    pbar: bool = False,
+    mp_start_method: str | None = None,
+) -> Any:
+    """``fn`` applied to chunks of the TensorDict along ``dim`` in worker processes, the
+    results concatenated (stacked for ``chunksize=0``) or written into ``out``.
+
+    Chunks are views: a memory-mapped TensorDict's chunks reach the workers as its files (no
+    copy), so data larger than memory can be processed; with a memory-mapped or shared ``out``
+    (``example.expand(N).memmap_like(dir)``), each worker writes its result into its slice of
+    ``out`` and nothing crosses back. ``chunksize`` xor ``num_chunks`` (default: one chunk per
+    worker); ``pool`` (a ``multiprocessing.Pool``) replaces ``num_workers``, ``generator``,
+    ``max_tasks_per_child``, ``worker_threads`` and ``mp_start_method``. Worker ``i`` seeds
+    torch with the base seed (drawn from ``generator``) plus ``i``. ``fn`` must be picklable (a
+    module-level function). An exception in ``fn`` is raised here, with a note naming the
+    chunk. Returns None if ``fn`` returns None for every chunk (and no ``out``).
+
+    Run it from a script with an ``if __name__ == "__main__":`` guard, as any pool::
+
+        def process(data):
+            return data.empty().set("y", data["x"] + 1)
+
+        if __name__ == "__main__":
+            data = TensorDict({"x": torch.zeros(1000, 3)}, [1000]).memmap_("in")
+            out = process(data[:1])[0].expand(1000).memmap_like("out")
+            data.map(process, num_workers=4, chunksize=100, out=out,
+                     generator=torch.default_generator)
+    """
+    own = pool is None
+    token = 0
+    if own:
+        write = out is not None and (out.is_shared() or out.is_memmap())
+        token = _token() if _holdable(td, mp_start_method) else 0
+        pool = _pool(
+            num_workers, generator, max_tasks_per_child, worker_threads, mp_start_method, "map",
+            token, (td, out if write else None) if token else None,
+        )  # fmt: skip
+    try:
+        imap, indices, write = _results(
+            td, fn, dim, pool, out, chunksize, num_chunks, index_with_generator, False, pbar,
+            token,
+        )  # fmt: skip
+        ndim = td.batch_dims
+        dim = dim + ndim if dim < 0 else dim
+        base = (slice(None),) * dim
+        results = []
+        for index, item in zip(indices, imap, strict=True):
+            if item is None or write:
+                continue
+            if out is not None:  # a plain ``out``: written here, slice by slice
+                out[(*base, index)].update_(item)
+            else:
+                results.append(item)
+        del imap
+    finally:
+        if own:
+            pool.close()
+            pool.join()
+    if out is not None:
+        return out
+    if not results:
+        return None
+    if chunksize == 0:
+        return torch.stack(results, dim)
+    return torch.cat(results, dim)
+
+
+def map_iter(
+    td: TreeNode,
+    fn: Callable[..., Any],
+    dim: int = 0,
+    num_workers: int | None = None,
+    *,
+    shuffle: bool = False,
+    chunksize: int | None = None,
+    num_chunks: int | None = None,
+    pool: Any = None,
+    generator: torch.Generator | None = None,
+    max_tasks_per_child: int | None = None,
+    worker_threads: int = 1,
+    index_with_generator: bool = True,
+    pbar: bool = False,
+    mp_start_method: str | None = None,
+) -> Iterator[Any]:
+    """``fn`` applied to chunks of the TensorDict in worker processes, each result yielded as
+    soon as it is ready: in chunk order, or in the order the workers finish with ``shuffle``
+    (which draws the chunks' elements from a random permutation, and needs
+    ``index_with_generator=True``, the default here). The other arguments are ``map``'s. A
+    pool made here is closed when the iteration ends or is abandoned.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"x": torch.arange(4)}, [4])
+    >>> callable(td.map_iter)
+    True
+    """
+    own = pool is None
+    token = 0
+    if own:
+        token = _token() if _holdable(td, mp_start_method) else 0
+        pool = _pool(
+            num_workers, generator, max_tasks_per_child, worker_threads, mp_start_method,
+            "map_iter", token, (td, None) if token else None,
+        )  # fmt: skip
+    try:
+        imap, _, _ = _results(
+            td, fn, dim, pool, None, chunksize, num_chunks, index_with_generator, shuffle, pbar,
+            token,
+        )  # fmt: skip
+        yield from imap
+    finally:
+        if own:
+            pool.terminate()
+            pool.join()
+
+
+class ParallelMap(TreeNode):
+    """``map`` and ``map_iter`` (a mixin of TensorDict)."""
+
+    map = map
+    map_iter = map_iter
+
+
+class Methods(
+    ParallelMap,
+    ModuleWeights,
+    Autograd,
+    Conversions,
+    Entries,
+    Factories,
+    Names,
+    MorePointwise,
+    Rearrange,
+    Reductions,
+    FileEntries,
+):
+    """Every method family of issue 23 in one base of TensorDict (``map`` and the mixins of
+    ``ops`` and ``io`` below it), so that ``tensordict.py`` names one class."""

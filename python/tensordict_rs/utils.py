@@ -1,0 +1,130 @@
+"""The ``tensordict.utils`` names that user code imports: directory listing, key helpers and
+predicates.
+
+>>> from tensordict_rs.utils import unravel_key
+>>> unravel_key(("a", ("b", "c")))
+('a', 'b', 'c')
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ._core.classes import is_tensor_collection, is_tensorclass
+
+__all__ = [
+    "is_non_tensor",
+    "is_tensor_collection",
+    "is_tensorclass",
+    "logger",
+    "print_directory_tree",
+    "strtobool",
+    "unravel_key",
+    "unravel_key_list",
+]
+
+logger = logging.getLogger("tensordict_rs")
+
+
+def print_directory_tree(
+    path: str | os.PathLike[str], indent: str = "", display_metadata: bool = True
+) -> str:
+    """Logs the tree of files and directories under ``path`` (INFO, logger ``tensordict_rs``)
+    and returns it: the total size first (with ``display_metadata``), then one line per entry,
+    four more spaces per level, in ``os.listdir`` order — tensordict's lines.
+
+    >>> import tempfile, torch
+    >>> from tensordict_rs import TensorDict
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     _ = TensorDict(a=torch.zeros(3), batch_size=[3]).memmap(d)
+    ...     tree = print_directory_tree(d, display_metadata=False)
+    >>> sorted(line.strip() for line in tree.splitlines()[1:])
+    ['a.memmap', 'meta.json']
+    """
+    path = os.fspath(path)
+    lines = []
+    if display_metadata:
+        total = sum(
+            os.path.getsize(os.path.join(root, name))
+            for root, _, names in os.walk(path)
+            for name in names
+        )
+        lines.append(f"Directory size: {_format_size(float(total))}")
+        logger.info(lines[-1])
+    if os.path.isdir(path):
+        lines.append(indent + os.path.basename(path) + "/")
+        logger.info(lines[-1])
+        for item in os.listdir(path):
+            lines.append(
+                print_directory_tree(
+                    os.path.join(path, item), indent + "    ", display_metadata=False
+                )
+            )
+    else:
+        lines.append(indent + os.path.basename(path))
+        logger.info(lines[-1])
+    return "\n".join(lines)
+
+
+def _format_size(size: float) -> str:
+    """``1.17 KB``: tensordict's rendering of a byte count."""
+    for unit in ["B", "KB", "MB", "GB"]:
+        if size < 1024.0:
+            return f"{size:.2f} {unit}"
+        size /= 1024.0
+    return f"{size:.2f} TB"
+
+
+def strtobool(value: str) -> bool:
+    """``"y", "yes", "t", "true", "on", "1"`` -> True; ``"n", "no", "f", "false", "off", "0"``
+    -> False (any case); anything else raises ValueError (distutils' rule, which the tutorials
+    use through ``tensordict.utils``).
+
+    >>> strtobool("False"), strtobool("1")
+    (False, True)
+    """
+    lowered = value.lower()
+    if lowered in ("y", "yes", "t", "true", "on", "1"):
+        return True
+    if lowered in ("n", "no", "f", "false", "off", "0"):
+        return False
+    raise ValueError(f"invalid truth value {value!r}")
+
+
+def is_non_tensor(obj: Any) -> bool:
+    """True for a non-tensor entry (``NonTensorData``, or a stack of them).
+
+    >>> from tensordict_rs import NonTensorData
+    >>> is_non_tensor(NonTensorData("x")), is_non_tensor(1)
+    (True, False)
+    """
+    return bool(getattr(type(obj), "_is_non_tensor", False))
+
+
+def unravel_key(key: Any) -> Any:
+    """A nested key flattened: ``("a", ("b", "c"))`` -> ``("a", "b", "c")``; a str or a 1-tuple
+    -> the str.
+
+    >>> unravel_key(("a",))
+    'a'
+    """
+    if isinstance(key, str):
+        return key
+    if not isinstance(key, tuple):
+        raise ValueError(f"keys are str or tuples of str, got {key!r}")
+    flat: list[str] = []
+    for part in key:
+        inner = unravel_key(part)
+        flat.extend((inner,) if isinstance(inner, str) else inner)
+    return flat[0] if len(flat) == 1 else tuple(flat)
+
+
+def unravel_key_list(keys: Any) -> list[Any]:
+    """``unravel_key`` of every key of a list.
+
+    >>> unravel_key_list(["a", ("b", ("c",))])
+    ['a', ('b', 'c')]
+    """
+    return [unravel_key(key) for key in keys]

@@ -1,0 +1,377 @@
+"""tensorclass side by side with tensordict 0.15.3: construction, indexing, row assignment,
+operations, nesting, options, DataLoader batches, the helpers (stack/cat/pad/...) and utils."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import tensordict as ref
+import tensordict_rs as rs
+import torch
+
+from .._tensorclasses import check, define, error, same
+
+# ---------------------------------------------------------------------------------- construction
+
+
+def construction(pkg: Any, base: bool) -> list[Any]:
+    Point = define(
+        pkg,
+        "Point",
+        {"x": torch.Tensor, "y": (torch.Tensor, None), "label": (str, "none")},
+        base=base,
+    )
+    p = Point(x=torch.arange(6.0).view(3, 2), batch_size=[3])
+    print(p)
+    q = Point(torch.zeros(3), torch.ones(3), "pos", batch_size=[3])
+    print(q)
+    print(Point(x=torch.zeros(2, 4), batch_size=[2], device="cpu"))
+    print(p.y, p.label, q.label)
+    p.y = torch.ones(3)
+    p.label = "new"
+    print(p)
+    out = [p.x, p.y, p.batch_size, p.shape, p.device, p.batch_dims, len(p), p.numel()]
+    out.append(error(lambda: setattr(p, "z", 1)))
+    out.append(error(lambda: Point(x=torch.zeros(2), batch_size=[3])))
+    out.append(error(lambda: p["x"]))
+    p.batch_size = [3]
+    out.append(p.batch_size)
+    out.append([f.name for f in dataclasses.fields(Point)])
+    out.append(dataclasses.is_dataclass(p))
+    out.append((pkg.is_tensorclass(p), pkg.is_tensorclass(Point), pkg.is_tensor_collection(p)))
+    out.append(isinstance(p, pkg.TensorDictBase))
+    out.append(pkg.is_tensorclass(pkg.TensorDict({}, [])))
+    return out
+
+
+@pytest.mark.parametrize("base", [False, True], ids=["decorator", "base_class"])
+def test_construction(base: bool) -> None:
+    check(construction, base)
+
+
+def post_init_and_methods(pkg: Any) -> list[Any]:
+    @pkg.tensorclass
+    class Scaled:
+        vals: torch.Tensor
+        scale: float = 2.0
+
+        def __post_init__(self) -> None:
+            self.vals = self.vals * self.scale
+
+        def total(self) -> torch.Tensor:
+            return self.vals.sum()
+
+        @classmethod
+        def ones(cls, n: int) -> Any:
+            return cls(vals=torch.ones(n), batch_size=[n])
+
+    s = Scaled.ones(4)
+    print(s)
+    return [s.vals, s.total(), s[1:].total(), s.scale]
+
+
+def test_post_init_and_methods() -> None:
+    check(post_init_and_methods)
+
+
+def non_tensor_fields(pkg: Any) -> list[Any]:
+    Tagged = define(pkg, "Tagged", {"x": torch.Tensor, "name": str, "meta": dict})
+    t = Tagged(x=torch.zeros(4, 2), name="run-1", meta={"a": [1, 2]}, batch_size=[4])
+    print(t)
+    print(t[0])
+    print(t[1:3])
+    return [t.name, t.meta, t[2].name, t.clone().name]
+
+
+def test_non_tensor_fields() -> None:
+    check(non_tensor_fields)
+
+
+# ---------------------------------------------------------------------------------- indexing
+
+
+def indexing(pkg: Any) -> list[Any]:
+    Data = define(pkg, "IdxData", {"images": torch.Tensor, "targets": torch.Tensor})
+    n = 10
+    d = Data(
+        images=torch.arange(n * 12, dtype=torch.uint8).view(n, 3, 2, 2),
+        targets=torch.arange(n),
+        batch_size=[n],
+    )
+    out = []
+    for index in [
+        3,
+        slice(2, 7),
+        slice(None, None, 3),
+        [1, 4, 4],
+        torch.tensor([9, 0]),
+        torch.arange(n) % 2 == 0,
+        (Ellipsis,),
+        -1,
+    ]:
+        sub = d[index]
+        print(sub)
+        out += [sub.images, sub.targets, type(sub).__name__]
+    out.append(d.__getitems__([0, 5, 2]).targets)
+    out.append(error(lambda: d[n]))
+    return out
+
+
+def test_indexing() -> None:
+    check(indexing)
+
+
+def row_assignment(pkg: Any) -> list[Any]:
+    Data = define(pkg, "RowData", {"images": torch.Tensor, "targets": torch.Tensor})
+    n = 8
+    d = Data(
+        images=torch.zeros(n, 3, dtype=torch.uint8),
+        targets=torch.zeros(n, dtype=torch.int64),
+        batch_size=[n],
+    )
+    d[2:5] = Data(
+        images=torch.ones(3, 3, dtype=torch.uint8), targets=torch.arange(3), batch_size=[3]
+    )
+    d[torch.tensor([0, 7])] = Data(
+        images=torch.full((2, 3), 9, dtype=torch.uint8),
+        targets=torch.tensor([5, 6]),
+        batch_size=[2],
+    )
+    d[1] = Data(
+        images=torch.full((3,), 4, dtype=torch.uint8), targets=torch.tensor(4), batch_size=[]
+    )
+    d[6] = 3  # a scalar into every field
+    d[5:6] = pkg.TensorDict(
+        {"images": torch.full((1, 3), 7, dtype=torch.uint8), "targets": torch.tensor([8])}, [1]
+    )
+    print(d)
+    Other = define(pkg, "RowOther", {"a": torch.Tensor})
+    bad = error(lambda: d.__setitem__(slice(0, 1), Other(a=torch.zeros(1), batch_size=[1])))
+    return [d.images, d.targets, bad, error(lambda: d.__setitem__(0, "text"))]
+
+
+def test_row_assignment() -> None:
+    check(row_assignment)
+
+
+# ---------------------------------------------------------------------------------- operations
+
+
+def operations(pkg: Any) -> list[Any]:
+    # (no non-tensor field: stacking equal strings gives a NonTensorStack in tensordict 0.15.3,
+    # issue 21's subject)
+    Pair = define(pkg, "OpPair", {"a": torch.Tensor, "b": torch.Tensor, "tag": (Any, None)})
+    p = Pair(a=torch.arange(6.0).view(3, 2), b=torch.ones(3, dtype=torch.int64), batch_size=[3])
+    out: list[Any] = []
+    for result in [
+        torch.stack([p, p]),
+        torch.stack([p, p], 1),
+        torch.cat([p, p[:1]]),
+        p.to("cpu"),
+        p.to(torch.float64),
+        p.clone(),
+        p.apply(lambda t: t * 2),
+        p.apply(lambda x, y: x + y, p),
+        p.unsqueeze(0),
+        p.reshape(3, 1),
+        p.expand(2, 3),
+        p.float(),
+        p.exclude("b"),
+        p.select("a"),
+        p.detach(),
+        p.contiguous(),
+        p.unbind(0)[1],
+        p.split(2)[0],
+        p.chunk(3)[2],
+        p == p.clone(),
+        p + 1,
+        torch.zeros_like(p),
+    ]:
+        print(result)
+        out += [type(result).__name__, result.a, result.batch_size]
+    clone = p.clone()
+    out.append(clone.a is p.a)
+    inplace = p.clone()
+    out.append(inplace.zero_() is inplace)
+    out.append(inplace.a)
+    out.append(bool((p == p).all()))
+    out.append(p.to_tensordict()["a"])
+    print(p.to_tensordict())
+    out.append(type(p.to_tensordict()).__name__)
+    td = pkg.TensorDict({"a": torch.zeros(2), "b": torch.ones(2)}, [2])
+    from_td = Pair.from_tensordict(td)
+    print(from_td)
+    from_td.a = torch.full((2,), 5.0)
+    out.append(td["a"])
+    out += [from_td.tag, pkg.stack([p, p]).a, pkg.cat([p, p]).a]
+    return out
+
+
+def test_operations() -> None:
+    check(operations)
+
+
+def nested(pkg: Any) -> list[Any]:
+    Inner = define(pkg, "NestInner", {"y": torch.Tensor})
+    Outer = define(pkg, "NestOuter", {"x": torch.Tensor, "inner": Inner, "td": Any})
+    o = Outer(
+        x=torch.arange(4.0),
+        inner=Inner(y=torch.arange(8).view(4, 2), batch_size=[4]),
+        td=pkg.TensorDict({"z": torch.ones(4, 1)}, [4]),
+        batch_size=[4],
+    )
+    print(o)
+    print(o[1:3])
+    s = torch.stack([o, o])
+    print(s)
+    out = [type(o.inner).__name__, type(o[0].inner).__name__, type(s.inner).__name__]
+    out += [o.inner.y, o[2].inner.y, s.inner.y, o.clone().inner.y]
+    o.inner.y = torch.zeros(4, 2, dtype=torch.int64)
+    out.append(o.inner.y)
+    td = pkg.TensorDict({"tc": o}, [4])
+    print(td)
+    out += [type(td["tc"]).__name__, type(td[0]["tc"]).__name__]
+    return out
+
+
+def test_nested() -> None:
+    check(nested)
+
+
+def options(pkg: Any) -> list[Any]:
+    out: list[Any] = []
+    Plain = define(pkg, "Plain", {"y": int})
+    out.append(Plain(torch.ones(())).y)
+    Auto = define(pkg, "Auto", {"y": int}, autocast=True)
+    out.append(Auto(torch.ones(())).y)
+    NoCast = define(pkg, "NoCast", {"y": Any}, nocast=True)
+    out.append(NoCast(1).y)
+    Cast = define(pkg, "Cast", {"y": Any})
+    out.append(Cast(1).y)
+    Frozen = define(pkg, "Frozen", {"x": torch.Tensor}, frozen=True)
+    f = Frozen(x=torch.zeros(2), batch_size=[2])
+    out.append(error(lambda: setattr(f, "x", torch.ones(2))))
+    out.append(f.x)
+    FrozenBase = define(pkg, "FrozenBase", {"x": torch.Tensor}, base=True, frozen=True)
+    g = FrozenBase(x=torch.zeros(2), batch_size=[2])
+    out.append(error(lambda: setattr(g, "x", torch.ones(2))))
+    NoCastBase = define(pkg, "NoCastBase", {"y": Any}, base=True, nocast=True)
+    out.append(NoCastBase(1).y)
+    out.append(error(lambda: define(pkg, "Clash", {"reshape": torch.Tensor})))
+    return out
+
+
+def test_options() -> None:
+    check(options)
+
+
+# ---------------------------------------------------------------------------------- data loading
+
+
+def loading(pkg: Any, calls: list[Any]) -> list[Any]:
+    Data = define(pkg, "LoadData", {"images": torch.Tensor, "targets": torch.Tensor})
+    n = 20
+    data = Data(
+        images=torch.arange(n * 3, dtype=torch.uint8).view(n, 3),
+        targets=torch.arange(n),
+        batch_size=[n],
+    )
+    data.memmap_()
+
+    def collate(batch: Any) -> Any:
+        calls.append(type(batch).__name__)
+        return batch
+
+    loader = torch.utils.data.DataLoader(data, batch_size=6, collate_fn=collate)
+    out = []
+    for batch in loader:
+        out += [type(batch).__name__, batch.batch_size, batch.images, batch.targets]
+    shuffled = torch.utils.data.DataLoader(
+        data,
+        batch_size=6,
+        collate_fn=collate,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
+    )
+    for batch in shuffled:
+        out += [batch.targets, batch.numel()]
+    return out
+
+
+def test_dataloader_batches() -> None:
+    calls_rs: list[Any] = []
+    calls_ref: list[Any] = []
+    same(loading(rs, calls_rs), loading(ref, calls_ref))
+    assert calls_rs == calls_ref == ["LoadData"] * 8  # one tensorclass per batch, no per-row list
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def helpers(pkg: Any) -> list[Any]:
+    a = pkg.TensorDict({"x": torch.arange(3.0), "n": {"y": torch.ones(3, 2)}}, [3])
+    b = pkg.TensorDict({"x": torch.arange(2.0), "n": {"y": torch.zeros(2, 2)}}, [2])
+    out: list[Any] = []
+    for result in [
+        pkg.pad(a, [1, 2], value=-1.0),
+        pkg.pad_sequence([a, b]),
+        pkg.pad_sequence([a, b], return_mask=True),
+        pkg.merge_tensordicts(
+            pkg.TensorDict({"p": torch.zeros(3)}, [3]), pkg.TensorDict({"q": torch.ones(3)}, [3])
+        ),
+        pkg.dense_stack_tds([a, a.clone()], 0),
+        pkg.dense_stack_tds(pkg.lazy_stack([a, a.clone()])),
+        pkg.lazy_stack([a, a.clone()]).contiguous(),
+        pkg.stack([a, a]),
+        pkg.cat([a, b]),
+    ]:
+        print(result)
+        out.append(result.to_dict() if hasattr(result, "to_dict") else result)
+    return out
+
+
+def test_helpers() -> None:
+    check(helpers)
+
+
+def test_utils_names() -> None:
+    from tensordict_rs import utils
+
+    for name in ["print_directory_tree", "is_tensorclass", "is_non_tensor", "unravel_key"]:
+        assert callable(getattr(utils, name)), name
+    assert utils.strtobool("True") is True and utils.strtobool("0") is False
+    with pytest.raises(ValueError):
+        utils.strtobool("maybe")
+
+
+def cast_filter(pkg: Any) -> list[Any]:
+    Mesh = define(
+        pkg,
+        "Mesh",
+        {"points": torch.Tensor, "cells": torch.Tensor},
+        cast_filter=lambda key, value: value.is_floating_point(),
+    )
+    m = Mesh(points=torch.zeros(4, 3), cells=torch.zeros(2, 3, dtype=torch.long))
+    return [
+        m.bfloat16().points.dtype,
+        m.bfloat16().cells.dtype,
+        m.bfloat16(cast_filter=None).cells.dtype,
+        m.double().cells.dtype,
+    ]
+
+
+def test_cast_filter() -> None:
+    check(cast_filter)
+
+
+def tensor_only(pkg: Any) -> list[Any]:
+    Strict = define(pkg, "Strict", {"x": torch.Tensor, "y": (torch.Tensor, None)}, tensor_only=True)
+    s = Strict(x=1.5, y=[1, 2])
+    bad = error(lambda: define(pkg, "Loose", {"x": torch.Tensor, "name": str}, tensor_only=True))
+    return [s.x, s.y, Strict(x=torch.zeros(2)).y, bad]
+
+
+def test_tensor_only() -> None:
+    check(tensor_only)

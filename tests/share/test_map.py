@@ -1,0 +1,324 @@
+"""``TensorDict.map`` and ``map_iter`` (issue 23), side by side with tensordict 0.15.3.
+
+Worker functions live at module level: pool workers import them by name (spawn, forkserver).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tensordict as ref
+import tensordict_rs as rs
+import torch
+
+PKGS = [rs, ref]
+METHODS = [m for m in ("fork", "spawn", "forkserver") if m in mp.get_all_start_methods()]
+
+
+def add_one(td: Any) -> Any:
+    return td.apply(lambda t: t + 1)
+
+
+def select_a(td: Any) -> Any:
+    return td.select("a")
+
+
+def doubled(td: Any) -> Any:
+    return td.empty().set("y", td["x"] * 2)
+
+
+def write_pid(td: Any) -> Any:
+    return type(td)({"pid": os.getpid()}, []).expand(td.shape)
+
+
+def fail_on_seven(td: Any) -> Any:
+    if (td["a"] == 7).any():
+        raise ZeroDivisionError("seven")
+    return td
+
+
+def not_pointwise(td: Any) -> Any:
+    return td @ 1
+
+
+def returns_none(td: Any) -> None:
+    return None
+
+
+def leaf_kinds(td: Any) -> Any:
+    """Records how each leaf reached the worker (memory map or plain tensor)."""
+    kind = torch.tensor([type(td["a"]).__name__ == "MemoryMappedTensor"]).expand(td.shape)
+    return td.empty().set("is_memmap", kind)
+
+
+def rand_draw(td: Any) -> Any:
+    return td.empty().set("r", torch.randint(0, 1_000_000, ()).expand(td.shape).clone())
+
+
+def make(P: Any, n: int = 20) -> Any:
+    return P.TensorDict(
+        {"a": torch.arange(n), "b": {"c": torch.arange(n, 2 * n).float()}}, batch_size=[n]
+    )
+
+
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Any:
+    with mp.get_context("spawn").Pool(2) as p:
+        yield p
+
+
+def same(a: Any, b: Any) -> None:
+    assert a.batch_size == b.batch_size
+    ka = list(a.keys(include_nested=True, leaves_only=True))
+    assert ka == list(b.keys(include_nested=True, leaves_only=True))
+    for key in ka:
+        assert torch.equal(a[key].as_subclass(torch.Tensor), b[key].as_subclass(torch.Tensor)), key
+
+
+@pytest.mark.parametrize(
+    ("chunksize", "num_chunks"), [(None, None), (None, 3), (4, None), (0, None), (7, None)]
+)
+def test_map_results(pool: Any, chunksize: int | None, num_chunks: int | None) -> None:
+    ours = make(rs).map(add_one, pool=pool, chunksize=chunksize, num_chunks=num_chunks)
+    theirs = make(ref).map(add_one, pool=pool, chunksize=chunksize, num_chunks=num_chunks)
+    same(ours, theirs)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_map_dim(pool: Any, dim: int) -> None:
+    def build(P: Any) -> Any:
+        return P.TensorDict(
+            {"a": torch.arange(24).view(4, 6), "n": {"b": torch.ones(4, 6, 2)}}, [4, 6]
+        )
+
+    same(build(rs).map(add_one, dim=dim, pool=pool), build(ref).map(add_one, dim=dim, pool=pool))
+
+
+def test_map_chunk_counts(pool: Any) -> None:
+    for chunksize, num_chunks, expected in [(4, None, 5), (None, 3, 3)]:
+        pids = make(rs).map(write_pid, pool=pool, chunksize=chunksize, num_chunks=num_chunks)
+        assert pids["pid"].shape == (20,)
+        # one pid per chunk: consecutive equal runs
+        runs = 1 + int((pids["pid"][1:] != pids["pid"][:-1]).sum())
+        assert runs <= expected
+
+
+def test_map_argument_errors(pool: Any) -> None:
+    for P in PKGS:
+        with pytest.raises(ValueError, match="but not both"):
+            make(P).map(add_one, pool=pool, chunksize=2, num_chunks=2)
+        with pytest.raises(RuntimeError):
+            list(make(P).map_iter(add_one, pool=pool, shuffle=True, index_with_generator=False))
+
+
+def test_map_exception_reaches_caller_with_chunk(pool: Any) -> None:
+    with pytest.raises(ZeroDivisionError, match="seven") as info:
+        make(rs).map(fail_on_seven, pool=pool, chunksize=5)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "chunk 1" in notes and "5:10" in notes, notes
+    with pytest.raises(ZeroDivisionError, match="seven"):
+        make(ref).map(fail_on_seven, pool=pool, chunksize=5)
+
+
+def test_map_type_error(pool: Any) -> None:
+    for P in PKGS:
+        with pytest.raises(TypeError, match="unsupported operand"):
+            make(P).map(not_pointwise, pool=pool)
+
+
+def test_map_returns_none(pool: Any) -> None:
+    assert make(rs).map(returns_none, pool=pool) is None
+    assert make(ref).map(returns_none, pool=pool) is None
+
+
+@pytest.mark.parametrize("chunksize", [0, 5])
+@pytest.mark.parametrize("mmap", [True, False])
+def test_map_with_out(tmp_path: Path, pool: Any, chunksize: int, mmap: bool) -> None:
+    for P in PKGS:
+        src = P.TensorDict({"a": torch.arange(10), "b": torch.arange(10)}, [10])
+        out = P.TensorDict({"a": torch.zeros(10, dtype=torch.long)}, [10])
+        if mmap:
+            src.memmap_(tmp_path / P.__name__ / "in")
+            out.memmap_(tmp_path / P.__name__ / "out")
+        res = src.map(select_a, out=out, chunksize=chunksize, pool=pool)
+        assert res is out
+        assert (out["a"] == torch.arange(10)).all()
+
+
+def test_map_memmap_like_output_written_by_workers(tmp_path: Path, pool: Any) -> None:
+    """The documented preprocessing recipe: ``out = example.expand(N).memmap_like(dest)``."""
+    n = 64
+    data = rs.TensorDict({"x": torch.arange(n * 3.0).view(n, 3)}, [n]).memmap_(tmp_path / "src")
+    example = doubled(data[:1])[0]
+    out = example.expand(n).memmap_like(tmp_path / "dest")
+    data.map(doubled, dim=0, num_workers=2, chunksize=16, out=out, generator=gen())
+    again = rs.TensorDict.load_memmap(tmp_path / "dest")
+    assert torch.equal(again["y"].as_subclass(torch.Tensor), torch.arange(n * 3.0).view(n, 3) * 2)
+
+
+def test_map_chunks_cross_as_memory_maps(tmp_path: Path, pool: Any) -> None:
+    """A chunk of a memory-mapped tree reaches the worker as a memory map (no copy)."""
+    for kind in ("file", "anonymous"):
+        td = make(rs)
+        td = td.memmap_(tmp_path / kind) if kind == "file" else td.share_memory_()
+        res = td.map(leaf_kinds, pool=pool, chunksize=5)
+        assert res["is_memmap"].all(), kind
+
+
+@pytest.mark.parametrize("start_method", METHODS)
+def test_map_start_methods(start_method: str) -> None:
+    ours = make(rs).map(add_one, num_workers=2, mp_start_method=start_method, generator=gen())
+    same(ours, make(rs).apply(lambda t: t + 1))
+
+
+def test_map_default_start_method_and_generator_warning() -> None:
+    with pytest.warns(FutureWarning):
+        ours = make(rs).map(add_one, num_workers=2)
+    with pytest.warns(FutureWarning):
+        theirs = make(ref).map(add_one, num_workers=2)
+    same(ours, theirs)
+
+
+def test_map_seeds_reproducible() -> None:
+    """One worker seeded from the same generator draws the same numbers; a generator with
+    another seed gives others. (With several workers, which worker takes which chunk varies.)"""
+    runs = [
+        make(rs).map(rand_draw, num_workers=1, chunksize=5, generator=gen())["r"] for _ in range(2)
+    ]
+    assert torch.equal(runs[0], runs[1])
+    other = make(rs).map(
+        rand_draw, num_workers=1, chunksize=5, generator=torch.Generator().manual_seed(1)
+    )["r"]
+    assert not torch.equal(runs[0], other)
+
+
+def test_map_index_with_generator(pool: Any) -> None:
+    for chunksize, num_chunks in [(0, None), (3, None), (None, 4)]:
+        a = make(rs).map(
+            add_one,
+            pool=pool,
+            chunksize=chunksize,
+            num_chunks=num_chunks,
+            index_with_generator=True,
+        )
+        b = make(ref).map(
+            add_one,
+            pool=pool,
+            chunksize=chunksize,
+            num_chunks=num_chunks,
+            index_with_generator=True,
+        )
+        same(a, b)
+
+
+def test_map_unbind_stacks(pool: Any) -> None:
+    """``chunksize=0`` passes elements one by one and stacks the results."""
+    same(
+        make(rs).map(add_one, pool=pool, chunksize=0),
+        make(ref).map(add_one, pool=pool, chunksize=0),
+    )
+
+
+def test_map_tensor_result(pool: Any) -> None:
+    ours = make(rs).map(_sum_a, pool=pool, chunksize=5)
+    theirs = make(ref).map(_sum_a, pool=pool, chunksize=5)
+    assert torch.equal(ours, theirs)
+
+
+def _sum_a(td: Any) -> torch.Tensor:
+    return td["a"] * 3
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize(("chunksize", "num_chunks"), [(0, None), (6, None), (None, 4)])
+def test_map_iter(pool: Any, shuffle: bool, chunksize: int | None, num_chunks: int | None) -> None:
+    seen: list[int] = []
+    count = 0
+    for item in make(rs, 30).map_iter(
+        add_one, pool=pool, shuffle=shuffle, chunksize=chunksize, num_chunks=num_chunks
+    ):
+        seen.extend(item["a"].reshape(-1).tolist())
+        count += 1
+    assert sorted(seen) == list(range(1, 31))
+    expected = {0: 30, 6: 5}.get(chunksize, num_chunks)  # type: ignore[arg-type]
+    assert count == expected
+    if not shuffle:
+        assert seen == list(range(1, 31))
+
+
+def test_map_iter_stops_early_and_cleans_up() -> None:
+    before = {p.pid for p in mp.active_children()}
+    it = make(rs, 40).map_iter(add_one, num_workers=2, chunksize=2, generator=gen())
+    first = next(it)
+    assert first["a"].tolist() == [1, 2]
+    it.close()  # closes the pool it made
+    assert {p.pid for p in mp.active_children()} <= before
+
+
+def preprocess(td: Any) -> Any:
+    """The recipe's ``fn``: a new entry computed from a chunk of the memory-mapped source, and
+    where the chunk's leaf came from (a memory map of the source file, not a pickled copy)."""
+    x = td["x"]
+    mapped = type(x).__name__ == "MemoryMappedTensor" and str(
+        getattr(x, "filename", None) or getattr(x, "_filename", "")
+    ).endswith("x.memmap")
+    return (
+        td.empty()
+        .set("y", (x * 2 + 1).float().sum(-1))
+        .set("mapped", torch.tensor(mapped).expand(td.shape))
+    )
+
+
+@pytest.mark.parametrize("start_method", [m for m in ("fork", "spawn") if m in METHODS])
+def test_preprocessing_recipe_matches_reference(tmp_path: Path, start_method: str) -> None:
+    """Workflow 1 of issue 23, side by side: ``out = example.expand(N).memmap_like(dest)``,
+    then ``data.map(fn, dim=0, num_workers=2, chunksize=C, out=out)``; the workers read
+    chunks of the source from its files and write into the output's files."""
+    n, width = 512, 256
+    source = torch.arange(n * width, dtype=torch.int32).view(n, width)
+    results = {}
+    for P in PKGS:
+        root = tmp_path / P.__name__
+        data = P.TensorDict({"x": source.clone()}, [n]).memmap_(root / "src")
+        example = preprocess(data[:1])[0]
+        out = example.expand(n).memmap_like(root / "dest")
+        res = data.map(
+            preprocess,
+            dim=0,
+            num_workers=2,
+            chunksize=64,
+            out=out,
+            generator=gen(),
+            # the reference's result does not depend on the start method: fork keeps it short
+            mp_start_method=start_method if P is rs else "fork",
+        )
+        assert res is out
+        results[P.__name__] = P.TensorDict.load_memmap(root / "dest")
+    ours, theirs = results["tensordict_rs"], results["tensordict"]
+    expected = (source * 2 + 1).float().sum(-1)
+    for td in (ours, theirs):
+        assert torch.equal(td["y"].as_subclass(torch.Tensor), expected)
+    # every chunk reached our workers as a memory map of the source file (the reference
+    # sends them the same way, as memory-mapped tensors)
+    assert ours["mapped"].all()
+
+
+def test_map_chunk_crosses_without_its_data(tmp_path: Path) -> None:
+    """What crosses to a worker for a chunk of a 32 MiB memory-mapped source: its file path
+    and view geometry (a few hundred bytes), never the data."""
+    from multiprocessing.reduction import ForkingPickler
+
+    n = 8192
+    data = rs.TensorDict({"x": torch.ones(n, 1024)}, [n]).memmap_(tmp_path / "src")
+    whole = len(ForkingPickler.dumps(data))
+    chunk = len(ForkingPickler.dumps(data[1024:2048]))
+    assert whole < 4096 and chunk < 4096, (whole, chunk)
+    assert data.numel() * 1024 * 4 > 1000 * whole
