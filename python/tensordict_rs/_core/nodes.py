@@ -45,6 +45,8 @@ class TreeNode:
     _memmap_prefix: Path | None  # the directory (or archive) a memory-mapped tree is saved at
     _lock_parents: list[weakref.ref[TreeNode]]  # the trees that locked this one (see locking)
     _lock_ops: list[bool | None]  # what each lock_/unlock_ changed (for ``with td.lock_():``)
+    # views of a buffer lent read-only (pickle protocol 5, ray.get): values never written
+    _read_only: bool = False
 
     def _init(self, batch_size: torch.Size, device: torch.device | None) -> None:
         self._tensordict = {}

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .._core import index as _items
-from .._core.locking import locked_error
+from .._core.locking import locked_error, mark_read_only, refuse_read_only
 from .._core.nodes import TD, NonTensorData
 from .._core.nontensor import NonTensorStack
 from .._core.walk import is_tree, map_leaves, zip_leaves
@@ -56,6 +56,8 @@ def index(td: TD, index: Any) -> TD:
     items = _items.normalize(index, td.batch_dims)
     batch = _items.indexed_batch_size(td._batch_size, items)
     out = map_leaves(td, lambda t: t[items], batch_size=batch, moves_rows=True)
+    if td._read_only:
+        mark_read_only(out)  # views of the same read-only buffer
     if td._is_shared and all(i is None or isinstance(i, (int, slice)) for i in items):
         out._mark_shared()  # a view of shared memory is shared (tensordict's td[0], td[1:])
     return out
@@ -63,6 +65,7 @@ def index(td: TD, index: Any) -> TD:
 
 def set_rows(td: TD, index: Any, value: Any) -> None:
     """``td[index] = value`` for a batch index (see ``TensorDict.__setitem__``)."""
+    refuse_read_only(td)
     items = _items.normalize(index, td.batch_dims)
     _items.indexed_batch_size(td._batch_size, items)  # out-of-range rows: IndexError
     if is_tree(value) or isinstance(value, Mapping):

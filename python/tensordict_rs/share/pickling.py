@@ -1,0 +1,201 @@
+"""Pickle protocol 5: a tree as one out-of-band buffer and a description, for object stores.
+
+``pickle.dumps(td, protocol=5, buffer_callback=cb)`` hands ``cb`` one ``pickle.PickleBuffer``
+for the whole tree and puts in-band only the tree's description: the JSON of ``packed.py``
+(keys, dtypes, shapes, batch sizes, device, non-tensor values as JSON; the leaves' offsets
+follow from the packed layout), the class, the total size and the lock flag. No tensor is
+pickled. ``pickle.loads(data, buffers=...)`` builds every leaf as a view into the buffer it is
+given (``packed.build(into=...)``): no copy per leaf, none at all for a buffer in place.
+
+This is how Ray's object store (and any protocol-5 transport) takes trees: ``ray.put`` copies
+the buffer once into shared memory, ``ray.get`` on the same node lends it back read-only, and
+the tree received is views of the object store's memory, kept alive as long as any of its
+leaves lives.
+
+Which bytes go out:
+
+- a tree whose leaves already lie in one buffer in the packed layout (``consolidate()``,
+  a tree received as one message or through this pickle, ``memmap_()`` of a tree of small
+  leaves): that buffer, as it is (no copy here);
+- any other tree of CPU tensors (several arenas, plain tensors, views): its leaves packed into
+  one new anonymous arena first (one copy, in parallel, GIL released);
+- trees with a file-backed leaf (a saved directory, a ``.tdz`` archive) and trees with leaves
+  that the packed layout does not hold (on another device, requiring grad, nested tensors,
+  non-JSON values): the per-leaf pickle of ``processes.getstate`` (file-backed leaves by path),
+  as with protocols below 5.
+
+A buffer lent read-only (``ray.get``'s) gives a read-only tree: the in-place methods of this
+library refuse to write into it (``LockedError``, saying to ``clone()`` it: one copy of the
+whole buffer). Writes through torch on a leaf itself are not checked: never write into a
+tensor you got from an object store. Without ``buffer_callback`` the buffer is written
+in-band (one copy) and the tree loads writable, from its own copy.
+
+The buffer is the sender's memory, not a copy: a transport that sends it later than
+``dumps`` returns must not see it change meanwhile (Ray copies it inside ``ray.put``).
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from typing import Any
+
+import torch
+
+from .. import _native
+from .._core.locking import mark_read_only
+from .._core.nodes import TD, TreeNode, _gc_paused
+from ..memmap import MemoryMappedTensor, _LazyLeaf
+from . import packed as _packed
+
+_CPU = torch.device("cpu")
+LOCKED = 1  # the flags of a pickled tree
+
+
+def _leaf_buffer(value: Any) -> _native.Buffer | None:
+    if type(value) is _LazyLeaf:
+        return value.buffer
+    if type(value) is MemoryMappedTensor:
+        return value._buffer
+    return None
+
+
+def _packable(plan: _packed.Plan) -> bool:
+    """Whether every leaf goes into the packed buffer: CPU, no autograd, no nested tensor,
+    no file behind it (those pickle by path)."""
+    if plan.device != _CPU:
+        return False
+    for _, _, value in plan.leaves:
+        if type(value) is _LazyLeaf:
+            buffer = value.buffer
+        else:
+            if value.requires_grad or value.is_nested:
+                return False
+            if type(value) is not MemoryMappedTensor:
+                continue
+            if value._filename is not None:
+                return False
+            buffer = value._buffer
+            if buffer is None:
+                continue
+        if buffer.filename is not None or buffer.archive is not None:
+            return False
+    return True
+
+
+def _in_place(plan: _packed.Plan) -> _native.Buffer | None:
+    """A Buffer over the tree's bytes where they lie, when they lie in one arena (or one
+    borrowed buffer) in the packed layout; None otherwise."""
+    whole = plan.whole
+    if whole is None or whole.device != _CPU or not plan.total:
+        return None
+    for _, _, value in plan.leaves:
+        buffer = _leaf_buffer(value)
+        if buffer is not None:
+            return buffer.arena_span(whole.data_ptr(), plan.total)
+    return None
+
+
+@_gc_paused()
+def reduce_ex(td: TD, protocol: int) -> Any:
+    """``__reduce_ex__`` of a tree: protocol 5 gives one ``PickleBuffer`` and the description
+    (see the module's docstring); lower protocols, and trees the packed layout does not hold,
+    the per-leaf state (``processes.getstate``).
+
+    >>> import pickle, torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.arange(4.0), "b": {"c": torch.ones(4, 2)}}, [4])
+    >>> buffers = []
+    >>> data = pickle.dumps(td.consolidate(), protocol=5, buffer_callback=buffers.append)
+    >>> len(buffers), buffers[0].raw().nbytes >= 4 * 4 + 8 * 4
+    (1, True)
+    >>> again = pickle.loads(data, buffers=buffers)
+    >>> again["b", "c"].sum().item(), again.batch_size
+    (8.0, torch.Size([4]))
+    """
+    if protocol < 5:
+        return object.__reduce_ex__(td, protocol)
+    plan = _packed.plan(td)
+    if not _packable(plan):
+        return object.__reduce_ex__(td, protocol)
+    try:
+        text = plan.description()
+    except _native.InvalidTreeError:
+        # a key the description reserves, or a non-JSON value: the per-leaf pickle takes it
+        return object.__reduce_ex__(td, protocol)
+    total = plan.total
+    data: Any = None
+    if total:
+        buffer = _in_place(plan)
+        if buffer is None:
+            buffer, whole = _packed.arena(total)
+            plan.pack_range(whole, 0, total)
+            del whole
+        data = pickle.PickleBuffer(buffer)
+    flags = LOCKED if td._is_locked else 0
+    return (_rebuild, (type(td), text, total, data, flags))
+
+
+def _frombuffer(buffer: _native.Buffer) -> torch.Tensor:
+    """A uint8 tensor over ``buffer`` (torch warns that a read-only one is not writable: this
+    library never writes it, and its trees refuse to)."""
+    if buffer.writable:
+        return torch.frombuffer(buffer, dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+@_gc_paused()
+def _rebuild(cls: type[Any], text: bytes, total: int, data: Any, flags: int) -> Any:
+    """A tree from its description, its leaves views of ``data`` (any buffer: a PickleBuffer,
+    bytes, an object store's read-only memory), which they keep alive."""
+    if not total:
+        td, _ = _packed.build(cls, text, 0)
+    else:
+        if data is None:
+            raise _native.InvalidTreeError(
+                f"pickled tree: its leaves hold {total} bytes, but no buffer came with it"
+            )
+        buffer = _native.borrow_buffer(data)
+        if buffer.nbytes < total:
+            raise _native.InvalidTreeError(
+                f"pickled tree: its leaves hold {total} bytes, more than the {buffer.nbytes} "
+                "of the buffer it came with"
+            )
+        tensor = _frombuffer(buffer)
+        if type(data) is bytes or buffer.address % _packed.ALIGN:
+            # an in-band buffer (the tree's own bytes, copied by the unpickler anyway), or
+            # bytes placed where leaves cannot start (at multiples of ALIGN): into an arena
+            # of this tree's own (one copy), writable
+            arena, whole = _packed.arena(total)
+            whole.copy_(tensor[:total])
+            buffer, tensor = arena, whole
+        td, _ = _packed.build(cls, text, total, into=(buffer, tensor))
+        if not buffer.writable:
+            mark_read_only(td)
+            _packed.plan(td).writable = False
+    if flags & LOCKED:
+        td._lock_tree()
+    return td
+
+
+def clone_whole(td: TD) -> TD | None:
+    """A writable copy of an arena-backed tree whose leaves lie in one buffer (consolidated,
+    received, ``ray.get``'s read-only trees): one copy of the whole buffer, the new leaves
+    plain tensors viewing it. None for other trees (they are cloned leaf by leaf)."""
+    plan = _packed.plan(td)
+    whole = plan.whole
+    if whole is None or whole.device != _CPU or not plan.total or not _packable(plan):
+        return None
+    if not any(_leaf_buffer(value) is not None for _, _, value in plan.leaves):
+        return None
+    copy = torch.empty(plan.total, dtype=torch.uint8)
+    copy.copy_(whole[: plan.total])
+    out, _ = _packed.build(type(td), plan.description(), plan.total, views_of=copy)
+    return out
+
+
+def is_read_only(td: TreeNode) -> bool:
+    """Whether ``td`` views a buffer lent read-only (see the module's docstring)."""
+    return td._read_only
