@@ -1,6 +1,7 @@
 //! Memory maps and the files behind them: the `Region` every map is, mapping files (shared,
 //! copy-on-write, read-only), reserving their space, positioned writes, temporary names.
-//! Anonymous memory (`anon`) is made of the same regions.
+//! Anonymous memory (`anon`) is made of the same regions, and so is memory another owner lends
+//! (`Region::borrowed`: a buffer received from another library, kept alive by its owner).
 //!
 //! Every map is created with its space already reserved (written, or `fallocate`d), so that a
 //! full file system shows up as an `ENOSPC` error at creation and never as a SIGBUS on first

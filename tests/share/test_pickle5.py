@@ -4,6 +4,7 @@ as views of the buffer given back (read-only buffers give read-only trees)."""
 from __future__ import annotations
 
 import gc
+import mmap
 import pickle
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 import tensordict
 import torch
 from tensordict_rs import TensorDict
-from tensordict_rs._native import LockedError
+from tensordict_rs._native import InvalidTreeError, LockedError
 from tensordict_rs.share import packed
 
 from .._trees import make_td
@@ -41,6 +42,13 @@ def big_tree(leaves: int = 4, floats: int = 1 << 16) -> TensorDict:
         | {"nested": {"x": torch.arange(4), "note": "hello"}},
         [4],
     )
+
+
+def lent_read_only(raw: memoryview) -> memoryview:
+    """The bytes of ``raw`` in page-aligned memory, lent read-only (as an object store does)."""
+    pages = mmap.mmap(-1, raw.nbytes)
+    pages[:] = raw
+    return memoryview(pages).toreadonly()
 
 
 def assert_same_values(a: TensorDict, b: TensorDict) -> None:
@@ -97,8 +105,8 @@ def test_tree_of_several_arenas_goes_as_one_buffer() -> None:
 def test_read_only_buffer_gives_a_read_only_tree() -> None:
     td = make_td().consolidate()
     data, buffers = dumps5(td)
-    frozen = bytes(buffers[0].raw())  # what an object store lends: read-only memory
-    view = memoryview(frozen)
+    view = lent_read_only(buffers[0].raw())  # what an object store lends
+    frozen = bytes(view)
     again = pickle.loads(data, buffers=[view])
     assert again.is_read_only and again["n"].is_read_only
     assert inside(again, raw_address(view), len(frozen))
@@ -142,18 +150,21 @@ def test_clone_of_an_arena_tree_is_one_copy() -> None:
 def test_the_buffer_lives_as_long_as_a_leaf() -> None:
     td = big_tree(leaves=2)
     data, buffers = dumps5(td)
-    store = bytearray(buffers[0].raw())
-    del buffers
-    again = pickle.loads(data, buffers=[memoryview(store)])
+    raw = buffers[0].raw()
+    pages = mmap.mmap(-1, raw.nbytes)  # page-aligned: viewed in place, not copied
+    pages[:] = raw
+    del buffers, raw
+    again = pickle.loads(data, buffers=[memoryview(pages)])
+    assert inside(again, raw_address(memoryview(pages)), len(pages))
     leaf = again["k1"]
     del again
     gc.collect()
     with pytest.raises(BufferError):  # still exported: the leaf holds the view
-        store.extend(b"x")
+        pages.close()
     assert leaf.eq(1.0).all()
     del leaf
     gc.collect()
-    store.extend(b"x")  # every view released
+    pages.close()  # every view released
 
 
 def test_in_band_protocol_5_loads_a_writable_copy() -> None:
@@ -180,14 +191,14 @@ def test_unaligned_buffer_is_copied_into_an_arena() -> None:
 
 def test_short_buffer_is_refused() -> None:
     data, buffers = dumps5(big_tree(leaves=2))
-    with pytest.raises(Exception, match="more than the 16 bytes"):
+    with pytest.raises(InvalidTreeError, match="more than the 16 of the buffer"):
         pickle.loads(data, buffers=[memoryview(bytes(16))])
 
 
 def test_read_only_tree_pickles_again_without_a_copy() -> None:
     td = make_td().consolidate()
     data, buffers = dumps5(td)
-    view = memoryview(bytes(buffers[0].raw()))
+    view = lent_read_only(buffers[0].raw())
     again = pickle.loads(data, buffers=[view])
     data2, buffers2 = dumps5(again)
     assert len(buffers2) == 1 and raw_address(buffers2[0].raw()) == raw_address(view)

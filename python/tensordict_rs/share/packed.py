@@ -498,6 +498,12 @@ def plan(td: Any) -> Plan:
     return new
 
 
+def plan_if_built(td: Any) -> Plan | None:
+    """The plan ``build`` remembered for ``td`` (None when there is none)."""
+    entry = _PLANS.get(id(td))
+    return entry[1] if entry is not None and entry[0]() is td else None
+
+
 def _matches(new: Plan, whole: torch.Tensor) -> bool:
     """Whether ``new``'s leaves still lie at their offsets in ``whole`` (after materializing)."""
     if new.table is None or whole.numel() != new.total or whole.device != _CPU:

@@ -37,7 +37,6 @@ The buffer is the sender's memory, not a copy: a transport that sends it later t
 from __future__ import annotations
 
 import pickle
-import warnings
 from typing import Any
 
 import torch
@@ -45,7 +44,7 @@ import torch
 from .. import _native
 from .._core.locking import mark_read_only
 from .._core.nodes import TD, TreeNode, _gc_paused
-from ..memmap import MemoryMappedTensor, _LazyLeaf
+from ..memmap import MemoryMappedTensor, _LazyLeaf, _tensor_from_buffer
 from . import packed as _packed
 
 _CPU = torch.device("cpu")
@@ -133,21 +132,73 @@ def reduce_ex(td: TD, protocol: int) -> Any:
             del whole
         data = pickle.PickleBuffer(buffer)
     flags = LOCKED if td._is_locked else 0
-    return (_rebuild, (type(td), text, total, data, flags))
+    return (_rebuild, (type(td), text, total, data, flags, _orders(td)))
+
+
+def _orders(td: TreeNode) -> list[list[int] | None] | None:
+    """The key order of every node (depth first, in the description's sorted order): None for
+    a node whose keys are sorted, else the sorted positions in insertion order; None when
+    every node is sorted. The description lists keys sorted; the tree keeps its own order."""
+    out: list[list[int] | None] = []
+
+    def walk(node: TreeNode) -> None:
+        items = node._tensordict
+        keys = list(items)
+        ordered = sorted(keys)
+        if keys == ordered:
+            out.append(None)
+        else:
+            rank = {key: i for i, key in enumerate(ordered)}
+            out.append([rank[key] for key in keys])
+        for key in ordered:
+            value = items[key]
+            if isinstance(value, TreeNode):
+                walk(value)
+
+    walk(td)
+    return None if all(order is None for order in out) else out
+
+
+def _reorder(td: TreeNode, orders: list[list[int] | None]) -> None:
+    """Puts the keys of every node of a tree built from a description back in the order
+    ``_orders`` recorded (the same dicts: the tree's copy plan is updated)."""
+    at = iter(orders)
+
+    def walk(node: TreeNode) -> None:
+        items = node._tensordict
+        ordered = list(items)  # built in sorted order
+        order = next(at)
+        if order is not None:
+            if sorted(order) != list(range(len(ordered))):
+                raise _native.InvalidTreeError("pickled tree: a key order does not fit its node")
+            for i in order:
+                key = ordered[i]
+                items[key] = items.pop(key)
+        for key in ordered:
+            value = items[key]
+            if isinstance(value, TreeNode):
+                walk(value)
+
+    walk(td)
+    plan = _packed.plan_if_built(td)
+    if plan is not None:
+        plan.nodes = [(d, tuple(d), tuple(d.values())) for d, _, _ in plan.nodes]
 
 
 def _frombuffer(buffer: _native.Buffer) -> torch.Tensor:
-    """A uint8 tensor over ``buffer`` (torch warns that a read-only one is not writable: this
-    library never writes it, and its trees refuse to)."""
-    if buffer.writable:
-        return torch.frombuffer(buffer, dtype=torch.uint8)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(buffer, dtype=torch.uint8)
+    """A uint8 tensor over the whole of ``buffer`` (read-only ones too, see ``memmap``)."""
+    return _tensor_from_buffer(buffer, torch.uint8, (buffer.nbytes,))
 
 
 @_gc_paused()
-def _rebuild(cls: type[Any], text: bytes, total: int, data: Any, flags: int) -> Any:
+def _rebuild(
+    cls: type[Any],
+    text: bytes,
+    total: int,
+    data: Any,
+    flags: int,
+    orders: list[list[int] | None] | None = None,
+) -> Any:
     """A tree from its description, its leaves views of ``data`` (any buffer: a PickleBuffer,
     bytes, an object store's read-only memory), which they keep alive."""
     if not total:
@@ -163,18 +214,23 @@ def _rebuild(cls: type[Any], text: bytes, total: int, data: Any, flags: int) -> 
                 f"pickled tree: its leaves hold {total} bytes, more than the {buffer.nbytes} "
                 "of the buffer it came with"
             )
+        # lent read-only: the tree is read-only, even where it gets a copy below (the same
+        # rule for every tree an object store gives, whatever its size)
+        read_only = not buffer.writable and type(data) is not bytes
         tensor = _frombuffer(buffer)
         if type(data) is bytes or buffer.address % _packed.ALIGN:
             # an in-band buffer (the tree's own bytes, copied by the unpickler anyway), or
-            # bytes placed where leaves cannot start (at multiples of ALIGN): into an arena
-            # of this tree's own (one copy), writable
+            # bytes placed where leaves cannot start (Ray aligns buffers under 2 KiB to 8
+            # bytes only): into an arena of this tree's own (one copy)
             arena, whole = _packed.arena(total)
             whole.copy_(tensor[:total])
             buffer, tensor = arena, whole
         td, _ = _packed.build(cls, text, total, into=(buffer, tensor))
-        if not buffer.writable:
+        if read_only:
             mark_read_only(td)
             _packed.plan(td).writable = False
+    if orders is not None:
+        _reorder(td, orders)
     if flags & LOCKED:
         td._lock_tree()
     return td
