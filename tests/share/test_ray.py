@@ -66,7 +66,7 @@ def batch(rows: int = 8, seed: int = 0) -> TensorDict:
             "action": torch.randint(0, 6, (rows,), generator=g),
             "reward": torch.randn(rows, generator=g).to(torch.bfloat16),
             "next": {"obs": torch.randn(rows, 64, generator=g), "done": torch.zeros(rows, 1)},
-            "meta": {"policy": "ppo", "step": seed},
+            "meta": {"policy": "ppo", "tag": f"seed-{seed}"},
         },
         [rows],
     )
@@ -164,7 +164,9 @@ class _Replay:
         self.storage: list[TensorDict] = []
 
     def extend(self, td: TensorDict) -> int:
-        self.storage.append(td.clone())  # a writable copy of the object-store view
+        # a writable copy of the object-store view (the per-batch tag left out: one value
+        # per non-tensor entry survives a cat)
+        self.storage.append(td.exclude("meta").clone())
         return sum(t.batch_size[0] for t in self.storage)
 
     def sample(self, rows: torch.Tensor) -> TensorDict:
@@ -177,7 +179,7 @@ def test_actor_calls(local_ray: Any) -> None:
     assert ray.get(replay.extend.remote(_rollout.remote(8, 7))) == 16
     rows = torch.tensor([0, 9, 15])
     got = ray.get(replay.sample.remote(rows))
-    expected = torch.cat([batch(8, 6), batch(8, 7)])[rows]
+    expected = torch.cat([batch(8, 6).exclude("meta"), batch(8, 7).exclude("meta")])[rows]
     assert torch.equal(got["obs"], expected["obs"])
     assert torch.equal(got["next", "done"], expected["next", "done"])
     assert got.batch_size == torch.Size([3])
