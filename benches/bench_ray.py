@@ -21,16 +21,25 @@ import os
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before import ray: node IP 127.0.0.1
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-from typing import Any  # noqa: E402
+from typing import Any
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensordict  # noqa: E402
-import tensordict_rs  # noqa: E402
-import torch  # noqa: E402
-from _harness import RESULTS, Case, build_w1, build_w3, measure, nbytes, replay  # noqa: E402
-from _harness import flat_leaves, w1_rows  # noqa: E402
-from _workloads import CASES, LIMIT, REF, RS  # noqa: E402
+import numpy as np
+import pytest
+import tensordict
+import tensordict_rs
+import torch
+from _harness import (
+    RESULTS,
+    Case,
+    build_w1,
+    build_w3,
+    flat_leaves,
+    measure,
+    nbytes,
+    replay,
+    w1_rows,
+)
+from _workloads import CASES, LIMIT, REF, RS
 
 ray = pytest.importorskip("ray")
 

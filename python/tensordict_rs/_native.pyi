@@ -30,6 +30,7 @@ __all__ = [
     "TensorDictError",
     "UnsupportedFormatError",
     "anonymous_buffers",
+    "borrow_buffer",
     "build_packed_tree",
     "copy_packed",
     "decode_strings",

@@ -190,7 +190,7 @@ def test_unaligned_buffer_is_copied_into_an_arena() -> None:
 
 
 def test_short_buffer_is_refused() -> None:
-    data, buffers = dumps5(big_tree(leaves=2))
+    data, _ = dumps5(big_tree(leaves=2))
     with pytest.raises(InvalidTreeError, match="more than the 16 of the buffer"):
         pickle.loads(data, buffers=[memoryview(bytes(16))])
 
@@ -245,9 +245,7 @@ class _Odd:
 def test_reference_pickles_its_leaves_in_band() -> None:
     """Side by side with tensordict 0.15.3: the same tree, the same call."""
     ours = big_tree()
-    ref = tensordict.TensorDict(
-        {k: ours[k] for k in ours.keys() if k != "nested"}, batch_size=[4]
-    )
+    ref = tensordict.TensorDict({k: ours[k] for k in ours.keys() if k != "nested"}, batch_size=[4])
     data, buffers = dumps5(ours)
     ref_data, ref_buffers = dumps5(ref)
     payload = sum(ours[k].nbytes for k in ref.keys())

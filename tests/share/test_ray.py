@@ -16,12 +16,12 @@ from typing import Any
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-import pytest  # noqa: E402
-import tensordict  # noqa: E402
-import torch  # noqa: E402
-from tensordict_rs import TensorDict  # noqa: E402
-from tensordict_rs._native import LockedError  # noqa: E402
-from tensordict_rs.share import packed  # noqa: E402
+import pytest
+import tensordict
+import torch
+from tensordict_rs import TensorDict
+from tensordict_rs._native import LockedError
+from tensordict_rs.share import packed
 
 ray = pytest.importorskip("ray")
 

@@ -37,7 +37,7 @@ The buffer is the sender's memory, not a copy: a transport that sends it later t
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -46,6 +46,9 @@ from .._core.locking import mark_read_only
 from .._core.nodes import TD, TreeNode, _gc_paused
 from ..memmap import MemoryMappedTensor, _LazyLeaf, _tensor_from_buffer
 from . import packed as _packed
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer as BufferProtocol
 
 _CPU = torch.device("cpu")
 LOCKED = 1  # the flags of a pickled tree
@@ -64,6 +67,7 @@ def _packable(plan: _packed.Plan) -> bool:
     no file behind it (those pickle by path)."""
     if plan.device != _CPU:
         return False
+    buffer: _native.Buffer | None
     for _, _, value in plan.leaves:
         if type(value) is _LazyLeaf:
             buffer = value.buffer
@@ -130,7 +134,8 @@ def reduce_ex(td: TD, protocol: int) -> Any:
             buffer, whole = _packed.arena(total)
             plan.pack_range(whole, 0, total)
             del whole
-        data = pickle.PickleBuffer(buffer)
+        # the buffer protocol of a pyo3 class is invisible to type checkers on 3.11
+        data = pickle.PickleBuffer(cast("BufferProtocol", buffer))
     flags = LOCKED if td._is_locked else 0
     return (_rebuild, (type(td), text, total, data, flags, _orders(td)))
 
