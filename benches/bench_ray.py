@@ -86,14 +86,8 @@ def _trees(tree: dict[str, Any], batch: list[int]) -> dict[str, Any]:
 
 
 def _put_cases(objects: dict[str, Any]) -> dict[str, Case]:
-    def drop(_: Any, ref: Any) -> None:
-        if ref is not None:
-            ray.internal.free([ref])
-
-    return {
-        name: Case(call=lambda _, obj=obj: ray.put(obj), cleanup=drop)
-        for name, obj in objects.items()
-    }
+    # the harness drops the returned reference after each call: Ray frees the object with it
+    return {name: Case(call=lambda _, obj=obj: ray.put(obj)) for name, obj in objects.items()}
 
 
 _GROWTH: dict[str, dict[str, int]] = {}
@@ -114,8 +108,7 @@ def _get_cases(workload: str, objects: dict[str, Any]) -> dict[str, Case]:
             ref, before = state
             if got is not None:
                 growth[name] = max(growth.get(name, 0), rss() - before)
-            del got
-            ray.internal.free([ref])
+            del got, ref  # Ray frees the object with its last reference
 
         cases[name] = Case(call=lambda state: ray.get(state[0]), setup=setup, cleanup=cleanup)
     return cases
