@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .._core.locking import refuse_read_only
 from .._core.nodes import TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.walk import leaves, map_leaves, zip_leaves
@@ -83,6 +84,7 @@ def _reflected(fn: Callable[[Any, Any], Any]) -> Callable[[TD, Any], TD]:
 
 def _inplace(name: str) -> Callable[..., TD]:
     def method(td: TD, other: Any, **kwargs: Any) -> TD:
+        refuse_read_only(td)
         for leaf, value in list(zip_leaves(td, operand(td, other))):
             getattr(leaf, name)(against(value, leaf), **kwargs)
         return td
@@ -99,6 +101,7 @@ def _unary(name: str) -> Callable[[TD], TD]:
 
 def _unary_(name: str) -> Callable[[TD], TD]:
     def method(td: TD) -> TD:
+        refuse_read_only(td)
         for _, _, leaf in list(leaves(td)):
             getattr(leaf, name)()
         return td
@@ -680,6 +683,7 @@ def zero_(td: TD) -> TD:
     >>> td.zero_()["b", "c"]
     tensor([0., 0.])
     """
+    refuse_read_only(td)
     for _, _, leaf in list(leaves(td)):
         leaf.zero_()
     return td
@@ -694,6 +698,7 @@ def fill_(td: TD, key: Any, value: float | bool) -> TD:
     >>> td.fill_("a", 7.0)["a"][0]
     tensor([7., 7., 7.])
     """
+    refuse_read_only(td)
     entry = td.get(key)
     if isinstance(entry, TreeNode):
         for _, _, leaf in list(leaves(entry)):
@@ -712,6 +717,7 @@ def copy_(td: TD, tensordict: Any, non_blocking: bool = False) -> TD:
     >>> td.copy_(td * 0)["a"].sum().item()
     0.0
     """
+    refuse_read_only(td)
     if not isinstance(tensordict, TreeNode):
         tensordict = type(td)(dict(tensordict), td.batch_size)
     for source, target in list(zip_leaves(tensordict, td)):
@@ -730,6 +736,7 @@ def set_at_(td: TD, key: Any, value: Any, index: Any, *, non_blocking: bool = Fa
     >>> td.set_at_("a", torch.full((3,), 9.0), 0)["a"][0]
     tensor([9., 9., 9.])
     """
+    refuse_read_only(td)
     entry = td.get(key)
     if isinstance(entry, TreeNode):
         entry[index] = value
@@ -824,6 +831,7 @@ def masked_fill_(td: TD, mask: torch.Tensor, value: float | bool) -> TD:
     >>> td.masked_fill_(torch.tensor([False, True]), 0.0)["b", "c"]
     tensor([1., 0.])
     """
+    refuse_read_only(td)
     for _, _, leaf in list(leaves(td)):
         leaf.masked_fill_(_mask_for(mask, leaf), value)
     return td
