@@ -116,6 +116,7 @@ fn a_tensorclass_node_is_saved_in_tensordicts_layout_and_loads_with_its_class() 
         data: Some(&data),
         nbytes: 12,
         same_file: None,
+        nested: None,
     }];
     let class = |name: &str| ClassSpec {
         name: name.into(),
