@@ -7,8 +7,8 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::meta::{
-    dtype, is_user_class, nbytes, valid_device, Entry, Layout, LeafMeta, NestedMeta, NodeMeta, TensorDictMeta,
-    FORMAT_VERSION, JAGGED, RESERVED_KEYS, STRIDED,
+    dtype, is_user_class, nbytes, valid_device, Entry, Layout, LeafMeta, NestedMeta, NodeMeta,
+    TensorDictMeta, FORMAT_VERSION, JAGGED, RESERVED_KEYS, STRIDED,
 };
 use crate::error::{Error, Result};
 
