@@ -292,6 +292,9 @@ INPLACE_BINARY: dict[str, tuple[str, str]] = {
 _BITWISE = ("and", "or", "xor", "invert")
 
 
+_UNIT_DOMAIN = {"acos", "asin", "arccos", "arcsin", "atanh", "arctanh"}
+
+
 def _example(name: str, arg: str, inplace: bool = False) -> str:
     """A doctest showing that the method does to each leaf what the tensor method does."""
     bitwise = any(f"_{b}_" in name or name.endswith(f"{b}__") for b in _BITWISE)
@@ -299,6 +302,9 @@ def _example(name: str, arg: str, inplace: bool = False) -> str:
         values = "x, y = torch.tensor([3, 5]), torch.tensor([1, 4])"
         if name == "__invert__":
             values = "x = torch.tensor([True, False])"
+    elif name.strip("_") in _UNIT_DOMAIN:
+        # defined on [-1, 1] only: values outside would compare NaN with NaN
+        values = "x, y = torch.tensor([0.5, -0.25]), torch.tensor([2.0, 3.0])"
     else:
         values = "x, y = torch.tensor([1.0, 6.0]), torch.tensor([2.0, 3.0])"
     if inplace:
@@ -562,8 +568,19 @@ def _cast(dtype: torch.dtype, name: str) -> Callable[..., TD]:
         f"Every tensor leaf cast to ``{dtype}`` (a new TensorDict). ``cast_filter(key, leaf)`` "
         "(key: a tuple) chooses the leaves to cast; the others are kept as they are.\n\n"
         "    >>> import torch\n    >>> from tensordict_rs import TensorDict\n"
-        "    >>> td = TensorDict({'x': torch.tensor([1.5, 2.0])}, [2])\n"
-        f"    >>> td.{name}()['x'].dtype\n    {dtype}\n",
+        "    >>> td = TensorDict({'x': torch.tensor([1.5, 2.0])}, [2])\n" + _cast_call(name, dtype),
+    )
+
+
+def _cast_call(name: str, dtype: torch.dtype) -> str:
+    """The example's call: torch warns that complex32 is experimental, which doctests (warnings as
+    errors) would take for a failure."""
+    if dtype is not torch.complex32:
+        return f"    >>> td.{name}()['x'].dtype\n    {dtype}\n"
+    return (
+        "    >>> import warnings\n    >>> with warnings.catch_warnings():\n"
+        "    ...     warnings.simplefilter('ignore')  # torch: ComplexHalf is experimental\n"
+        f"    ...     out = td.{name}()\n    >>> out['x'].dtype\n    {dtype}\n"
     )
 
 
@@ -633,7 +650,17 @@ def _quantized(dtype: torch.dtype, name: str) -> Callable[..., TreeNode]:
         method,
         name,
         f"Deprecated (as in tensordict 0.15): casts every leaf to ``torch.{name}``, which torch "
-        "refuses for plain tensors; quantize with ``torch.quantize_per_tensor`` instead.",
+        "refuses for plain tensors; quantize with ``torch.quantize_per_tensor`` instead, as the "
+        "deprecation warning says:\n\n"
+        "    >>> import torch, warnings\n    >>> from tensordict_rs import TensorDict\n"
+        "    >>> td = TensorDict({'x': torch.tensor([1.5, 2.0])}, [2])\n"
+        "    >>> with warnings.catch_warnings(record=True) as caught:\n"
+        "    ...     warnings.simplefilter('always')\n"
+        "    ...     try:\n"
+        f"    ...         _ = td.{name}()\n"
+        "    ...     except RuntimeError:  # torch: no quantized tensors from plain casts\n"
+        "    ...         pass\n"
+        "    >>> caught[0].category.__name__\n    'DeprecationWarning'\n",
     )
 
 
