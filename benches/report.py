@@ -109,6 +109,9 @@ def _timed_row(wl: Workload, entry: dict[str, Any]) -> list[str]:
             fds = entry.get("fds", {}).get(case)
             if fds is not None:
                 text += f", +{fds} fds"
+            growth = entry.get("rss_growth", {}).get(case)
+            if growth is not None:
+                text += f", RSS +{growth / 2**20:,.0f} MiB"
             cells.append(text)
             meds[case] = statistics.median(times)
         else:

@@ -35,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     };
     let py = m.py();
     m.add_class::<py::buffer::Buffer>()?;
+    m.add_function(wrap_pyfunction!(py::buffer::borrow_buffer, m)?)?;
     // directories
     m.add_function(wrap_pyfunction!(tree::write_tree, m)?)?;
     m.add_function(wrap_pyfunction!(tree::load_tree, m)?)?;

@@ -32,6 +32,7 @@ __all__ = [
     "TensorDictError",
     "UnsupportedFormatError",
     "anonymous_buffers",
+    "borrow_buffer",
     "build_packed_tree",
     "copy_packed",
     "decode_strings",
@@ -132,6 +133,7 @@ class Buffer:
     def flush(self) -> None: ...
     def __len__(self) -> int: ...
 
+def borrow_buffer(source: Any, writable: bool = True) -> Buffer: ...
 def write_tree(
     prefix: str,
     tree: Any,

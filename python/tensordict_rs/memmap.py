@@ -75,7 +75,14 @@ def _nested_values(tensor: torch.Tensor) -> torch.Tensor:
 
 def _tensor_from_buffer(buffer: _native.Buffer, dtype: torch.dtype, shape: Shape) -> torch.Tensor:
     """Types the flat bytes of ``buffer``; the tensor keeps ``buffer`` (and the map) alive."""
-    flat = torch.frombuffer(buffer, dtype=dtype)
+    if buffer.writable:
+        flat = torch.frombuffer(buffer, dtype=dtype)
+    else:
+        # memory lent read-only (an object store's): torch warns that it cannot mark tensors
+        # read-only; this library never writes there and its trees refuse to (share/pickling)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(buffer, dtype=dtype)
     numel = _numel(shape)
     if flat.numel() != numel:
         flat = flat[:numel]

@@ -11,7 +11,7 @@ import torch
 
 from ._core import index as _index
 from ._core.classes import TensorDictBase, public
-from ._core.locking import Lockable, locked_error
+from ._core.locking import Lockable, locked_error, refuse_read_only
 from ._core.nodes import TD, Key, NonTensorData, TreeNode
 from ._core.nontensor import NonTensorStack
 from ._core.repr import compact_repr
@@ -29,6 +29,7 @@ from .ops import shape as _shape
 from .ops import torch_functions as _torch
 from .ops.devices import DeviceMoves, _normalize_device
 from .ops.pointwise_types import _PointwiseTypes
+from .share import pickling as _pickling
 from .share import processes as _sharing
 from .share.consolidate import Consolidation
 from .share.distributed import Distributed
@@ -396,6 +397,7 @@ class TensorDict(
         return self
 
     def _copy_into(self, key: str, value: Any, non_blocking: bool) -> None:
+        refuse_read_only(self)
         current = self._get_str(key)
         if isinstance(current, TensorDict):
             current.update_(value)
@@ -676,6 +678,9 @@ class TensorDict(
         (False, True)
         """
         if recurse:
+            whole = _pickling.clone_whole(self)  # leaves in one buffer: one copy of it
+            if whole is not None:
+                return whole
             return map_leaves(self, lambda t: t.clone().as_subclass(torch.Tensor))
         return map_leaves(self, lambda t: t)
 
@@ -689,6 +694,31 @@ class TensorDict(
 
     __getstate__ = _sharing.getstate
     __setstate__ = _sharing.setstate
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickling: with protocol 5, one out-of-band buffer for the whole tree and its
+        description in-band (zero-copy through Ray's object store; see
+        ``share/pickling.py``); below 5, leaf by leaf (``__getstate__``).
+
+        >>> import pickle, torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.arange(3.0)}, [3])
+        >>> buffers = []
+        >>> data = pickle.dumps(td, protocol=5, buffer_callback=buffers.append)
+        >>> pickle.loads(data, buffers=buffers)["a"], len(buffers)
+        (MemoryMappedTensor([0., 1., 2.]), 1)
+        """
+        return _pickling.reduce_ex(self, protocol)
+
+    @property
+    def is_read_only(self) -> bool:
+        """True for a tree that views a buffer lent read-only (``ray.get``'s trees): its
+        values cannot be written through this library; ``clone()`` gives a writable copy.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> TensorDict({"a": torch.zeros(2)}, [2]).is_read_only
+        False
+        """
+        return self._read_only
 
 
 register(TensorDict)

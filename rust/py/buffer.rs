@@ -218,7 +218,38 @@ impl Buffer {
                 self.len,
                 p.display().to_string()
             ),
+            None if self.region.is_borrowed() => format!("Buffer(nbytes={}, borrowed)", self.len),
             None => format!("Buffer(nbytes={}, anonymous)", self.len),
         }
     }
+}
+
+/// A Buffer over the memory of `source`, any object with the buffer protocol (a `memoryview`,
+/// `bytes`, `bytearray`, a `pickle.PickleBuffer`, an object store's buffer), without a copy.
+///
+/// The Buffer holds `source`'s buffer view until the last tensor or slice made from it goes,
+/// so the memory stays alive and in place meanwhile. It is read-only (it refuses writable
+/// requests, and nothing in this crate writes through it) when `source` exported it
+/// read-only, or when `writable` is False. The memory must be C-contiguous (any item
+/// format: its bytes are taken as they are). `ValueError` otherwise.
+#[pyfunction]
+#[pyo3(signature = (source, writable = true))]
+pub fn borrow_buffer(source: &Bound<'_, PyAny>, writable: bool) -> PyResult<Buffer> {
+    use pyo3::buffer::PyUntypedBuffer;
+    use pyo3::exceptions::PyValueError;
+    let view = PyUntypedBuffer::get(source)?;
+    if !view.is_c_contiguous() {
+        return Err(PyValueError::new_err(
+            "a buffer lent to a tree must be C-contiguous (one range of bytes)",
+        ));
+    }
+    let (address, len) = (view.buf_ptr().cast::<u8>(), view.len_bytes());
+    let writable = writable && !view.readonly();
+    // SAFETY: `view` is a live buffer view of `source` (PyObject_GetBuffer succeeded), which by
+    // the buffer protocol keeps `[address, address + len)` valid and in place until the view is
+    // released; the region owns `view` and releases it only when it is dropped, after every
+    // Buffer (and so every tensor) over it is gone. `writable` is false when the exporter lent
+    // the memory read-only, so the region then exports it read-only and never writes to it.
+    let region = unsafe { Region::borrowed(address, len, writable, Box::new(view)) };
+    Ok(Buffer::new(region))
 }

@@ -1,6 +1,7 @@
 //! Memory maps and the files behind them: the `Region` every map is, mapping files (shared,
 //! copy-on-write, read-only), reserving their space, positioned writes, temporary names.
-//! Anonymous memory (`anon`) is made of the same regions.
+//! Anonymous memory (`anon`) is made of the same regions, and so is memory another owner lends
+//! (`Region::borrowed`: a buffer received from another library, kept alive by its owner).
 //!
 //! Every map is created with its space already reserved (written, or `fallocate`d), so that a
 //! full file system shows up as an `ENOSPC` error at creation and never as a SIGBUS on first
@@ -27,9 +28,23 @@ pub enum MapMode {
     ReadOnly,
 }
 
-/// One mapped range of memory that owns its mapping. Unmapped on drop.
+/// The memory of a region: a map it owns, or memory another library owns and lends.
+enum Memory {
+    /// A map made here (file or anonymous), unmapped on drop.
+    Map(MmapRaw),
+    /// Memory exported by another owner (a buffer received from another library, e.g. an
+    /// object store's shared memory): `owner` keeps it alive and in place; dropped with it.
+    Borrowed {
+        address: usize,
+        len: usize,
+        _owner: Box<dyn Send + Sync>,
+    },
+}
+
+/// One range of memory: a map it owns (unmapped on drop), or memory it borrows and keeps
+/// alive (see [`Region::borrowed`]).
 pub struct Region {
-    map: MmapRaw,
+    map: Memory,
     path: Option<PathBuf>,
     mode: MapMode,
     file: Option<FileId>,
@@ -53,19 +68,64 @@ impl std::fmt::Debug for Region {
 }
 
 impl Region {
+    /// A region over `len` bytes at `address` that this crate did not map: memory exported by
+    /// `owner` (e.g. a Python buffer view), which the region keeps, and drops last. Read-only
+    /// (the exported buffer refuses writable requests) unless `writable`; never a file, never
+    /// passed to another process by descriptor.
+    ///
+    /// # Safety
+    /// `[address, address + len)` must stay valid, in place, for as long as `owner` lives, and
+    /// must not be written through this region when the owner lent it read-only (`writable`
+    /// false).
+    pub unsafe fn borrowed(
+        address: *mut u8,
+        len: usize,
+        writable: bool,
+        owner: Box<dyn Send + Sync>,
+    ) -> Region {
+        Region {
+            map: Memory::Borrowed {
+                address: address as usize,
+                len,
+                _owner: owner,
+            },
+            path: None,
+            mode: if writable {
+                MapMode::Shared
+            } else {
+                MapMode::ReadOnly
+            },
+            file: None,
+            #[cfg(unix)]
+            fd: None,
+            archive: None,
+        }
+    }
+
+    /// Whether this region borrows memory another owner exported (see [`Region::borrowed`]).
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.map, Memory::Borrowed { .. })
+    }
+
     /// Start of the mapping.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.map.as_mut_ptr()
+        match &self.map {
+            Memory::Map(map) => map.as_mut_ptr(),
+            Memory::Borrowed { address, .. } => *address as *mut u8,
+        }
     }
 
-    /// Length in bytes (never 0: empty tensors are not mapped).
+    /// Length in bytes (never 0 for maps: empty tensors are not mapped).
     pub fn len(&self) -> usize {
-        self.map.len()
+        match &self.map {
+            Memory::Map(map) => map.len(),
+            Memory::Borrowed { len, .. } => *len,
+        }
     }
 
-    /// Always false; present for clippy's `len_without_is_empty`.
+    /// True for a region of no bytes (never a map; a borrowed buffer may be empty).
     pub fn is_empty(&self) -> bool {
-        self.map.len() == 0
+        self.len() == 0
     }
 
     /// The backing file's path, or `None` for anonymous memory.
@@ -134,12 +194,18 @@ impl Region {
             return Ok(());
         }
         let path = self.path.as_deref().unwrap_or(Path::new(""));
-        self.map.flush().map_err(|e| Error::io(path, e))
+        match &self.map {
+            Memory::Map(map) => map.flush().map_err(|e| Error::io(path, e)),
+            Memory::Borrowed { .. } => Ok(()),
+        }
     }
 
     /// Faults the map's pages in with one call (a message is about to fill them; page by page,
     /// shared memory costs a fault per 4 KiB). Best effort: kernels before 5.14 lack it.
     pub fn populate(&self) {
+        if self.is_borrowed() {
+            return; // not ours to advise
+        }
         #[cfg(target_os = "linux")]
         // SAFETY: the range is exactly the live mapping this region owns; MADV_POPULATE_WRITE
         // only faults its pages in (writable, shared: no content changes).
@@ -166,7 +232,7 @@ impl Region {
 pub fn map_anonymous(len: usize) -> io::Result<Region> {
     let map = MmapRaw::from(MmapOptions::new().len(len).map_anon()?);
     Ok(Region {
-        map,
+        map: Memory::Map(map),
         path: None,
         mode: MapMode::Shared,
         file: None,
@@ -206,7 +272,7 @@ pub fn map_file_as(
         _ => None,
     };
     Ok(Region {
-        map,
+        map: Memory::Map(map),
         path,
         mode,
         file,

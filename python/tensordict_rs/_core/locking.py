@@ -15,9 +15,32 @@ LOCK_ERROR = (
 )
 
 
+READ_ONLY_ERROR = (
+    "This TensorDict views a read-only buffer (received through pickle protocol 5 from a "
+    "buffer lent read-only, as ray.get lends the object store's shared memory: every reader "
+    "on the node sees the same bytes), so its values cannot be written. For a writable tree, "
+    "take a copy: `td = td.clone()` (one copy of the whole buffer)."
+)
+
+
 def locked_error() -> LockedError:
     """The error of a key change on a locked TensorDict (a RuntimeError, as in tensordict)."""
     return LockedError(LOCK_ERROR)
+
+
+def refuse_read_only(td: TreeNode) -> None:
+    """Raises ``LockedError`` (a RuntimeError) before a write into a read-only tree's values,
+    saying how to get a writable one."""
+    if td._read_only:
+        raise LockedError(READ_ONLY_ERROR)
+
+
+def mark_read_only(td: TreeNode) -> None:
+    """Marks ``td`` and every nested tree read-only (see ``refuse_read_only``)."""
+    td._read_only = True
+    for value in td._tensordict.values():
+        if isinstance(value, TreeNode):
+            mark_read_only(value)
 
 
 class Lockable(TreeNode):

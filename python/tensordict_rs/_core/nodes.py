@@ -49,6 +49,8 @@ class TreeNode:
     # the tensorclass whose instances this tree class stores (a tensorclass's ``_TensorDict``
     # subclass, see tensorclass.py), None for every other tree class
     _tensorclass: ClassVar[Any] = None
+    # views of a buffer lent read-only (pickle protocol 5, ray.get): values never written
+    _read_only: bool = False
 
     def _init(self, batch_size: torch.Size, device: torch.device | None) -> None:
         self._tensordict = {}

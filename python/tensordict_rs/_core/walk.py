@@ -105,7 +105,17 @@ def map_leaves(
     if names is KEEP:
         names = td._names if len(batch) == len(td._batch_size) else None
     out = _map(
-        td, fn, others, batch, target, check, non_tensor, moves_rows, td.batch_dims, node_batch, names
+        td,
+        fn,
+        others,
+        batch,
+        target,
+        check,
+        non_tensor,
+        moves_rows,
+        td.batch_dims,
+        node_batch,
+        names,
     )
     if lock and td._is_locked:
         out._lock_tree()

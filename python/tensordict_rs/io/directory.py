@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from .. import _native
-from .._core import nested as _nested
 from .._core import classes as _classes
+from .._core import nested as _nested
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
 from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused, _json_text
 from .._core.nontensor import NonTensorStack

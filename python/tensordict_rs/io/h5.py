@@ -127,7 +127,14 @@ def from_h5(
 def to_h5(td: TD, filename: str | os.PathLike[str], **kwargs: Any) -> TD:
     """Writes the tree to a new HDF5 file (groups for nested TensorDicts, a dataset per leaf,
     ``kwargs`` passed to ``create_dataset``, e.g. ``compression="gzip"``) and returns
-    ``from_h5(filename, mode="r+")`` with this batch size. Needs h5py.
+    ``from_h5(filename, mode="r+")`` with this batch size. Needs h5py::
+
+        td.to_h5("data.h5", compression="gzip")
+        back = TensorDict.from_h5("data.h5")
+
+    >>> from tensordict_rs import TensorDict
+    >>> callable(TensorDict.to_h5)
+    True
     """
     h5py = _h5py()
     path = os.fspath(filename)

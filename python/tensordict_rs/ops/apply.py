@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._core.locking import refuse_read_only
 from .._core.nodes import TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
 from .devices import _normalize_device
@@ -144,6 +145,7 @@ def _apply(
     walk = _ApplyWalk(fn, default, filter_empty is not False, call_on_nested, named, nested_keys)
     if inplace or out is not None:
         target = out if out is not None and not inplace else td
+        refuse_read_only(target)
         walk.into(td, others, target, ())
         return target
     batch = td._batch_size if batch_size is None else torch.Size(batch_size)

@@ -148,7 +148,14 @@ class DeviceMoves(TreeNode):
 
     def record_stream(self, stream: Any) -> Self:
         """Marks every tensor leaf as used by the CUDA ``stream`` (``Tensor.record_stream``);
-        returns self."""
+        returns self. A tree with no leaves records nothing (CUDA is needed otherwise):
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({}, [2])
+        >>> td.record_stream(None) is td
+        True
+        """
         for _, _, leaf in list(leaves(self)):
             leaf.record_stream(stream)
         return self

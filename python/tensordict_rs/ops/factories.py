@@ -59,6 +59,14 @@ def _factory(name: str, fill: Any = None) -> Any:
         )
         return map_leaves(td, leaf, batch_size=batch, device=target)
 
+    method.__name__ = method.__qualname__ = f"new_{name}"
+    method.__doc__ = (
+        f"A new TensorDict of ``torch.{name}`` leaves with batch size ``size`` (each leaf keeps "
+        "its feature dims, dtype and device unless ``dtype``/``device`` are given).\n\n"
+        "    >>> import torch\n    >>> from tensordict_rs import TensorDict\n"
+        "    >>> td = TensorDict({'x': torch.ones(2, 3)}, [2])\n"
+        f"    >>> td.new_{name}(4)['x'].shape\n    torch.Size([4, 3])\n"
+    )
     return method
 
 

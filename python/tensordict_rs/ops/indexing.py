@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .._core import index as _items
-from .._core.locking import locked_error
+from .._core.locking import locked_error, mark_read_only, refuse_read_only
 from .._core.nodes import TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.walk import is_tree, map_leaves, zip_leaves
@@ -60,6 +60,8 @@ def index(td: TD, index: Any) -> TD:
     out = map_leaves(
         td, lambda t: t[items], batch_size=batch, moves_rows=True, names=_index_names(td, items)
     )
+    if td._read_only:
+        mark_read_only(out)  # views of the same read-only buffer
     if td._is_shared and all(i is None or isinstance(i, (int, slice)) for i in items):
         out._mark_shared()  # a view of shared memory is shared (tensordict's td[0], td[1:])
     return out
@@ -114,6 +116,7 @@ def _index_names(td: TreeNode, items: tuple[Any, ...]) -> list[Any] | None:
 
 def set_rows(td: TreeNode, index: Any, value: Any) -> None:
     """``td[index] = value`` for a batch index (see ``TensorDict.__setitem__``)."""
+    refuse_read_only(td)
     items = _items.normalize(index, td.batch_dims)
     _items.indexed_batch_size(td._batch_size, items)  # out-of-range rows: IndexError
     if is_tree(value) or isinstance(value, Mapping):

@@ -98,7 +98,14 @@ class Names(TreeNode):
         return self.copy().rename_(*names, **rename_map)
 
     def rename_(self, *names: Any, **rename_map: Any) -> Self:
-        """``rename`` in place; returns self."""
+        """``rename`` in place; returns self.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"x": torch.zeros(2, 3)}, [2, 3], names=["a", "b"])
+        >>> td.rename_(b="c").names
+        ['a', 'c']
+        """
         if names and rename_map:
             raise ValueError("rename takes names or a mapping, not both")
         if len(names) == 1 and isinstance(names[0], (list, tuple)):

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .._core.locking import refuse_read_only
 from .._core.nodes import TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.walk import leaves, map_leaves, zip_leaves
@@ -83,6 +84,7 @@ def _reflected(fn: Callable[[Any, Any], Any]) -> Callable[[TD, Any], TD]:
 
 def _inplace(name: str) -> Callable[..., TD]:
     def method(td: TD, other: Any, **kwargs: Any) -> TD:
+        refuse_read_only(td)
         for leaf, value in list(zip_leaves(td, operand(td, other))):
             getattr(leaf, name)(against(value, leaf), **kwargs)
         return td
@@ -99,6 +101,7 @@ def _unary(name: str) -> Callable[[TD], TD]:
 
 def _unary_(name: str) -> Callable[[TD], TD]:
     def method(td: TD) -> TD:
+        refuse_read_only(td)
         for _, _, leaf in list(leaves(td)):
             getattr(leaf, name)()
         return td
@@ -289,6 +292,9 @@ INPLACE_BINARY: dict[str, tuple[str, str]] = {
 _BITWISE = ("and", "or", "xor", "invert")
 
 
+_UNIT_DOMAIN = {"acos", "asin", "arccos", "arcsin", "atanh", "arctanh"}
+
+
 def _example(name: str, arg: str, inplace: bool = False) -> str:
     """A doctest showing that the method does to each leaf what the tensor method does."""
     bitwise = any(f"_{b}_" in name or name.endswith(f"{b}__") for b in _BITWISE)
@@ -296,6 +302,9 @@ def _example(name: str, arg: str, inplace: bool = False) -> str:
         values = "x, y = torch.tensor([3, 5]), torch.tensor([1, 4])"
         if name == "__invert__":
             values = "x = torch.tensor([True, False])"
+    elif name.strip("_") in _UNIT_DOMAIN:
+        # defined on [-1, 1] only: values outside would compare NaN with NaN
+        values = "x, y = torch.tensor([0.5, -0.25]), torch.tensor([2.0, 3.0])"
     else:
         values = "x, y = torch.tensor([1.0, 6.0]), torch.tensor([2.0, 3.0])"
     if inplace:
@@ -559,8 +568,19 @@ def _cast(dtype: torch.dtype, name: str) -> Callable[..., TD]:
         f"Every tensor leaf cast to ``{dtype}`` (a new TensorDict). ``cast_filter(key, leaf)`` "
         "(key: a tuple) chooses the leaves to cast; the others are kept as they are.\n\n"
         "    >>> import torch\n    >>> from tensordict_rs import TensorDict\n"
-        "    >>> td = TensorDict({'x': torch.tensor([1.5, 2.0])}, [2])\n"
-        f"    >>> td.{name}()['x'].dtype\n    {dtype}\n",
+        "    >>> td = TensorDict({'x': torch.tensor([1.5, 2.0])}, [2])\n" + _cast_call(name, dtype),
+    )
+
+
+def _cast_call(name: str, dtype: torch.dtype) -> str:
+    """The example's call: torch warns that complex32 is experimental, which doctests (warnings as
+    errors) would take for a failure."""
+    if dtype is not torch.complex32:
+        return f"    >>> td.{name}()['x'].dtype\n    {dtype}\n"
+    return (
+        "    >>> import warnings\n    >>> with warnings.catch_warnings():\n"
+        "    ...     warnings.simplefilter('ignore')  # torch: ComplexHalf is experimental\n"
+        f"    ...     out = td.{name}()\n    >>> out['x'].dtype\n    {dtype}\n"
     )
 
 
@@ -630,7 +650,17 @@ def _quantized(dtype: torch.dtype, name: str) -> Callable[..., TreeNode]:
         method,
         name,
         f"Deprecated (as in tensordict 0.15): casts every leaf to ``torch.{name}``, which torch "
-        "refuses for plain tensors; quantize with ``torch.quantize_per_tensor`` instead.",
+        "refuses for plain tensors; quantize with ``torch.quantize_per_tensor`` instead, as the "
+        "deprecation warning says:\n\n"
+        "    >>> import torch, warnings\n    >>> from tensordict_rs import TensorDict\n"
+        "    >>> td = TensorDict({'x': torch.tensor([1.5, 2.0])}, [2])\n"
+        "    >>> with warnings.catch_warnings(record=True) as caught:\n"
+        "    ...     warnings.simplefilter('always')\n"
+        "    ...     try:\n"
+        f"    ...         _ = td.{name}()\n"
+        "    ...     except RuntimeError:  # torch: no quantized tensors from plain casts\n"
+        "    ...         pass\n"
+        "    >>> caught[0].category.__name__\n    'DeprecationWarning'\n",
     )
 
 
@@ -680,6 +710,7 @@ def zero_(td: TD) -> TD:
     >>> td.zero_()["b", "c"]
     tensor([0., 0.])
     """
+    refuse_read_only(td)
     for _, _, leaf in list(leaves(td)):
         leaf.zero_()
     return td
@@ -694,6 +725,7 @@ def fill_(td: TD, key: Any, value: float | bool) -> TD:
     >>> td.fill_("a", 7.0)["a"][0]
     tensor([7., 7., 7.])
     """
+    refuse_read_only(td)
     entry = td.get(key)
     if isinstance(entry, TreeNode):
         for _, _, leaf in list(leaves(entry)):
@@ -712,6 +744,7 @@ def copy_(td: TD, tensordict: Any, non_blocking: bool = False) -> TD:
     >>> td.copy_(td * 0)["a"].sum().item()
     0.0
     """
+    refuse_read_only(td)
     if not isinstance(tensordict, TreeNode):
         tensordict = type(td)(dict(tensordict), td.batch_size)
     for source, target in list(zip_leaves(tensordict, td)):
@@ -730,6 +763,7 @@ def set_at_(td: TD, key: Any, value: Any, index: Any, *, non_blocking: bool = Fa
     >>> td.set_at_("a", torch.full((3,), 9.0), 0)["a"][0]
     tensor([9., 9., 9.])
     """
+    refuse_read_only(td)
     entry = td.get(key)
     if isinstance(entry, TreeNode):
         entry[index] = value
@@ -824,6 +858,7 @@ def masked_fill_(td: TD, mask: torch.Tensor, value: float | bool) -> TD:
     >>> td.masked_fill_(torch.tensor([False, True]), 0.0)["b", "c"]
     tensor([1., 0.])
     """
+    refuse_read_only(td)
     for _, _, leaf in list(leaves(td)):
         leaf.masked_fill_(_mask_for(mask, leaf), value)
     return td

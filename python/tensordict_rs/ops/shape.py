@@ -49,9 +49,7 @@ def dim_of(td: TD, dim: int, extra: int = 0) -> int:
 
 
 def _with_batch(td: TD, leaf_fn: Any, batch: Any, lock: bool = True, names: Any = KEEP) -> TD:
-    return map_leaves(
-        td, leaf_fn, batch_size=batch, lock=lock, moves_rows=True, names=names
-    )
+    return map_leaves(td, leaf_fn, batch_size=batch, lock=lock, moves_rows=True, names=names)
 
 
 def _named(td: TD, order: Any) -> list[Any] | None:

@@ -298,6 +298,15 @@ def map(
             out = process(data[:1])[0].expand(1000).memmap_like("out")
             data.map(process, num_workers=4, chunksize=100, out=out,
                      generator=torch.default_generator)
+
+    A method of a class pickles by name, so it can be ``fn`` anywhere:
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"x": torch.arange(8.0)}, [8])
+    >>> out = td.map(TensorDict.clone, num_workers=2, chunksize=4, generator=torch.Generator())
+    >>> torch.equal(out["x"], td["x"])
+    True
     """
     own = pool is None
     token = 0

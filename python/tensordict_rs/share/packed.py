@@ -498,6 +498,12 @@ def plan(td: Any) -> Plan:
     return new
 
 
+def plan_if_built(td: Any) -> Plan | None:
+    """The plan ``build`` remembered for ``td`` (None when there is none)."""
+    entry = _PLANS.get(id(td))
+    return entry[1] if entry is not None and entry[0]() is td else None
+
+
 def _matches(new: Plan, whole: torch.Tensor) -> bool:
     """Whether ``new``'s leaves still lie at their offsets in ``whole`` (after materializing)."""
     if new.table is None or whole.numel() != new.total or whole.device != _CPU:
@@ -533,6 +539,7 @@ def build(
     capacity: int | None = None,
     on_buffer: Callable[[torch.Tensor], Any] | None = None,
     into: tuple[_native.Buffer, torch.Tensor] | None = None,
+    views_of: torch.Tensor | None = None,
 ) -> tuple[Any, torch.Tensor]:
     """A new tree from a description, and the one buffer to receive its ``total`` bytes into.
 
@@ -543,10 +550,14 @@ def build(
     until it is used); on another device, views of one device buffer. ``capacity`` makes the
     buffer that long (a padded collective), the leaves still in its first ``total`` bytes.
     ``into``, an ``arena(total)`` made before the description arrived (the data may be arriving
-    into it already), is that buffer instead of a new one (CPU only).
+    into it already), is that buffer instead of a new one (CPU only). ``views_of``, a uint8
+    tensor of at least ``total`` bytes holding the message, makes the leaves plain tensor views
+    of it (a copy of a tree: ``TensorDict.clone``).
     """
     target = None if device is None or device == _CPU else device
     device_buffer: list[torch.Tensor] = []  # the device case: made once ``capacity`` is known
+    if views_of is not None:
+        device_buffer.append(views_of)
 
     def make_node(batch: list[int], named: str | None) -> tuple[Any, dict[str, Any]]:
         if not node_device:  # the root: every node on ``device``, or on the CPU when the
@@ -566,8 +577,9 @@ def build(
         return NonTensorData(json.loads(text))
 
     node_device: list[torch.device | None] = []
-    if target is not None:
+    if target is not None and views_of is None:
         device_buffer.append(torch.empty(capacity or total, dtype=torch.uint8, device=target))
+    arena = target is None and views_of is None
     early: list[torch.Tensor] = []
 
     def arrived(arena: Any, end: int) -> None:
@@ -582,19 +594,19 @@ def build(
     td, end, _, nodes = _native.build_packed_tree(
         text,
         capacity,
-        target is None,
+        arena,
         STR_TO_DTYPE,
         make_node,
-        _LazyLeaf if target is None else make_view,
+        _LazyLeaf if arena else make_view,
         make_empty,
         make_value,
-        None if target is not None or into is not None else arrived,
+        None if not arena or into is not None else arrived,
         None if into is None else into[0],
         untrack_leaves=True,  # _LazyLeaf: a buffer, a dtype, a tuple of ints (no cycles)
     )
     if end != total:
         raise _bad(f"the leaves hold {end} bytes, but the message holds {total}")
-    if target is not None:
+    if device_buffer:
         early.append(device_buffer[0])
         if on_buffer is not None:
             on_buffer(early[0])

@@ -430,6 +430,13 @@ class Shareable(TreeNode):
         return self
 
     def pin_memory_(self, num_threads: int | None = None) -> Self:
-        """``pin_memory(inplace=True)``: pins every tensor leaf in place; returns self."""
+        """``pin_memory(inplace=True)``: pins every tensor leaf in place; returns self (CUDA
+        is needed to pin; a tree with no leaves is returned as it is).
+
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({}, [])
+        >>> td.pin_memory_() is td
+        True
+        """
         self.pin_memory(num_threads, inplace=True)
         return self
