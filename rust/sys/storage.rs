@@ -203,18 +203,18 @@ impl Region {
     /// Faults the map's pages in with one call (a message is about to fill them; page by page,
     /// shared memory costs a fault per 4 KiB). Best effort: kernels before 5.14 lack it.
     pub fn populate(&self) {
-        if self.is_borrowed() {
-            return; // not ours to advise
-        }
+        // A borrowed buffer is not ours to advise.
         #[cfg(target_os = "linux")]
-        // SAFETY: the range is exactly the live mapping this region owns; MADV_POPULATE_WRITE
-        // only faults its pages in (writable, shared: no content changes).
-        unsafe {
-            let _ = rustix::mm::madvise(
-                self.as_ptr().cast(),
-                self.len(),
-                rustix::mm::Advice::LinuxPopulateWrite,
-            );
+        if !self.is_borrowed() {
+            // SAFETY: the range is exactly the live mapping this region owns;
+            // MADV_POPULATE_WRITE only faults its pages in (writable, shared: no content changes).
+            unsafe {
+                let _ = rustix::mm::madvise(
+                    self.as_ptr().cast(),
+                    self.len(),
+                    rustix::mm::Advice::LinuxPopulateWrite,
+                );
+            }
         }
     }
 

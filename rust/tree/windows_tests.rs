@@ -96,6 +96,7 @@ fn leaf(data: &[u8]) -> LeafSpec<'_> {
         data: Some(data),
         nbytes: data.len(),
         same_file: None,
+        nested: None,
     }
 }
 

@@ -120,12 +120,11 @@ def test_file_order_is_the_tree_order(tmp_path: Path) -> None:
     [
         (lambda t: t.replace('"torch.int64"', '"torch.int65"'), "unknown dtype"),
         (lambda t: t.replace('"shape": [3]', '"shape": [3.0]', 1), "non-negative"),
-        (lambda t: t.replace('"is_nested": false', '"is_nested": true', 1), "nested"),
         (lambda t: t.replace('"device": "cpu", "_type"', '"device": "gpu", "_type"'), "a device"),
         (lambda t: t + " x", "not valid JSON"),
         (lambda t: t.replace('"data": {', '"data": 7, "_x": {', 1), "not an object"),
     ],
-    ids=["dtype", "float_dim", "nested", "device", "trailing", "data_not_object"],
+    ids=["dtype", "float_dim", "device", "trailing", "data_not_object"],
 )
 def test_damaged_meta_names_the_file(tmp_path: Path, change: Any, words: str) -> None:
     path = saved(tmp_path / "td")
@@ -135,3 +134,13 @@ def test_damaged_meta_names_the_file(tmp_path: Path, change: Any, words: str) ->
     with pytest.raises(TensorDictError) as info:
         TensorDict.load_memmap(path)
     assert words in str(info.value) and str(path / "meta.json") in str(info.value)
+
+
+def test_leaf_marked_nested_without_its_shape_table_is_refused(tmp_path: Path) -> None:
+    """``"is_nested": true`` on a dense leaf declares a nested leaf (issue 21): without the table
+    of its components' shapes the load refuses, naming the key's missing file."""
+    path = saved(tmp_path / "td")
+    edit_text(path, lambda t: t.replace('"is_nested": false', '"is_nested": true', 1))
+    with pytest.raises(TensorDictError) as info:
+        TensorDict.load_memmap(path)
+    assert "component shapes" in str(info.value) and ".shape.memmap" in str(info.value)

@@ -20,7 +20,9 @@ HEAD = [
     ("copy_existing", POS, False),
 ]
 COMMON = [("num_threads", KW, 0), ("return_early", KW, False), ("existsok", KW, True)]
-# tensordict-rs 0.1.0's signatures (fba7fba), parameter by parameter
+# added by issue 23 (the reference's names; share_non_tensor=True is refused by name)
+NEWER = [("share_non_tensor", KW, False), ("robust_key", KW, None)]
+# tensordict-rs 0.1.0's signatures (fba7fba), parameter by parameter, then NEWER
 COPY_SIGNATURE = [
     *HEAD,
     *COMMON,
@@ -28,6 +30,7 @@ COPY_SIGNATURE = [
     ("archive", KW, None),
     ("compression", KW, None),
     ("progress", KW, False),
+    *NEWER,
 ]
 LIKE_SIGNATURE = [
     *HEAD,
@@ -36,6 +39,7 @@ LIKE_SIGNATURE = [
     ("reserve", KW, True),
     ("archive", KW, None),
     ("progress", KW, False),
+    *NEWER,
 ]
 
 

@@ -428,7 +428,7 @@ FACTORY_CASES: dict[str, Callable[[Any], Any]] = {
     "new_ones_dtype": lambda P: mixed(P).new_ones(2, dtype=torch.float16),
     "new_full": lambda P: mixed(P).new_full((2, 3), 7),
     "new_empty_shape": lambda P: mixed(P).new_empty(2, 3).apply(lambda t: torch.zeros_like(t)),
-    "new_tensor": lambda P: mixed(P).new_tensor(torch.arange(5)),
+    "new_tensor": lambda P: mixed(P).new_tensor([0, 1, 2, 3, 4]),  # a tensor: torch warns
     "new_tensor_td": lambda P: mixed(P).new_tensor(mixed(P) * 2),
     "new_zeros_requires_grad": lambda P: floats(P).new_zeros(2, requires_grad=True),
     "from_schema": lambda P: P.TensorDict.from_schema(

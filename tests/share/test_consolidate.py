@@ -93,7 +93,7 @@ def test_a_device_other_than_the_tree_is_honoured() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"filename": "x.bin"}, {"return_early": True}, {"use_buffer": True}, {"pin_memory": True}],
+    [{"return_early": True}, {"use_buffer": True}, {"pin_memory": True}],  # filename: issue 23
 )
 def test_unsupported_options_are_refused_by_name(kwargs: dict[str, object]) -> None:
     td = TensorDict({"a": torch.zeros(3)}, [3])

@@ -102,8 +102,8 @@ def from_h5(
     """
     if non_tensor_as_stack:
         raise NotImplementedError(
-            "from_h5(non_tensor_as_stack=True) needs NonTensorStack, which tensordict_rs does "
-            "not have yet: string columns read as one NonTensorData holding a list."
+            "from_h5(non_tensor_as_stack=True) is not supported yet: string columns read as one "
+            "NonTensorData holding a list (NonTensorStack.from_list(value.tolist()) makes a stack)."
         )
     if auto_batch_size and batch_size is not None:
         raise TypeError("auto_batch_size and batch_size are exclusive.")

@@ -156,7 +156,7 @@ def new_tensor(
             return t.new_tensor(source, dtype=dtype or t.dtype, **kwargs)
 
     if device is _KEEP:
-        target = source.device if isinstance(data, torch.Tensor) else None
+        target = source.device  # a list becomes a CPU tensor: the tree is on CPU, as tensordict
     else:
         target = None if device is None else torch.device(device)
     return map_leaves(td, leaf, batch_size=source.shape, device=target)

@@ -118,8 +118,8 @@ def reduce_ex(td: TD, protocol: int) -> Any:
     """
     if protocol < 5:
         return object.__reduce_ex__(td, protocol)
-    plan = _packed.plan(td)
-    if not _packable(plan):
+    plan = _plan_or_none(td)
+    if plan is None or not _packable(plan):
         return object.__reduce_ex__(td, protocol)
     try:
         text = plan.description()
@@ -241,11 +241,22 @@ def _rebuild(
     return td
 
 
+def _plan_or_none(td: TreeNode) -> _packed.Plan | None:
+    """The packed plan of ``td``, or None for a tree one message cannot carry (a nested leaf:
+    such trees are pickled and cloned leaf by leaf)."""
+    try:
+        return _packed.plan(td)
+    except _native.InvalidTreeError:
+        return None
+
+
 def clone_whole(td: TD) -> TD | None:
     """A writable copy of an arena-backed tree whose leaves lie in one buffer (consolidated,
     received, ``ray.get``'s read-only trees): one copy of the whole buffer, the new leaves
     plain tensors viewing it. None for other trees (they are cloned leaf by leaf)."""
-    plan = _packed.plan(td)
+    plan = _plan_or_none(td)
+    if plan is None:
+        return None
     whole = plan.whole
     if whole is None or whole.device != _CPU or not plan.total or not _packable(plan):
         return None
