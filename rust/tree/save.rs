@@ -195,7 +195,10 @@ pub(crate) fn write_tree_hooked(
     })();
     // Released first: on Windows the lock is a file inside the directory.
     drop(lock);
+    #[cfg(unix)]
     drop(ancestors);
+    #[cfg(not(unix))]
+    let _ = ancestors; // holds nothing there (Windows locks are files)
     if result.is_err() && created {
         // We made the directory for this save: leave no empty one behind.
         let _ = std::fs::remove_dir(&target);
