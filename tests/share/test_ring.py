@@ -122,13 +122,13 @@ def test_slots_are_reused() -> None:
     assert len(addresses) <= 2 * 6, len(addresses)
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_persistent_workers_across_epochs_and_two_loaders_at_once(method: str) -> None:
+def test_persistent_workers_across_epochs_and_two_loaders_at_once() -> None:
+    """With the default start method (``make test-forkserver`` runs it under forkserver)."""
     _wait_for(lambda: _ring.mapped_rings() == 0, "the rings of earlier loaders")
     td = _dataset()
     other = _dataset(300)
-    first = _loader(td, _order(3), 50, persistent_workers=True, multiprocessing_context=method)
-    second = _loader(other, _order(4, 300), 7, persistent_workers=True, multiprocessing_context=method)
+    first = _loader(td, _order(3), 50, persistent_workers=True)
+    second = _loader(other, _order(4, 300), 7, persistent_workers=True)
     for _epoch in range(3):
         for i, (x, y) in enumerate(zip(first, second, strict=False)):
             _check(x, torch.tensor(_order(3)[i * 50 : (i + 1) * 50]))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import pickle
 from multiprocessing import context, reduction
+from collections.abc import Sequence
 from typing import Any, Self
 
 import torch
@@ -200,13 +201,20 @@ def _ring_leaf(storage: torch.UntypedStorage, entry: tuple[Any, ...]) -> torch.T
     return torch.empty(0, dtype=STR_TO_DTYPE[dtype_name]).set_(storage, offset, shape, stride)
 
 
-def _build(node: tuple[Any, ...], buffers: list[Any], storages: list[Any] = ()) -> Any:  # type: ignore[assignment]
+def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = ()) -> Any:
     from pathlib import Path
 
     cls, batch, device, flags, prefix, entries = node
     td = cls._new_unchecked(torch.Size(batch), None if device is None else torch.device(device))
     items = td._tensordict
     dtypes = STR_TO_DTYPE
+    ring_leaves: Any = ()
+    if storages:
+        # the leaves that view a ring slot, made together (a few torch calls for many leaves)
+        specs = [
+            (storages[e[2]], dtypes[e[3]], e[4], e[5], e[6]) for e in entries if e[0] == RING
+        ]
+        ring_leaves = iter(_ring.views(specs))
     for entry in entries:
         tag, key = entry[0], entry[1]
         if tag == BUFFER:
@@ -215,7 +223,7 @@ def _build(node: tuple[Any, ...], buffers: list[Any], storages: list[Any] = ()) 
             else:
                 items[key] = _leaf(buffers[entry[2]], entry[3], entry[4], entry[5])
         elif tag == RING:
-            items[key] = _ring_leaf(storages[entry[2]], entry)
+            items[key] = next(ring_leaves)
         elif tag == NODE:
             items[key] = _build(entry[2], buffers, storages)
         elif tag == NON_TENSOR:
