@@ -155,8 +155,10 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     results = run(args.rounds, args.batches)
-    print("| rows x bytes | device | load | ref w0 | rs w0 | ref w2 | rs w2 | rs w2 / ref w2 | "
-          "rs w2 / rs w0 | copy limit (1 thread) |")
+    print(
+        "| rows x bytes | device | load | ref w0 | rs w0 | ref w2 | rs w2 | rs w2 / ref w2 | "
+        "rs w2 / rs w0 | copy limit (1 thread) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(

@@ -24,8 +24,15 @@ pub fn ring_transition(
     from_state: u64,
     to_state: u64,
 ) -> PyResult<bool> {
-    ring::transition(header.as_ptr(), header.len(), slot, generation, from_state, to_state)
-        .map_err(PyValueError::new_err)
+    ring::transition(
+        header.as_ptr(),
+        header.len(),
+        slot,
+        generation,
+        from_state,
+        to_state,
+    )
+    .map_err(PyValueError::new_err)
 }
 
 /// `(generation, state)` of slot `slot`.

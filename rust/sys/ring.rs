@@ -49,7 +49,12 @@ pub fn acquire(base: *mut u8, len: usize, count: usize) -> Result<Option<(usize,
         let mut current = word.load(Ordering::Acquire);
         while current & 3 == FREE {
             let generation = (current >> 2).wrapping_add(1) & (u64::MAX >> 2);
-            match word.compare_exchange(current, generation << 2 | HELD, Ordering::AcqRel, Ordering::Acquire) {
+            match word.compare_exchange(
+                current,
+                generation << 2 | HELD,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => return Ok(Some((i, generation))),
                 Err(seen) => current = seen,
             }
@@ -60,7 +65,14 @@ pub fn acquire(base: *mut u8, len: usize, count: usize) -> Result<Option<(usize,
 
 /// Moves slot `slot` from `(generation, from)` to `(generation, to)`; false when the word holds
 /// anything else (another generation, another state).
-pub fn transition(base: *mut u8, len: usize, slot: usize, generation: u64, from: u64, to: u64) -> Result<bool, String> {
+pub fn transition(
+    base: *mut u8,
+    len: usize,
+    slot: usize,
+    generation: u64,
+    from: u64,
+    to: u64,
+) -> Result<bool, String> {
     check(base, len, slot + 1)?;
     if from > 3 || to > 3 {
         return Err(format!("invalid slot states {from} -> {to}"));
@@ -69,7 +81,12 @@ pub fn transition(base: *mut u8, len: usize, slot: usize, generation: u64, from:
     let word = &unsafe { words(base, slot + 1) }[slot];
     let expected = generation << 2 | from;
     Ok(word
-        .compare_exchange(expected, generation << 2 | to, Ordering::AcqRel, Ordering::Acquire)
+        .compare_exchange(
+            expected,
+            generation << 2 | to,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
         .is_ok())
 }
 

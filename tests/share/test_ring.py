@@ -159,7 +159,10 @@ def test_pin_memory_loader() -> None:
     with pytest.warns(UserWarning) if not torch.cuda.is_available() else _nothing():
         loader = _loader(td, order, 40, pin_memory=True)
         for i, b in enumerate(loader):
-            _check(b.cpu() if torch.cuda.is_available() else b, torch.tensor(order[i * 40 : (i + 1) * 40]))
+            _check(
+                b.cpu() if torch.cuda.is_available() else b,
+                torch.tensor(order[i * 40 : (i + 1) * 40]),
+            )
             if torch.cuda.is_available():
                 assert b["a"].is_pinned()
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import os
 import pickle
-from multiprocessing import context, reduction
 from collections.abc import Sequence
+from multiprocessing import context, reduction
 from typing import Any, Self
 
 import torch
@@ -211,9 +211,7 @@ def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = 
     ring_leaves: Any = ()
     if storages:
         # the leaves that view a ring slot, made together (a few torch calls for many leaves)
-        specs = [
-            (storages[e[2]], dtypes[e[3]], e[4], e[5], e[6]) for e in entries if e[0] == RING
-        ]
+        specs = [(storages[e[2]], dtypes[e[3]], e[4], e[5], e[6]) for e in entries if e[0] == RING]
         ring_leaves = iter(_ring.views(specs))
     for entry in entries:
         tag, key = entry[0], entry[1]

@@ -37,7 +37,7 @@ import select
 import threading
 import weakref
 from multiprocessing import reduction
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.utils.data
@@ -176,7 +176,7 @@ class WorkerRing:
         """Marks the held slots of one message SENT (all or none); False when one of them is
         not held by that batch any more (it was sent already)."""
         with self.lock:
-            done = []
+            done: list[tuple[int, int]] = []
             for slot, generation in slots:
                 if not _native.ring_transition(self.header, slot, generation, HELD, SENT):
                     for s, g in done:
@@ -274,7 +274,7 @@ def gather_batch(td: TD, index: torch.Tensor) -> TD | None:
         if got is None:
             return None
         slot, generation, slab = got
-        view = memoryview(slab.buffer)  # this batch's own owner of the slab's bytes
+        view = memoryview(cast(Any, slab.buffer))  # this batch's own owner of the slab bytes
         weakref.finalize(view, ring.drop, slot, generation)
         storage = torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
         return views(
@@ -381,7 +381,7 @@ def receive(message: tuple[Any, ...]) -> torch.UntypedStorage:
             _by_address[buffer.address] = slab
         else:
             _close(slab_h)
-    view = memoryview(slab.buffer)
+    view = memoryview(cast(Any, slab.buffer))
     weakref.finalize(view, _release, ring.header, slab, slot, generation)
     return torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
 
@@ -457,7 +457,7 @@ class _Watcher:
             for fd in fds:
                 poller.register(fd, select.POLLIN)
             events = poller.poll(500 if polled else None)
-            gone = []
+            gone: list[tuple[int, int | None]] = []
             for fd, _ in events:
                 if fd == self.wake_r:
                     os.read(self.wake_r, 4096)
@@ -465,14 +465,14 @@ class _Watcher:
                     gone.append((fds[fd], fd))
             if polled:
                 with self.lock:
-                    for pid, fd in self.pids.items():
-                        if fd is None and not _alive(pid):
+                    for pid, pidfd in self.pids.items():
+                        if pidfd is None and not _alive(pid):
                             gone.append((pid, None))
-            for pid, fd in gone:
+            for pid, pidfd in gone:
                 with self.lock:
                     self.pids.pop(pid, None)
-                if fd is not None:
-                    os.close(fd)
+                if pidfd is not None:
+                    os.close(pidfd)
                 forget(pid)
 
 
