@@ -11,7 +11,9 @@ use crate::sys::ring;
 /// `(slot, generation)`, or None when every slot is taken.
 #[pyfunction]
 pub fn ring_acquire(header: &Buffer, count: usize) -> PyResult<Option<(usize, u64)>> {
-    ring::acquire(header.as_ptr(), header.len(), count).map_err(PyValueError::new_err)
+    // SAFETY: the pointer and length are the Buffer's own, whose map lives while `header` is
+    // borrowed; ring headers are only ever touched through these atomics.
+    unsafe { ring::acquire(header.as_ptr(), header.len(), count) }.map_err(PyValueError::new_err)
 }
 
 /// Moves slot `slot` of generation `generation` from state `from_state` to `to_state` (0 free,
@@ -24,19 +26,23 @@ pub fn ring_transition(
     from_state: u64,
     to_state: u64,
 ) -> PyResult<bool> {
-    ring::transition(
-        header.as_ptr(),
-        header.len(),
-        slot,
-        generation,
-        from_state,
-        to_state,
-    )
+    // SAFETY: as in `ring_acquire`.
+    unsafe {
+        ring::transition(
+            header.as_ptr(),
+            header.len(),
+            slot,
+            generation,
+            from_state,
+            to_state,
+        )
+    }
     .map_err(PyValueError::new_err)
 }
 
 /// `(generation, state)` of slot `slot`.
 #[pyfunction]
 pub fn ring_state(header: &Buffer, slot: usize) -> PyResult<(u64, u64)> {
-    ring::state(header.as_ptr(), header.len(), slot).map_err(PyValueError::new_err)
+    // SAFETY: as in `ring_acquire`.
+    unsafe { ring::state(header.as_ptr(), header.len(), slot) }.map_err(PyValueError::new_err)
 }

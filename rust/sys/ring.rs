@@ -41,9 +41,14 @@ fn check(base: *mut u8, len: usize, count: usize) -> Result<(), String> {
 
 /// Takes the first FREE slot among the first `count`: `(slot, generation)`, or None when every
 /// slot is taken (the ring is dry).
-pub fn acquire(base: *mut u8, len: usize, count: usize) -> Result<Option<(usize, u64)>, String> {
+///
+/// # Safety
+/// `base` must point at `len` bytes of memory that stays mapped for the call and is only ever
+/// accessed through atomics (the header Buffer of a ring, in every process that maps it).
+pub unsafe fn acquire(base: *mut u8, len: usize, count: usize) -> Result<Option<(usize, u64)>, String> {
     check(base, len, count)?;
-    // SAFETY: checked above; the header Buffer keeps the map alive during the call.
+    // SAFETY: alignment and length checked above; the caller keeps the memory mapped (the
+    // function's contract).
     let slots = unsafe { words(base, count) };
     for (i, word) in slots.iter().enumerate() {
         let mut current = word.load(Ordering::Acquire);
@@ -65,7 +70,11 @@ pub fn acquire(base: *mut u8, len: usize, count: usize) -> Result<Option<(usize,
 
 /// Moves slot `slot` from `(generation, from)` to `(generation, to)`; false when the word holds
 /// anything else (another generation, another state).
-pub fn transition(
+///
+/// # Safety
+/// `base` must point at `len` bytes of memory that stays mapped for the call and is only ever
+/// accessed through atomics (the header Buffer of a ring, in every process that maps it).
+pub unsafe fn transition(
     base: *mut u8,
     len: usize,
     slot: usize,
@@ -77,7 +86,8 @@ pub fn transition(
     if from > 3 || to > 3 {
         return Err(format!("invalid slot states {from} -> {to}"));
     }
-    // SAFETY: checked above; the header Buffer keeps the map alive during the call.
+    // SAFETY: alignment and length checked above; the caller keeps the memory mapped (the
+    // function's contract).
     let word = &unsafe { words(base, slot + 1) }[slot];
     let expected = generation << 2 | from;
     Ok(word
@@ -91,9 +101,14 @@ pub fn transition(
 }
 
 /// The word of slot `slot`: `(generation, state)`.
-pub fn state(base: *mut u8, len: usize, slot: usize) -> Result<(u64, u64), String> {
+///
+/// # Safety
+/// `base` must point at `len` bytes of memory that stays mapped for the call and is only ever
+/// accessed through atomics (the header Buffer of a ring, in every process that maps it).
+pub unsafe fn state(base: *mut u8, len: usize, slot: usize) -> Result<(u64, u64), String> {
     check(base, len, slot + 1)?;
-    // SAFETY: checked above; the header Buffer keeps the map alive during the call.
+    // SAFETY: alignment and length checked above; the caller keeps the memory mapped (the
+    // function's contract).
     let word = unsafe { words(base, slot + 1) }[slot].load(Ordering::Acquire);
     Ok((word >> 2, word & 3))
 }
@@ -106,16 +121,22 @@ mod tests {
     fn a_slot_goes_round_and_old_generations_are_refused() {
         let mut memory = vec![0u64; 4];
         let base = memory.as_mut_ptr().cast::<u8>();
-        let (slot, generation) = acquire(base, 32, 4).unwrap().unwrap();
-        assert_eq!((slot, generation), (0, 1));
-        assert_eq!(acquire(base, 32, 4).unwrap(), Some((1, 1)));
-        assert!(transition(base, 32, 0, 1, HELD, SENT).unwrap());
-        assert!(!transition(base, 32, 0, 1, HELD, FREE).unwrap()); // sent: the worker lets go
-        assert!(transition(base, 32, 0, 1, SENT, FREE).unwrap());
-        assert_eq!(acquire(base, 32, 4).unwrap(), Some((0, 2)));
-        assert!(!transition(base, 32, 0, 1, SENT, FREE).unwrap()); // a late release of gen 1
-        assert_eq!(state(base, 32, 0).unwrap(), (2, HELD));
-        assert!(acquire(base, 32, 2).unwrap().is_none()); // dry
-        assert!(acquire(base, 8, 2).is_err());
+        // SAFETY: `memory` is 32 aligned bytes that outlive the test and are only touched
+        // through these calls.
+        unsafe {
+            let (slot, generation) = acquire(base, 32, 4).unwrap().unwrap();
+            assert_eq!((slot, generation), (0, 1));
+            assert_eq!(acquire(base, 32, 4).unwrap(), Some((1, 1)));
+            assert!(transition(base, 32, 0, 1, HELD, SENT).unwrap());
+            // sent: the worker's late release does nothing
+            assert!(!transition(base, 32, 0, 1, HELD, FREE).unwrap());
+            assert!(transition(base, 32, 0, 1, SENT, FREE).unwrap());
+            assert_eq!(acquire(base, 32, 4).unwrap(), Some((0, 2)));
+            // a late release of generation 1 leaves generation 2 alone
+            assert!(!transition(base, 32, 0, 1, SENT, FREE).unwrap());
+            assert_eq!(state(base, 32, 0).unwrap(), (2, HELD));
+            assert!(acquire(base, 32, 2).unwrap().is_none()); // dry
+            assert!(acquire(base, 8, 2).is_err());
+        }
     }
 }
