@@ -31,7 +31,7 @@ use pyo3::types::PyTuple;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use py::{
-        archive, errors, gather, info, memmap, nontensor, packed, progress, safetensors, sharing, tree,
+        archive, errors, gather, info, memmap, nontensor, packed, progress, ring, safetensors, sharing, tree,
     };
     let py = m.py();
     m.add_class::<py::buffer::Buffer>()?;
@@ -85,6 +85,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(packed::describe_tree, m)?)?;
     m.add_function(wrap_pyfunction!(packed::build_packed_tree, m)?)?;
     m.add_function(wrap_pyfunction!(packed::packed_arena, m)?)?;
+    // the DataLoader ring
+    m.add_function(wrap_pyfunction!(ring::ring_acquire, m)?)?;
+    m.add_function(wrap_pyfunction!(ring::ring_transition, m)?)?;
+    m.add_function(wrap_pyfunction!(ring::ring_state, m)?)?;
     // exceptions
     m.add("TensorDictError", py.get_type::<errors::TensorDictError>())?;
     m.add(

@@ -5,7 +5,8 @@
 //! `identity` (which file a handle or name is), `storage` (the `Region` every map is, file
 //! maps, space reservation, positioned writes), `anon` (anonymous shared memory, every
 //! platform), `pool` (every thread of the crate), `progress` (the progress counter), `reclaim`
-//! (the space of replaced files, freed in the background), `gather` (bulk copies between raw
+//! (the space of replaced files, freed in the background), `ring` (the slot words of a ring of
+//! shared slabs), `gather` (bulk copies between raw
 //! addresses).
 
 pub mod anon;
@@ -15,4 +16,5 @@ pub mod identity;
 pub mod pool;
 pub mod progress;
 pub mod reclaim;
+pub mod ring;
 pub mod storage;

@@ -15,6 +15,7 @@ contiguity. The Rust side bounds-checks every row and refuses outputs that overl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,6 +38,9 @@ PARALLEL_BYTES = _native.PARALLEL_BYTES
 BULK_ROW = _native.BULK_ROW
 
 _CPU = torch.device("cpu")
+
+# Makes the leaves of a batch: their (shape, dtype)s in, contiguous CPU tensors (or None) out.
+Alloc = Callable[[list[tuple[tuple[int, ...], torch.dtype]]], "list[torch.Tensor] | None"]
 
 
 def _source(value: Any, keep: list[Any]) -> tuple[int, tuple[int, ...], torch.dtype] | None:
@@ -173,15 +177,25 @@ class _Plan:
                 return False
         return True
 
-    def build(self, td: TD, index: torch.Tensor, jobs: list[tuple[int, int, int, int]]) -> TD:
-        """The batch of rows ``index`` of ``td`` (the planned tree): leaves allocated, the
-        copies listed in ``jobs``; stacks of non-tensor values take their rows at once."""
+    def build(
+        self,
+        td: TD,
+        index: torch.Tensor,
+        jobs: list[tuple[int, int, int, int]],
+        alloc: Alloc | None = None,
+    ) -> TD:
+        """The batch of rows ``index`` of ``td`` (the planned tree): leaves allocated (by
+        ``alloc`` when given and it can), the copies listed in ``jobs``; stacks of non-tensor
+        values take their rows at once."""
         n = index.numel()
         made: list[Any] = [None] * len(self.owners)
         leaves = self.leaves
         if self.sizes[0] != n:
             self.sizes = (n, [(n, *leaf[5]) for leaf in leaves])
         sizes = self.sizes[1]
+        given = None
+        if alloc is not None:
+            given = alloc([(size, leaf[4]) for size, leaf in zip(sizes, leaves, strict=True)])
         for i in range(len(self.owners) - 1, -1, -1):  # children come after their parents
             src = self.owners[i] if i else td
             out = type(src)._new_unchecked(torch.Size((n, *src._batch_size[1:])), src._device)
@@ -189,7 +203,7 @@ class _Plan:
             for key, kind, x in self.entries[i]:
                 if kind == _LEAF:
                     _, address, rows, row, dtype, _ = leaves[x]
-                    leaf = torch.empty(sizes[x], dtype=dtype)
+                    leaf = torch.empty(sizes[x], dtype=dtype) if given is None else given[x]
                     items[key] = leaf
                     if row:
                         jobs.append((address, rows, leaf.data_ptr(), row))
@@ -260,11 +274,15 @@ def _plan(td: TD) -> _Plan | None:
     return plan
 
 
-def gather(td: TD, rows: torch.Tensor, out: TD | None = None) -> TD | None:
+def gather(
+    td: TD, rows: torch.Tensor, out: TD | None = None, alloc: Alloc | None = None
+) -> TD | None:
     """Rows ``rows`` of batch dim 0 of every leaf, in one native call; None: use torch's path.
 
     With ``out``, the rows are written into its leaves (``index_select(0, rows, out=out)``)
-    and ``out`` is returned. Raises ``IndexError`` for a row out of range.
+    and ``out`` is returned. With ``alloc``, the new leaves are the contiguous CPU tensors it
+    returns for their ``(shape, dtype)``s, in the tree's order (None from it: allocated as
+    usual); a DataLoader worker's ring passes one. Raises ``IndexError`` for a row out of range.
     """
     if not td.batch_size or (td.device is not None and td.device != _CPU):
         return None
@@ -283,7 +301,7 @@ def gather(td: TD, rows: torch.Tensor, out: TD | None = None) -> TD | None:
     jobs: list[tuple[int, int, int, int]] = []
     stacks: list[tuple[Any, Any]] = []
     if out is None:
-        result = plan.build(td, index, jobs)
+        result = plan.build(td, index, jobs, alloc)
     else:
         if tuple(out.batch_size[:1]) != (n,) or not plan.into(out, n, keep, jobs, stacks):
             return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections.abc import Sequence
 from multiprocessing import context, reduction
 from typing import Any, Self
 
@@ -35,8 +36,9 @@ from .._core.nontensor import NonTensorStack
 from .._core.walk import leaves
 from ..io import directory
 from ..memmap import MemoryMappedTensor, _LazyLeaf, _source_bytes, _wrap
+from . import ring as _ring
 
-BUFFER, NODE, NON_TENSOR, TENSOR, NESTED, STACK = range(6)
+BUFFER, NODE, NON_TENSOR, TENSOR, NESTED, STACK, RING = range(7)
 LOCKED, MEMMAP, SHARED = 1, 2, 4
 
 # (size, stride, storage_offset) of a view; None for the whole buffer as one contiguous tensor
@@ -49,11 +51,14 @@ class _Message:
     """What one pickled tree refers to: the buffers its leaves view (grouped into arenas, one
     fd each, or files) and the plain leaves that go into one new arena."""
 
-    def __init__(self) -> None:
+    def __init__(self, ring: _ring.WorkerRing | None = None) -> None:
         self.buffers: list[_native.Buffer] = []
         # arenas made for this message only: their fds must stay open until they are sent
         self.keep: list[Any] = []
         self.plain: list[tuple[list[Any], int, str, torch.Tensor]] = []
+        # a DataLoader worker's ring: its slots that the leaves view, (slot, generation)
+        self.ring = ring
+        self.slots: list[tuple[int, int]] = []
 
     def tensor_entry(self, key: str, value: torch.Tensor, entries: list[Any]) -> tuple[Any, ...]:
         """The entry of a tensor leaf (plain CPU tensors are queued for the batch arena)."""
@@ -70,6 +75,21 @@ class _Message:
                 geometry = None if whole else (shape, tuple(value.stride()), value.storage_offset())
                 self.buffers.append(buffer)
                 return (BUFFER, key, len(self.buffers) - 1, dtype_name, shape, geometry)
+        if self.ring is not None and value.device.type == "cpu" and not value.requires_grad:
+            storage = value.untyped_storage().data_ptr()
+            held = self.ring.lookup(storage)
+            if held is not None and value.dtype in DTYPE_TO_STR:
+                if held not in self.slots:
+                    self.slots.append(held)
+                return (
+                    RING,
+                    key,
+                    self.slots.index(held),
+                    DTYPE_TO_STR[value.dtype],
+                    tuple(value.shape),
+                    tuple(value.stride()),
+                    value.storage_offset(),
+                )
         if (
             value.device.type != "cpu"
             or value.numel() == 0
@@ -178,13 +198,23 @@ def _leaf(buffer: _native.Buffer, dtype_name: str, shape: Any, geometry: Geometr
     return _wrap(view, buffer, buffer.filename, shared)
 
 
-def _build(node: tuple[Any, ...], buffers: list[Any]) -> Any:
+def _ring_leaf(storage: torch.UntypedStorage, entry: tuple[Any, ...]) -> torch.Tensor:
+    _, _, _, dtype_name, shape, stride, offset = entry
+    return torch.empty(0, dtype=STR_TO_DTYPE[dtype_name]).set_(storage, offset, shape, stride)
+
+
+def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = ()) -> Any:
     from pathlib import Path
 
     cls, batch, device, flags, prefix, entries = node
     td = cls._new_unchecked(torch.Size(batch), None if device is None else torch.device(device))
     items = td._tensordict
     dtypes = STR_TO_DTYPE
+    ring_leaves: Any = ()
+    if storages:
+        # the leaves that view a ring slot, made together (a few torch calls for many leaves)
+        specs = [(storages[e[2]], dtypes[e[3]], e[4], e[5], e[6]) for e in entries if e[0] == RING]
+        ring_leaves = iter(_ring.views(specs))
     for entry in entries:
         tag, key = entry[0], entry[1]
         if tag == BUFFER:
@@ -193,13 +223,17 @@ def _build(node: tuple[Any, ...], buffers: list[Any]) -> Any:
                 items[key] = _LazyLeaf(buffer, dtypes[entry[3]], entry[4], buffer.filename is None)
             else:
                 items[key] = _leaf(buffers[entry[2]], entry[3], entry[4], entry[5])
+        elif tag == RING:
+            items[key] = next(ring_leaves)
         elif tag == NODE:
-            items[key] = _build(entry[2], buffers)
+            items[key] = _build(entry[2], buffers, storages)
         elif tag == NON_TENSOR:
             items[key] = NonTensorData(entry[2])
         elif tag == NESTED:
             inner = entry[2][0]
-            if inner[0] == BUFFER:
+            if inner[0] == RING:
+                flat = _ring_leaf(storages[inner[2]], inner)
+            elif inner[0] == BUFFER:
                 flat = (
                     _LazyLeaf(buffers[inner[2]], STR_TO_DTYPE[inner[3]], inner[4]).materialize()
                     if inner[5] is None
@@ -247,25 +281,40 @@ def _receive(handles: list[Handle], files: list[tuple[int, str, int]], count: in
 
 
 @_gc_paused()
-def _rebuild_td(layout: bytes, handles: list[Handle], files: list[tuple[int, str, int]]) -> Any:
+def _rebuild_td(
+    layout: bytes,
+    handles: list[Handle],
+    files: list[tuple[int, str, int]],
+    rings: tuple[tuple[Any, ...], ...] = (),
+) -> Any:
     # The layout is unpickled here, with the collector paused: a 10,000-leaf tree is tens of
     # thousands of tuples, which would trigger full collections while they are made.
+    storages = [_ring.receive(message) for message in rings]
     node, count = pickle.loads(layout)
-    td = _build(node, _receive(handles, files, count))
+    td = _build(node, _receive(handles, files, count), storages)
     _relock(td, node)
     return td
 
 
 @_gc_paused()
 def reduce_tensordict(td: TD) -> tuple[Any, ...]:
-    """ForkingPickler reducer of a TensorDict: the layout as plain data, one fd per arena."""
-    msg = _Message()
+    """ForkingPickler reducer of a TensorDict: the layout as plain data, one fd per arena
+    (in a DataLoader worker, the slot of its ring that a batch views, and no new fd)."""
+    ring = _ring.local_ring()
+    msg = _Message(ring)
     node = _describe(td, msg)
+    rings: list[tuple[Any, ...]] = []
+    if ring is not None and msg.slots:
+        if ring.claim(msg.slots):
+            rings = [ring.message(slot, generation) for slot, generation in msg.slots]
+        else:  # a batch pickled twice: its leaves are copied like any plain tensor
+            msg = _Message()
+            node = _describe(td, msg)
     msg.consolidate()
     handles, files = msg.handles()
     # ForkingPickler again: non-tensor values and CUDA leaves use their own reducers.
     layout = bytes(reduction.ForkingPickler.dumps((node, len(msg.buffers))))
-    return (_rebuild_td, (layout, handles, files))
+    return (_rebuild_td, (layout, handles, files, tuple(rings)))
 
 
 def _rebuild_mmt(
@@ -406,8 +455,18 @@ class Shareable(TreeNode):
 
     def __getitems__(self, indices: Any) -> Any:
         """The rows ``indices`` of batch dim 0 in one gather: the hook that lets
-        ``DataLoader(td, batch_size=B, collate_fn=...)`` index once per batch, not per row."""
+        ``DataLoader(td, batch_size=B, collate_fn=...)`` index once per batch, not per row.
+
+        In a DataLoader worker the rows go straight into a reused slot of the worker's ring
+        of shared slabs, and the batch crosses to the main process as its slot number: see
+        the DataLoader section of the sharing guide for the rule that keeps a batch the user
+        holds from being overwritten.
+        """
         index = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(indices)
+        if _ring.in_worker():
+            batch = _ring.gather_batch(self, index)
+            if batch is not None:
+                return batch
         return self[index]
 
     def pin_memory(self, num_threads: int | None = None, inplace: bool = False) -> Any:
@@ -423,6 +482,8 @@ class Shareable(TreeNode):
         True
         """
         del num_threads
+        if _ring.pin_slabs(self):
+            return self  # a DataLoader ring batch: its slabs are pinned once, in place
         if not inplace:
             return self.apply(lambda t: t.pin_memory())
         for td, key, value in list(leaves(self)):

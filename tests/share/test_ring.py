@@ -1,0 +1,274 @@
+"""DataLoader workers through a reused ring of shared slabs (``share/ring.py``): batches the user
+keeps stay correct while the loader runs on, slots are reused, nothing leaks over 10,000
+batches, a killed worker raises and leaves nothing mapped, with every start method."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+import tensordict_rs as rs
+import torch
+from tensordict_rs import _native
+from tensordict_rs.share import ring as _ring
+from torch.utils.data import DataLoader
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="the ring needs memfds")
+
+METHODS = [m for m in ("fork", "spawn", "forkserver") if m in mp.get_all_start_methods()]
+ROWS = 1000
+
+
+def identity(batch: Any) -> Any:
+    """The collate_fn: ``__getitems__`` already returns the batch."""
+    return batch
+
+
+def _dataset(rows: int = ROWS) -> rs.TensorDict:
+    """Rows whose every value names its row: batches are checked against the indices."""
+    base = torch.arange(rows, dtype=torch.float32)
+    return rs.TensorDict(
+        {
+            "a": base.view(rows, 1).expand(rows, 16).contiguous(),
+            "b": torch.arange(rows, dtype=torch.int64) * 3,
+            "nested": {"c": (base * 2).view(rows, 1, 1).expand(rows, 2, 3).contiguous()},
+        },
+        batch_size=[rows],
+    ).share_memory_()
+
+
+def _check(batch: Any, rows: torch.Tensor) -> None:
+    rows_f = rows.to(torch.float32)
+    assert torch.equal(batch["a"], rows_f.view(-1, 1).expand(-1, 16))
+    assert torch.equal(batch["b"], rows * 3)
+    assert torch.equal(batch["nested", "c"], (rows_f * 2).view(-1, 1, 1).expand(-1, 2, 3))
+
+
+def _order(seed: int, rows: int = ROWS) -> list[int]:
+    return torch.randperm(rows, generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _loader(td: Any, order: list[int], batch: int, **kwargs: Any) -> DataLoader:
+    kwargs.setdefault("num_workers", 2)
+    return DataLoader(td, batch_size=batch, sampler=order, collate_fn=identity, **kwargs)
+
+
+def _ring_batch(batch: Any) -> bool:
+    """Whether ``batch`` views a worker's ring slab (mapped by this process)."""
+    leaf = batch["a"]
+    return leaf.untyped_storage().data_ptr() in _ring._by_address
+
+
+def _wait_for(condition: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        gc.collect()
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_kept_batches_stay_correct_while_the_loader_runs_on(method: str) -> None:
+    td = _dataset()
+    order = _order(0)
+    batch = 32
+    loader = _loader(td, order, batch, multiprocessing_context=method)
+    kept = []
+    ring_batches = 0
+    for i, b in enumerate(loader):
+        rows = torch.tensor(order[i * batch : (i + 1) * batch])
+        _check(b, rows)
+        ring_batches += _ring_batch(b)
+        if i % 3 == 0:
+            kept.append((b, rows))  # the others are freed: their slots are reused
+    assert ring_batches == len(loader)  # every batch came through a ring
+    for b, rows in kept:  # none of them was overwritten by a later batch
+        _check(b, rows)
+    # a kept leaf alone keeps its slot too
+    leaf = kept[0][0]["b"]
+    rows0 = kept[0][1]
+    del kept, b
+    for i, _b in enumerate(_loader(td, order, batch, multiprocessing_context=method)):
+        if i > 10:
+            break
+    assert torch.equal(leaf, rows0 * 3)
+
+
+def test_a_user_who_keeps_every_batch_gets_correct_data() -> None:
+    td = _dataset()
+    order = _order(1)
+    batch = 8  # 125 batches: far more than a ring holds (fresh arenas once it is dry)
+    batches = list(_loader(td, order, batch, persistent_workers=True))
+    assert len(batches) == ROWS // batch
+    for i, b in enumerate(batches):
+        _check(b, torch.tensor(order[i * batch : (i + 1) * batch]))
+    assert sum(map(_ring_batch, batches)) <= 2 * _ring.MAX_SLOTS  # the rest: fresh arenas
+
+
+def test_slots_are_reused() -> None:
+    td = _dataset()
+    loader = _loader(td, _order(2), 16, persistent_workers=True)
+    addresses = set()
+    for b in loader:
+        addresses.add(b["a"].untyped_storage().data_ptr())
+        del b
+    # two workers, each a ring of a few slots, not one arena per batch (62 batches)
+    assert len(addresses) <= 2 * 6, len(addresses)
+
+
+def test_persistent_workers_across_epochs_and_two_loaders_at_once() -> None:
+    """With the default start method (``make test-forkserver`` runs it under forkserver)."""
+    _wait_for(lambda: _ring.mapped_rings() == 0, "the rings of earlier loaders")
+    td = _dataset()
+    other = _dataset(300)
+    first = _loader(td, _order(3), 50, persistent_workers=True)
+    second = _loader(other, _order(4, 300), 7, persistent_workers=True)
+    for _epoch in range(3):
+        for i, (x, y) in enumerate(zip(first, second, strict=False)):
+            _check(x, torch.tensor(_order(3)[i * 50 : (i + 1) * 50]))
+            _check(y, torch.tensor(_order(4, 300)[i * 7 : (i + 1) * 7]))
+            assert _ring_batch(x) and _ring_batch(y)
+    assert _ring.mapped_rings() == 4  # one ring per worker, kept across epochs
+    del first, second, x, y
+    _wait_for(lambda: _ring.mapped_rings() == 0, "the rings of the exited workers")
+
+
+def test_batches_that_grow_get_larger_slabs() -> None:
+    td = _dataset()
+    sizes = [4, 4, 64, 64, 200, 8, 300, 300]
+    order = _order(5)
+    batches, at = [], 0
+    for n in sizes:
+        batches.append(order[at : at + n])
+        at += n
+    loader = DataLoader(td, batch_sampler=batches, collate_fn=identity, num_workers=1)
+    for rows, b in zip(batches, loader, strict=True):
+        _check(b, torch.tensor(rows))
+        assert _ring_batch(b)
+
+
+def test_pin_memory_loader() -> None:
+    td = _dataset()
+    order = _order(6)
+    with pytest.warns(UserWarning) if not torch.cuda.is_available() else _nothing():
+        loader = _loader(td, order, 40, pin_memory=True)
+        for i, b in enumerate(loader):
+            _check(
+                b.cpu() if torch.cuda.is_available() else b,
+                torch.tensor(order[i * 40 : (i + 1) * 40]),
+            )
+            if torch.cuda.is_available():
+                assert b["a"].is_pinned()
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: Any) -> None:
+        return None
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc")
+def test_10000_batches_keep_descriptors_and_memory_flat() -> None:
+    rows = 2048
+    td = rs.TensorDict(
+        {f"f{i}": torch.rand(rows, 64) for i in range(8)}, batch_size=[rows]
+    ).share_memory_()
+    batch = 16  # 32 KiB a batch: a leak of one batch each is 300 MiB over the run
+    total = 10_000
+    sampler = torch.randint(0, rows, (batch * total,), generator=torch.Generator().manual_seed(7))
+    loader = DataLoader(
+        td,
+        batch_size=batch,
+        sampler=sampler.tolist(),
+        collate_fn=identity,
+        num_workers=2,
+        persistent_workers=True,
+    )
+    it = iter(loader)
+    pids = [os.getpid()] + [w.pid for w in it._workers]  # type: ignore[attr-defined]
+    before: dict[int, tuple[int, int]] = {}
+    checked = 0
+    for i in range(total):
+        b = next(it)
+        if i % 997 == 0:  # a few batches checked in full
+            rows_i = sampler[i * batch : (i + 1) * batch]
+            assert torch.equal(b["f3"], td["f3"][rows_i])
+            checked += 1
+        if i == 1000:  # warm: the rings are full size, every lazy import done
+            gc.collect()
+            before = {pid: (_fds(pid), _rss(pid)) for pid in pids}
+        del b
+    gc.collect()
+    after = {pid: (_fds(pid), _rss(pid)) for pid in pids}
+    for pid in pids:
+        fds0, rss0 = before[pid]
+        fds1, rss1 = after[pid]
+        assert fds1 - fds0 <= 4, (pid, fds0, fds1)
+        assert rss1 - rss0 <= 24 << 20, (pid, rss0, rss1)
+    assert checked == 11
+    del it, loader
+
+
+def test_a_killed_worker_raises_and_leaves_nothing_mapped() -> None:
+    _wait_for(lambda: _ring.mapped_rings() == 0, "the rings of earlier loaders")
+    gc.collect()
+    regions = _native.shared_regions()
+    td = _dataset()
+    base = _native.shared_regions()
+    loader = _loader(td, _order(8), 10, persistent_workers=True, timeout=60)
+    it = iter(loader)
+    got = [next(it) for _ in range(4)]
+    assert all(map(_ring_batch, got))
+    assert _native.shared_regions() > base
+    victim = it._workers[0].pid  # type: ignore[attr-defined]
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=f"worker.*{victim}|{victim}.*exited"):
+        for _ in range(200):
+            got.append(next(it))
+    for i, b in enumerate(got[:4]):  # batches received before the death are intact
+        _check(b, torch.tensor(_order(8)[i * 10 : (i + 1) * 10]))
+    del got, b, it, loader
+    _wait_for(lambda: _ring.mapped_rings() == 0, "the dead worker's ring to be forgotten")
+    _wait_for(lambda: _native.shared_regions() <= base, "every slab to be unmapped")
+    del td
+    gc.collect()
+    assert _native.shared_regions() <= regions
+
+
+def test_outside_workers_nothing_changes() -> None:
+    td = _dataset()
+    rows = torch.tensor([5, 1, 7])
+    b = td.__getitems__(rows.tolist())
+    _check(b, rows)
+    assert not _ring_batch(b)
+    assert _ring.local_ring() is None
+
+
+def test_the_slot_words_refuse_stale_generations() -> None:
+    header = _native.packed_arena(64)
+    slot, generation = _native.ring_acquire(header, 2)  # type: ignore[misc]
+    assert (slot, generation) == (0, 1)
+    assert _native.ring_transition(header, 0, 1, _ring.HELD, _ring.SENT)
+    assert _native.ring_transition(header, 0, 1, _ring.SENT, _ring.FREE)
+    assert _native.ring_acquire(header, 2) == (0, 2)
+    assert not _native.ring_transition(header, 0, 1, _ring.SENT, _ring.FREE)
+    assert _native.ring_state(header, 0) == (2, _ring.HELD)
+    with pytest.raises(ValueError, match="slots do not fit"):
+        _native.ring_acquire(header, 9)
