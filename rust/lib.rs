@@ -106,6 +106,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // constants that Python shares with this crate, defined here once
     m.add("FORMAT_VERSION", format::FORMAT_VERSION)?;
     m.add("RESERVED_KEYS", PyTuple::new(py, format::RESERVED_KEYS)?)?;
+    m.add("MAX_DEPTH", format::MAX_DEPTH)?;
     m.add("TENSORCLASS_DIR", format::TENSORCLASS_DIR)?;
     m.add("DTYPES", PyTuple::new(py, format::DTYPES.iter().map(|d| d.name))?)?;
     m.add("LEAF", tree::LEAF)?;

@@ -1,9 +1,10 @@
 //! Reading and writing `.safetensors` files (Hugging Face's tensor format) with the
 //! `safetensors` crate, the format's own validating parser and serializer. No pyo3 here.
 //!
-//! A file is read by mapping it whole, copy-on-write (writes to the tensors never reach the
-//! file), and validating its header with `SafeTensors::read_metadata`: offsets in bounds,
-//! contiguous and covering the data exactly, shapes consistent with dtypes. Each tensor is
+//! A file is read by reading its header with `pread` and validating it with the crate's
+//! `Metadata` (the checks of `SafeTensors::read_metadata`): offsets in bounds, contiguous and
+//! covering the data exactly, shapes consistent with dtypes; then it is mapped whole,
+//! copy-on-write (writes to the tensors never reach the file). Each tensor is
 //! then a slice of that one map; a tensor whose offset is not a multiple of its element size
 //! (possible in files from other writers) is copied into its own aligned anonymous map.
 //! A file is written beside its target and renamed over it, so a reader (or a map of the old
@@ -14,7 +15,7 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use safetensors::tensor::{Dtype, SafeTensors, View};
+use safetensors::tensor::{Dtype, Metadata, View};
 
 use crate::error::{Error, Result};
 use crate::sys::storage::{self, MapMode, Region};
@@ -76,7 +77,30 @@ fn invalid(path: &Path, what: impl std::fmt::Display) -> Error {
     Error::invalid(path, format!("not a valid safetensors file: {what}"))
 }
 
-/// Maps and validates the file at `path`; see the module documentation.
+/// The largest header read (the `safetensors` crate's own limit).
+const MAX_HEADER: u64 = 100_000_000;
+
+/// `len` bytes at `at`, read with `pread`: a file that shrank gives an error naming it.
+fn read_at(file: &std::fs::File, path: &Path, at: u64, len: u64) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; usize::try_from(len).map_err(|_| invalid(path, "too large"))?];
+    storage::read_exact_at(file, &mut buf, at).map_err(|e| changed(path, e))?;
+    Ok(buf)
+}
+
+fn changed(path: &Path, e: io::Error) -> Error {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        invalid(
+            path,
+            "the file is shorter than its header says: it changed while it was read (rewritten in place?), or is truncated",
+        )
+    } else {
+        Error::io(path, e)
+    }
+}
+
+/// Maps and validates the file at `path`; see the module documentation. The header is read
+/// with `pread` (not through the map), so a file rewritten in place while it is read gives an
+/// error, not SIGBUS; only the returned views read through the map.
 pub fn read(path: &Path) -> Result<ReadFile> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let md = file.metadata().map_err(|e| Error::io(path, e))?;
@@ -90,12 +114,26 @@ pub fn read(path: &Path) -> Result<ReadFile> {
             format!("{len} bytes, shorter than the header length"),
         ));
     }
+    let n_bytes = read_at(&file, path, 0, 8)?;
+    let n = u64::from_le_bytes(n_bytes.try_into().unwrap_or([0xFF; 8]));
+    if n > MAX_HEADER {
+        return Err(invalid(path, "header too large"));
+    }
+    if n + 8 > len as u64 {
+        return Err(invalid(path, "invalid header length"));
+    }
+    let header = read_at(&file, path, 8, n)?;
+    let text = std::str::from_utf8(&header).map_err(|e| invalid(path, format!("invalid header: {e}")))?;
+    // The same checks as `SafeTensors::read_metadata` (offsets contiguous, sizes matching the
+    // dtypes and shapes), on the header alone; then the data must cover the file exactly.
+    let metadata: Metadata =
+        serde_json::from_str(text).map_err(|e| invalid(path, format!("invalid JSON in header: {e}")))?;
+    if (metadata.data_len() as u64).checked_add(8 + n) != Some(len as u64) {
+        return Err(invalid(path, "incomplete metadata, file not fully covered"));
+    }
+    let header = usize::try_from(n).map_err(|_| invalid(path, "too large"))?;
     let map = storage::map_file(&file, len, Some(path.to_path_buf()), MapMode::CopyOnWrite)
         .map_err(|e| Error::io(path, e))?;
-    // SAFETY: the region maps `len` readable bytes and lives until the end of this function;
-    // the slice is dropped before `map` is moved out.
-    let bytes = unsafe { std::slice::from_raw_parts(map.as_ptr() as *const u8, len) };
-    let (header, metadata) = SafeTensors::read_metadata(bytes).map_err(|e| invalid(path, e))?;
     let start = 8 + header;
     let mut tensors = Vec::with_capacity(metadata.tensors().len());
     for name in metadata.offset_keys() {
@@ -112,14 +150,18 @@ pub fn read(path: &Path) -> Result<ReadFile> {
             )
         })?;
         let (begin, end) = info.data_offsets;
-        let len = end - begin; // validated by read_metadata: begin <= end, within the data
+        let len = end - begin; // validated with the metadata: begin <= end, within the data
         let offset = start + begin;
         let data = if len == 0 {
             None
         } else if offset % (info.dtype.bitsize() / 8).max(1) == 0 {
             Some(TensorBytes::InFile { offset, len })
         } else {
-            let copy = crate::sys::anon::anonymous(Some(&bytes[offset..offset + len]), len)?;
+            let copy = crate::sys::anon::anonymous(None, len)?;
+            // SAFETY: `copy` is a fresh writable map of `len` bytes that nothing else sees
+            // yet; the slice lives only for this read into it.
+            let out = unsafe { std::slice::from_raw_parts_mut(copy.as_ptr(), len) };
+            storage::read_exact_at(&file, out, offset as u64).map_err(|e| changed(path, e))?;
             Some(TensorBytes::Copied(copy))
         };
         tensors.push(ReadTensor {
@@ -128,6 +170,13 @@ pub fn read(path: &Path) -> Result<ReadFile> {
             shape: info.shape.iter().map(|&d| d as u64).collect(),
             data,
         });
+    }
+    // The views read through the map: the file must still cover it.
+    if file.metadata().map_err(|e| Error::io(path, e))?.len() < len as u64 {
+        return Err(invalid(
+            path,
+            "the file shrank while it was read (rewritten in place?)",
+        ));
     }
     let extra = metadata.metadata().clone().unwrap_or_default();
     Ok(ReadFile {

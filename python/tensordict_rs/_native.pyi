@@ -11,6 +11,7 @@ __all__ = [
     "JSON_DEPTH",
     "LEAF",
     "MAGIC",
+    "MAX_DEPTH",
     "NODE",
     "NON_TENSOR",
     "NUMBER_KEY",
@@ -74,6 +75,7 @@ FORMAT_VERSION: int
 # Constants shared with the Rust core, defined there once (rust/format, rust/packed.rs,
 # rust/py/tree.rs, rust/sys/gather.rs).
 RESERVED_KEYS: tuple[str, ...]  # the keys meta.json uses for itself
+MAX_DEPTH: int  # the deepest nesting of a tree (directories, safetensors key paths)
 TENSORCLASS_DIR: str  # the sub-directory of a tensorclass directory that holds its TensorDict
 DTYPES: tuple[str, ...]  # the dtype names of the format, "torch.bool" ... "torch.complex128"
 LEAF: int  # entry tags of the tree tuples: a tensor,

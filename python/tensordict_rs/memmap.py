@@ -6,7 +6,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -90,16 +90,24 @@ def _tensor_from_buffer(buffer: _native.Buffer, dtype: torch.dtype, shape: Shape
 
 
 def _wrap(
-    tensor: torch.Tensor, buffer: _native.Buffer | None, filename: str | None
+    tensor: torch.Tensor,
+    buffer: _native.Buffer | None,
+    filename: str | None,
+    shared: bool = False,
 ) -> MemoryMappedTensor:
+    """``tensor`` as a MemoryMappedTensor over ``buffer``; ``shared``: anonymous memory that
+    belongs to a shared tree (``is_shared()``)."""
     out = tensor.as_subclass(MemoryMappedTensor)
     out._buffer = buffer
     out._filename = filename
+    out._shared = shared
     return out
 
 
-def _from_buffer(buffer: _native.Buffer, dtype: torch.dtype, shape: Shape) -> MemoryMappedTensor:
-    return _wrap(_tensor_from_buffer(buffer, dtype, shape), buffer, buffer.filename)
+def _from_buffer(
+    buffer: _native.Buffer, dtype: torch.dtype, shape: Shape, shared: bool = False
+) -> MemoryMappedTensor:
+    return _wrap(_tensor_from_buffer(buffer, dtype, shape), buffer, buffer.filename, shared)
 
 
 def _source_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -207,6 +215,7 @@ class MemoryMappedTensor(torch.Tensor):
 
     _buffer: _native.Buffer | None
     _filename: str | None
+    _shared: bool = False  # anonymous memory of a shared tree (see is_shared)
     _storage_bytes: int = 0  # from_storage without a buffer: the bytes of the storage
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
@@ -520,8 +529,34 @@ class MemoryMappedTensor(torch.Tensor):
             self._buffer.flush()
 
     def is_shared(self) -> bool:
-        """True for file-backed maps (visible to every process), as in tensordict."""
-        return self._filename is not None
+        """True for file-backed maps, and for the leaves of a ``share_memory_()`` tree or of a
+        tree received from another process (shared anonymous memory), as tensordict's leaves
+        answer. A standalone anonymous MemoryMappedTensor answers False, as in tensordict.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(3)}, [3]).share_memory_()
+        >>> td["a"].is_shared(), td["a"].clone().is_shared()
+        (True, False)
+        """
+        return self._filename is not None or self._shared
+
+    def share_memory_(self) -> Self:
+        """Returns self when its memory is shared already (``is_shared()``): torch's
+        ``share_memory_`` would copy it into new shared memory, away from the tree or file it
+        belongs to. Otherwise torch's ``share_memory_``.
+
+        >>> import torch
+        >>> from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(3)}, [3]).share_memory_()
+        >>> leaf = td["a"]
+        >>> leaf.share_memory_().data_ptr() == td["a"].data_ptr()
+        True
+        """
+        if self.is_shared():
+            return self
+        torch.Tensor.share_memory_(self)
+        return self
 
     def contiguous(
         self, memory_format: torch.memory_format = torch.contiguous_format
@@ -536,7 +571,7 @@ class MemoryMappedTensor(torch.Tensor):
     def _keep(self, out: Any) -> Any:
         if isinstance(out, torch.Tensor) and not isinstance(out, MemoryMappedTensor):
             if out.numel() and not out.is_nested and _same_memory(self, out):
-                return _wrap(out, self._buffer, self._filename)
+                return _wrap(out, self._buffer, self._filename, self._shared)
         return out
 
     def __getitem__(self, index: Any) -> torch.Tensor:
@@ -617,15 +652,22 @@ class MemoryMappedTensor(torch.Tensor):
 class _LazyLeaf:
     """A mapped leaf whose tensor is made on first access (``torch.frombuffer`` + view)."""
 
-    __slots__ = ("buffer", "dtype", "shape")
+    __slots__ = ("buffer", "dtype", "shape", "shared")
 
-    def __init__(self, buffer: _native.Buffer, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        buffer: _native.Buffer,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+        shared: bool = False,
+    ) -> None:
         self.buffer = buffer
         self.dtype = dtype
         self.shape = shape
+        self.shared = shared  # anonymous memory of a shared tree (MemoryMappedTensor.is_shared)
 
     def materialize(self) -> MemoryMappedTensor:
-        return _from_buffer(self.buffer, self.dtype, self.shape)
+        return _from_buffer(self.buffer, self.dtype, self.shape, self.shared)
 
 
 def value_nbytes(value: Any) -> int:

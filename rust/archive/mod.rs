@@ -11,6 +11,8 @@
 //! in one pass into a file beside the target, then renamed over it, so a crash leaves the old
 //! archive or the new one. Reading maps the whole file once; every aligned STORED leaf is a
 //! view of that map; compressed (deflate) or unaligned leaves are copied, with bounded sizes.
+//! Everything parsed or copied is read with `pread`, never through the map, so an archive
+//! rewritten in place while it is read gives an error, not SIGBUS.
 //!
 //! The reader is a validator: end of central directory, zip64 records, every central record
 //! and local header, names that could escape (`..`, absolute, backslashes, NUL), sizes and

@@ -291,14 +291,17 @@ pub(crate) fn leaf_data(ar: &Archive, job: &LeafJob) -> Result<LeafData> {
         });
     }
     let copy = crate::sys::anon::anonymous(None, job.nbytes)?;
-    let fill = |src: &[u8]| {
-        // SAFETY: `copy` is a fresh writable map of `nbytes` bytes that nothing else sees yet,
-        // and `src` holds at least `nbytes` bytes (the entry size was checked in the walk).
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), copy.as_ptr(), job.nbytes) };
-    };
     if e.method == STORED {
-        fill(ar.raw(e));
+        // SAFETY: `copy` is a fresh writable map of `nbytes` bytes that nothing else sees yet;
+        // the slice lives only for this read into it.
+        let out = unsafe { std::slice::from_raw_parts_mut(copy.as_ptr(), job.nbytes) };
+        ar.raw_into(e, out)?;
     } else {
+        let fill = |src: &[u8]| {
+            // SAFETY: as above; `src` holds at least `nbytes` bytes (the entry size was
+            // checked in the walk, and the inflated size is the entry size).
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), copy.as_ptr(), job.nbytes) };
+        };
         let data = ar.inflate(e)?;
         if crc32(&data) != e.crc {
             return Err(bad(
@@ -353,6 +356,8 @@ pub fn load_archive_tree(path: &Path, mode: MapMode) -> Result<(LoadedNode, Load
             _ => leaves.push(job.as_ref().map(|j| leaf_data(&ar, j)).transpose()?),
         }
     }
+    // The views read through the map: the file must still cover it.
+    ar.check_unchanged()?;
     Ok((
         node,
         Loaded {

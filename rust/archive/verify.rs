@@ -34,7 +34,7 @@ pub fn refresh_checksums(path: &Path, num_threads: usize) -> Result<Vec<String>>
         &stored,
         workers,
         |&i| ar.entries[i].size as usize,
-        |&i| Ok(crc32(ar.raw(&ar.entries[i]))),
+        |&i| ar.raw_crc(&ar.entries[i]),
     )?;
     let file = std::fs::OpenOptions::new()
         .write(true)
@@ -51,7 +51,8 @@ pub fn refresh_checksums(path: &Path, num_threads: usize) -> Result<Vec<String>>
             e.header + 14
         } else {
             let after = e.data + e.csize;
-            if get32(ar.bytes(), after) == Some(DESCRIPTOR_SIG) {
+            let sig = ar.read_at(after, 4).ok();
+            if sig.as_deref().and_then(|b| get32(b, 0)) == Some(DESCRIPTOR_SIG) {
                 after + 4
             } else {
                 after
@@ -77,7 +78,13 @@ pub fn verify_archive(path: &Path) -> Vec<String> {
     }
     for e in &ar.entries {
         let ok = match e.method {
-            STORED => crc32(ar.raw(e)) == e.crc,
+            STORED => match ar.raw_crc(e) {
+                Ok(crc) => crc == e.crc,
+                Err(err) => {
+                    problems.push(err.to_string());
+                    continue;
+                }
+            },
             _ => match ar.inflate(e) {
                 Ok(data) => crc32(&data) == e.crc,
                 Err(err) => {

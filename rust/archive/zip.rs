@@ -1,7 +1,9 @@
 //! The zip side of `.tdz` archives: the end records, the central directory and the local
-//! headers, parsed and validated over the archive's one map. No pyo3 here.
+//! headers, read with `pread` and validated. No pyo3 here.
 //!
-//! `Archive::open` maps the file and builds an index of its entries, refusing whatever a
+//! `Archive::open` reads the file's index (never through a map: a file that shrinks while
+//! it is read gives an error, not SIGBUS), maps the file for the leaves' views, and refuses
+//! whatever a
 //! saver would not write or a reader could be fooled by: a missing or misplaced end record,
 //! multi-disk and encrypted archives, names that could escape (`..`, absolute, backslashes,
 //! NUL, drive letters), duplicate names, local headers that disagree with the directory,
@@ -132,13 +134,22 @@ pub struct ZipEntry {
     pub central: u64,
 }
 
-/// An archive's validated index over its map.
+/// An archive's validated index, and its map (the backing of the leaves it gives out).
+///
+/// Nothing is parsed from the map: the index, every meta.json, compressed entries, copies and
+/// checksums are read with `pread` from `file`, so an archive that shrinks while it is read
+/// (`cp new.tdz a.tdz` truncates, then writes) gives a short read, an error naming it, never a
+/// fault. Only the views handed out (aligned STORED leaves) read through the map.
 pub struct Archive {
     pub path: PathBuf,
     pub region: Arc<Region>,
     pub entries: Vec<ZipEntry>,
     pub(crate) index: HashMap<String, usize>,
     pub(crate) dirs: HashSet<String>,
+    /// The open archive, read with `pread`.
+    pub(crate) file: File,
+    /// Its length when opened (the map's).
+    pub(crate) len: u64,
 }
 
 pub(crate) fn bad(path: &Path, message: impl Into<String>) -> Error {
@@ -189,6 +200,61 @@ fn zip64_fields(extra: &[u8], wanted: usize) -> Option<Vec<u64>> {
     (wanted == 0).then(Vec::new)
 }
 
+/// `len` bytes of `file` at `at`, read with `pread`; a short read means the archive shrank
+/// since it was opened (or lies about its layout): an error naming it.
+pub(crate) fn read_at(file: &File, path: &Path, at: u64, len: u64) -> Result<Vec<u8>> {
+    let n = usize::try_from(len).map_err(|_| bad(path, "an entry is too large to read"))?;
+    let mut buf = vec![0u8; n];
+    storage::read_exact_at(file, &mut buf, at).map_err(|e| short_read(path, e))?;
+    Ok(buf)
+}
+
+/// The error of a `pread` that came back short or failed.
+pub(crate) fn short_read(path: &Path, e: io::Error) -> Error {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        bad(
+            path,
+            "the archive is shorter than its index says: it changed while it was read (rewritten in place?), or is truncated",
+        )
+    } else {
+        Error::io(path, e)
+    }
+}
+
+/// Bytes of the file held in memory from absolute offset `start` (a piece of the archive read
+/// with `pread`); the little-endian helpers take absolute offsets and give None outside it.
+struct Window {
+    start: u64,
+    bytes: Vec<u8>,
+}
+
+impl Window {
+    fn read(file: &File, path: &Path, start: u64, end: u64) -> Result<Window> {
+        Ok(Window {
+            start,
+            bytes: read_at(file, path, start, end - start)?,
+        })
+    }
+    fn rel(&self, at: u64) -> Option<u64> {
+        at.checked_sub(self.start)
+    }
+    fn get16(&self, at: u64) -> Option<u16> {
+        get16(&self.bytes, self.rel(at)?)
+    }
+    fn get32(&self, at: u64) -> Option<u32> {
+        get32(&self.bytes, self.rel(at)?)
+    }
+    fn get64(&self, at: u64) -> Option<u64> {
+        get64(&self.bytes, self.rel(at)?)
+    }
+    fn bytes_at(&self, at: u64, len: u64) -> Option<&[u8]> {
+        bytes_at(&self.bytes, self.rel(at)?, len)
+    }
+    fn end(&self) -> u64 {
+        self.start + self.bytes.len() as u64
+    }
+}
+
 impl Archive {
     /// Opens, maps and validates the archive at `path`.
     pub fn open(path: &Path, mode: MapMode) -> Result<Archive> {
@@ -209,45 +275,80 @@ impl Archive {
         if len < EOCD_LEN {
             return Err(bad(&path, "not a zip archive: the file is too short"));
         }
+        let (entries, index, dirs) = index(&path, &file, len as u64)?;
         let identity = identity::of_file(&file).map_err(|e| Error::io(&path, e))?;
         let region = storage::map_file(&file, len, Some(path.clone()), mode)
             .map_err(|e| Error::io(&path, e))?
             .as_archive(identity);
-        let region = Arc::new(region);
-        // SAFETY: the map spans `len` readable bytes and lives as long as `region`, which this
-        // function holds. Every read below is bounds-checked against this slice, so a file
-        // changed by another process gives at worst an error, never a read outside the map.
-        let bytes = unsafe { std::slice::from_raw_parts(region.as_ptr(), region.len()) };
-        let (entries, index, dirs) = index(&path, bytes)?;
         Ok(Archive {
             path,
-            region,
+            region: Arc::new(region),
             entries,
             index,
             dirs,
+            file,
+            len: len as u64,
         })
-    }
-
-    pub(crate) fn bytes(&self) -> &[u8] {
-        // SAFETY: as in `open`: the region is alive for the borrow of self and spans its len.
-        unsafe { std::slice::from_raw_parts(self.region.as_ptr(), self.region.len()) }
     }
 
     pub(crate) fn entry(&self, name: &str) -> Option<&ZipEntry> {
         self.index.get(name).map(|&i| &self.entries[i])
     }
 
-    /// The raw (maybe compressed) bytes of an entry.
-    pub(crate) fn raw(&self, e: &ZipEntry) -> &[u8] {
-        // `index` checked that data + csize lies inside the file.
-        &self.bytes()[e.data as usize..(e.data + e.csize) as usize]
+    /// `len` bytes at `at`, read with `pread` (not through the map).
+    pub(crate) fn read_at(&self, at: u64, len: u64) -> Result<Vec<u8>> {
+        read_at(&self.file, &self.path, at, len)
+    }
+
+    /// The raw (maybe compressed) bytes of an entry, read with `pread`.
+    pub(crate) fn raw(&self, e: &ZipEntry) -> Result<Vec<u8>> {
+        // `index` checked that data + csize lies inside the file (as it was when opened).
+        self.read_at(e.data, e.csize)
+    }
+
+    /// Reads `len` bytes of the entry's payload at its start into `out` (a copy's memory).
+    pub(crate) fn raw_into(&self, e: &ZipEntry, out: &mut [u8]) -> Result<()> {
+        storage::read_exact_at(&self.file, out, e.data).map_err(|err| short_read(&self.path, err))
+    }
+
+    /// CRC-32 of an entry's raw bytes, read in 4 MiB pieces with `pread`.
+    pub(crate) fn raw_crc(&self, e: &ZipEntry) -> Result<u32> {
+        const PIECE: u64 = 4 << 20;
+        let mut h = crc32fast::Hasher::new();
+        let mut buf = vec![0u8; e.csize.min(PIECE) as usize];
+        let mut at = 0;
+        while at < e.csize {
+            let n = (e.csize - at).min(PIECE) as usize;
+            storage::read_exact_at(&self.file, &mut buf[..n], e.data + at)
+                .map_err(|err| short_read(&self.path, err))?;
+            h.update(&buf[..n]);
+            at += n as u64;
+        }
+        Ok(h.finalize())
+    }
+
+    /// Checks that the file still holds at least the bytes it had when opened: after the views
+    /// are made, so that an archive cut while it was loaded is an error here, not a fault in
+    /// the caller's first touch of a leaf.
+    pub(crate) fn check_unchanged(&self) -> Result<()> {
+        let now = self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
+        if now < self.len {
+            return Err(bad(
+                &self.path,
+                format!(
+                    "the archive shrank from {} to {now} bytes while it was loaded (rewritten in place?)",
+                    self.len
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The whole content of an entry, decompressed and checked against its CRC, refusing
     /// entries larger than `limit`.
     pub(crate) fn read(&self, e: &ZipEntry, limit: u64) -> Result<Vec<u8>> {
         let at = entry_path(&self.path, &e.name);
-        if e.size > limit {
+        if e.size > limit || (e.method == STORED && e.csize > limit) {
             return Err(bad(
                 &at,
                 format!(
@@ -257,7 +358,7 @@ impl Archive {
             ));
         }
         let data = match e.method {
-            STORED => self.raw(e).to_vec(),
+            STORED => self.raw(e)?,
             _ => self.inflate(e)?,
         };
         if crc32(&data) != e.crc {
@@ -293,7 +394,8 @@ impl Archive {
             ));
         }
         let limit = usize::try_from(e.size).map_err(|_| bad(&at, "entry too large"))?;
-        let data = miniz_oxide::inflate::decompress_to_vec_with_limit(self.raw(e), limit).map_err(|err| {
+        let compressed = self.raw(e)?;
+        let data = miniz_oxide::inflate::decompress_to_vec_with_limit(&compressed, limit).map_err(|err| {
             bad(
                 &at,
                 format!(
@@ -320,15 +422,29 @@ impl Archive {
 /// Parses and validates the end records, the central directory and every local header.
 type Index = (Vec<ZipEntry>, HashMap<String, usize>, HashSet<String>);
 
-fn index(path: &Path, b: &[u8]) -> Result<Index> {
-    let len = b.len() as u64;
+/// Consecutive local headers closer than this share one read.
+const HEADER_GAP: u64 = 64 << 10;
+/// The largest read of local headers at once.
+const HEADER_READ: u64 = 4 << 20;
+
+/// One central record, before its local header is checked.
+struct Central {
+    entry: ZipEntry,
+    name_bytes: Vec<u8>,
+}
+
+fn index(path: &Path, file: &File, len: u64) -> Result<Index> {
     let not_zip = || bad(path, "not a zip archive (no end of central directory record)");
+    // The end record lies in the last 64 KiB + 22 bytes (its comment is at most 64 KiB),
+    // after a zip64 locator (20 bytes) when there is one.
+    let tail_start = len.saturating_sub((EOCD_LEN + 0xFFFF + ZIP64_LOCATOR_LEN) as u64);
+    let tail = Window::read(file, path, tail_start, len)?;
     let lowest = len.saturating_sub((EOCD_LEN + 0xFFFF) as u64);
     let mut eocd = None;
     let mut at = len - EOCD_LEN as u64;
     loop {
-        if get32(b, at) == Some(EOCD_SIG)
-            && get16(b, at + 20).map(u64::from) == Some(len - at - EOCD_LEN as u64)
+        if tail.get32(at) == Some(EOCD_SIG)
+            && tail.get16(at + 20).map(u64::from) == Some(len - at - EOCD_LEN as u64)
         {
             eocd = Some(at);
             break;
@@ -339,26 +455,33 @@ fn index(path: &Path, b: &[u8]) -> Result<Index> {
         at -= 1;
     }
     let eocd = eocd.ok_or_else(not_zip)?;
-    let field16 = |off: u64| get16(b, eocd + off).ok_or_else(not_zip).map(u64::from);
-    let field32 = |off: u64| get32(b, eocd + off).ok_or_else(not_zip).map(u64::from);
+    let field16 = |off: u64| tail.get16(eocd + off).ok_or_else(not_zip).map(u64::from);
+    let field32 = |off: u64| tail.get32(eocd + off).ok_or_else(not_zip).map(u64::from);
     let (disk, cd_disk) = (field16(4)?, field16(6)?);
     let (mut count_disk, mut count) = (field16(8)?, field16(10)?);
     let (mut cd_size, mut cd_start) = (field32(12)?, field32(16)?);
     let mut cd_end_expected = eocd;
     if eocd >= ZIP64_LOCATOR_LEN as u64
-        && get32(b, eocd - ZIP64_LOCATOR_LEN as u64) == Some(ZIP64_LOCATOR_SIG)
+        && tail.get32(eocd - ZIP64_LOCATOR_LEN as u64) == Some(ZIP64_LOCATOR_SIG)
     {
         let loc = eocd - ZIP64_LOCATOR_LEN as u64;
-        let z = get64(b, loc + 8).ok_or_else(not_zip)?;
-        if get32(b, z) != Some(ZIP64_EOCD_SIG) || z + ZIP64_EOCD_LEN as u64 > loc {
+        let z = tail.get64(loc + 8).ok_or_else(not_zip)?;
+        if z.checked_add(ZIP64_EOCD_LEN as u64).is_none_or(|end| end > loc) {
             return Err(bad(
                 path,
                 "the zip64 end of central directory record is missing or misplaced",
             ));
         }
-        let g32 = |o| get32(b, z + o).map(u64::from).ok_or_else(not_zip);
-        let g64 = |o| get64(b, z + o).ok_or_else(not_zip);
-        if g32(16)? != 0 || g32(20)? != 0 || get32(b, loc + 4) != Some(0) {
+        let record = Window::read(file, path, z, z + ZIP64_EOCD_LEN as u64)?;
+        if record.get32(z) != Some(ZIP64_EOCD_SIG) {
+            return Err(bad(
+                path,
+                "the zip64 end of central directory record is missing or misplaced",
+            ));
+        }
+        let g32 = |o| record.get32(z + o).map(u64::from).ok_or_else(not_zip);
+        let g64 = |o| record.get64(z + o).ok_or_else(not_zip);
+        if g32(16)? != 0 || g32(20)? != 0 || tail.get32(loc + 4) != Some(0) {
             return Err(Error::unsupported(
                 path,
                 "multi-disk zip archives are not supported",
@@ -390,14 +513,21 @@ fn index(path: &Path, b: &[u8]) -> Result<Index> {
             format!("the central directory is too small for {count} entries"),
         ));
     }
-    let mut entries = Vec::with_capacity(count as usize);
+    // (cd_end_expected <= eocd < len: the whole central directory is inside the file)
+    let cd = Window::read(file, path, cd_start, cd_end_expected)?;
+    let mut centrals: Vec<Central> = Vec::with_capacity(count as usize);
     let mut names: HashMap<String, usize> = HashMap::with_capacity(count as usize);
     let mut dirs = HashSet::new();
     let mut p = cd_start;
     for _ in 0..count {
-        let r = |o: u64| get16(b, p + o).ok_or_else(|| bad(path, "a central directory record is truncated"));
-        let r32 =
-            |o: u64| get32(b, p + o).ok_or_else(|| bad(path, "a central directory record is truncated"));
+        let r = |o: u64| {
+            cd.get16(p + o)
+                .ok_or_else(|| bad(path, "a central directory record is truncated"))
+        };
+        let r32 = |o: u64| {
+            cd.get32(p + o)
+                .ok_or_else(|| bad(path, "a central directory record is truncated"))
+        };
         if r32(0)? != CENTRAL_SIG {
             return Err(bad(
                 path,
@@ -417,7 +547,9 @@ fn index(path: &Path, b: &[u8]) -> Result<Index> {
                 "a central directory record runs past the central directory",
             ));
         }
-        let name_bytes = bytes_at(b, p + CENTRAL_LEN as u64, n).ok_or_else(|| bad(path, "truncated name"))?;
+        let name_bytes = cd
+            .bytes_at(p + CENTRAL_LEN as u64, n)
+            .ok_or_else(|| bad(path, "truncated name"))?;
         let name = std::str::from_utf8(name_bytes)
             .map_err(|_| {
                 bad(
@@ -444,8 +576,9 @@ fn index(path: &Path, b: &[u8]) -> Result<Index> {
         if flags & (FLAG_ENCRYPTED | 0x40) != 0 {
             return Err(Error::unsupported(at(), format!("entry {name:?} is encrypted")));
         }
-        let extra =
-            bytes_at(b, p + CENTRAL_LEN as u64 + n, m).ok_or_else(|| bad(path, "truncated extra field"))?;
+        let extra = cd
+            .bytes_at(p + CENTRAL_LEN as u64 + n, m)
+            .ok_or_else(|| bad(path, "truncated extra field"))?;
         let wanted = [size, csize, header]
             .iter()
             .filter(|&&v| v == 0xFFFF_FFFF)
@@ -477,56 +610,31 @@ fn index(path: &Path, b: &[u8]) -> Result<Index> {
             dirs.insert(dir.to_string());
             continue;
         }
-        // The local header: same name and method, payload inside the file before the
-        // central directory.
-        if header.checked_add(LOCAL_LEN).is_none_or(|end| end > cd_start)
-            || get32(b, header) != Some(LOCAL_SIG)
-        {
+        if header.checked_add(LOCAL_LEN + n).is_none_or(|end| end > cd_start) {
             return Err(bad(
                 &at(),
                 format!("entry {name:?}: no local header at offset {header}"),
             ));
         }
-        let ln = u64::from(get16(b, header + 26).unwrap_or(0));
-        let lm = u64::from(get16(b, header + 28).unwrap_or(0));
-        if bytes_at(b, header + LOCAL_LEN, ln) != Some(name_bytes) {
-            return Err(bad(
-                &at(),
-                format!("entry {name:?}: the local header names another file"),
-            ));
-        }
-        if get16(b, header + 8) != Some(method) {
-            return Err(bad(
-                &at(),
-                format!("entry {name:?}: the local header's method differs from the directory's"),
-            ));
-        }
-        let data = header + LOCAL_LEN + ln + lm;
-        if data.checked_add(csize).is_none_or(|end| end > cd_start) {
-            return Err(bad(
-                &at(),
-                format!("entry {name:?}: its data ({csize} bytes at {data}) runs past the entries"),
-            ));
-        }
-        if method == STORED && csize != size {
-            return Err(bad(
-                &at(),
-                format!("entry {name:?} is stored but its sizes differ ({csize} != {size})"),
-            ));
-        }
-        names.insert(name.clone(), entries.len());
-        entries.push(ZipEntry {
-            name,
-            method,
-            flags,
-            crc,
-            csize,
-            size,
-            header,
-            data,
-            central,
+        names.insert(name.clone(), centrals.len());
+        centrals.push(Central {
+            name_bytes: name_bytes.to_vec(),
+            entry: ZipEntry {
+                name,
+                method,
+                flags,
+                crc,
+                csize,
+                size,
+                header,
+                data: 0, // from the local header, below
+                central,
+            },
         });
     }
+    drop(cd);
+    check_local_headers(path, file, cd_start, &mut centrals)?;
+    let entries: Vec<ZipEntry> = centrals.into_iter().map(|c| c.entry).collect();
     let mut spans: Vec<(u64, u64, usize)> = entries
         .iter()
         .enumerate()
@@ -543,6 +651,76 @@ fn index(path: &Path, b: &[u8]) -> Result<Index> {
         }
     }
     Ok((entries, names, dirs))
+}
+
+/// Reads every local header (in file order, neighbours closer than `HEADER_GAP` in one
+/// `pread`), checks its signature, name and method against the central record, and sets the
+/// entry's data offset, which must leave its payload inside the file before the central
+/// directory.
+fn check_local_headers(path: &Path, file: &File, cd_start: u64, centrals: &mut [Central]) -> Result<()> {
+    let mut order: Vec<usize> = (0..centrals.len()).collect();
+    order.sort_unstable_by_key(|&i| centrals[i].entry.header);
+    let mut window: Option<Window> = None;
+    for (pos, &i) in order.iter().enumerate() {
+        let c = &centrals[i];
+        let (header, n) = (c.entry.header, c.name_bytes.len() as u64);
+        let need = header + LOCAL_LEN + n; // <= cd_start, checked with the central record
+        if window.as_ref().is_none_or(|w| header < w.start || need > w.end()) {
+            // Read this header and the following ones that lie close enough after it.
+            let mut end = need;
+            for &j in &order[pos + 1..] {
+                let next = &centrals[j];
+                let next_end = next.entry.header + LOCAL_LEN + next.name_bytes.len() as u64;
+                if next.entry.header > end + HEADER_GAP || next_end - header > HEADER_READ {
+                    break;
+                }
+                end = end.max(next_end);
+            }
+            window = Some(Window::read(file, path, header, end.min(cd_start))?);
+        }
+        let w = window.as_ref().expect("just read");
+        let name = &c.entry.name;
+        let at = || entry_path(path, name);
+        if w.get32(header) != Some(LOCAL_SIG) {
+            return Err(bad(
+                &at(),
+                format!("entry {name:?}: no local header at offset {header}"),
+            ));
+        }
+        let ln = u64::from(w.get16(header + 26).unwrap_or(0));
+        let lm = u64::from(w.get16(header + 28).unwrap_or(0));
+        if ln != n || w.bytes_at(header + LOCAL_LEN, ln) != Some(&c.name_bytes[..]) {
+            return Err(bad(
+                &at(),
+                format!("entry {name:?}: the local header names another file"),
+            ));
+        }
+        if w.get16(header + 8) != Some(c.entry.method) {
+            return Err(bad(
+                &at(),
+                format!("entry {name:?}: the local header's method differs from the directory's"),
+            ));
+        }
+        let data = header + LOCAL_LEN + ln + lm;
+        let csize = c.entry.csize;
+        if data.checked_add(csize).is_none_or(|end| end > cd_start) {
+            return Err(bad(
+                &at(),
+                format!("entry {name:?}: its data ({csize} bytes at {data}) runs past the entries"),
+            ));
+        }
+        if c.entry.method == STORED && csize != c.entry.size {
+            return Err(bad(
+                &at(),
+                format!(
+                    "entry {name:?} is stored but its sizes differ ({csize} != {})",
+                    c.entry.size
+                ),
+            ));
+        }
+        centrals[i].entry.data = data;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ pub use meta::{
 };
 pub use parse::parse_meta_generic;
 pub use stack::{StackMeta, STACK_META_LIMIT};
-pub use write::{non_tensor_meta, tensordict_meta, EntryMeta};
+pub use write::{non_tensor_meta, tensordict_meta, to_json_bytes, EntryMeta};
 
 /// Parses and validates a meta.json read from `path`: the typed fast path (`fast`) for the
 /// files it fully understands, else the generic parser (`parse`), which words every error.

@@ -10,7 +10,7 @@
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use crate::sys::identity::FileId;
+use crate::sys::identity::{self, FileId, Stamp};
 
 /// What a directory entry is, seen without following links.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,19 +22,33 @@ pub enum EntryKind {
     Missing,
 }
 
-/// What `lstat` says about an entry: its kind, identity and size.
+/// What `lstat` says about an entry: its kind, identity, size and modification time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EntryStat {
     pub kind: EntryKind,
     pub dev: u64,
     pub ino: u64,
     pub size: u64,
+    /// Modification time in nanoseconds (since the epoch on Unix; Windows: since 1601, only
+    /// ever compared): an in-place write changes it.
+    pub mtime_ns: i64,
 }
 
 impl EntryStat {
     /// The entry's identity (see `sys::identity`).
     pub fn id(&self) -> FileId {
         (self.dev, self.ino)
+    }
+}
+
+impl From<EntryStat> for Stamp {
+    fn from(st: EntryStat) -> Stamp {
+        Stamp {
+            dev: st.dev,
+            ino: st.ino,
+            size: st.size,
+            mtime_ns: st.mtime_ns,
+        }
     }
 }
 
@@ -124,6 +138,18 @@ impl Dir {
         Ok(self.stat(name)?.map_or(EntryKind::Missing, |s| s.kind))
     }
 
+    /// `stat` of `name` in the directory at `rel` below this one, in one call (intermediate
+    /// components are resolved by the system: for change detection, not for opening).
+    pub fn stat_rel(&self, rel: &[String], name: &str) -> io::Result<Option<EntryStat>> {
+        if rel.is_empty() {
+            return self.stat(name);
+        }
+        let mut path = rel.join("/");
+        path.push('/');
+        path.push_str(name);
+        self.stat(&path)
+    }
+
     /// Opens a directory below this one, one component at a time, never following a symlink.
     /// Only the result stays open.
     pub fn open_rel(&self, components: &[String]) -> io::Result<Dir> {
@@ -139,15 +165,21 @@ impl Dir {
 
     /// Reads a whole small regular file, refusing files larger than `limit` bytes.
     pub fn read_limited(&self, name: &str, limit: u64) -> io::Result<Vec<u8>> {
+        self.read_limited_stamped(name, limit).map(|(bytes, _)| bytes)
+    }
+
+    /// `read_limited`, with the stamp of the file read (taken before reading it: a write
+    /// after that changes the stamp the file has later).
+    pub fn read_limited_stamped(&self, name: &str, limit: u64) -> io::Result<(Vec<u8>, Stamp)> {
         let file = self.open_read(name)?;
-        let md = file.metadata()?;
-        if md.len() > limit {
+        let stamp = identity::stamp_of_file(&file)?;
+        if stamp.size > limit {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("file is {} bytes, more than the limit of {limit}", md.len()),
+                format!("file is {} bytes, more than the limit of {limit}", stamp.size),
             ));
         }
-        let mut out = Vec::with_capacity(md.len() as usize);
+        let mut out = Vec::with_capacity(stamp.size as usize);
         file.take(limit + 1).read_to_end(&mut out)?;
         if out.len() as u64 > limit {
             return Err(io::Error::new(
@@ -155,7 +187,7 @@ impl Dir {
                 "file grew past the limit",
             ));
         }
-        Ok(out)
+        Ok((out, stamp))
     }
 
     /// Writes a new file with `bytes`, optionally fsynced.

@@ -18,6 +18,54 @@ pub fn of_file(file: &impl std::os::fd::AsFd) -> io::Result<FileId> {
     Ok(of_stat(&rustix::fs::fstat(file)?))
 }
 
+/// A file's identity, size and modification time: what tells whether it was replaced (a new
+/// identity) or rewritten in place (size, time) since it was looked at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    /// Nanoseconds (Unix: since the epoch; Windows: since 1601, only ever compared).
+    pub mtime_ns: i64,
+}
+
+/// The stamp of an open file: one `fstat`.
+#[cfg(unix)]
+pub fn stamp_of_file(file: &impl std::os::fd::AsFd) -> io::Result<Stamp> {
+    let st = rustix::fs::fstat(file)?;
+    let (dev, ino) = of_stat(&st);
+    Ok(Stamp {
+        dev,
+        ino,
+        size: st.st_size as u64,
+        mtime_ns: mtime_ns(&st),
+    })
+}
+
+/// The stamp of an open file (`GetFileInformationByHandle`).
+#[cfg(windows)]
+pub fn stamp_of_file(file: &File) -> io::Result<Stamp> {
+    let info = handle_info(file)?;
+    let (dev, ino) = of_info(&info);
+    Ok(Stamp {
+        dev,
+        ino,
+        size: (u64::from(info.nFileSizeHigh) << 32) | u64::from(info.nFileSizeLow),
+        mtime_ns: ((i64::from(info.ftLastWriteTime.dwHighDateTime) << 32)
+            | i64::from(info.ftLastWriteTime.dwLowDateTime))
+        .saturating_mul(100),
+    })
+}
+
+/// The modification time in a `stat` result, in nanoseconds since the epoch.
+#[cfg(unix)]
+#[allow(clippy::unnecessary_cast)] // time_t is not i64 on every Unix
+pub fn mtime_ns(st: &rustix::fs::Stat) -> i64 {
+    (st.st_mtime as i64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(st.st_mtime_nsec as i64)
+}
+
 /// The identity of an open file (`GetFileInformationByHandle`).
 #[cfg(windows)]
 pub fn of_file(file: &File) -> io::Result<FileId> {

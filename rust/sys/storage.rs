@@ -344,6 +344,31 @@ pub fn write_all_at(file: &File, data: &[u8], offset: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// `pread` of exactly `buf.len()` bytes at `offset`: a file shorter than that gives
+/// `UnexpectedEof` (never a fault, as a read through a map of a shrinking file would).
+pub fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileExt;
+        file.read_exact_at(buf, offset)
+    }
+    #[cfg(windows)]
+    {
+        use std::os::windows::fs::FileExt;
+        let (mut buf, mut offset) = (buf, offset);
+        while !buf.is_empty() {
+            match file.seek_read(buf, offset)? {
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                n => {
+                    buf = &mut buf[n..];
+                    offset += n as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(unix)]
 fn pwrite_all(file: &File, data: &[u8], offset: u64) -> io::Result<()> {
     use std::os::unix::fs::FileExt;

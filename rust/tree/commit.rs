@@ -6,16 +6,22 @@
 //! `.tdrs%staging-<random>` (one per mount the tree spans, created with `mkdir`, so never
 //! someone else's, mode 0700, `flock`ed while its save lives). The `%s` in the name is not a
 //! `%XX` escape, so no encoded key can ever be named like it. The commit writes a journal,
-//! `.tdrs%journal`, listing every rename, directory creation and removal still to do, and
-//! moves it into the target with one exclusive rename: that is the commit point. The renames
-//! then put each changed file in place, meta.json files last, the root one at the very end,
-//! and the journal goes. A save or load that finds a journal (whose save no longer holds the
-//! lock) replays it: every step is idempotent, so a process killed at any instant, even during
-//! a replay, leaves the old tree (before the commit point) or the new one (after it).
+//! `.tdrs%journal`, listing every step still to do, and moves it into the target with one
+//! exclusive rename: that is the commit point. The steps (`commit_apply.rs`) then move the
+//! root meta.json aside, put each changed file in place, meta.json files last, the root one at
+//! the very end, remove what the new tree drops, and the journal goes.
+//!
+//! The journal is bound to the tree it commits: every staged entry is recorded with its
+//! identity (so a step is *proven* done or pending, never assumed), and every directory's
+//! meta.json with its identity, size, time and CRC before and after (so a directory that
+//! another save wrote since the commit point is never rolled back). A save or load that finds
+//! a journal (whose save no longer holds the lock) replays it once it has proven every step;
+//! when it cannot (a staging directory it may not open, too few descriptors, a file system of
+//! the tree not mounted) it refuses and changes nothing.
 //!
 //! Saves hold an exclusive `flock` on the target directory from start to end; loads take no
-//! lock: they check that no journal appeared and that the root meta.json they read is still
-//! the one in place when they finish, and start again if not.
+//! lock: they check that no journal appeared and that the meta.json files they read are still
+//! the ones in place when they finish, and start again if not.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -25,8 +31,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format;
-use crate::sys::dir::{self, Dir, EntryKind};
-use crate::sys::reclaim::Later;
+use crate::sys::dir::{self, Dir, EntryKind, EntryStat};
+use crate::sys::identity::Stamp;
 use crate::sys::storage;
 
 /// Prefix of a staging directory's name; the random token follows.
@@ -40,11 +46,19 @@ pub const JOURNAL: &str = ".tdrs%journal";
 /// hold the save's other staging directories (one per other mount).
 const OTHER_STAGINGS: &str = "mounts";
 /// The journal while it is written, inside the root staging directory.
-const JOURNAL_DRAFT: &str = "journal";
+pub(crate) const JOURNAL_DRAFT: &str = "journal";
 /// Largest journal we read.
 const JOURNAL_LIMIT: u64 = 1 << 30;
 /// How long a load waits for a commit in progress to finish before giving up.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The journal format this version writes: staged entries carry their identity and the
+/// directories their meta.json states. Journals without a version (older saves) are replayed
+/// on the weaker proof they allow (see `commit_apply.rs`).
+pub const JOURNAL_VERSION: u32 = 2;
+
+/// An identity (device, inode).
+pub type Identity = (u64, u64);
 
 /// One step of a commit, replayable: each checks whether it is already done.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -52,24 +66,32 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum Op {
     /// Create a directory (done when it exists as a directory).
     Mkdir { path: Vec<String> },
-    /// Move staged file `name` of staging directory `stage` to `to` (done when it is gone
-    /// from the staging directory).
-    ///
-    /// `replaces`: the (device, inode) of the staged file, recorded when it replaces a big
-    /// file of the old tree (`reclaim::HOLD_BYTES`). The two are then exchanged
-    /// (`RENAME_EXCHANGE`) and the old file, now at the staged name, is unlinked with its
-    /// space freed in the background (`sys::reclaim`): a rename over an existing file makes
-    /// ext4 write the whole new file back inside the rename (`auto_da_alloc`) and free the
-    /// old one there (with `discard`, a TRIM of every block), which doubled the time of a
-    /// 1 GiB re-save. The name never stops pointing at one whole version. The identity tells a
-    /// replay that the exchange already happened (the target is the new file: only the
-    /// unlink is left).
+    /// Move the root meta.json into staging directory 0 as `name`, when it still is the one
+    /// the plan read: from then on a meta.json at the root can only be another program's.
+    Aside { name: String },
+    /// Move staged entry `name` of staging directory `stage` to `to`. `id`: the staged
+    /// entry's identity (done when `to` holds it, pending while the staging directory does);
+    /// `replaces`: the old tree's file at `to` (None: a new name, which is never replaced);
+    /// a big one is exchanged with the staged file and freed in the background
+    /// (`apply::replace_file`). Journals of issue 29's saves (no version) used `replaces` for
+    /// the staged identity; a replay reads them so (`apply::prove`).
     Rename {
         stage: usize,
         name: String,
         to: Vec<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        replaces: Option<(u64, u64)>,
+        id: Option<Identity>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replaces: Option<Identity>,
+    },
+    /// Move the entries of staged directory `name` one by one into the directory at `to`
+    /// (a user's directory without a meta.json took the name of a new sub-tree), meta.json
+    /// last; each entry with its identity.
+    Merge {
+        stage: usize,
+        name: String,
+        to: Vec<String>,
+        children: Vec<(String, u64, u64)>,
     },
     /// Remove a file of the old tree, only if it is still that file (device, inode).
     Unlink { path: Vec<String>, dev: u64, ino: u64 },
@@ -77,16 +99,72 @@ pub enum Op {
     Rmdir { path: Vec<String> },
 }
 
+/// A meta.json as the commit saw it: identity, size, modification time and the CRC-32 of its
+/// bytes. A replacement changes the identity; an in-place rewrite (the reference writes so)
+/// changes the time (and, unless byte-identical, the size or CRC).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileState {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub crc: u32,
+}
+
+impl FileState {
+    /// The state of a file whose stamp and bytes were read together.
+    pub fn of(stamp: Stamp, bytes: &[u8]) -> FileState {
+        let mut h = crc32fast::Hasher::new();
+        h.update(bytes);
+        FileState {
+            dev: stamp.dev,
+            ino: stamp.ino,
+            size: stamp.size,
+            mtime_ns: stamp.mtime_ns,
+            crc: h.finalize(),
+        }
+    }
+
+    /// Same identity, size and time as `st` (the CRC is checked apart, it needs the bytes).
+    pub fn same_stamp(&self, st: &EntryStat) -> bool {
+        st.kind == EntryKind::File
+            && (st.dev, st.ino, st.size, st.mtime_ns) == (self.dev, self.ino, self.size, self.mtime_ns)
+    }
+
+    pub fn identity(&self) -> Identity {
+        (self.dev, self.ino)
+    }
+}
+
+/// The meta.json of one directory of the tree before the commit (`old`; None: it had none)
+/// and after it (`new`; None: the commit removes it). A step in a directory whose meta.json is
+/// neither (another save wrote it since) is skipped: that sub-tree is the later save's.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct DirState {
+    pub path: Vec<String>,
+    pub old: Option<FileState>,
+    pub new: Option<FileState>,
+}
+
 /// The record of a commit: its staging directories and the steps to take, in order.
-#[derive(Serialize, Deserialize, Debug, Default)]
+#[derive(Serialize, Deserialize, Debug, Default, Clone)]
 pub struct Journal {
+    /// `JOURNAL_VERSION`; 0 (absent) in journals of older saves.
+    #[serde(default)]
+    pub version: u32,
     pub token: String,
     /// Where each staging directory is (the directory holding it, relative to the target).
     pub stagings: Vec<Vec<String>>,
     pub ops: Vec<Op>,
+    #[serde(default)]
+    pub dirs: Vec<DirState>,
+    /// Names whose keys the commit left out: something it does not own took them after the
+    /// commit point (kept as it is).
+    #[serde(default)]
+    pub dropped: Vec<Vec<String>>,
 }
 
-fn staging_name(token: &str) -> String {
+pub(crate) fn staging_name(token: &str) -> String {
     format!("{STAGING_PREFIX}{token}")
 }
 
@@ -98,17 +176,18 @@ fn valid_path(path: &[String]) -> bool {
     path.len() <= format::MAX_DEPTH + 2 && path.iter().all(|c| valid_component(c))
 }
 
-/// A staged entry's name: `f<n>` (data), `m<n>` (meta.json) or `d<n>` (a whole new
-/// sub-directory, built inside the staging directory and moved with one rename).
+/// A staged entry's name: `f<n>` (data), `m<n>` (meta.json), `d<n>` (a whole new
+/// sub-directory, built inside the staging directory and moved with one rename), `a<n>` (a
+/// meta.json amended after the commit point) or `p<n>` (the old root meta.json, moved aside).
 fn valid_staged(name: &str) -> bool {
     let mut chars = name.chars();
-    matches!(chars.next(), Some('f' | 'm' | 'd')) && {
+    matches!(chars.next(), Some('f' | 'm' | 'd' | 'a' | 'p')) && {
         let rest = chars.as_str();
         !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit())
     }
 }
 
-fn join(root: &Path, path: &[String]) -> PathBuf {
+pub(crate) fn join(root: &Path, path: &[String]) -> PathBuf {
     path.iter().fold(root.to_path_buf(), |p, c| p.join(c))
 }
 
@@ -166,6 +245,16 @@ impl Staging {
     /// The open staging directory `i`.
     pub fn dir(&self, i: usize) -> &Dir {
         &self.dirs[i].2
+    }
+
+    /// How many staging directories there are.
+    pub fn len(&self) -> usize {
+        self.dirs.len()
+    }
+
+    /// True when there is none (never: the root one is made with the staging).
+    pub fn is_empty(&self) -> bool {
+        self.dirs.is_empty()
     }
 
     /// Where the staging directories are, for the journal.
@@ -256,7 +345,7 @@ fn remove_staged_tree(parent: &Dir, name: &str, depth: usize) {
 }
 
 /// Removes the files a save puts in its staging directory (and nothing else).
-fn clean_staging(dir: &Dir) {
+pub(crate) fn clean_staging(dir: &Dir) {
     let Ok(names) = dir.entry_names() else { return };
     for name in names {
         if name.starts_with('d') && valid_staged(&name) {
@@ -312,7 +401,7 @@ pub fn write_journal(root: &Dir, staging: &Staging, journal: &Journal, durable: 
 }
 
 /// `EINVAL`: renameat2 flags the file system does not support.
-fn is_einval(e: &io::Error) -> bool {
+pub(crate) fn is_einval(e: &io::Error) -> bool {
     #[cfg(unix)]
     {
         e.raw_os_error() == Some(libc::EINVAL)
@@ -333,7 +422,7 @@ pub fn withdraw_journal(root: &Dir) {
 /// A crash-test hook: `TENSORDICT_RS_KILL_AT_STEP=K` kills this process (SIGKILL, no
 /// cleanup) once `K` steps of a commit have run (0: right after the commit point), so tests
 /// can land kills inside the short commit window and inside recovery. Unset: never.
-fn kill_point(step: usize) {
+pub(crate) fn kill_point(step: usize) {
     let Some(at) = std::env::var_os("TENSORDICT_RS_KILL_AT_STEP") else {
         return;
     };
@@ -344,216 +433,6 @@ fn kill_point(step: usize) {
         }
         std::process::abort();
     }
-}
-
-/// The parent directory of the last path a step used, kept open for the next step (the steps
-/// of one directory come one after another).
-struct Parents<'a> {
-    root: &'a Dir,
-    open: Option<(Vec<String>, Dir)>,
-}
-
-impl Parents<'_> {
-    fn get(&mut self, path: &[String]) -> io::Result<&Dir> {
-        let parent = &path[..path.len() - 1];
-        let hit = matches!(&self.open, Some((rel, _)) if rel.as_slice() == parent);
-        if !hit {
-            let dir = self.root.open_rel(parent)?;
-            self.open = Some((parent.to_vec(), dir));
-        }
-        Ok(&self.open.as_ref().expect("just opened").1)
-    }
-}
-
-/// Carries out every step of `journal` (idempotently), then removes the journal and the
-/// staging directories. `durable` fsyncs the directories it changed first.
-pub fn apply(root: &Dir, journal: &Journal, durable: bool) -> Result<()> {
-    let name = staging_name(&journal.token);
-    let stagings: Vec<Option<Dir>> = journal
-        .stagings
-        .iter()
-        .map(|rel| root.open_rel(rel).and_then(|d| d.open_dir(&name)).ok())
-        .collect();
-    let mut parents = Parents { root, open: None };
-    let mut touched: Vec<Vec<String>> = Vec::new();
-    // The big files this commit replaces or drops: unlinked here, freed in the background.
-    let mut later = Later::new();
-    for (step, op) in journal.ops.iter().enumerate() {
-        kill_point(step);
-        match op {
-            Op::Mkdir { path } => {
-                let parent = parents
-                    .get(path)
-                    .map_err(|e| Error::io(join(root.path(), path), e))?;
-                let last = &path[path.len() - 1];
-                match parent.create_dir(last) {
-                    Ok(_) => touched.push(path[..path.len() - 1].to_vec()),
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                        if parent.kind(last).ok() != Some(EntryKind::Dir) {
-                            return Err(Error::invalid(
-                                join(root.path(), path),
-                                "a save needs a directory here, and something else is in the way",
-                            ));
-                        }
-                    }
-                    Err(e) => return Err(Error::io(join(root.path(), path), e)),
-                }
-            }
-            Op::Rename {
-                stage,
-                name,
-                to,
-                replaces,
-            } => {
-                let Some(Some(staged)) = stagings.get(*stage) else {
-                    continue;
-                };
-                let target = parents.get(to).map_err(|e| Error::io(join(root.path(), to), e))?;
-                if let Some(new) = replaces {
-                    let last = &to[to.len() - 1];
-                    if exchange_in(staged, name, target, last, *new, &mut later)
-                        .map_err(|e| Error::io(join(root.path(), to), e))?
-                    {
-                        touched.push(to[..to.len() - 1].to_vec());
-                        continue;
-                    }
-                }
-                // One syscall in the common case: the rename itself. It fails with ENOENT
-                // when the staged file is gone, i.e. an earlier run already moved it.
-                // A staged directory never replaces anything (rename(2) would replace an empty
-                // directory); files replace the old tree's files, as planned.
-                let dir = name.starts_with('d');
-                let last = &to[to.len() - 1];
-                let moved = match staged.rename(name, target, last, dir) {
-                    Err(e) if dir && is_einval(&e) => staged.rename(name, target, last, false),
-                    other => other,
-                };
-                // Windows refuses to replace a file that is still mapped, but lets it be
-                // renamed: the old file goes aside into the staging directory first.
-                #[cfg(windows)]
-                let moved = moved.or_else(|e| {
-                    if !dir::in_use(&e) || target.kind(last).ok() != Some(EntryKind::File) {
-                        return Err(e);
-                    }
-                    move_aside(&stagings, target, last)?;
-                    staged.rename(name, target, last, false)
-                });
-                match moved {
-                    Ok(()) => touched.push(to[..to.len() - 1].to_vec()),
-                    Err(_) if staged.kind(name).ok() == Some(EntryKind::Missing) => {}
-                    Err(e) => return Err(Error::io(join(root.path(), to), e)),
-                }
-            }
-            Op::Unlink { path, dev, ino } => {
-                let Ok(parent) = parents.get(path) else { continue };
-                let last = &path[path.len() - 1];
-                if let Ok(Some(st)) = parent.stat(last) {
-                    if st.kind == EntryKind::File && st.dev == *dev && st.ino == *ino {
-                        let removed = later.remove_file(parent, last, st.size);
-                        #[cfg(windows)]
-                        let removed = removed.or_else(|e| match dir::in_use(&e) {
-                            true => move_aside(&stagings, parent, last),
-                            false => Err(e),
-                        });
-                        removed.map_err(|e| Error::io(join(root.path(), path), e))?;
-                        touched.push(path[..path.len() - 1].to_vec());
-                    }
-                }
-            }
-            Op::Rmdir { path } => {
-                let Ok(parent) = parents.get(path) else { continue };
-                let last = &path[path.len() - 1];
-                if parent.kind(last).ok() == Some(EntryKind::Dir) && parent.remove_dir(last).is_ok() {
-                    touched.push(path[..path.len() - 1].to_vec());
-                }
-            }
-        }
-    }
-    kill_point(journal.ops.len());
-    drop(parents);
-    if durable {
-        touched.sort();
-        touched.dedup();
-        for rel in &touched {
-            if let Ok(dir) = root.open_rel(rel) {
-                dir.sync().map_err(|e| Error::io(dir.path(), e))?;
-            }
-        }
-    }
-    root.remove_file(JOURNAL)
-        .map_err(|e| Error::io(root.child_path(JOURNAL), e))?;
-    if durable {
-        root.sync().map_err(|e| Error::io(root.path(), e))?;
-    }
-    for (rel, staged) in journal.stagings.iter().zip(stagings).rev() {
-        if let Some(staged) = staged {
-            // Windows: a dead save's lock file is in it; taken, it goes with the lock (a live
-            // save, ours, keeps its own and removes the directory when it drops it).
-            #[cfg(windows)]
-            let _ = staged.lock(true, false);
-            clean_staging(&staged);
-        }
-        if let Ok(holder) = root.open_rel(rel) {
-            let _ = holder.remove_dir(&name);
-        }
-    }
-    later.release();
-    Ok(())
-}
-
-/// Puts staged file `name` (whose identity is `new`) in place of the file `last` of `target`
-/// by exchanging the two, then unlinks the old file (now at the staged name), to be freed by
-/// `later`. Idempotent: a target that already is the new file means an earlier run
-/// exchanged them. Returns false when this way does not apply (no exchange on this file
-/// system, or no file at the target): the caller then renames.
-fn exchange_in(
-    staged: &Dir,
-    name: &str,
-    target: &Dir,
-    last: &str,
-    new: (u64, u64),
-    later: &mut Later,
-) -> io::Result<bool> {
-    let Some(now) = target.stat(last)? else {
-        return Ok(false);
-    };
-    if now.kind != EntryKind::File {
-        return Ok(false);
-    }
-    if now.id() != new {
-        match staged.exchange(name, target, last) {
-            Ok(()) => {}
-            // The staged file is gone: an earlier run finished this step.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
-            Err(e) if is_einval(&e) || e.kind() == io::ErrorKind::Unsupported => return Ok(false),
-            Err(e) => return Err(e),
-        }
-    }
-    match later.remove_file(staged, name, now.size) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(true),
-    }
-}
-
-/// Windows refuses to delete or replace a file that is mapped (a leaf that some process still
-/// holds), but lets it be renamed: the old file goes into a staging directory of the commit
-/// (as `o<random>`; the first on its volume), where it is deleted now or, once unmapped, by
-/// the sweep of a later save. Its holders keep the old bytes, as on Linux.
-#[cfg(windows)]
-fn move_aside(stagings: &[Option<Dir>], parent: &Dir, name: &str) -> io::Result<()> {
-    let mut last = io::Error::from(io::ErrorKind::NotFound);
-    for staged in stagings.iter().flatten() {
-        let aside = format!("o{}", storage::random_suffix());
-        match parent.rename(name, staged, &aside, true) {
-            Ok(()) => {
-                // Still mapped: it stays in the staging directory for a later sweep.
-                let _ = staged.remove_file(&aside);
-                return Ok(());
-            }
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
 }
 
 /// Reads and checks the journal of an interrupted commit.
@@ -568,15 +447,28 @@ fn read_journal(root: &Dir) -> Result<Journal> {
             format!("the journal of an interrupted save is damaged: {e}"),
         )
     })?;
+    let stage_ok = |stage: &usize, name: &str| *stage < journal.stagings.len() && valid_staged(name);
     let ok = valid_component(&staging_name(&journal.token))
         && !journal.stagings.is_empty()
         && journal.stagings.iter().all(|p| valid_path(p))
+        && journal.dirs.iter().all(|d| valid_path(&d.path))
+        && journal.dropped.iter().all(|p| !p.is_empty() && valid_path(p))
         && journal.ops.iter().all(|op| match op {
             Op::Mkdir { path } | Op::Rmdir { path } | Op::Unlink { path, .. } => {
                 !path.is_empty() && valid_path(path)
             }
-            Op::Rename { stage, name, to, .. } => {
-                *stage < journal.stagings.len() && valid_staged(name) && !to.is_empty() && valid_path(to)
+            Op::Aside { name } => name.starts_with('p') && valid_staged(name),
+            Op::Rename { stage, name, to, .. } => stage_ok(stage, name) && !to.is_empty() && valid_path(to),
+            Op::Merge {
+                stage,
+                name,
+                to,
+                children,
+            } => {
+                stage_ok(stage, name)
+                    && !to.is_empty()
+                    && valid_path(to)
+                    && children.iter().all(|(c, _, _)| valid_component(c))
             }
         });
     if !ok {
@@ -606,13 +498,7 @@ pub fn recover(root: &Dir) -> Result<bool> {
         EntryKind::Missing => Ok(false),
         EntryKind::File => {
             let journal = read_journal(root)?;
-            apply(root, &journal, true).map_err(|e| match e {
-                Error::Io { path, source } => Error::invalid(
-                    path,
-                    format!("an interrupted save here could not be finished ({source}); it will be finished by the next save or load that can write here"),
-                ),
-                other => other,
-            })?;
+            apply(root, journal, true, None)?;
             Ok(true)
         }
         _ => Err(Error::invalid(
@@ -661,16 +547,100 @@ pub fn settle(root: &Dir) -> Result<()> {
     }
 }
 
+/// Finishes the interrupted or running commits of the trees that hold `target` (its parent
+/// directories up the path): a save to `P/sub` or a load of it must not meet `P`'s commit
+/// half done in it. One `stat` per level; best effort (a tree this process may not write is
+/// left to its owner: its own loads and saves finish it).
+pub fn settle_ancestors(target: &Path) {
+    for ancestor in target.ancestors().skip(1).take(format::MAX_DEPTH) {
+        if std::fs::symlink_metadata(ancestor.join(JOURNAL)).is_ok() {
+            if let Ok(dir) = Dir::open(ancestor) {
+                // Refused or failed: this save or load goes on as before (see above).
+                let _ = settle(&dir);
+            }
+        }
+    }
+}
+
+/// Shared locks on the trees that hold a save's prefix (its parent directories that hold a
+/// meta.json or a journal), taken top-down before the save's own exclusive lock and held to
+/// its end: a save to `P` (exclusive on `P`) and a save to `P/sub` (shared on `P`) run one
+/// after the other, saves to `P/a` and `P/b` together. Released on drop. Unix only (Windows
+/// locks are files, which would appear in the trees); where a directory cannot be opened or
+/// has no `flock`, it is skipped.
+pub struct AncestorLocks {
+    #[cfg(unix)]
+    held: Vec<Dir>,
+}
+
+impl AncestorLocks {
+    /// Finishes the ancestors' pending commits (`settle_ancestors`), then takes the locks; if
+    /// one of them still has a journal once locked (a save died in its commit meanwhile), lets
+    /// go and starts again (a few times, then goes on with what it holds).
+    pub fn acquire(target: &Path) -> AncestorLocks {
+        #[cfg(unix)]
+        {
+            let trees: Vec<&Path> = target
+                .ancestors()
+                .skip(1)
+                .take(format::MAX_DEPTH)
+                .filter(|a| {
+                    std::fs::symlink_metadata(a.join(format::META_FILE)).is_ok()
+                        || std::fs::symlink_metadata(a.join(JOURNAL)).is_ok()
+                })
+                .collect();
+            let mut held = Vec::new();
+            for _ in 0..5 {
+                settle_ancestors(target);
+                held.clear();
+                let mut pending = false;
+                for ancestor in trees.iter().rev() {
+                    let Ok(dir) = Dir::open(ancestor) else { continue };
+                    if !matches!(dir.lock(false, true), Ok(true)) {
+                        continue;
+                    }
+                    pending = journal_present(&dir);
+                    held.push(dir);
+                    if pending {
+                        break;
+                    }
+                }
+                if !pending {
+                    break;
+                }
+            }
+            AncestorLocks { held }
+        }
+        #[cfg(not(unix))]
+        {
+            settle_ancestors(target);
+            AncestorLocks {}
+        }
+    }
+}
+
+#[cfg(unix)]
+impl Drop for AncestorLocks {
+    fn drop(&mut self) {
+        for dir in self.held.iter().rev() {
+            dir.unlock();
+        }
+    }
+}
+
 /// Removes the staging directories of saves that died before their commit point (their lock
 /// is free). Each is positively ours: our name, a real directory (not a symlink), its lock
-/// free; only the file names a save stages are removed from it.
-pub fn sweep(root: &Dir) {
-    let Ok(names) = root.entry_names() else { return };
-    for name in names {
-        if !name.starts_with(STAGING_PREFIX) || !valid_component(&name) {
+/// free; only the file names a save stages are removed from it. Returns the entries of `root`
+/// it listed (for the other sweeps of a save).
+pub fn sweep(root: &Dir) -> Vec<String> {
+    let Ok(names) = root.entry_names() else {
+        return Vec::new();
+    };
+    for name in &names {
+        if !name.starts_with(STAGING_PREFIX) || !valid_component(name) {
             continue;
         }
-        let Ok(stale) = root.open_dir(&name) else { continue };
+        let Ok(stale) = root.open_dir(name) else { continue };
         if !matches!(stale.lock(true, false), Ok(true)) {
             continue; // alive, or no way to tell
         }
@@ -683,18 +653,19 @@ pub fn sweep(root: &Dir) {
                     continue;
                 }
                 if let Ok(holder) = root.open_rel(&rel) {
-                    if let Ok(other) = holder.open_dir(&name) {
+                    if let Ok(other) = holder.open_dir(name) {
                         if matches!(other.lock(true, false), Ok(true)) {
                             clean_staging(&other);
-                            let _ = holder.remove_dir(&name);
+                            let _ = holder.remove_dir(name);
                         }
                     }
                 }
             }
         }
         clean_staging(&stale);
-        let _ = root.remove_dir(&name);
+        let _ = root.remove_dir(name);
     }
+    names
 }
 
 /// The exclusive lock a save holds on its target directory for its whole run; released on
@@ -722,6 +693,9 @@ impl Drop for SaveLock {
         }
     }
 }
+
+mod apply;
+pub use apply::{apply, Finished};
 
 #[cfg(test)]
 mod tests;

@@ -14,11 +14,14 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::format::{self, Entry, Layout, LeafMeta, NodeMeta, StackMeta, TensorDictMeta};
 use crate::sys::dir::{self, Dir, EntryKind};
+use crate::sys::identity::Stamp;
 use crate::sys::identity::{self, FileId};
 use crate::sys::pool;
 use crate::sys::storage::{self, MapMode, Region};
 use crate::tree::commit;
-use crate::tree::read::{open_child_dir, read_meta, read_stack, tensorclass_fields};
+use crate::tree::read::{
+    open_child_dir, read_meta, read_meta_stamped, read_stack, read_stack_stamped, tensorclass_fields,
+};
 
 /// One loaded entry. Leaves point into the flat region list returned beside the tree.
 #[derive(Debug)]
@@ -87,6 +90,9 @@ const COMMIT_RETRIES: usize = 50;
 /// journal appeared, and the root meta.json is still the file it opened first (held open, so
 /// its inode cannot be reused). Otherwise it starts again, so a reader sees one whole version.
 pub fn load_tree(prefix: &Path) -> Result<(LoadedNode, Vec<Option<Region>>)> {
+    if let Ok(absolute) = std::path::absolute(prefix) {
+        commit::settle_ancestors(&absolute);
+    }
     let mut attempt = 0;
     loop {
         let root = Dir::open(prefix).map_err(|e| Error::io(prefix, e))?;
@@ -99,19 +105,38 @@ pub fn load_tree(prefix: &Path) -> Result<(LoadedNode, Vec<Option<Region>>)> {
         let changed = commit::journal_present(&root)
             || pinned.is_none()
             || meta_identity(&root) != pinned
-            || identity::of_path(prefix).ok() != Some(root_id);
+            || identity::of_path(prefix).ok() != Some(root_id)
+            || result
+                .as_ref()
+                .is_ok_and(|(_, _, stamps)| sub_trees_changed(&root, stamps));
         if !changed {
-            return result;
+            return result.map(|(node, regions, _)| (node, regions));
         }
         if attempt >= COMMIT_RETRIES {
-            return result.and(Err(Error::invalid(
-                prefix,
-                "saves kept replacing this tree while it was being loaded; try again",
-            )));
+            return result.and_then(|_| {
+                Err(Error::invalid(
+                    prefix,
+                    "saves kept replacing this tree while it was being loaded; try again",
+                ))
+            });
         }
         attempt += 1;
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+}
+
+/// True when a sub-directory's meta.json is no longer the one the walk read (its identity,
+/// size or modification time changed): a save to that sub-directory as its own prefix
+/// committed during the load. (A commit moves its root meta.json away as its first step, so
+/// one still in progress shows here too.) One `stat` per directory, no descriptor held.
+fn sub_trees_changed(root: &Dir, stamps: &[(Vec<String>, Stamp)]) -> bool {
+    stamps.iter().any(|(rel, stamp)| {
+        root.stat_rel(rel, format::META_FILE)
+            .ok()
+            .flatten()
+            .map(Stamp::from)
+            != Some(*stamp)
+    })
 }
 
 /// The identity of the root meta.json now in place.
@@ -128,9 +153,19 @@ struct MapGroup {
     jobs: Vec<LeafJob>,
 }
 
-fn load_from(root: &Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
-    let mut groups = Vec::new();
-    let mut count = 0;
+/// What the walk gathers besides the tree: the leaf files to map, and the stamp of every
+/// sub-directory's meta.json (checked again at the end of the load).
+#[derive(Default)]
+struct Found {
+    groups: Vec<MapGroup>,
+    count: usize,
+    stamps: Vec<(Vec<String>, Stamp)>,
+}
+
+type Walked = (LoadedNode, Vec<Option<Region>>, Vec<(Vec<String>, Stamp)>);
+
+fn load_from(root: &Dir) -> Result<Walked> {
+    let mut found = Found::default();
     let mut rel = Vec::new();
     let (meta, class) = match read_meta(root)? {
         NodeMeta::TensorDict(m) => (m, None),
@@ -145,8 +180,13 @@ fn load_from(root: &Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
             (tensorclass_fields(root)?.1, Some(class))
         }
     };
-    let mut node = walk(root, &mut rel, 0, &[], meta, &mut groups, &mut count)?;
+    let mut node = walk(root, &mut rel, 0, &[], meta, &mut found)?;
     node.class = class.map(|c| Value::Object(c).to_string());
+    let Found {
+        groups,
+        count,
+        stamps,
+    } = found;
     // Every directory's meta.json is read first; then the files are mapped in parallel, a
     // group at a time (each worker holds one directory open while it maps its group).
     let leaves: usize = groups.iter().map(|g: &MapGroup| g.jobs.len()).sum();
@@ -167,7 +207,18 @@ fn load_from(root: &Dir) -> Result<(LoadedNode, Vec<Option<Region>>)> {
     )?;
     let regions: Vec<Option<Region>> = mapped.into_iter().flatten().collect();
     debug_assert_eq!(regions.len(), count);
-    Ok((node, regions))
+    Ok((node, regions, stamps))
+}
+
+/// Opens the sub-directory of `key` and, when a save to it as its own prefix is committing
+/// or was interrupted there (its own journal), waits for it or finishes it first (see
+/// `commit::settle`): a sub-tree is never read in the middle of its own commit.
+fn open_settled_child(parent: &Dir, key: &str) -> Result<Dir> {
+    let child = open_child_dir(parent, key)?;
+    if commit::journal_present(&child) {
+        commit::settle(&child)?;
+    }
+    Ok(child)
 }
 
 /// Loads the directory at `rel` below `root`, whose meta.json (`meta`) its parent read
@@ -180,8 +231,7 @@ fn walk(
     depth: usize,
     parent_batch: &[u64],
     meta: TensorDictMeta,
-    groups: &mut Vec<MapGroup>,
-    count: &mut usize,
+    found: &mut Found,
 ) -> Result<LoadedNode> {
     let path = rel.iter().fold(root.path().to_path_buf(), |p, c| p.join(c));
     if depth > format::MAX_DEPTH {
@@ -203,7 +253,7 @@ fn walk(
     for (key, entry) in meta.entries {
         match entry {
             Entry::Leaf(leaf) => {
-                let index = *count + jobs.len();
+                let index = found.count + jobs.len();
                 let (nested, nbytes, name) = match leaf.nested {
                     Some(_) => {
                         let name = leaf_name(&dir, &key)?;
@@ -231,12 +281,19 @@ fn walk(
                 ));
             }
             Entry::Stack => {
-                let stack = read_stack(&dir, &key, &meta.batch)?;
+                let (stack, stamp) = read_stack_stamped(&dir, &key, &meta.batch)?;
+                let mut child_rel = rel.clone();
+                child_rel.push(format::encode_key(&key));
+                found.stamps.push((child_rel, stamp));
                 entries.push((key, Some(LoadedEntry::Stack(stack))));
             }
             Entry::Collection => {
-                let child = open_child_dir(&dir, &key)?;
-                match read_meta(&child)? {
+                let child = open_settled_child(&dir, &key)?;
+                let (child_meta, stamp) = read_meta_stamped(&child)?;
+                let mut child_rel = rel.clone();
+                child_rel.push(format::encode_key(&key));
+                found.stamps.push((child_rel, stamp));
+                match child_meta {
                     NodeMeta::NonTensor(value) => entries.push((key, Some(LoadedEntry::NonTensor(value)))),
                     NodeMeta::Stack(stack) => {
                         crate::tree::read::check_stack(
@@ -260,10 +317,10 @@ fn walk(
             }
         }
     }
-    *count += jobs.len();
+    found.count += jobs.len();
     let mut jobs = jobs.into_iter().peekable();
     while jobs.peek().is_some() {
-        groups.push(MapGroup {
+        found.groups.push(MapGroup {
             rel: rel.clone(),
             jobs: jobs.by_ref().take(MAP_GROUP).collect(),
         });
@@ -274,7 +331,7 @@ fn walk(
         if class.is_some() {
             rel.push(format::TENSORCLASS_DIR.to_string());
         }
-        let node = walk(root, rel, depth + 1, &meta.batch, sub, groups, count);
+        let node = walk(root, rel, depth + 1, &meta.batch, sub, found);
         if class.is_some() {
             rel.pop();
         }
@@ -547,6 +604,7 @@ pub fn verify_tree(prefix: &Path) -> Vec<String> {
     match Dir::open(prefix) {
         Ok(root) => {
             if commit::journal_present(&root) {
+                // (mid-commit the tree is in neither version: nothing more to check)
                 problems.push(
                     Error::invalid(
                         root.child_path(commit::JOURNAL),
@@ -554,8 +612,9 @@ pub fn verify_tree(prefix: &Path) -> Vec<String> {
                     )
                     .to_string(),
                 );
+            } else {
+                verify_dir(&root, &mut Vec::new(), 0, None, &mut problems)
             }
-            verify_dir(&root, &mut Vec::new(), 0, None, &mut problems)
         }
         Err(e) => problems.push(Error::io(prefix, e).to_string()),
     }
@@ -642,6 +701,15 @@ fn verify_dir(
                 }
             }
             Entry::Collection => match open_child_dir(&dir, &key) {
+                Ok(child) if commit::journal_present(&child) => problems.push(
+                    Error::invalid(
+                        child.child_path(commit::JOURNAL),
+                        format!(
+                            "key {key:?}: a save into this sub-directory (as its own prefix) is committing or was interrupted; the next load or save of it, or of this tree, finishes it"
+                        ),
+                    )
+                    .to_string(),
+                ),
                 Ok(child) => match read_meta(&child) {
                     Ok(NodeMeta::NonTensor(_)) => {}
                     Ok(NodeMeta::Stack(stack)) => {

@@ -8,33 +8,52 @@ use std::io;
 use crate::error::{Error, Result};
 use crate::format::{self, NodeMeta, TensorDictMeta};
 use crate::sys::dir::{self, Dir, EntryKind};
+use crate::sys::identity::Stamp;
 
 /// Reads and parses the meta.json of `dir`: at most `META_LIMIT` bytes of a regular file,
 /// never through a symlink (a `SymlinkError`), never blocking on a FIFO.
 pub fn read_meta(dir: &Dir) -> Result<NodeMeta> {
-    read_meta_limited(dir, format::META_LIMIT)
+    read_meta_stamped(dir).map(|(meta, _)| meta)
+}
+
+/// `read_meta`, with the stamp (identity, size, modification time) of the file it read: a
+/// load checks at its end that every sub-directory's meta.json still has it.
+pub fn read_meta_stamped(dir: &Dir) -> Result<(NodeMeta, Stamp)> {
+    read_meta_limited_stamped(dir, format::META_LIMIT)
 }
 
 /// `read_meta` with another size bound (a stack's meta.json holds its values).
 pub fn read_meta_limited(dir: &Dir, limit: u64) -> Result<NodeMeta> {
+    read_meta_limited_stamped(dir, limit).map(|(meta, _)| meta)
+}
+
+fn read_meta_limited_stamped(dir: &Dir, limit: u64) -> Result<(NodeMeta, Stamp)> {
     let path = dir.child_path(format::META_FILE);
-    let bytes = dir.read_limited(format::META_FILE, limit).map_err(|e| match e {
-        e if dir::is_symlink_refused(&e) => {
-            Error::symlink(&path, "meta.json is a symlink; refusing to follow it")
-        }
-        e if dir::is_not_regular(&e) => Error::invalid(&path, format!("meta.json is {e}")),
-        e if e.kind() == io::ErrorKind::InvalidData => Error::invalid(&path, e.to_string()),
-        e => Error::io(&path, e),
-    })?;
-    format::parse_meta(&bytes, &path)
+    let (bytes, stamp) = dir
+        .read_limited_stamped(format::META_FILE, limit)
+        .map_err(|e| match e {
+            e if dir::is_symlink_refused(&e) => {
+                Error::symlink(&path, "meta.json is a symlink; refusing to follow it")
+            }
+            e if dir::is_not_regular(&e) => Error::invalid(&path, format!("meta.json is {e}")),
+            e if e.kind() == io::ErrorKind::InvalidData => Error::invalid(&path, e.to_string()),
+            e => Error::io(&path, e),
+        })?;
+    Ok((format::parse_meta(&bytes, &path)?, stamp))
 }
 
 /// Opens and reads the directory of the NonTensorStack at `key` in `parent` (batch size
 /// `batch`): its meta.json must be a stack's, whose values nest to at least `batch`.
 pub fn read_stack(parent: &Dir, key: &str, batch: &[u64]) -> Result<format::StackMeta> {
+    read_stack_stamped(parent, key, batch).map(|(stack, _)| stack)
+}
+
+/// `read_stack`, with the stamp of the meta.json it read (see `read_meta_stamped`).
+pub fn read_stack_stamped(parent: &Dir, key: &str, batch: &[u64]) -> Result<(format::StackMeta, Stamp)> {
     let child = open_child_dir(parent, key)?;
     let path = child.child_path(format::META_FILE);
-    let stack = match read_meta_limited(&child, format::STACK_META_LIMIT)? {
+    let (meta, stamp) = read_meta_limited_stamped(&child, format::STACK_META_LIMIT)?;
+    let stack = match meta {
         NodeMeta::Stack(stack) => stack,
         _ => {
             return Err(Error::invalid(
@@ -44,7 +63,7 @@ pub fn read_stack(parent: &Dir, key: &str, batch: &[u64]) -> Result<format::Stac
         }
     };
     check_stack(&stack, key, batch, &path)?;
-    Ok(stack)
+    Ok((stack, stamp))
 }
 
 /// A stack's values must nest to its parent's batch size (as many values as rows).

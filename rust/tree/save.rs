@@ -175,10 +175,19 @@ pub(crate) fn write_tree_hooked(
             open_or_create(&target)?
         }
     };
+    // The trees holding the prefix first (shared), then the prefix (exclusive): top-down.
+    let ancestors = commit::AncestorLocks::acquire(&target);
     let lock = SaveLock::acquire(&dir)?;
     let result = (|| {
         commit::recover(&dir)?;
-        commit::sweep(&dir);
+        let _names = commit::sweep(&dir);
+        // Hidden siblings of killed saves to a new prefix: this prefix's own (it exists now)
+        // and those of prefixes inside this tree.
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        {
+            fresh::sweep(&dir, &_names);
+            fresh::remove_own_dead(&target);
+        }
         if !opts.existsok {
             refuse_existing(&dir, root)?;
         }
@@ -186,6 +195,10 @@ pub(crate) fn write_tree_hooked(
     })();
     // Released first: on Windows the lock is a file inside the directory.
     drop(lock);
+    #[cfg(unix)]
+    drop(ancestors);
+    #[cfg(not(unix))]
+    let _ = ancestors; // holds nothing there (Windows locks are files)
     if result.is_err() && created {
         // We made the directory for this save: leave no empty one behind.
         let _ = std::fs::remove_dir(&target);
@@ -272,7 +285,7 @@ fn save_locked(
             plan.sync_staged_dirs(&staging)?;
             staging.sync()?;
         }
-        let (journal, regions) = plan.journal(&staging);
+        let (journal, regions) = plan.journal(&staging)?;
         commit::write_journal(root, &staging, &journal, opts.durable)?;
         Ok((journal, regions))
     })();
@@ -289,9 +302,37 @@ fn save_locked(
         staging.remove(root);
         return Err(Error::io(root.child_path(format::META_FILE), already_exists()));
     }
-    commit::apply(root, &journal, opts.durable)?;
+    let finished = commit::apply(root, journal, opts.durable, Some(&staging))?;
     drop(staging);
-    Ok(regions)
+    match finished {
+        commit::Finished::Done { dropped } => match dropped.first() {
+            None => Ok(regions),
+            // The rest of the tree is saved; the caller must know this key is not.
+            Some(path) => Err(Error::io(
+                path,
+                io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "the save finished without {} key(s) ({}): something this tree does not own took the name during the save and was kept (move it away and save again)",
+                        dropped.len(),
+                        dropped
+                            .iter()
+                            .filter_map(|p| p.file_name())
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ),
+            )),
+        },
+        commit::Finished::Superseded => Err(Error::io(
+            root.child_path(format::META_FILE),
+            io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "another program wrote this tree while it was being saved; its version was kept, and this save's is not in place",
+            ),
+        )),
+    }
 }
 
 fn journal_would_replace(root: &Dir) -> bool {

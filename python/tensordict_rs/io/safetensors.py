@@ -101,11 +101,21 @@ def from_safetensors(
         values = json.loads(metadata[NON_TENSOR]) if NON_TENSOR in metadata else {}
         if not isinstance(sizes, dict) or not isinstance(values, dict):
             raise ValueError("not a JSON object")
+    except RecursionError:
+        raise _native.InvalidDirectoryError(
+            f"{name}: the __metadata__ entries {BATCH_SIZES}/{NON_TENSOR} nest too deeply"
+        ) from None
     except ValueError as err:
         raise _native.InvalidDirectoryError(
             f"{name}: the __metadata__ entries {BATCH_SIZES}/{NON_TENSOR} are damaged ({err})"
         ) from None
     root: dict[str, Any] = {}
+    for key in [row[0] for row in entries] + list(values):
+        if separator and key.count(separator) >= _native.MAX_DEPTH:
+            raise _native.InvalidDirectoryError(
+                f"{name}: {key[:80]!r}... nests more than {_native.MAX_DEPTH} levels with the "
+                f"separator {separator!r}; pass another separator (or separator=None for flat keys)"
+            )
     for key, dtype_name, shape, buffer in entries:
         dtype = _DTYPES[dtype_name]
         tensor = (

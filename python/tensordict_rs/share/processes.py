@@ -188,12 +188,14 @@ def _describe(td: Any, msg: _Message) -> tuple[Any, ...]:
 
 def _leaf(buffer: _native.Buffer, dtype_name: str, shape: Any, geometry: Geometry) -> Any:
     dtype = STR_TO_DTYPE[dtype_name]
+    # anonymous memory that came from another process is shared with it (is_shared)
+    shared = buffer.filename is None
     if geometry is None:
-        return _LazyLeaf(buffer, dtype, tuple(shape))
+        return _LazyLeaf(buffer, dtype, tuple(shape), shared)
     size, stride, offset = geometry
     storage = torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
     view = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
-    return _wrap(view, buffer, buffer.filename)
+    return _wrap(view, buffer, buffer.filename, shared)
 
 
 def _ring_leaf(storage: torch.UntypedStorage, entry: tuple[Any, ...]) -> torch.Tensor:
@@ -217,7 +219,8 @@ def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = 
         tag, key = entry[0], entry[1]
         if tag == BUFFER:
             if entry[5] is None:
-                items[key] = _LazyLeaf(buffers[entry[2]], dtypes[entry[3]], entry[4])
+                buffer = buffers[entry[2]]
+                items[key] = _LazyLeaf(buffer, dtypes[entry[3]], entry[4], buffer.filename is None)
             else:
                 items[key] = _leaf(buffers[entry[2]], entry[3], entry[4], entry[5])
         elif tag == RING:
@@ -431,6 +434,10 @@ class Shareable(TreeNode):
         for value in self._tensordict.values():
             if isinstance(value, Shareable):
                 value._mark_shared()
+            elif type(value) is _LazyLeaf:
+                value.shared = True  # its leaves answer is_shared(), as tensordict's
+            elif type(value) is MemoryMappedTensor and value._filename is None:
+                value._shared = True
 
     def is_shared(self) -> bool:
         """True after ``share_memory_()`` (until ``unlock_()``), as in tensordict.

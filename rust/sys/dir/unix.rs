@@ -132,6 +132,7 @@ impl Dir {
                     dev,
                     ino,
                     size: st.st_size as u64,
+                    mtime_ns: identity::mtime_ns(&st),
                 }))
             }
             Err(rustix::io::Errno::NOENT) => Ok(None),

@@ -130,6 +130,10 @@ impl Dir {
             dev,
             ino,
             size: (u64::from(info.nFileSizeHigh) << 32) | u64::from(info.nFileSizeLow),
+            // 100 ns ticks since 1601: only compared, never converted
+            mtime_ns: ((i64::from(info.ftLastWriteTime.dwHighDateTime) << 32)
+                | i64::from(info.ftLastWriteTime.dwLowDateTime))
+            .saturating_mul(100),
         }))
     }
     pub fn remove_file(&self, name: &str) -> io::Result<()> {

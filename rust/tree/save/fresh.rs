@@ -9,9 +9,11 @@
 //! save runs again as a save into an existing directory, which keeps that directory.
 //!
 //! A save killed before its rename leaves the sibling behind, unlocked; the next save to the
-//! same prefix finds it at its fixed name, makes sure it is dead (its lock free, still at that
-//! name) and removes what a save puts there (`*.memmap`, `meta.json`, directories), nothing
-//! else. Loads never look at it: to them the prefix is absent until the rename.
+//! same prefix finds it at its fixed name (whether the prefix exists by then or not), makes
+//! sure it is dead (its lock free, still at that name) and removes what a save puts there
+//! (`*.memmap`, `meta.json`, directories), nothing else; so does the next save of a tree for
+//! the dead siblings inside it (of killed saves to its sub-directories). Loads never look at
+//! it: to them the prefix is absent until the rename.
 
 use std::io;
 use std::path::Path;
@@ -157,6 +159,31 @@ fn remove_dead(parent: &Dir, name: &str) -> bool {
     }
     remove_layout(&stale, 0);
     parent.remove_dir(name).is_ok()
+}
+
+/// Removes the dead siblings among `names` (the entries of `dir`): those of saves to prefixes
+/// inside `dir` killed before their rename. A live save's (its lock held) stays.
+pub fn sweep(dir: &Dir, names: &[String]) {
+    for name in names.iter().filter(|n| n.starts_with(SIBLING_PREFIX)) {
+        if dir.kind(name).ok() == Some(EntryKind::Dir) {
+            // One that cannot go stays for a later save: nothing is lost.
+            let _ = remove_dead(dir, name);
+        }
+    }
+}
+
+/// Removes the dead sibling of the prefix `target`, which exists now (a user's `mkdir`, or a
+/// save to a prefix inside it, made it after the killed save that left the sibling). Skipped
+/// when the parent cannot be read: a save into an existing prefix needs no access to it.
+pub fn remove_own_dead(target: &Path) {
+    let (Some(parent), Some(name)) = (target.parent(), target.file_name().and_then(|n| n.to_str())) else {
+        return;
+    };
+    let Ok(parent) = Dir::open(parent) else { return };
+    let sibling = sibling_name(name);
+    if parent.kind(&sibling).ok() == Some(EntryKind::Dir) {
+        let _ = remove_dead(&parent, &sibling);
+    }
 }
 
 /// Removes this save's sibling after a failure (it holds the lock, so no one else does this).

@@ -1,6 +1,6 @@
 //! The plan of one save: the new tree walked against the old one, its files staged. No pyo3.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -10,11 +10,10 @@ use super::{EntrySpec, LeafSpec, NodeSpec, SaveOptions};
 use crate::error::{Error, Result};
 use crate::format::{self, EntryMeta};
 use crate::sys::dir::{Dir, EntryKind, EntryStat};
-use crate::sys::identity;
+use crate::sys::identity::{self, Stamp};
 use crate::sys::pool;
-use crate::sys::reclaim;
 use crate::sys::storage::{self, MapMode, Region};
-use crate::tree::commit::{Journal, Op, Staging};
+use crate::tree::commit::{self, DirState, FileState, Journal, Op, Staging, JOURNAL_VERSION};
 
 /// A data file to write into a staging directory.
 struct FileJob {
@@ -22,9 +21,6 @@ struct FileJob {
     staged: String,
     final_path: PathBuf,
     leaf: usize,
-    /// The index in `Plan::data` of the rename by which this file replaces a big file of the
-    /// old tree: it gets the new file's identity once written (see `Op::Rename::replaces`).
-    replaces: Option<usize>,
 }
 
 /// Everything one save will do, gathered while walking the new tree against the old one.
@@ -40,6 +36,10 @@ pub(super) struct Plan {
     staged_dirs: usize,
     /// Every directory made inside the staging directories (stage, path in it).
     synced_dirs: Vec<(usize, String)>,
+    /// The meta.json of every directory the commit changes, before and after.
+    dir_states: Vec<DirState>,
+    /// The staged data files' identities, by (stage, staged name), once written.
+    staged_ids: HashMap<(usize, String), (u64, u64)>,
     /// Where the tree goes (for messages and the maps' paths).
     root_path: PathBuf,
 }
@@ -50,14 +50,20 @@ pub(super) struct Plan {
 struct OldDir {
     files: Vec<String>,
     dirs: Vec<String>,
+    /// Its meta.json as read (for the journal: a replay checks it is still this one).
+    meta: Option<FileState>,
 }
 
 impl OldDir {
     fn read(dir: &Dir) -> OldDir {
         let mut old = OldDir::default();
-        let Ok(bytes) = dir.read_limited(format::META_FILE, format::META_LIMIT) else {
+        let Ok((bytes, stamp)) = read_meta(dir) else {
             return old;
         };
+        old.meta = Some(FileState::of(stamp, &bytes));
+        if bytes.len() as u64 > format::META_LIMIT {
+            return old; // a NonTensorStack's: it owns nothing but itself
+        }
         let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&bytes) else {
             return old;
         };
@@ -89,25 +95,38 @@ impl OldDir {
     }
 }
 
-/// True when `dir/meta.json` is absent or a tensordict meta.json (ours to replace).
-fn meta_is_ours(dir: &Dir) -> Result<bool> {
+/// True when `dir/meta.json` is absent or a tensordict meta.json (ours to replace); with its
+/// state when there is one.
+fn meta_is_ours(dir: &Dir) -> Result<(bool, Option<FileState>)> {
     let path = dir.child_path(format::META_FILE);
     match dir.stat(format::META_FILE).map_err(|e| Error::io(&path, e))? {
-        None => Ok(true),
+        None => Ok((true, None)),
         Some(st) if st.kind == EntryKind::File => {
-            if st.size > format::META_LIMIT {
-                // only a stack's meta.json is this large: its first bytes say so
-                return Ok(stack_header(dir));
+            // only a stack's meta.json is this large: its first bytes say so (not parsed here)
+            let big = st.size > format::META_LIMIT;
+            if big && !stack_header(dir) {
+                return Ok((false, None));
             }
-            let Ok(bytes) = dir.read_limited(format::META_FILE, format::META_LIMIT) else {
-                return Ok(false);
+            let Ok((bytes, stamp)) = read_meta(dir) else {
+                return Ok((false, None));
             };
-            Ok(matches!(
-                serde_json::from_slice::<Value>(&bytes),
-                Ok(Value::Object(map)) if map.contains_key("_type") || map.contains_key("shape")
-            ))
+            let ours = big
+                || matches!(
+                    serde_json::from_slice::<Value>(&bytes),
+                    Ok(Value::Object(map)) if map.contains_key("_type") || map.contains_key("shape")
+                );
+            Ok((ours, Some(FileState::of(stamp, &bytes))))
         }
-        Some(_) => Ok(false),
+        Some(_) => Ok((false, None)),
+    }
+}
+
+/// `dir/meta.json` with its stamp: up to `META_LIMIT`, a NonTensorStack's (its values live in
+/// it) up to `STACK_META_LIMIT`.
+fn read_meta(dir: &Dir) -> io::Result<(Vec<u8>, Stamp)> {
+    match dir.read_limited_stamped(format::META_FILE, format::META_LIMIT) {
+        Err(_) if stack_header(dir) => dir.read_limited_stamped(format::META_FILE, format::STACK_META_LIMIT),
+        other => other,
     }
 }
 
@@ -189,6 +208,8 @@ impl Plan {
             staged_metas: 0,
             staged_dirs: 0,
             synced_dirs: Vec::new(),
+            dir_states: Vec::new(),
+            staged_ids: HashMap::new(),
             root_path: root_path.to_path_buf(),
         }
     }
@@ -213,7 +234,12 @@ impl Plan {
         let wrapper = if fields { None } else { node.class.as_ref() };
         let dir = if exists {
             let dir = root.open_rel(rel).map_err(|e| Error::io(&final_path, e))?;
-            if !meta_is_ours(&dir)? {
+            if !rel.is_empty() && commit::journal_present(&dir) {
+                // A save to this sub-directory as its own prefix died in its commit: finish it
+                // first (a live one cannot be here: it holds this tree's lock, shared).
+                commit::settle(&dir)?;
+            }
+            if !meta_is_ours(&dir)?.0 {
                 return Err(foreign(
                     &final_path.join(format::META_FILE),
                     "a meta.json that is not a tensordict's",
@@ -249,6 +275,7 @@ impl Plan {
                         stage,
                         name: top.clone(),
                         to: rel.clone(),
+                        id: None, // the staged directory's, filled in by `journal`
                         replaces: None,
                     });
                     top
@@ -290,11 +317,13 @@ impl Plan {
                             written.insert(table.clone());
                         }
                         let path = final_path.join(&table);
-                        match stat(&table)? {
-                            None => {}
-                            Some(st) if st.kind == EntryKind::File && old.owns_file(&table) => {}
+                        let old_table = match stat(&table)? {
+                            None => None,
+                            Some(st) if st.kind == EntryKind::File && old.owns_file(&table) => {
+                                Some((st.dev, st.ino))
+                            }
                             Some(st) => return Err(foreign(&path, kind_name(st.kind))),
-                        }
+                        };
                         match &staged {
                             Some(at) => staging
                                 .dir(stage)
@@ -302,12 +331,13 @@ impl Plan {
                                 .map_err(|e| Error::io(&path, e))?,
                             None => {
                                 let to = with(rel, &table);
-                                self.stage_meta(
+                                self.stage_small(
                                     staging,
                                     stage,
                                     &nested.table,
                                     to,
-                                    &final_path,
+                                    old_table,
+                                    &path,
                                     opts.durable,
                                 )?;
                             }
@@ -322,7 +352,7 @@ impl Plan {
                         written.insert(name.clone());
                     }
                     let path = final_path.join(&name);
-                    let mut replacing = false;
+                    let mut replaces = None;
                     match stat(&name)? {
                         None => {}
                         Some(st) if st.kind == EntryKind::File => {
@@ -345,21 +375,20 @@ impl Plan {
                             if !old.owns_file(&name) {
                                 return Err(foreign(&path, "a file"));
                             }
-                            replacing = st.size.max(leaf.nbytes as u64) >= reclaim::HOLD_BYTES;
+                            replaces = Some((st.dev, st.ino));
                         }
                         Some(st) => return Err(foreign(&path, kind_name(st.kind))),
                     }
-                    let mut replaces = None;
                     let staged = match &staged {
                         Some(at) => inside(at, &name),
                         None => {
                             let staged = format!("f{i}");
-                            replaces = replacing.then_some(self.data.len());
                             self.data.push(Op::Rename {
                                 stage,
                                 name: staged.clone(),
                                 to: with(rel, &name),
-                                replaces: None,
+                                id: None, // the written file's, filled in by `journal`
+                                replaces,
                             });
                             staged
                         }
@@ -369,7 +398,6 @@ impl Plan {
                         staged,
                         final_path: path,
                         leaf: *i,
-                        replaces,
                     });
                 }
                 EntrySpec::Node(child) => {
@@ -404,20 +432,23 @@ impl Plan {
                         continue;
                     }
                     let present = self.need_dir(&final_path, rel, &name, stat(&name)?)?;
+                    let mut old_meta = None;
                     if present {
                         let d = dir.as_ref().expect("a child exists, so its directory does");
                         let sub = d
                             .open_dir(&name)
                             .map_err(|e| Error::io(final_path.join(&name), e))?;
-                        if !meta_is_ours(&sub)? {
+                        let (ours, state) = meta_is_ours(&sub)?;
+                        if !ours {
                             return Err(foreign(
                                 &final_path.join(&name).join(format::META_FILE),
                                 "a meta.json that is not a tensordict's",
                             ));
                         }
+                        old_meta = state;
                     }
                     let to = with(&with(rel, &name), format::META_FILE);
-                    self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)?;
+                    self.stage_meta(staging, stage, &bytes, to, old_meta, &final_path, opts.durable)?;
                     metas.push((key.as_str(), kind));
                 }
             }
@@ -456,7 +487,7 @@ impl Plan {
         }
         // Post-order: a directory's meta.json goes in after its children's, the root's last.
         let to = with(rel, format::META_FILE);
-        self.stage_meta(staging, stage, &bytes, to, &final_path, opts.durable)
+        self.stage_meta(staging, stage, &bytes, to, old.meta, &final_path, opts.durable)
     }
 
     /// A sub-directory the new tree needs: kept when it is one, created when missing.
@@ -483,13 +514,56 @@ impl Plan {
         Ok(())
     }
 
+    /// Stages the meta.json that goes to `to` (replacing `old`, the one there now), and
+    /// records both in the directory's `DirState`.
+    #[allow(clippy::too_many_arguments)]
     fn stage_meta(
         &mut self,
         staging: &Staging,
         stage: usize,
         bytes: &[u8],
         to: Vec<String>,
+        old: Option<FileState>,
         at: &Path,
+        durable: bool,
+    ) -> Result<()> {
+        let staged = format!("m{}", self.staged_metas);
+        self.staged_metas += 1;
+        let io_err = |e| Error::io(at.join(format::META_FILE), e);
+        let dir = staging.dir(stage);
+        dir.write_new(&staged, bytes, durable).map_err(io_err)?;
+        let st = dir
+            .stat(&staged)
+            .map_err(io_err)?
+            .ok_or_else(|| io_err(io::ErrorKind::NotFound.into()))?;
+        let new = FileState::of(Stamp::from(st), bytes);
+        self.dir_states.push(DirState {
+            path: to[..to.len() - 1].to_vec(),
+            old,
+            new: Some(new),
+        });
+        self.metas.push(Op::Rename {
+            stage,
+            name: staged,
+            to,
+            id: Some(new.identity()),
+            replaces: old.map(|o| o.identity()),
+        });
+        Ok(())
+    }
+
+    /// Stages a small file that is not a meta.json (a nested leaf's table of shapes) for `to`,
+    /// replacing `old` (the old tree's file there; None: a new name, never replaced). Its
+    /// rename goes with the data files'; `journal` records its identity.
+    #[allow(clippy::too_many_arguments)]
+    fn stage_small(
+        &mut self,
+        staging: &Staging,
+        stage: usize,
+        bytes: &[u8],
+        to: Vec<String>,
+        old: Option<(u64, u64)>,
+        path: &Path,
         durable: bool,
     ) -> Result<()> {
         let staged = format!("m{}", self.staged_metas);
@@ -497,12 +571,13 @@ impl Plan {
         staging
             .dir(stage)
             .write_new(&staged, bytes, durable)
-            .map_err(|e| Error::io(at.join(format::META_FILE), e))?;
-        self.metas.push(Op::Rename {
+            .map_err(|e| Error::io(path, e))?;
+        self.data.push(Op::Rename {
             stage,
             name: staged,
             to,
-            replaces: None,
+            id: None, // filled in by `journal`
+            replaces: old,
         });
         Ok(())
     }
@@ -539,6 +614,11 @@ impl Plan {
             let Ok(sub) = dir.open_dir(name) else { continue };
             let sub_rel = with(rel, name);
             let sub_old = OldDir::read(&sub);
+            self.dir_states.push(DirState {
+                path: sub_rel.clone(),
+                old: sub_old.meta,
+                new: None,
+            });
             self.plan_removals(&sub, &sub_rel, &sub_old, &HashSet::new(), depth + 1)?;
             if let Ok(Some(st)) = sub.stat(format::META_FILE) {
                 if st.kind == EntryKind::File {
@@ -584,23 +664,22 @@ impl Plan {
                     file.sync_data().map_err(io_err)?;
                 }
                 let identity = identity::of_file(&file).ok();
-                storage::map_file_as(
+                let region = storage::map_file_as(
                     &file,
                     leaf.nbytes,
                     Some(job.final_path.clone()),
                     MapMode::Shared,
                     identity,
                 )
-                .map_err(io_err)
+                .map_err(io_err)?;
+                Ok((region, identity))
             },
         )?;
-        for (job, region) in self.jobs.iter().zip(mapped) {
-            if let (Some(at), Some(id)) = (job.replaces, region.file_id()) {
-                if let Op::Rename { replaces, .. } = &mut self.data[at] {
-                    *replaces = Some(id);
-                }
-            }
+        for (job, (region, identity)) in self.jobs.iter().zip(mapped) {
             self.regions[job.leaf] = Some(region);
+            if let Some(id) = identity {
+                self.staged_ids.insert((job.stage, job.staged.clone()), id);
+            }
         }
         Ok(())
     }
@@ -611,17 +690,49 @@ impl Plan {
         self.regions
     }
 
-    pub(super) fn journal(self, staging: &Staging) -> (Journal, Vec<Option<Region>>) {
-        let mut ops = self.mkdirs;
-        ops.extend(self.data);
+    /// The journal of this plan: the root meta.json moved aside first (when there is one),
+    /// new directories, data files and whole new sub-trees, meta.json files (post-order, the
+    /// root's last), removals; every staged entry with its identity, every directory's
+    /// meta.json before and after.
+    pub(super) fn journal(self, staging: &Staging) -> Result<(Journal, Vec<Option<Region>>)> {
+        let root_old = self
+            .dir_states
+            .iter()
+            .find(|d| d.path.is_empty())
+            .and_then(|d| d.old);
+        let mut ops = Vec::with_capacity(1 + self.mkdirs.len() + self.data.len() + self.metas.len());
+        if root_old.is_some() {
+            ops.push(Op::Aside { name: "p0".into() });
+        }
+        ops.extend(self.mkdirs);
+        for mut op in self.data {
+            if let Op::Rename { stage, name, id, .. } = &mut op {
+                *id = match self.staged_ids.get(&(*stage, name.clone())) {
+                    Some(found) => Some(*found),
+                    // a whole staged sub-tree: the directory's identity
+                    None => {
+                        let dir = staging.dir(*stage);
+                        let st = dir
+                            .stat(name)
+                            .map_err(|e| Error::io(dir.child_path(name), e))?
+                            .ok_or_else(|| Error::io(dir.child_path(name), io::ErrorKind::NotFound.into()))?;
+                        Some((st.dev, st.ino))
+                    }
+                };
+            }
+            ops.push(op);
+        }
         ops.extend(self.metas);
         ops.extend(self.removals);
         let journal = Journal {
+            version: JOURNAL_VERSION,
             token: staging.token.clone(),
             stagings: staging.locations(),
             ops,
+            dirs: self.dir_states,
+            dropped: Vec::new(),
         };
-        (journal, self.regions)
+        Ok((journal, self.regions))
     }
 }
 

@@ -1,0 +1,1102 @@
+//! Carrying out a commit's journal: by the save that wrote it, or by a replay after that save
+//! died. No pyo3 here.
+//!
+//! **A replay proves before it changes anything** (`prove`, reading only):
+//! - every staging directory is opened; one that cannot be (another user's 0700 directory, no
+//!   descriptor left) refuses the replay; one that is not there (a file system of the tree not
+//!   mounted) leaves its steps to be proven by their targets;
+//! - every directory's meta.json is compared with the journal's `DirState`: the one before the
+//!   commit or the one it writes, by identity, size, time and CRC. Anything else means another
+//!   save wrote that directory since the commit point: its steps (and those below it) are
+//!   skipped, never rolled back over it; at the root, the whole commit is superseded and only
+//!   its journal and staging directories go;
+//! - every `Rename` is *done* (its target holds the staged entry's identity) or *pending* (the
+//!   staging directory holds it); a step that is neither refuses the replay.
+//!
+//! A refusal changes nothing (journal, staging, tree) and says what could not be seen.
+//!
+//! **A step that meets something the commit does not own** at a name it creates (a user's
+//! directory, file, symlink, FIFO, another save's tree; only possible after the plan checked
+//! the name, so after or just before the commit point) keeps it, and the commit ends around it:
+//! another save's tree at a new sub-tree's name is kept and loads as that key (the later save
+//! wins); a directory without meta.json receives the sub-tree's entries one by one (`Merge`);
+//! anything else keeps the key out of the new tree: the parent's staged meta.json is rewritten
+//! without it and the journal amended (both in the staging directory, the journal renamed over
+//! the old one), so a kill at any point leaves either journal, each replayable.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::{
+    clean_staging, is_einval, join, kill_point, staging_name, DirState, FileState, Identity, Journal, Op,
+    Staging, JOURNAL, JOURNAL_DRAFT, JOURNAL_VERSION,
+};
+use crate::error::{Error, Result};
+use crate::format::{self, NodeMeta};
+use crate::sys::dir::{Dir, EntryKind, EntryStat};
+use crate::sys::identity::Stamp;
+use crate::sys::reclaim::{self, Later};
+
+/// How a commit ended.
+#[derive(Debug)]
+pub enum Finished {
+    /// Every step is done, or skipped where another save wrote since. `dropped`: names whose
+    /// keys the new tree leaves out, because something the commit does not own took them
+    /// after the commit point (it was kept).
+    Done { dropped: Vec<PathBuf> },
+    /// The root was written by another program after the commit point: its tree is kept as
+    /// that program wrote it, and this commit's journal and staging directories are gone.
+    Superseded,
+}
+
+/// A staging directory of the commit, as the replay found it.
+enum StageDir<'a> {
+    /// The saver's own open directory.
+    Borrowed(&'a Dir),
+    Owned(Dir),
+    /// Not there (its mount absent, or removed): its steps are proven by their targets.
+    Absent(PathBuf),
+}
+
+impl StageDir<'_> {
+    fn get(&self) -> Option<&Dir> {
+        match self {
+            StageDir::Borrowed(d) => Some(d),
+            StageDir::Owned(d) => Some(d),
+            StageDir::Absent(_) => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    Pending,
+    Done,
+    /// In a directory another save wrote since the commit point.
+    Skipped,
+}
+
+enum Outcome {
+    Finished(Finished),
+    /// The journal was amended around an obstacle: prove and run it again.
+    Amended,
+}
+
+/// What a step met.
+enum Stepped {
+    Ok,
+    /// Something the commit does not own took the name the step creates.
+    Taken,
+    /// A meta.json appeared at the root after it was moved aside: another program's tree.
+    Superseded,
+}
+
+/// Carries out `journal`. `saver`: the staging of the save that wrote it (its steps are all
+/// pending, nothing to prove); None for a replay, which proves first (see the module doc).
+/// `durable` fsyncs the directories it changed before the journal goes.
+pub fn apply(root: &Dir, journal: Journal, durable: bool, saver: Option<&Staging>) -> Result<Finished> {
+    let mut journal = journal;
+    let mut saver = saver;
+    loop {
+        let stagings = open_stagings(root, &journal, saver)?;
+        let states = match saver {
+            Some(_) => vec![State::Pending; journal.ops.len()],
+            None => match prove(root, &journal, &stagings)? {
+                Some(states) => states,
+                None => {
+                    abandon(root, &journal, &stagings);
+                    return Ok(Finished::Superseded);
+                }
+            },
+        };
+        match run(root, &mut journal, &stagings, &states, durable)? {
+            Outcome::Finished(finished) => return Ok(finished),
+            // the amended journal is proven afresh, as a replay would
+            Outcome::Amended => saver = None,
+        }
+    }
+}
+
+/// The errors that mean "not there": the entry or a directory on its path is missing.
+fn gone(e: &io::Error) -> bool {
+    #[cfg(unix)]
+    if e.raw_os_error() == Some(libc::ENOTDIR) {
+        return true;
+    }
+    e.kind() == io::ErrorKind::NotFound
+}
+
+/// A refusal: the replay cannot see what it must prove; nothing was changed.
+fn cannot_finish(path: &Path, what: &str, e: &io::Error) -> Error {
+    let message = format!(
+        "an interrupted save here cannot be finished by this process: {what} ({e}); nothing was changed: a save or load that can see it (its owner, with descriptors to spare, with every file system of the tree mounted) finishes it"
+    );
+    if e.kind() == io::ErrorKind::PermissionDenied {
+        Error::io(path, io::Error::new(io::ErrorKind::PermissionDenied, message))
+    } else {
+        Error::invalid(path, message)
+    }
+}
+
+fn open_stagings<'a>(root: &Dir, journal: &Journal, saver: Option<&'a Staging>) -> Result<Vec<StageDir<'a>>> {
+    if let Some(staging) = saver {
+        return Ok((0..staging.len())
+            .map(|i| StageDir::Borrowed(staging.dir(i)))
+            .collect());
+    }
+    let name = staging_name(&journal.token);
+    journal
+        .stagings
+        .iter()
+        .map(|rel| {
+            let path = join(root.path(), rel).join(&name);
+            match root.open_rel(rel).and_then(|d| d.open_dir(&name)) {
+                Ok(dir) => Ok(StageDir::Owned(dir)),
+                Err(e) if gone(&e) => Ok(StageDir::Absent(path)),
+                Err(e) => Err(cannot_finish(&path, "its staging directory cannot be opened", &e)),
+            }
+        })
+        .collect()
+}
+
+/// `lstat` of the entry at `path` below `root`; None when it or a directory on the way is
+/// missing; any other error refuses the replay.
+fn stat_at(root: &Dir, path: &[String]) -> Result<Option<EntryStat>> {
+    let (last, parent) = path.split_last().expect("journal paths are never empty");
+    match root.stat_rel(parent, last) {
+        Ok(st) => Ok(st),
+        Err(e) if gone(&e) => Ok(None),
+        Err(e) => Err(cannot_finish(
+            &join(root.path(), path),
+            "it cannot be examined",
+            &e,
+        )),
+    }
+}
+
+fn identity(st: &EntryStat) -> Identity {
+    (st.dev, st.ino)
+}
+
+/// The directory a step changes (where its target's name is).
+fn step_dir(op: &Op) -> &[String] {
+    match op {
+        Op::Aside { .. } => &[],
+        Op::Mkdir { path } | Op::Unlink { path, .. } | Op::Rmdir { path } => &path[..path.len() - 1],
+        Op::Rename { to, .. } | Op::Merge { to, .. } => &to[..to.len() - 1],
+    }
+}
+
+/// True for the root meta.json's own step (the last rename of a commit).
+fn is_root_meta(to: &[String]) -> bool {
+    to.len() == 1 && to[0] == format::META_FILE
+}
+
+/// Where each directory's meta.json stands.
+enum Fresh {
+    /// As the commit left it (before or after its step).
+    Yes,
+    /// Another save wrote it since the commit point.
+    Foreign,
+}
+
+/// The replay's proof (reading only). None: the root was written since (superseded).
+fn prove(root: &Dir, journal: &Journal, stagings: &[StageDir<'_>]) -> Result<Option<Vec<State>>> {
+    let mut foreign: Vec<&[String]> = Vec::new();
+    for ds in &journal.dirs {
+        if let Fresh::Foreign = dir_fresh(root, journal, stagings, ds)? {
+            if ds.path.is_empty() {
+                return Ok(None);
+            }
+            foreign.push(&ds.path);
+        }
+    }
+    let mut states = Vec::with_capacity(journal.ops.len());
+    for op in &journal.ops {
+        let dir = step_dir(op);
+        if foreign.iter().any(|f| dir.starts_with(f)) {
+            states.push(State::Skipped);
+            continue;
+        }
+        states.push(match op {
+            Op::Rename {
+                stage,
+                name,
+                to,
+                id,
+                replaces,
+            } => {
+                // A journal without a version that records `replaces` was written by the saves
+                // of issue 29 (before journal v2), where it is the staged file's own identity
+                // (the file exchanged with the old one): the identity this proof needs.
+                let id = if journal.version >= JOURNAL_VERSION {
+                    *id
+                } else {
+                    id.or(*replaces)
+                };
+                rename_state(root, stagings, *stage, name, to, id)?
+            }
+            Op::Merge {
+                stage,
+                name,
+                to,
+                children,
+            } => merge_state(root, stagings, *stage, name, to, children)?,
+            // idempotent: each checks what it finds when it runs
+            _ => State::Pending,
+        });
+    }
+    Ok(Some(states))
+}
+
+/// Whether the meta.json of `ds` is still the commit's (its old one, its new one).
+fn dir_fresh(root: &Dir, journal: &Journal, stagings: &[StageDir<'_>], ds: &DirState) -> Result<Fresh> {
+    let meta = join(root.path(), &ds.path).join(format::META_FILE);
+    let now = match root.stat_rel(&ds.path, format::META_FILE) {
+        Ok(st) => st,
+        Err(e) if gone(&e) => None,
+        Err(e) => return Err(cannot_finish(&meta, "its meta.json cannot be examined", &e)),
+    };
+    let fresh = match now {
+        // none before, or removed by the commit, or (the root) moved aside by its first step
+        None if ds.old.is_none()
+            || ds.new.is_none()
+            || (ds.path.is_empty() && aside_holds(journal, stagings, ds)?) =>
+        {
+            true
+        }
+        None => return missing_meta(root, ds, &meta),
+        Some(st) => same(root, ds, ds.old, &st)? || same(root, ds, ds.new, &st)?,
+    };
+    Ok(if fresh { Fresh::Yes } else { Fresh::Foreign })
+}
+
+/// A directory of the commit whose meta.json is not there: another save is committing into
+/// it as its own prefix (it moved that meta.json aside: its journal is there), or the whole
+/// directory is gone (removed since: nothing of this commit goes there); anything else (a
+/// file system of the tree not mounted, a meta.json removed by hand) cannot be told apart from
+/// a step not seen, and refuses the replay.
+fn missing_meta(root: &Dir, ds: &DirState, meta: &Path) -> Result<Fresh> {
+    let examine = |e: io::Error| cannot_finish(meta, "its directory cannot be examined", &e);
+    let Some((last, parent)) = ds.path.split_last() else {
+        return Err(Error::invalid(
+            meta,
+            "an interrupted save here cannot be finished: the root meta.json is neither in place nor moved aside by the commit; nothing was changed",
+        ));
+    };
+    match root.stat_rel(parent, last) {
+        Ok(Some(st)) if st.kind == EntryKind::Dir => {}
+        Ok(_) => return Ok(Fresh::Foreign),
+        Err(e) if gone(&e) => return Ok(Fresh::Foreign),
+        Err(e) => return Err(examine(e)),
+    }
+    match root.stat_rel(&ds.path, JOURNAL) {
+        Ok(Some(_)) => Ok(Fresh::Foreign),
+        Ok(None) => Err(Error::invalid(
+            meta,
+            "an interrupted save here cannot be finished: this directory's meta.json is missing (is a file system of the tree not mounted, or was it removed by hand?); nothing was changed: a save or load that finds it finishes the save",
+        )),
+        Err(e) => Err(examine(e)),
+    }
+}
+
+/// True when the old root meta.json is in staging directory 0, moved there by `Aside`.
+fn aside_holds(journal: &Journal, stagings: &[StageDir<'_>], ds: &DirState) -> Result<bool> {
+    let (Some(old), Some(stage)) = (ds.old, stagings.first().and_then(StageDir::get)) else {
+        return Ok(false);
+    };
+    for op in &journal.ops {
+        if let Op::Aside { name } = op {
+            let st = stage
+                .stat(name)
+                .map_err(|e| cannot_finish(&stage.child_path(name), "it cannot be examined", &e))?;
+            return Ok(st.is_some_and(|st| st.kind == EntryKind::File && identity(&st) == old.identity()));
+        }
+    }
+    Ok(false)
+}
+
+/// True when `st` (the meta.json of `ds` now) is `state`: same stamp, and same bytes (an
+/// in-place rewrite within one tick of a coarse clock keeps the time).
+fn same(root: &Dir, ds: &DirState, state: Option<FileState>, st: &EntryStat) -> Result<bool> {
+    let Some(state) = state else { return Ok(false) };
+    if !state.same_stamp(st) {
+        return Ok(false);
+    }
+    let meta = join(root.path(), &ds.path).join(format::META_FILE);
+    let read = root
+        .open_rel(&ds.path)
+        // (its size is the state's: a NonTensorStack's meta.json may pass `META_LIMIT`)
+        .and_then(|d| d.read_limited_stamped(format::META_FILE, format::STACK_META_LIMIT));
+    match read {
+        Ok((bytes, stamp)) => Ok(FileState::of(stamp, &bytes) == state),
+        Err(e) if gone(&e) => Ok(false),
+        Err(e) => Err(cannot_finish(&meta, "its meta.json cannot be read", &e)),
+    }
+}
+
+fn unprovable(root: &Dir, stagings: &[StageDir<'_>], stage: usize, name: &str, to: &[String]) -> Error {
+    let (where_, why) = match stagings.get(stage) {
+        Some(StageDir::Absent(path)) => (path.join(name), "its staging directory is not there"),
+        Some(s) => (
+            s.get().map_or_else(PathBuf::new, |d| d.child_path(name)),
+            "the staged entry is not there",
+        ),
+        None => (PathBuf::new(), "its staging directory is unknown"),
+    };
+    Error::invalid(
+        join(root.path(), to),
+        format!(
+            "an interrupted save here cannot be finished: its step that puts {} at this name is neither done nor still staged ({why}; is a file system of the tree not mounted, or was a file removed by hand?); nothing was changed: a save or load that can see both finishes it",
+            where_.display()
+        ),
+    )
+}
+
+fn rename_state(
+    root: &Dir,
+    stagings: &[StageDir<'_>],
+    stage: usize,
+    name: &str,
+    to: &[String],
+    id: Option<Identity>,
+) -> Result<State> {
+    let staged_dir = stagings.get(stage).and_then(StageDir::get);
+    let staged = |d: &Dir| {
+        d.stat(name)
+            .map_err(|e| cannot_finish(&d.child_path(name), "it cannot be examined", &e))
+    };
+    // A staged entry is a directory (`d<n>`) or a regular file: an entry of another kind
+    // holding its identity (an inode number reused after the staged one was removed) is not it.
+    let kind = if name.starts_with('d') {
+        EntryKind::Dir
+    } else {
+        EntryKind::File
+    };
+    let holds = |st: &EntryStat, id: Identity| st.kind == kind && identity(st) == id;
+    match id {
+        Some(id) => {
+            if stat_at(root, to)?.is_some_and(|t| holds(&t, id)) {
+                return Ok(State::Done);
+            }
+            if let Some(d) = staged_dir {
+                if staged(d)?.is_some_and(|s| holds(&s, id)) {
+                    return Ok(State::Pending);
+                }
+            }
+            Err(unprovable(root, stagings, stage, name, to))
+        }
+        // a journal of an older save: pending while the staged name is there
+        None => match staged_dir {
+            Some(d) => match staged(d)? {
+                None => Ok(State::Done),
+                Some(st) if st.kind == kind => Ok(State::Pending),
+                Some(_) => Err(unprovable(root, stagings, stage, name, to)),
+            },
+            None => Err(unprovable(root, stagings, stage, name, to)),
+        },
+    }
+}
+
+fn merge_state(
+    root: &Dir,
+    stagings: &[StageDir<'_>],
+    stage: usize,
+    name: &str,
+    to: &[String],
+    children: &[(String, u64, u64)],
+) -> Result<State> {
+    let mut all_done = true;
+    for (child, dev, ino) in children {
+        let mut path = to.to_vec();
+        path.push(child.clone());
+        if stat_at(root, &path)?.is_some_and(|t| t.kind != EntryKind::Symlink && identity(&t) == (*dev, *ino))
+        {
+            continue;
+        }
+        all_done = false;
+        let staged = stagings
+            .get(stage)
+            .and_then(StageDir::get)
+            .and_then(|d| d.open_dir(name).ok())
+            .and_then(|d| d.stat(child).ok().flatten());
+        if staged.is_none_or(|s| s.kind == EntryKind::Symlink || identity(&s) != (*dev, *ino)) {
+            return Err(unprovable(
+                root,
+                stagings,
+                stage,
+                &format!("{name}/{child}"),
+                &path,
+            ));
+        }
+    }
+    Ok(if all_done { State::Done } else { State::Pending })
+}
+
+/// The parent directory of the last path a step used, kept open for the next step (the steps
+/// of one directory come one after another).
+struct Parents<'a> {
+    root: &'a Dir,
+    open: Option<(Vec<String>, Dir)>,
+}
+
+impl Parents<'_> {
+    fn get(&mut self, path: &[String]) -> io::Result<&Dir> {
+        let parent = &path[..path.len() - 1];
+        let hit = matches!(&self.open, Some((rel, _)) if rel.as_slice() == parent);
+        if !hit {
+            self.open = None; // one directory open at a time
+            let dir = self.root.open_rel(parent)?;
+            self.open = Some((parent.to_vec(), dir));
+        }
+        Ok(&self.open.as_ref().expect("just opened").1)
+    }
+}
+
+/// True for the errors of a rename or mkdir whose name is taken by something in the way (or
+/// that cannot receive it).
+fn taken(e: &io::Error) -> bool {
+    #[cfg(unix)]
+    if matches!(
+        e.raw_os_error(),
+        Some(libc::EEXIST | libc::ENOTEMPTY | libc::EISDIR | libc::ENOTDIR | libc::EXDEV)
+    ) {
+        return true;
+    }
+    e.kind() == io::ErrorKind::AlreadyExists
+}
+
+/// Moves `name` to `to_name` without replacing anything: `RENAME_NOREPLACE`, or where the
+/// file system lacks it, a hard link (as exclusive) for a file, a plain rename for a
+/// directory (which replaces only an empty directory).
+fn rename_exclusive(from: &Dir, name: &str, to: &Dir, to_name: &str, is_dir: bool) -> io::Result<()> {
+    match from.rename(name, to, to_name, true) {
+        Err(e) if is_einval(&e) => {
+            if is_dir {
+                from.rename(name, to, to_name, false)
+            } else {
+                from.link(name, to, to_name)?;
+                // (a kill here leaves both names on one file: the target holds the staged
+                // identity, so the step is proven done)
+                from.remove_file(name)
+            }
+        }
+        other => other,
+    }
+}
+
+/// Puts the staged file `name` in place of the old tree's file `last` of `target`.
+///
+/// A big one (`reclaim::HOLD_BYTES` or more, issue 29) is exchanged with it
+/// (`RENAME_EXCHANGE`) and the old file, now at the staged name, unlinked while a handle keeps
+/// it, its space freed in the background (`later`): a rename over an existing file makes ext4
+/// write the whole new file back inside the rename (`auto_da_alloc`) and free the old one
+/// there (with `discard`, a TRIM of every block), which doubled the time of a 1 GiB re-save.
+/// The name never stops naming one whole version. A kill between the exchange and the unlink
+/// leaves the target holding the staged identity (the step is proven done) and the old file
+/// in the staging directory, which goes with it (`remove_stagings`). Where the file system
+/// (or Windows) has no exchange, or the target is no big regular file: a rename over it.
+fn replace_file(staged: &Dir, name: &str, target: &Dir, last: &str, later: &mut Later) -> io::Result<()> {
+    let old = target
+        .stat(last)?
+        .filter(|st| st.kind == EntryKind::File && st.size >= reclaim::HOLD_BYTES);
+    if let Some(old) = old {
+        match staged.exchange(name, target, last) {
+            Ok(()) => {
+                // The step is done; an old file that cannot go now goes with the staging.
+                let _ = later.remove_file(staged, name, old.size);
+                return Ok(());
+            }
+            // no exchange here, or the target went meanwhile: the rename decides
+            Err(e) if is_einval(&e) || e.kind() == io::ErrorKind::Unsupported || gone(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    staged.rename(name, target, last, false)
+}
+
+fn run(
+    root: &Dir,
+    journal: &mut Journal,
+    stagings: &[StageDir<'_>],
+    states: &[State],
+    durable: bool,
+) -> Result<Outcome> {
+    let mut parents = Parents { root, open: None };
+    let mut touched: Vec<Vec<String>> = Vec::new();
+    // The big files this commit replaces or drops: unlinked here, freed in the background
+    // (when `later` is released or dropped).
+    let mut later = Later::new();
+    for (i, state) in states.iter().enumerate() {
+        kill_point(i);
+        if *state != State::Pending {
+            continue;
+        }
+        match step(root, journal, i, stagings, &mut parents, &mut touched, &mut later)? {
+            Stepped::Ok => {}
+            Stepped::Taken => {
+                drop(parents);
+                match resolve(root, journal, stagings, i, durable)? {
+                    Some(outcome) => return Ok(outcome),
+                    // kept as the key's tree: go on with the other steps
+                    None => parents = Parents { root, open: None },
+                }
+            }
+            Stepped::Superseded => {
+                drop(parents);
+                abandon(root, journal, stagings);
+                return Ok(Outcome::Finished(Finished::Superseded));
+            }
+        }
+    }
+    kill_point(journal.ops.len());
+    drop(parents);
+    let finished = finish(root, journal, stagings, touched, durable).map(Outcome::Finished);
+    later.release();
+    finished
+}
+
+fn step(
+    root: &Dir,
+    journal: &Journal,
+    i: usize,
+    stagings: &[StageDir<'_>],
+    parents: &mut Parents<'_>,
+    touched: &mut Vec<Vec<String>>,
+    later: &mut Later,
+) -> Result<Stepped> {
+    let io_at = |path: &[String], e: io::Error| Error::io(join(root.path(), path), e);
+    match &journal.ops[i] {
+        Op::Aside { name } => {
+            let old = journal
+                .dirs
+                .iter()
+                .find(|d| d.path.is_empty())
+                .and_then(|d| d.old);
+            let here = root
+                .stat(format::META_FILE)
+                .map_err(|e| Error::io(root.child_path(format::META_FILE), e))?;
+            if let (Some(old), Some(here)) = (old, here) {
+                if identity(&here) == old.identity() {
+                    let stage = stagings[0].get().ok_or_else(|| {
+                        Error::invalid(root.child_path(JOURNAL), "the root staging directory is gone")
+                    })?;
+                    root.rename(format::META_FILE, stage, name, true)
+                        .map_err(|e| Error::io(root.child_path(format::META_FILE), e))?;
+                    touched.push(Vec::new());
+                }
+            }
+        }
+        Op::Mkdir { path } => {
+            let parent = match parents.get(path) {
+                Ok(p) => p,
+                Err(e) if gone(&e) => return Ok(Stepped::Taken),
+                Err(e) => return Err(io_at(path, e)),
+            };
+            let last = &path[path.len() - 1];
+            match parent.create_dir(last) {
+                Ok(_) => touched.push(path[..path.len() - 1].to_vec()),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    if parent.kind(last).ok() != Some(EntryKind::Dir) {
+                        return Ok(Stepped::Taken);
+                    }
+                }
+                Err(e) => return Err(io_at(path, e)),
+            }
+        }
+        Op::Rename {
+            stage,
+            name,
+            to,
+            replaces,
+            ..
+        } => {
+            let staged = stagings[*stage]
+                .get()
+                .ok_or_else(|| unprovable(root, stagings, *stage, name, to))?;
+            let target = match parents.get(to) {
+                Ok(t) => t,
+                Err(e) if gone(&e) => return Ok(Stepped::Taken),
+                Err(e) => return Err(io_at(to, e)),
+            };
+            let last = &to[to.len() - 1];
+            let is_dir = name.starts_with('d');
+            // New names (a new leaf, a new sub-tree, a new NonTensorData's meta.json, the root
+            // meta.json once moved aside) never replace anything; names the old tree owns do.
+            let root_aside = is_root_meta(to) && journal.version >= JOURNAL_VERSION;
+            // (journals of older saves record no `replaces`: only their directories are new)
+            let exclusive =
+                is_dir || root_aside || (journal.version >= JOURNAL_VERSION && replaces.is_none());
+            let moved = if exclusive {
+                rename_exclusive(staged, name, target, last, is_dir)
+            } else {
+                replace_file(staged, name, target, last, later)
+            };
+            // Windows refuses to replace a file that is still mapped, but lets it be
+            // renamed: the old file goes aside into the staging directory first.
+            #[cfg(windows)]
+            let moved = moved.or_else(|e| {
+                if exclusive
+                    || !crate::sys::dir::in_use(&e)
+                    || target.kind(last).ok() != Some(EntryKind::File)
+                {
+                    return Err(e);
+                }
+                move_aside(stagings, target, last)?;
+                staged.rename(name, target, last, false)
+            });
+            match moved {
+                Ok(()) => touched.push(to[..to.len() - 1].to_vec()),
+                Err(e) if root_aside && taken(&e) => return Ok(Stepped::Superseded),
+                Err(e) if taken(&e) => return Ok(Stepped::Taken),
+                Err(e) => return Err(io_at(to, e)),
+            }
+        }
+        Op::Merge {
+            stage,
+            name,
+            to,
+            children,
+        } => {
+            let staged_path = |c: &str| format!("{name}/{c}");
+            let holder = stagings[*stage]
+                .get()
+                .ok_or_else(|| unprovable(root, stagings, *stage, name, to))?;
+            let from = holder
+                .open_dir(name)
+                .map_err(|e| Error::io(holder.child_path(name), e))?;
+            let target = match root.open_rel(to) {
+                Ok(t) => t,
+                Err(e) if gone(&e) => return Ok(Stepped::Taken),
+                Err(e) => return Err(io_at(to, e)),
+            };
+            for (child, dev, ino) in children {
+                let here = target
+                    .stat(child)
+                    .map_err(|e| Error::io(target.child_path(child), e))?;
+                if here.is_some_and(|st| identity(&st) == (*dev, *ino)) {
+                    continue;
+                }
+                let is_dir = from.kind(child).ok() == Some(EntryKind::Dir);
+                match rename_exclusive(&from, child, &target, child, is_dir) {
+                    Ok(()) => {}
+                    Err(e) if taken(&e) => return Ok(Stepped::Taken),
+                    Err(e) => return Err(Error::io(holder.child_path(&staged_path(child)), e)),
+                }
+            }
+            touched.push(to.clone());
+        }
+        Op::Unlink { path, dev, ino } => {
+            let parent = match parents.get(path) {
+                Ok(p) => p,
+                Err(e) if gone(&e) => return Ok(Stepped::Ok),
+                Err(e) => return Err(io_at(path, e)),
+            };
+            let last = &path[path.len() - 1];
+            let st = parent.stat(last).map_err(|e| io_at(path, e))?;
+            if let Some(st) = st.filter(|st| st.kind == EntryKind::File && (st.dev, st.ino) == (*dev, *ino)) {
+                let removed = later.remove_file(parent, last, st.size);
+                #[cfg(windows)]
+                let removed = removed.or_else(|e| match crate::sys::dir::in_use(&e) {
+                    true => move_aside(stagings, parent, last),
+                    false => Err(e),
+                });
+                match removed {
+                    Ok(()) => touched.push(path[..path.len() - 1].to_vec()),
+                    Err(e) if gone(&e) => {}
+                    Err(e) => return Err(io_at(path, e)),
+                }
+            }
+        }
+        Op::Rmdir { path } => {
+            let parent = match parents.get(path) {
+                Ok(p) => p,
+                Err(e) if gone(&e) => return Ok(Stepped::Ok),
+                Err(e) => return Err(io_at(path, e)),
+            };
+            let last = &path[path.len() - 1];
+            // Only an empty directory goes: one holding anything foreign stays, as it should.
+            if parent.kind(last).ok() == Some(EntryKind::Dir) && parent.remove_dir(last).is_ok() {
+                touched.push(path[..path.len() - 1].to_vec());
+            }
+        }
+    }
+    Ok(Stepped::Ok)
+}
+
+/// The path of the key a step stores: a leaf's file, a sub-tree's or NonTensorData's
+/// directory (for a meta.json step, its directory).
+fn key_path(op: &Op) -> &[String] {
+    match op {
+        Op::Rename { to, .. } if to.last().is_some_and(|n| n == format::META_FILE) => &to[..to.len() - 1],
+        Op::Rename { to, .. } | Op::Merge { to, .. } => to,
+        Op::Mkdir { path } | Op::Unlink { path, .. } | Op::Rmdir { path } => path,
+        Op::Aside { .. } => &[],
+    }
+}
+
+/// What took a new sub-tree's name.
+enum Taker {
+    /// A tree (tensordict or NonTensorData meta.json) that fits under its parent: another
+    /// save's, to keep as the key.
+    Tree,
+    /// A directory without meta.json: it receives the sub-tree's entries.
+    Directory,
+    Other,
+}
+
+fn classify_taker(root: &Dir, to: &[String], parent_batch: Option<&[u64]>) -> Taker {
+    let Ok(dir) = root.open_rel(to) else {
+        return Taker::Other; // a file, a symlink, something else
+    };
+    match dir.stat(format::META_FILE) {
+        Ok(None) => Taker::Directory,
+        Ok(Some(st)) if st.kind == EntryKind::File => {
+            let path = dir.child_path(format::META_FILE);
+            let parsed = dir
+                .read_limited(format::META_FILE, format::META_LIMIT)
+                .ok()
+                .and_then(|bytes| format::parse_meta(&bytes, &path).ok());
+            match (parsed, parent_batch) {
+                (Some(NodeMeta::NonTensor(_)), _) => Taker::Tree,
+                (Some(NodeMeta::TensorDict(m)), Some(batch)) if m.batch.starts_with(batch) => Taker::Tree,
+                _ => Taker::Other,
+            }
+        }
+        _ => Taker::Other,
+    }
+}
+
+/// The staged meta.json of the directory `dir` (its step's index, staging, staged name).
+fn staged_meta(journal: &Journal, dir: &[String]) -> Option<(usize, usize, String)> {
+    journal.ops.iter().enumerate().find_map(|(m, op)| match op {
+        Op::Rename { stage, name, to, .. }
+            if to.len() == dir.len() + 1 && to.starts_with(dir) && is_meta(to) =>
+        {
+            Some((m, *stage, name.clone()))
+        }
+        _ => None,
+    })
+}
+
+fn is_meta(to: &[String]) -> bool {
+    to.last().is_some_and(|n| n == format::META_FILE)
+}
+
+fn read_staged_meta(
+    stagings: &[StageDir<'_>],
+    stage: usize,
+    name: &str,
+) -> Result<serde_json::Map<String, Value>> {
+    let dir = stagings[stage]
+        .get()
+        .ok_or_else(|| Error::invalid(PathBuf::from(name), "the staging directory is gone"))?;
+    let path = dir.child_path(name);
+    let bytes = dir
+        .read_limited(name, format::META_LIMIT)
+        .map_err(|e| Error::io(&path, e))?;
+    match serde_json::from_slice(&bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        _ => Err(Error::invalid(&path, "a staged meta.json is damaged")),
+    }
+}
+
+/// Decides what to do about the step `i` whose name is taken. None: the taker is kept as
+/// the key and the other steps go on; Some: the journal was amended (or the commit ended).
+fn resolve(
+    root: &Dir,
+    journal: &mut Journal,
+    stagings: &[StageDir<'_>],
+    i: usize,
+    durable: bool,
+) -> Result<Option<Outcome>> {
+    let op = journal.ops[i].clone();
+    if let Op::Rename { stage, name, to, .. } = &op {
+        if name.starts_with('d') {
+            let parent = &to[..to.len() - 1];
+            let batch = staged_meta(journal, parent)
+                .and_then(|(_, s, n)| read_staged_meta(stagings, s, &n).ok())
+                .and_then(|m| {
+                    m.get("shape")?
+                        .as_array()?
+                        .iter()
+                        .map(Value::as_u64)
+                        .collect::<Option<Vec<u64>>>()
+                });
+            match classify_taker(root, to, batch.as_deref()) {
+                Taker::Tree => return Ok(None),
+                Taker::Directory => {
+                    let holder = stagings[*stage]
+                        .get()
+                        .ok_or_else(|| unprovable(root, stagings, *stage, name, to))?;
+                    let from = holder
+                        .open_dir(name)
+                        .map_err(|e| Error::io(holder.child_path(name), e))?;
+                    let mut children = Vec::new();
+                    for child in from.entry_names().map_err(|e| Error::io(from.path(), e))? {
+                        if let Ok(Some(st)) = from.stat(&child) {
+                            children.push((child, st.dev, st.ino));
+                        }
+                    }
+                    // meta.json last: the directory is a tree only once all of it is in
+                    children.sort_by_key(|(c, _, _)| c == format::META_FILE);
+                    journal.ops[i] = Op::Merge {
+                        stage: *stage,
+                        name: name.clone(),
+                        to: to.clone(),
+                        children,
+                    };
+                    rewrite_journal(root, journal, stagings, durable)?;
+                    return Ok(Some(Outcome::Amended));
+                }
+                Taker::Other => {}
+            }
+        }
+    }
+    if let Op::Merge {
+        stage,
+        name,
+        to,
+        children,
+    } = &op
+    {
+        undo_merge(root, stagings, *stage, name, to, children)?;
+    }
+    let key = key_path(&op).to_vec();
+    if key.is_empty() {
+        // the root itself cannot be left out
+        abandon(root, journal, stagings);
+        return Ok(Some(Outcome::Finished(Finished::Superseded)));
+    }
+    drop_key(root, journal, stagings, &key, durable)?;
+    Ok(Some(Outcome::Amended))
+}
+
+/// Moves back into the staged directory the entries a merge moved (their identity tells).
+fn undo_merge(
+    root: &Dir,
+    stagings: &[StageDir<'_>],
+    stage: usize,
+    name: &str,
+    to: &[String],
+    children: &[(String, u64, u64)],
+) -> Result<()> {
+    let (Some(holder), Ok(target)) = (stagings[stage].get(), root.open_rel(to)) else {
+        return Ok(());
+    };
+    let from = holder
+        .open_dir(name)
+        .map_err(|e| Error::io(holder.child_path(name), e))?;
+    for (child, dev, ino) in children {
+        if target
+            .stat(child)
+            .ok()
+            .flatten()
+            .is_some_and(|st| identity(&st) == (*dev, *ino))
+        {
+            target
+                .rename(child, &from, child, true)
+                .map_err(|e| Error::io(target.child_path(child), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Leaves the key stored at `key` out of the new tree: its parent's staged meta.json is
+/// rewritten without it (a new staged file), the key's steps go, and the amended journal
+/// replaces the old one.
+fn drop_key(
+    root: &Dir,
+    journal: &mut Journal,
+    stagings: &[StageDir<'_>],
+    key: &[String],
+    durable: bool,
+) -> Result<()> {
+    let (parent, name) = (&key[..key.len() - 1], &key[key.len() - 1]);
+    let key_at = join(root.path(), key);
+    let (m, stage, staged) = staged_meta(journal, parent)
+        .ok_or_else(|| Error::invalid(&key_at, "the commit has no meta.json step for this directory"))?;
+    let mut map = read_staged_meta(stagings, stage, &staged)?;
+    // A key's names: a sub-tree's or value's directory; a leaf's file and, for a nested leaf,
+    // its table of shapes beside it.
+    let names_of = |k: &str, v: &Value| -> Vec<String> {
+        let leaf = v.as_object().is_some_and(|e| !e.contains_key("type"));
+        if !leaf {
+            return vec![format::encode_key(k)];
+        }
+        let file = format::leaf_file(k);
+        let nested = v.get("is_nested") == Some(&Value::Bool(true));
+        let mut names = vec![file.clone()];
+        if nested {
+            names.push(format::shape_file(&file));
+        }
+        names
+    };
+    let (entry, names) = map
+        .iter()
+        .map(|(k, v)| (k, names_of(k, v)))
+        .find(|(_, names)| names.iter().any(|n| n == name))
+        .map(|(k, names)| (k.clone(), names))
+        .ok_or_else(|| Error::invalid(&key_at, "no key of the new tree is stored under this name"))?;
+    map.shift_remove(&entry);
+    let paths: Vec<Vec<String>> = names
+        .iter()
+        .map(|n| {
+            let mut p = parent.to_vec();
+            p.push(n.clone());
+            p
+        })
+        .collect();
+    let of_key = |p: &[String]| p.starts_with(key) || paths.iter().any(|k| p.starts_with(k));
+    let bytes = format::to_json_bytes(&Value::Object(map));
+    let dir = stagings[stage].get().expect("read above");
+    let amended = format!("a{}", journal.dropped.len());
+    let io_err = |e| Error::io(dir.child_path(&amended), e);
+    match dir.remove_file(&amended) {
+        Err(e) if !gone(&e) => return Err(io_err(e)),
+        _ => {}
+    }
+    dir.write_new(&amended, &bytes, durable).map_err(io_err)?;
+    let st = dir
+        .stat(&amended)
+        .map_err(io_err)?
+        .ok_or_else(|| io_err(io::ErrorKind::NotFound.into()))?;
+    let state = FileState::of(Stamp::from(st), &bytes);
+    if let Op::Rename { name, id, .. } = &mut journal.ops[m] {
+        *name = amended.clone();
+        *id = Some(state.identity());
+    }
+    if let Some(ds) = journal.dirs.iter_mut().find(|d| d.path == parent) {
+        ds.new = Some(state);
+    }
+    // the key's own steps go (removals of the old tree's files stay: they check identities)
+    journal.ops.retain(|op| match op {
+        Op::Rename { to, .. } | Op::Merge { to, .. } => !of_key(to),
+        Op::Mkdir { path } => !of_key(path),
+        _ => true,
+    });
+    journal.dirs.retain(|d| !of_key(&d.path));
+    journal.dropped.push(key.to_vec());
+    rewrite_journal(root, journal, stagings, durable)
+}
+
+/// Writes the amended journal into staging directory 0 and renames it over the journal in
+/// place (atomic: a kill leaves one or the other, each replayable).
+fn rewrite_journal(root: &Dir, journal: &Journal, stagings: &[StageDir<'_>], durable: bool) -> Result<()> {
+    let path = root.child_path(JOURNAL);
+    let bytes = serde_json::to_vec(journal).map_err(|e| Error::tree(&path, e.to_string()))?;
+    let draft = stagings
+        .first()
+        .and_then(StageDir::get)
+        .ok_or_else(|| Error::invalid(&path, "the root staging directory is gone"))?;
+    match draft.remove_file(JOURNAL_DRAFT) {
+        Err(e) if !gone(&e) => return Err(Error::io(&path, e)),
+        _ => {}
+    }
+    draft
+        .write_new(JOURNAL_DRAFT, &bytes, durable)
+        .map_err(|e| Error::io(&path, e))?;
+    draft
+        .rename(JOURNAL_DRAFT, root, JOURNAL, false)
+        .map_err(|e| Error::io(&path, e))?;
+    if durable {
+        root.sync().map_err(|e| Error::io(root.path(), e))?;
+    }
+    Ok(())
+}
+
+/// Every step done: the directories synced (durable), the journal removed, then the staging.
+fn finish(
+    root: &Dir,
+    journal: &Journal,
+    stagings: &[StageDir<'_>],
+    mut touched: Vec<Vec<String>>,
+    durable: bool,
+) -> Result<Finished> {
+    if durable {
+        touched.sort();
+        touched.dedup();
+        for rel in &touched {
+            if let Ok(dir) = root.open_rel(rel) {
+                dir.sync().map_err(|e| Error::io(dir.path(), e))?;
+            }
+        }
+    }
+    root.remove_file(JOURNAL)
+        .map_err(|e| Error::io(root.child_path(JOURNAL), e))?;
+    if durable {
+        root.sync().map_err(|e| Error::io(root.path(), e))?;
+    }
+    remove_stagings(root, journal, stagings);
+    Ok(Finished::Done {
+        dropped: journal.dropped.iter().map(|p| join(root.path(), p)).collect(),
+    })
+}
+
+/// The commit is superseded: its journal and staging directories (ours) go, nothing else.
+fn abandon(root: &Dir, journal: &Journal, stagings: &[StageDir<'_>]) {
+    // Gone or not, the tree is the other program's now; a journal that cannot go is met again
+    // by the next replay, which finds the same.
+    let _ = root.remove_file(JOURNAL);
+    remove_stagings(root, journal, stagings);
+}
+
+fn remove_stagings(root: &Dir, journal: &Journal, stagings: &[StageDir<'_>]) {
+    let name = staging_name(&journal.token);
+    for (rel, staged) in journal.stagings.iter().zip(stagings).rev() {
+        if let Some(staged) = staged.get() {
+            // Windows: a dead save's lock file is in it; taken, it goes with the lock (a live
+            // save, ours, keeps its own and removes the directory when it drops it).
+            #[cfg(windows)]
+            let _ = staged.lock(true, false);
+            free_big_files(staged);
+            clean_staging(staged);
+        }
+        if let Ok(holder) = root.open_rel(rel) {
+            // Only an empty staging directory goes; anything left is for a later sweep.
+            let _ = holder.remove_dir(&name);
+        }
+    }
+}
+
+/// Removes the big files left at the top of a staging directory (an old file exchanged out
+/// just before a kill; the staged data of a commit that is abandoned), their space freed in
+/// the background (`sys::reclaim`); `clean_staging` removes the rest.
+fn free_big_files(staged: &Dir) {
+    let mut later = Later::new();
+    let Ok(names) = staged.entry_names() else { return };
+    for name in names
+        .iter()
+        .filter(|n| !n.starts_with('d') && super::valid_staged(n))
+    {
+        if let Ok(Some(st)) = staged.stat(name) {
+            if st.kind == EntryKind::File && st.size >= reclaim::HOLD_BYTES {
+                let _ = later.remove_file(staged, name, st.size);
+            }
+        }
+    }
+    later.release();
+}
+
+/// Windows refuses to delete or replace a file that is mapped (a leaf that some process still
+/// holds), but lets it be renamed: the old file goes into a staging directory of the commit
+/// (as `o<random>`; the first on its volume), where it is deleted now or, once unmapped, by
+/// the sweep of a later save. Its holders keep the old bytes, as on Linux.
+#[cfg(windows)]
+fn move_aside(stagings: &[StageDir<'_>], parent: &Dir, name: &str) -> io::Result<()> {
+    let mut last = io::Error::from(io::ErrorKind::NotFound);
+    for staged in stagings.iter().filter_map(StageDir::get) {
+        let aside = format!("o{}", crate::sys::storage::random_suffix());
+        match parent.rename(name, staged, &aside, true) {
+            Ok(()) => {
+                // Still mapped: it stays in the staging directory for a later sweep.
+                let _ = staged.remove_file(&aside);
+                return Ok(());
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
