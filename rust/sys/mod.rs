@@ -6,7 +6,7 @@
 //! maps, space reservation, positioned writes), `anon` (anonymous shared memory, every
 //! platform), `pool` (every thread of the crate), `progress` (the progress counter), `reclaim`
 //! (the space of replaced files, freed in the background), `gather` (bulk copies between raw
-//! addresses).
+//! addresses), `seqcell` (a value shared between processes under a sequence lock).
 
 pub mod anon;
 pub mod dir;
@@ -15,4 +15,5 @@ pub mod identity;
 pub mod pool;
 pub mod progress;
 pub mod reclaim;
+pub mod seqcell;
 pub mod storage;
