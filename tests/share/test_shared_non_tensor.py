@@ -44,8 +44,12 @@ def _write_all(td: Any, how: str) -> None:
             entry.update(pkg.NonTensorData(data=b), inplace=True, non_blocking=False)
 
 
-def _run(target: Any, *args: Any) -> None:
-    proc = mp.get_context("spawn").Process(target=target, args=args)
+def _run(target: Any, td: Any, *args: Any) -> None:
+    """``target(td, *args)`` in a child process: spawned for tensordict_rs (the tree crosses
+    pickled, its shared cells as descriptors), forked for tensordict (whose shared values are
+    multiprocessing objects of the default context, which a spawned child cannot take)."""
+    method = "spawn" if type(td).__module__.startswith("tensordict_rs") else "fork"
+    proc = mp.get_context(method).Process(target=target, args=(td, *args))
     proc.start()
     proc.join(120)
     assert proc.exitcode == 0

@@ -173,7 +173,9 @@ class NonTensorData:
             data = data.data
         self._value: Any = data
         self._shared: Any = None  # a SharedValue (_core/shared_value.py) once shared
-        self._saved: tuple[Path, str] | None = None  # (directory, key) of a saved entry
+        # (directory, key, locked) of a saved entry; locked: saved by memmap_/memmap (a loaded
+        # tree is not locked, as in tensordict)
+        self._saved: tuple[Path, str, bool] | None = None
         self.batch_size = torch.Size([] if batch_size is None else batch_size)
         self.device = None if device is None else torch.device(device)
 
@@ -200,10 +202,10 @@ class NonTensorData:
         else:
             shared.set_text(text)
 
-    def _bind_saved(self, parent: Path, key: str) -> None:
+    def _bind_saved(self, parent: Path, key: str, locked: bool = True) -> None:
         """Marks this entry as saved in ``parent`` at ``key``: a value written in place later
         rewrites its meta.json, as tensordict does."""
-        self._saved = (parent, key)
+        self._saved = (parent, key, locked)
 
     def __reduce__(self) -> Any:
         """Pickled by value (a shared entry crosses to other processes shared only with its
@@ -235,12 +237,12 @@ class NonTensorData:
         self, other: Any, inplace: bool = False, non_blocking: bool = False, **_: Any
     ) -> NonTensorData:
         """``update_`` with ``inplace=True``; otherwise the value is replaced, which a shared
-        entry (locked, as tensordict's are) refuses.
+        or memory-mapped entry (locked, as tensordict's are) refuses.
 
         >>> NonTensorData(1).update(NonTensorData(2)).data
         2
         """
-        if not inplace and self._shared is not None:
+        if not inplace and (self._shared is not None or (self._saved and self._saved[2])):
             raise RuntimeError(
                 "Cannot modify locked TensorDict. For in-place modification, consider using "
                 "the `set_()` method and make sure the key is present."

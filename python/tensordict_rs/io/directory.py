@@ -413,7 +413,7 @@ def _build(
             stack._bind_saved(path, key)
         else:
             items[key] = entry_value = NonTensorData(json.loads(entry[2]))
-            entry_value._bind_saved(path, key)
+            entry_value._bind_saved(path, key, locked=False)
     return td
 
 
