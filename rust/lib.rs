@@ -31,7 +31,8 @@ use pyo3::types::PyTuple;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use py::{
-        archive, errors, gather, info, memmap, nontensor, packed, progress, safetensors, shared_value, sharing, tree,
+        archive, errors, gather, info, memmap, nontensor, packed, progress, safetensors, shared_value,
+        sharing, tree,
     };
     let py = m.py();
     m.add_class::<py::buffer::Buffer>()?;

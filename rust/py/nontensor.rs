@@ -176,7 +176,13 @@ pub fn rewrite_stack(
 /// `data` is not JSON; the directory's meta.json must be a NonTensorData's.
 #[pyfunction]
 #[pyo3(signature = (parent, key, data, *, durable = false))]
-pub fn rewrite_non_tensor(py: Python<'_>, parent: std::path::PathBuf, key: &str, data: &[u8], durable: bool) -> PyResult<()> {
+pub fn rewrite_non_tensor(
+    py: Python<'_>,
+    parent: std::path::PathBuf,
+    key: &str,
+    data: &[u8],
+    durable: bool,
+) -> PyResult<()> {
     let value: serde_json::Value =
         serde_json::from_slice(data).map_err(|e| PyValueError::new_err(format!("key {key:?}: {e}")))?;
     let meta = crate::format::write::non_tensor_meta(&value);

@@ -59,7 +59,10 @@ pub fn shared_value_version(buffer: PyRef<'_, Buffer>) -> PyResult<u64> {
 /// The value's bytes and version. RuntimeError when the cell's length field is out of range,
 /// TimeoutError when a write has been in progress for seconds (a writer was killed).
 #[pyfunction]
-pub fn shared_value_read<'py>(py: Python<'py>, buffer: PyRef<'py, Buffer>) -> PyResult<(u64, Bound<'py, PyBytes>)> {
+pub fn shared_value_read<'py>(
+    py: Python<'py>,
+    buffer: PyRef<'py, Buffer>,
+) -> PyResult<(u64, Bound<'py, PyBytes>)> {
     let (version, bytes) = detached(py, &buffer, |c| c.read())?;
     Ok((version, PyBytes::new(py, &bytes)))
 }
@@ -67,7 +70,10 @@ pub fn shared_value_read<'py>(py: Python<'py>, buffer: PyRef<'py, Buffer>) -> Py
 /// Takes the cell's write lock (other writers and readers wait) and returns the value's
 /// bytes: the first half of a read-modify-write; `shared_value_unlock` must follow.
 #[pyfunction]
-pub fn shared_value_lock<'py>(py: Python<'py>, buffer: PyRef<'py, Buffer>) -> PyResult<(u64, Bound<'py, PyBytes>)> {
+pub fn shared_value_lock<'py>(
+    py: Python<'py>,
+    buffer: PyRef<'py, Buffer>,
+) -> PyResult<(u64, Bound<'py, PyBytes>)> {
     let before = detached(py, &buffer, |c| c.lock())?;
     let c = cell(&buffer)?;
     match c.locked_value() {

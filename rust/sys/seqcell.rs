@@ -142,7 +142,8 @@ impl SeqCell {
         for (i, chunk) in bytes.chunks(8).enumerate() {
             let mut word = [0u8; 8];
             word[..chunk.len()].copy_from_slice(chunk);
-            self.word(HEADER / 8 + i).store(u64::from_le_bytes(word), Ordering::Relaxed);
+            self.word(HEADER / 8 + i)
+                .store(u64::from_le_bytes(word), Ordering::Relaxed);
         }
         self.word(1).store(bytes.len() as u64, Ordering::Relaxed);
         Ok(())
@@ -234,7 +235,13 @@ mod tests {
         assert_eq!(c.read().unwrap(), (2, b"\"hello\"".to_vec()));
         assert_eq!(c.write(b"1").unwrap(), 4);
         assert_eq!(c.read().unwrap(), (4, b"1".to_vec()));
-        assert!(matches!(c.write(&[b'x'; 33]), Err(CellError::TooLarge { needed: 33, capacity: 32 })));
+        assert!(matches!(
+            c.write(&[b'x'; 33]),
+            Err(CellError::TooLarge {
+                needed: 33,
+                capacity: 32
+            })
+        ));
         assert_eq!(c.read().unwrap(), (4, b"1".to_vec()));
         let before = c.lock().unwrap();
         assert_eq!(before, 4);
@@ -248,7 +255,10 @@ mod tests {
     fn corrupt_length_refused() {
         let mut words = vec![0u64; 8 + 1];
         words[1] = 1000;
-        assert!(matches!(cell(&mut words).read(), Err(CellError::Corrupt { length: 1000, .. })));
+        assert!(matches!(
+            cell(&mut words).read(),
+            Err(CellError::Corrupt { length: 1000, .. })
+        ));
     }
 
     #[test]

@@ -309,14 +309,27 @@ pub fn rewrite_value_dir(parent: &Path, key: &str, meta: &[u8], durable: bool) -
 }
 
 /// `rewrite_value_dir`, for a stack's directory or (`non_tensor`) a NonTensorData's.
-pub fn rewrite_value_meta(parent: &Path, key: &str, meta: &[u8], durable: bool, non_tensor: bool) -> Result<()> {
+pub fn rewrite_value_meta(
+    parent: &Path,
+    key: &str,
+    meta: &[u8],
+    durable: bool,
+    non_tensor: bool,
+) -> Result<()> {
     let root = Dir::open(parent).map_err(|e| Error::io(parent, e))?;
     let dir = crate::tree::read::open_child_dir(&root, key)?;
     let path = dir.child_path(format::META_FILE);
-    match (crate::tree::read::read_meta_limited(&dir, format::STACK_META_LIMIT)?, non_tensor) {
+    match (
+        crate::tree::read::read_meta_limited(&dir, format::STACK_META_LIMIT)?,
+        non_tensor,
+    ) {
         (format::NodeMeta::Stack(_), false) | (format::NodeMeta::NonTensor(_), true) => {}
         _ => {
-            let kind = if non_tensor { "a NonTensorData's" } else { "a stack's" };
+            let kind = if non_tensor {
+                "a NonTensorData's"
+            } else {
+                "a stack's"
+            };
             return Err(Error::invalid(
                 &path,
                 format!("key {key:?}: this meta.json is not {kind}; refusing to replace it"),

@@ -24,12 +24,19 @@ pub fn write_stack_dir(prefix: &Path, meta: &[u8], durable: bool) -> Result<()> 
     };
     std::fs::create_dir_all(parent_path).map_err(|e| Error::io(parent_path, e))?;
     let parent = Dir::open(parent_path).map_err(|e| Error::io(parent_path, e))?;
-    let symlink = || Error::symlink(prefix, "the stack's directory is a symlink; refusing to follow it");
+    let symlink = || {
+        Error::symlink(
+            prefix,
+            "the stack's directory is a symlink; refusing to follow it",
+        )
+    };
     let dir = match parent.kind(name).map_err(|e| Error::io(prefix, e))? {
         EntryKind::Missing => match parent.create_dir(name) {
             Ok(d) => d,
             // made by another process meanwhile: open it as it is
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => parent.open_dir(name).map_err(|e| Error::io(prefix, e))?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                parent.open_dir(name).map_err(|e| Error::io(prefix, e))?
+            }
             Err(e) => return Err(Error::io(prefix, e)),
         },
         EntryKind::Dir => parent.open_dir(name).map_err(|e| match e {

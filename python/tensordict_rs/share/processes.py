@@ -388,7 +388,10 @@ class Shareable(TreeNode):
         its number of leaves (a few when large leaves fill several arenas, one per writer
         thread). A CUDA TensorDict is left as it is (CUDA tensors are shared
         already) and not locked. A memory-mapped TensorDict raises ``RuntimeError``, as in
-        tensordict. ``is_shared()`` is True until ``unlock_()``.
+        tensordict. ``is_shared()`` is True until ``unlock_()``. Non-tensor values (JSON) and
+        the values of stacks go into shared memory too (``_core/shared_value.py``): a value
+        written in place in one process (``td.get(key).update_(...)``, ``td.set_``, rows of a
+        stack) is read in the others, as in tensordict.
 
         >>> import multiprocessing as mp, torch
         >>> from tensordict_rs import TensorDict
