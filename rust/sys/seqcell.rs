@@ -208,11 +208,18 @@ impl SeqCell {
     }
 }
 
+/// One wait for a write in progress: a yield at first, then sleeps growing to a millisecond
+/// (the writer may be a process the scheduler put aside: spinning would keep it off the CPU).
 fn wait(start: Instant) -> Result<(), CellError> {
-    if start.elapsed() > PATIENCE {
+    let waited = start.elapsed();
+    if waited > PATIENCE {
         return Err(CellError::Stuck);
     }
-    std::thread::yield_now();
+    if waited < Duration::from_micros(50) {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep((waited / 4).min(Duration::from_millis(1)));
+    }
     Ok(())
 }
 

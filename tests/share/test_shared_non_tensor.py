@@ -154,14 +154,14 @@ def test_concurrent_row_writes_are_all_kept() -> None:
     """Two processes writing different rows of one shared stack at the same time: each write
     is a read-modify-write under the cell's lock, so neither overwrites the other's rows."""
     td = TensorDict({"rows": ["", "", ""]}, [3]).share_memory_()
-    procs = [mp.get_context("spawn").Process(target=_write_row, args=(td, r, 200)) for r in (0, 2)]
+    procs = [mp.get_context("spawn").Process(target=_write_row, args=(td, r, 100)) for r in (0, 2)]
     for p in procs:
         p.start()
-    _write_row(td, 1, 200)
+    _write_row(td, 1, 100)
     for p in procs:
-        p.join(120)
+        p.join(600)
         assert p.exitcode == 0
-    assert td.get("rows").tolist() == ["0-199", "1-199", "2-199"]
+    assert td.get("rows").tolist() == ["0-99", "1-99", "2-99"]
 
 
 def test_a_value_larger_than_its_cell_is_refused_and_the_old_one_kept() -> None:
@@ -204,3 +204,27 @@ def test_shared_stack_views_and_pickles_by_value() -> None:
     entry = pickle.loads(pickle.dumps(td.get(("s",))[0]))
     assert isinstance(entry, NonTensorData) and entry.data == "a"
     assert isinstance(stack, NonTensorStack)
+
+
+@pytest.mark.parametrize("pkg", LIBS, ids=["rs", "ref"])
+@pytest.mark.parametrize("strategy", ["plain", "shared", "memmap"])
+def test_update_at_writes_non_tensor_rows(pkg: Any, strategy: str, tmp_path: Path) -> None:
+    """``update_at_`` writes the rows of a non-tensor entry as ``td[idx] = ...`` does: a value
+    that differs turns a NonTensorData into a stack, then rows of the stack are written."""
+    td = pkg.TensorDict(
+        {"val": pkg.NonTensorData(data=0, batch_size=[6]), "x": torch.zeros(6)}, [6]
+    )
+    td.update_at_(
+        pkg.TensorDict({"val": pkg.NonTensorData(data=1, batch_size=[3])}, [3]), slice(1, None, 2)
+    )
+    assert td.get("val").tolist() == [0, 1] * 3
+    if strategy == "shared":
+        td.share_memory_()
+    elif strategy == "memmap":
+        td.memmap_(tmp_path)
+    td.update_at_(
+        pkg.TensorDict({"val": pkg.NonTensorData(data=2, batch_size=[2])}, [2]), slice(0, 2)
+    )
+    assert td.get("val").tolist() == [2, 2, 0, 1, 0, 1]
+    if strategy == "memmap":
+        assert pkg.TensorDict.load_memmap(tmp_path).get("val").tolist() == [2, 2, 0, 1, 0, 1]
