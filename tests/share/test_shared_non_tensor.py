@@ -228,3 +228,15 @@ def test_update_at_writes_non_tensor_rows(pkg: Any, strategy: str, tmp_path: Pat
     assert td.get("val").tolist() == [2, 2, 0, 1, 0, 1]
     if strategy == "memmap":
         assert pkg.TensorDict.load_memmap(tmp_path).get("val").tolist() == [2, 2, 0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("pkg", LIBS, ids=["rs", "ref"])
+@pytest.mark.parametrize("batch", [[3], [2, 2]])
+def test_set_of_a_stack_with_its_own_linked_list(pkg: Any, batch: list[int]) -> None:
+    """``td.set_(key, td[key])``: the LinkedList ``td[key]`` gives is the values row by row
+    (it once went into every row as one value)."""
+    values: Any = ["a", "b", "c"] if batch == [3] else [["a", "b"], ["c", "d"]]
+    td = pkg.TensorDict(batch_size=batch)
+    td["s"] = values
+    td.set_("s", td["s"])
+    assert td.get("s").tolist() == values

@@ -970,7 +970,7 @@ def list_shape(values: Any) -> list[int]:
     """The shape of nested lists: the dims as deep as every list at a level has one length."""
     shape: list[int] = []
     level = [values]
-    while all(type(v) is list for v in level) and level:
+    while all(type(v) is list or type(v) is LinkedList for v in level) and level:
         lengths = {len(v) for v in level}
         if len(lengths) != 1:
             break
