@@ -209,13 +209,13 @@ pub fn write_stack_dir(
     Ok(())
 }
 
+/// A stack read by `load_stack_dir`: `(shape, device, stack_dim, cells)`.
+type LoadedStack<'py> = (Vec<u64>, Option<String>, i64, Bound<'py, PyAny>);
+
 /// Reads the NonTensorStack saved on its own at `prefix`: `(shape, device, stack_dim, cells)`,
 /// the cells as a tree load returns a stack's (a packed column of strings, or JSON text).
 #[pyfunction]
-pub fn load_stack_dir<'py>(
-    py: Python<'py>,
-    prefix: std::path::PathBuf,
-) -> PyResult<(Vec<u64>, Option<String>, i64, Bound<'py, PyAny>)> {
+pub fn load_stack_dir<'py>(py: Python<'py>, prefix: std::path::PathBuf) -> PyResult<LoadedStack<'py>> {
     let stack = py.detach(|| crate::tree::stack_dir::read_stack_dir(&prefix))?;
     let cells = super::tree::cells_to_py(py, &stack.data.cells)?;
     Ok((stack.data.shape, stack.device, stack.stack_dim, cells))
