@@ -31,7 +31,8 @@ use pyo3::types::PyTuple;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use py::{
-        archive, errors, gather, info, memmap, nontensor, packed, progress, ring, safetensors, sharing, tree,
+        archive, errors, gather, info, memmap, nontensor, packed, progress, ring, safetensors, shared_value,
+        sharing, tree,
     };
     let py = m.py();
     m.add_class::<py::buffer::Buffer>()?;
@@ -79,6 +80,16 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nontensor::strings_json, m)?)?;
     m.add_function(wrap_pyfunction!(nontensor::str_list_json, m)?)?;
     m.add_function(wrap_pyfunction!(nontensor::rewrite_stack, m)?)?;
+    m.add_function(wrap_pyfunction!(nontensor::rewrite_non_tensor, m)?)?;
+    m.add_function(wrap_pyfunction!(nontensor::write_stack_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(nontensor::load_stack_dir, m)?)?;
+    // non-tensor values shared between processes
+    m.add_function(wrap_pyfunction!(shared_value::shared_value_header, m)?)?;
+    m.add_function(wrap_pyfunction!(shared_value::shared_value_version, m)?)?;
+    m.add_function(wrap_pyfunction!(shared_value::shared_value_read, m)?)?;
+    m.add_function(wrap_pyfunction!(shared_value::shared_value_write, m)?)?;
+    m.add_function(wrap_pyfunction!(shared_value::shared_value_lock, m)?)?;
+    m.add_function(wrap_pyfunction!(shared_value::shared_value_unlock, m)?)?;
     // a tree as one message
     m.add_class::<packed::PackedTable>()?;
     m.add_function(wrap_pyfunction!(packed::copy_packed, m)?)?;

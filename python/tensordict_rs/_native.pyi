@@ -44,6 +44,7 @@ __all__ = [
     "group_shared",
     "is_archive",
     "load_archive",
+    "load_stack_dir",
     "load_tree",
     "open_file",
     "open_files",
@@ -52,12 +53,19 @@ __all__ = [
     "receive_shared",
     "refresh_archive_checksums",
     "reopen_archive",
+    "rewrite_non_tensor",
     "rewrite_stack",
     "ring_acquire",
     "ring_state",
     "ring_transition",
     "same_entries",
     "shared_regions",
+    "shared_value_header",
+    "shared_value_lock",
+    "shared_value_read",
+    "shared_value_unlock",
+    "shared_value_version",
+    "shared_value_write",
     "str_list_json",
     "strings_json",
     "tree_report",
@@ -68,6 +76,7 @@ __all__ = [
     "write_archive",
     "write_file",
     "write_safetensors",
+    "write_stack_dir",
     "write_tree",
 ]
 
@@ -166,6 +175,25 @@ def rewrite_stack(
     *,
     durable: bool = False,
 ) -> None: ...
+def rewrite_non_tensor(parent: str, key: str, data: bytes, *, durable: bool = False) -> None: ...
+def write_stack_dir(
+    prefix: str,
+    stack_dim: int,
+    device: str | None,
+    data: bytes,
+    shape: list[int] | None,
+    *,
+    durable: bool = False,
+) -> None: ...
+def load_stack_dir(prefix: str) -> tuple[list[int], str | None, int, Any]: ...
+
+# Non-tensor values shared between processes (rust/py/shared_value.rs)
+def shared_value_header() -> int: ...
+def shared_value_version(buffer: Buffer) -> int: ...
+def shared_value_read(buffer: Buffer) -> tuple[int, bytes]: ...
+def shared_value_write(buffer: Buffer, data: bytes) -> int: ...
+def shared_value_lock(buffer: Buffer) -> tuple[int, bytes]: ...
+def shared_value_unlock(buffer: Buffer, before: int, data: bytes | None = None) -> int: ...
 def verify_tree(prefix: str) -> list[str]: ...
 def write_file(path: str, data_ptr: int, nbytes: int, *, existsok: bool = False) -> Buffer: ...
 def open_file(path: str, nbytes: int) -> Buffer: ...

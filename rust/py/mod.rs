@@ -6,7 +6,9 @@
 //! `_tree.py`, `_persistence.py`, `verify.py`), `memmap` (`memmap.py`), `sharing`
 //! (`_sharing.py`), `archive` (`_archive.py`), `safetensors` (`_safetensors.py`), `info` (the
 //! command line), `progress` (`_progress.py`), `gather` (`_gather.py`), `packed` (`_packed.py`,
-//! `_stream.py`), `ring` (`share/ring.py`), `nontensor` (the packed string columns of `_core/nontensor.py`); `buffer` is
+//! `_stream.py`), `ring` (`share/ring.py`), `nontensor` (the packed string columns of
+//! `_core/nontensor.py`), `shared_value` (the shared non-tensor values of `_core/shared_value.py`);
+//! `buffer` is
 //! the object every one of them returns, `errors` the exceptions.
 //! `lib.rs` registers them all in the `_native` module.
 
@@ -21,6 +23,7 @@ pub mod packed;
 pub mod progress;
 pub mod ring;
 pub mod safetensors;
+pub mod shared_value;
 pub mod sharing;
 pub mod tree;
 

@@ -169,3 +169,54 @@ pub fn rewrite_stack(
     py.detach(|| crate::tree::save::rewrite_value_dir(&parent, key, &meta, durable))?;
     Ok(())
 }
+
+/// Rewrites the meta.json of the saved NonTensorData `key` in the directory `parent` with the
+/// value `data` (its JSON text), atomically, with the GIL released: how a value written in
+/// place into a memory-mapped TensorDict reaches its file, as in tensordict. ValueError when
+/// `data` is not JSON; the directory's meta.json must be a NonTensorData's.
+#[pyfunction]
+#[pyo3(signature = (parent, key, data, *, durable = false))]
+pub fn rewrite_non_tensor(
+    py: Python<'_>,
+    parent: std::path::PathBuf,
+    key: &str,
+    data: &[u8],
+    durable: bool,
+) -> PyResult<()> {
+    let value: serde_json::Value =
+        serde_json::from_slice(data).map_err(|e| PyValueError::new_err(format!("key {key:?}: {e}")))?;
+    let meta = crate::format::write::non_tensor_meta(&value);
+    py.detach(|| crate::tree::save::rewrite_value_meta(&parent, key, &meta, durable, true))?;
+    Ok(())
+}
+
+/// Saves a NonTensorStack on its own in the directory `prefix` (its meta.json only, from
+/// `(stack_dim, device, data_json, shape_or_None)` as `rewrite_stack` takes them), atomically,
+/// with the GIL released. A directory that holds something else is refused, never replaced.
+#[pyfunction]
+#[pyo3(signature = (prefix, stack_dim, device, data, shape, *, durable = false))]
+pub fn write_stack_dir(
+    py: Python<'_>,
+    prefix: std::path::PathBuf,
+    stack_dim: i64,
+    device: Option<String>,
+    data: Vec<u8>,
+    shape: Option<Vec<u64>>,
+    durable: bool,
+) -> PyResult<()> {
+    let meta = stack::meta_bytes(stack_dim, device.as_deref(), &data, shape.as_deref());
+    py.detach(|| crate::tree::stack_dir::write_stack_dir(&prefix, &meta, durable))?;
+    Ok(())
+}
+
+/// A stack read by `load_stack_dir`: `(shape, device, stack_dim, cells)`.
+type LoadedStack<'py> = (Vec<u64>, Option<String>, i64, Bound<'py, PyAny>);
+
+/// Reads the NonTensorStack saved on its own at `prefix`: `(shape, device, stack_dim, cells)`,
+/// the cells as a tree load returns a stack's (a packed column of strings, or JSON text).
+#[pyfunction]
+pub fn load_stack_dir<'py>(py: Python<'py>, prefix: std::path::PathBuf) -> PyResult<LoadedStack<'py>> {
+    let stack = py.detach(|| crate::tree::stack_dir::read_stack_dir(&prefix))?;
+    let cells = super::tree::cells_to_py(py, &stack.data.cells)?;
+    Ok((stack.data.shape, stack.device, stack.stack_dim, cells))
+}

@@ -204,7 +204,7 @@ pub(super) fn node_to_py<'py>(py: Python<'py>, node: LoadedNode) -> PyResult<Bou
 
 /// A stack's cells for Python: `(values_bytes, offsets_bytes)` (int64) for strings, else the
 /// JSON text of the list of cells.
-pub(super) fn cells_to_py<'py>(py: Python<'py>, cells: &Cells) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn cells_to_py<'py>(py: Python<'py>, cells: &Cells) -> PyResult<Bound<'py, PyAny>> {
     match cells {
         Cells::Strings { bytes, offsets } => {
             let offsets: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();

@@ -6,8 +6,8 @@
 //! maps, space reservation, positioned writes), `anon` (anonymous shared memory, every
 //! platform), `pool` (every thread of the crate), `progress` (the progress counter), `reclaim`
 //! (the space of replaced files, freed in the background), `ring` (the slot words of a ring of
-//! shared slabs), `gather` (bulk copies between raw
-//! addresses).
+//! shared slabs), `gather` (bulk copies between raw addresses), `seqcell` (a value shared
+//! between processes under a sequence lock).
 
 pub mod anon;
 pub mod dir;
@@ -17,4 +17,5 @@ pub mod pool;
 pub mod progress;
 pub mod reclaim;
 pub mod ring;
+pub mod seqcell;
 pub mod storage;

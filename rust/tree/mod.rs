@@ -3,11 +3,13 @@
 //!
 //! `save` writes a tree into a directory that stays the user's, through `commit` (staging,
 //! the journal, recovery, locks); `load` maps and verifies one; `read` is the meta.json reader
-//! and child-directory opener that loads, verification and `report` share.
+//! and child-directory opener that loads, verification and `report` share; `stack_dir` a
+//! NonTensorStack saved on its own.
 
 pub mod commit;
 pub mod load;
 pub mod read;
 pub mod save;
+pub mod stack_dir;
 #[cfg(all(test, windows))]
 mod windows_tests;

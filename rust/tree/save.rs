@@ -343,18 +343,38 @@ fn journal_would_replace(root: &Dir) -> bool {
 /// Rewrites the meta.json of the value directory of `key` in the saved directory `parent`
 /// (a NonTensorStack written again after one of its rows changed), atomically: the new file
 /// is written beside it and renamed over it, so a reader sees the old values or the new ones.
-/// The directory is opened without following a symlink; its meta.json must be a stack's.
+/// The directory is opened without following a symlink; its meta.json must be a stack's (or,
+/// with `non_tensor`, a NonTensorData's: one value written again in place).
 pub fn rewrite_value_dir(parent: &Path, key: &str, meta: &[u8], durable: bool) -> Result<()> {
+    rewrite_value_meta(parent, key, meta, durable, false)
+}
+
+/// `rewrite_value_dir`, for a stack's directory or (`non_tensor`) a NonTensorData's.
+pub fn rewrite_value_meta(
+    parent: &Path,
+    key: &str,
+    meta: &[u8],
+    durable: bool,
+    non_tensor: bool,
+) -> Result<()> {
     let root = Dir::open(parent).map_err(|e| Error::io(parent, e))?;
     let dir = crate::tree::read::open_child_dir(&root, key)?;
     let path = dir.child_path(format::META_FILE);
-    match crate::tree::read::read_meta_limited(&dir, format::STACK_META_LIMIT)? {
-        format::NodeMeta::Stack(_) => {}
+    match (
+        crate::tree::read::read_meta_limited(&dir, format::STACK_META_LIMIT)?,
+        non_tensor,
+    ) {
+        (format::NodeMeta::Stack(_), false) | (format::NodeMeta::NonTensor(_), true) => {}
         _ => {
+            let kind = if non_tensor {
+                "a NonTensorData's"
+            } else {
+                "a stack's"
+            };
             return Err(Error::invalid(
                 &path,
-                format!("key {key:?}: this meta.json is not a stack's; refusing to replace it"),
-            ))
+                format!("key {key:?}: this meta.json is not {kind}; refusing to replace it"),
+            ));
         }
     }
     let temp = format!(".{}.{}.tmp", format::META_FILE, std::process::id());

@@ -164,18 +164,90 @@ class NonTensorData:
     NonTensorData(data=a, batch_size=torch.Size([2]), device=None)
     """
 
-    __slots__ = ("batch_size", "data", "device")
+    __slots__ = ("_saved", "_shared", "_value", "batch_size", "device")
     _is_tensorclass = True  # tensordict's NonTensorData is a tensorclass (is_tensorclass)
-    _is_non_tensor = True
-
     _is_non_tensor = True
 
     def __init__(self, data: Any, batch_size: Any = None, device: Any = None) -> None:
         if type(data) is NonTensorData:
             data = data.data
-        self.data: Any = data
+        self._value: Any = data
+        self._shared: Any = None  # a SharedValue (_core/shared_value.py) once shared
+        # (directory, key, locked) of a saved entry; locked: saved by memmap_/memmap (a loaded
+        # tree is not locked, as in tensordict)
+        self._saved: tuple[Path, str, bool] | None = None
         self.batch_size = torch.Size([] if batch_size is None else batch_size)
         self.device = None if device is None else torch.device(device)
+
+    @property
+    def data(self) -> Any:
+        """The value (of a shared entry: the value now in shared memory, which another
+        process may have written)."""
+        shared = self._shared
+        return self._value if shared is None else shared.get()
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        shared, saved = self._shared, self._saved
+        if shared is None and saved is None:
+            self._value = value
+            return
+        key = "<value>" if saved is None else saved[1]
+        text = _json_text(value, key).encode("utf-8")  # refuses what JSON cannot hold
+        if saved is not None:
+            # the file first: a value that cannot be written leaves the entry as it was
+            _native.rewrite_non_tensor(str(saved[0]), saved[1], text)
+        if shared is None:
+            self._value = value
+        else:
+            shared.set_text(text)
+
+    def _bind_saved(self, parent: Path, key: str, locked: bool = True) -> None:
+        """Marks this entry as saved in ``parent`` at ``key``: a value written in place later
+        rewrites its meta.json, as tensordict does."""
+        self._saved = (parent, key, locked)
+
+    def __reduce__(self) -> Any:
+        """Pickled by value (a shared entry crosses to other processes shared only with its
+        TensorDict, see share/processes.py)."""
+        return (NonTensorData, (self.data, self.batch_size, self.device))
+
+    @property
+    def _is_shared(self) -> bool:
+        """True for a value kept in shared memory (``share_memory_``, ``share_non_tensor``)."""
+        return self._shared is not None
+
+    def update_(self, other: Any, non_blocking: bool = False) -> NonTensorData:
+        """Writes the value of ``other`` (a ``NonTensorData`` or a plain value) into this
+        entry, in place: into shared memory for a shared entry, as tensordict does.
+
+        >>> entry = NonTensorData("a")
+        >>> entry.update_(NonTensorData("b")).data
+        'b'
+        """
+        if getattr(other, "_is_non_tensor", False) and type(other) is not NonTensorData:
+            raise ValueError(
+                "Cannot update a NonTensorDataBase object with a NonTensorStack. Call "
+                "`non_tensor_data.maybe_to_stack()` before calling update()."
+            )
+        self.data = other.data if type(other) is NonTensorData else other
+        return self
+
+    def update(
+        self, other: Any, inplace: bool = False, non_blocking: bool = False, **_: Any
+    ) -> NonTensorData:
+        """``update_`` with ``inplace=True``; otherwise the value is replaced, which a shared
+        or memory-mapped entry (locked, as tensordict's are) refuses.
+
+        >>> NonTensorData(1).update(NonTensorData(2)).data
+        2
+        """
+        if not inplace and (self._shared is not None or (self._saved and self._saved[2])):
+            raise RuntimeError(
+                "Cannot modify locked TensorDict. For in-place modification, consider using "
+                "the `set_()` method and make sure the key is present."
+            )
+        return self.update_(other)
 
     def __repr__(self) -> str:
         text = str(self.data)

@@ -26,6 +26,7 @@ import torch
 
 from .. import _native
 from .nodes import NonTensorData, _json_text
+from .shared_value import SharedValue
 
 _BASIC = (int, slice, type(None), type(Ellipsis))
 
@@ -112,14 +113,21 @@ class _Cells:
 
     ``saved`` is set for the cells of a stack that is saved in a directory: (a weak reference
     to that stack, the directory that holds it, its key); a write through any view of the cells
-    then writes the stack's meta.json again, as tensordict does.
+    then writes the stack's meta.json again, as tensordict does. ``shared`` is set for the
+    cells of a shared stack (``share_memory_``, ``share_non_tensor=True``): a
+    ``SharedValue`` holding the JSON list of the cells, which every process holding the tree
+    reads and writes (this process's list is refreshed when another process wrote).
     """
 
-    __slots__ = ("saved", "values")
+    __slots__ = ("memmapped", "saved", "shared", "values")
 
     def __init__(self, values: Any) -> None:
         self.values = values
-        self.saved: tuple[Any, Any, str] | None = None
+        # (the stack, its parent directory, its key), or (the stack, its own directory, None)
+        # for a stack saved on its own (``stack.memmap(prefix)``)
+        self.saved: tuple[Any, Any, str | None] | None = None
+        self.shared: SharedValue | None = None
+        self.memmapped = False  # memory-mapped (saved, or ``memmap_()`` without a prefix)
 
     def written(self) -> None:
         """Writes the saved stack these cells belong to again (if any)."""
@@ -130,28 +138,72 @@ class _Cells:
         if stack is None:
             self.saved = None
             return
-        data, shape = stack.json_data(key)
+        data, shape = stack.json_data("<stack>" if key is None else key)
         device = None if stack.device is None else str(stack.device)
-        _native.rewrite_stack(os.fspath(parent), key, stack.stack_dim, device, data, shape)
+        if key is None:
+            _native.write_stack_dir(os.fspath(parent), stack.stack_dim, device, data, shape)
+        else:
+            _native.rewrite_stack(os.fspath(parent), key, stack.stack_dim, device, data, shape)
+
+    def _fresh(self) -> Any:
+        """The values, read again from shared memory when another process wrote them."""
+        shared = self.shared
+        if shared is not None and shared.changed():
+            self.values = shared.get()
+        return self.values
 
     def writable(self) -> list[Any]:
         """The cells as a list (a packed column is decoded once, for every view)."""
-        if type(self.values) is not list:
+        if type(self._fresh()) is not list:
             self.values = self.values.tolist()
-        return self.values
+        return self.values  # type: ignore[no-any-return]
+
+    def modify(self, change: Any) -> None:
+        """Calls ``change(cells)`` on the cells as a list, then writes them where they are kept:
+        shared memory (under its lock, so that writes of other processes to other rows are
+        kept) and the saved stack's meta.json."""
+        shared = self.shared
+        if shared is None:
+            change(self.writable())
+        else:
+
+            def apply(current: list[Any]) -> bytes:
+                before = self.values
+                self.values = current
+                try:
+                    change(current)
+                    return _shared_text(current)
+                except BaseException:
+                    self.values = before
+                    raise
+
+            shared.update(apply)
+        self.written()
 
     def take(self, ids: np.ndarray) -> _Cells:
         """A new store holding the cells ``ids`` (flat), in that order."""
-        values = self.values
+        values = self._fresh()
         if type(values) is list:
             return _Cells([values[i] for i in ids.tolist()])
         return _Cells(values.take(ids))
 
     def get(self, ids: np.ndarray) -> list[Any]:
-        values = self.values
+        values = self._fresh()
         if type(values) is list:
             return [values[i] for i in ids.tolist()]
         return values.get(ids)  # type: ignore[no-any-return]
+
+    def share(self, key: str) -> bytes:
+        """The JSON text of the cells (a new shared cell's first value); JSON values only,
+        refused naming ``key``."""
+        values = self.writable()
+        for value in values:
+            _json_text(value, key)
+        return _shared_text(values)
+
+
+def _shared_text(values: list[Any]) -> bytes:
+    return json.dumps(values, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _flat_positions(n: int) -> np.ndarray:
@@ -445,19 +497,158 @@ class NonTensorStack:
     def __setitem__(self, index: Any, value: Any) -> None:
         np_index, _ = _np_index(index)
         target = np.asarray(self._pos[np_index])
-        cells = self._cells.writable()
         if target.ndim == 0:
-            cells[int(target)] = _scalar_value(value)
+            scalar = _scalar_value(value)
+
+            def change(cells: list[Any]) -> None:
+                cells[int(target)] = scalar
+
         else:
             values = _broadcast_values(value, target.shape)
-            for cell, item in zip(target.ravel().tolist(), values, strict=True):
-                cells[cell] = item
-        self._cells.written()
 
-    def _bind_saved(self, parent: Any, key: str) -> None:
-        """Marks this stack as saved under ``parent`` at ``key``: a later write into it (or a
-        view of it) writes its meta.json again."""
+            def change(cells: list[Any]) -> None:
+                for cell, item in zip(target.ravel().tolist(), values, strict=True):
+                    cells[cell] = item
+
+        self._cells.modify(change)
+
+    def _bind_saved(self, parent: Any, key: str | None) -> None:
+        """Marks this stack as saved under ``parent`` at ``key`` (``key`` None: saved on its own
+        in the directory ``parent``): a later write into it (or a view of it) writes its
+        meta.json again."""
         self._cells.saved = (weakref.ref(self), parent, key)
+        self._cells.memmapped = True
+
+    # ------------------------------------------------------------------ memory maps, updates
+    def is_memmap(self) -> bool:
+        """True for a stack saved (``memmap``, ``memmap_``, in a saved TensorDict) or
+        memory-mapped without a prefix; its rows are then written in place only.
+
+        >>> stack = NonTensorStack("a", "b")
+        >>> stack.is_memmap(), stack.memmap().is_memmap()
+        (False, True)
+        """
+        return self._cells.memmapped
+
+    _is_memmap = property(is_memmap)
+
+    @property
+    def is_locked(self) -> bool:
+        """True once memory-mapped, as tensordict's stacks: ``update`` then needs
+        ``inplace=True`` (rows are still written with ``stack[i] = value``)."""
+        return self._cells.memmapped
+
+    @property
+    def saved_path(self) -> Any:
+        """The directory of a stack saved on its own (``memmap(prefix)``), else None."""
+        saved = self._cells.saved
+        return saved[1] if saved is not None and saved[2] is None else None
+
+    def memmap_(
+        self,
+        prefix: Any = None,
+        copy_existing: bool = False,
+        *,
+        share_non_tensor: bool = False,
+        existsok: bool = True,
+        durable: bool = False,
+        **_: Any,
+    ) -> NonTensorStack:
+        """Saves the stack on its own in the directory ``prefix`` (its meta.json: the values
+        as tensordict writes them; ``TensorDict.load_memmap(prefix)`` and tensordict read it
+        back) and marks it memory-mapped; later writes into it rewrite the file. Without a
+        prefix only the mark is set, as in tensordict. ``share_non_tensor=True`` also keeps the
+        values in shared memory (processes that receive a tree holding the stack see its
+        writes). A directory holding something other than a stack is refused, never replaced;
+        so is an existing one with ``existsok=False``. Returns self.
+
+        >>> stack = NonTensorStack("a", "b").memmap_("words")
+        >>> stack.is_memmap(), NonTensorStack.load_memmap("words").tolist()
+        (True, ['a', 'b'])
+        """
+        if prefix is not None:
+            path = os.path.abspath(os.fspath(prefix))
+            if not existsok and os.path.exists(os.path.join(path, "meta.json")):
+                raise RuntimeError(f"The file {path} already exists.")
+            data, shape = self.json_data(os.path.basename(path))
+            device = None if self._device is None else str(self._device)
+            _native.write_stack_dir(path, self.stack_dim, device, data, shape, durable=durable)
+            self._bind_saved(path, None)
+        else:
+            self._cells.memmapped = True
+        if share_non_tensor and self._cells.shared is None:
+            self._cells.shared = SharedValue.create(self._cells.share("<stack>"))
+        return self
+
+    def memmap(
+        self, prefix: Any = None, copy_existing: bool = False, **options: Any
+    ) -> NonTensorStack:
+        """A memory-mapped copy of the stack (see ``memmap_``); this one is unchanged.
+
+        >>> NonTensorStack("a", "b").memmap("copy").tolist()
+        ['a', 'b']
+        """
+        out = self._gathered(self._pos)
+        out.stack_dim = self.stack_dim
+        return out.memmap_(prefix, copy_existing, **options)
+
+    def memmap_like(
+        self, prefix: Any = None, copy_existing: bool = False, **options: Any
+    ) -> NonTensorStack:
+        """As ``memmap``: a stack's values live in its meta.json, which tensordict's
+        ``memmap_like`` writes too (there is no file of zeros to make)."""
+        return self.memmap(prefix, copy_existing, **options)
+
+    @classmethod
+    def load_memmap(cls, prefix: Any, *_: Any, **__: Any) -> NonTensorStack:
+        """The stack saved on its own at ``prefix`` (by ``memmap`` here or in tensordict),
+        memory-mapped: writes into it rewrite the file. A damaged meta.json is refused
+        naming the path.
+
+        >>> _ = NonTensorStack.from_list([["a", "b"], ["c", "d"]]).memmap("grid")
+        >>> NonTensorStack.load_memmap("grid").batch_size
+        torch.Size([2, 2])
+        """
+        path = os.path.abspath(os.fspath(prefix))
+        shape, device, stack_dim, cells = _native.load_stack_dir(path)
+        out = cls._from_loaded(cells, shape, device, stack_dim)
+        out._bind_saved(path, None)
+        return out
+
+    def update(
+        self, other: Any, inplace: bool = False, non_blocking: bool = False, **_: Any
+    ) -> NonTensorStack:
+        """Writes the values of ``other`` (a stack of this batch size, or one value for every
+        element). A memory-mapped stack is locked: it needs ``inplace=True``, as in tensordict.
+
+        >>> NonTensorStack("a", "b").update(NonTensorStack("c", "d")).tolist()
+        ['c', 'd']
+        """
+        if not inplace and self.is_locked:
+            raise RuntimeError(
+                "Cannot modify locked TensorDict. For in-place modification, consider using "
+                "the `set_()` method and make sure the key is present."
+            )
+        return self.update_(other)
+
+    def update_(self, other: Any, non_blocking: bool = False, **_: Any) -> NonTensorStack:
+        """Writes the values of ``other`` into every element, in place (a saved stack's file
+        and a shared stack's memory follow).
+
+        >>> NonTensorStack("a", "b").update_(NonTensorData("z")).tolist()
+        ['z', 'z']
+        """
+        self[...] = other
+        return self
+
+    def update_at_(self, other: Any, index: Any, non_blocking: bool = False) -> NonTensorStack:
+        """Writes ``other`` into the elements ``index``, in place.
+
+        >>> NonTensorStack("a", "b", "c").update_at_(NonTensorData("z"), slice(1, None)).tolist()
+        ['a', 'z', 'z']
+        """
+        self[index] = other
+        return self
 
     # ------------------------------------------------------------------ shapes
     def _gathered(self, pos: np.ndarray) -> NonTensorStack:
@@ -600,6 +791,13 @@ class NonTensorStack:
         """The stack on the CPU."""
         return self.to("cpu")
 
+    def is_shared(self) -> bool:
+        """True for a stack whose values are in shared memory (``share_memory_()``,
+        ``memmap_(share_non_tensor=True)``): other processes holding it see its writes."""
+        return self._cells.shared is not None
+
+    _is_shared = property(is_shared)
+
     def maybe_to_stack(self) -> NonTensorStack:
         """The stack itself (``NonTensorData.maybe_to_stack`` gives one)."""
         return self
@@ -647,7 +845,7 @@ class NonTensorStack:
         when the nesting alone would not give it (cells that are lists of one length). A value
         that JSON cannot hold raises ``InvalidTreeError`` naming ``key`` (nothing is pickled)."""
         shape = list(self._pos.shape)
-        cells = self._cells.values
+        cells = self._cells._fresh()
         ids = self._pos.ravel()
         if type(cells) is not list:
             column = cells if _is_arange(ids, len(cells)) else cells.take(ids)
@@ -666,7 +864,7 @@ class NonTensorStack:
         return text.encode("utf-8"), hint
 
     def __reduce__(self) -> Any:
-        cells = self._cells.values
+        cells = self._cells._fresh()
         ids = self._pos.ravel()
         if type(cells) is list:
             values: Any = [cells[i] for i in ids.tolist()]
@@ -772,7 +970,7 @@ def list_shape(values: Any) -> list[int]:
     """The shape of nested lists: the dims as deep as every list at a level has one length."""
     shape: list[int] = []
     level = [values]
-    while all(type(v) is list for v in level) and level:
+    while all(type(v) is list or type(v) is LinkedList for v in level) and level:
         lengths = {len(v) for v in level}
         if len(lengths) != 1:
             break
@@ -1022,3 +1220,48 @@ def list_to_stack(allow_none: bool = False) -> bool | None:
     True
     """
     return _LIST_TO_STACK.get(allow_none)
+
+
+# ---------------------------------------------------------------------- shared values
+
+
+def share_entries(td: Any) -> None:
+    """Puts the values of every ``NonTensorData`` and ``NonTensorStack`` of the tree ``td``
+    (nested trees included) in shared memory, one cell each, all in one arena: what
+    ``share_memory_()`` and ``memmap_(share_non_tensor=True)`` do, as in tensordict. Processes
+    that receive the tree then read and write the same values. A value that JSON cannot hold
+    stays this process's own (it is sent by value, as before), since values are stored as
+    JSON.
+
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"name": "a", "rows": ["x", "y"]}, [2])
+    >>> share_entries(td)
+    >>> td.get("name")._is_shared, td.get("rows").is_shared()
+    (True, True)
+    """
+    found: list[tuple[Any, bytes]] = []
+
+    def walk(node: Any, path: tuple[str, ...]) -> None:
+        for key, value in node._tensordict.items():
+            name = ".".join((*path, key))
+            try:
+                if type(value) is NonTensorData:
+                    if value._shared is None:
+                        found.append((value, _json_text(value.data, name).encode("utf-8")))
+                elif type(value) is NonTensorStack:
+                    if value._cells.shared is None:
+                        found.append((value._cells, value._cells.share(name)))
+            except _native.InvalidTreeError:
+                continue  # not JSON: stays a value of this process (sent by value)
+            if hasattr(value, "_tensordict"):
+                walk(value, (*path, key))
+
+    walk(td, ())
+    if not found:
+        return
+    cells = SharedValue.create_many([text for _, text in found])
+    for (owner, _), cell in zip(found, cells, strict=True):
+        if type(owner) is NonTensorData:
+            owner._shared = cell
+        else:
+            owner.shared = cell

@@ -281,7 +281,9 @@ def _mark(td: TreeNode, prefix: Path | None) -> None:
     for key, value in td._tensordict.items():
         if isinstance(value, TreeNode):
             _mark(value, None if prefix is None else prefix / _native.encode_key(key))
-        elif type(value) is NonTensorStack and prefix is not None:
+        elif (type(value) is NonTensorStack or type(value) is NonTensorData) and (
+            prefix is not None
+        ):
             value._bind_saved(prefix, key)
 
 
@@ -410,7 +412,8 @@ def _build(
             items[key] = stack = loaded_stack(entry)
             stack._bind_saved(path, key)
         else:
-            items[key] = NonTensorData(json.loads(entry[2]))
+            items[key] = entry_value = NonTensorData(json.loads(entry[2]))
+            entry_value._bind_saved(path, key, locked=False)
     return td
 
 

@@ -13,6 +13,7 @@ from typing import Any, Literal, Self, Unpack, overload
 from .. import _native
 from .._core.classes import public
 from .._core.nodes import NonTensorData, TreeNode
+from .._core.nontensor import NonTensorStack, share_entries
 from ..memmap import MemoryMappedTensor, _LazyLeaf
 from ..ops.devices import _normalize_device
 from . import archive as _archive
@@ -112,6 +113,8 @@ class MemoryMapped(TreeNode):
         """
         opts = SaveOptions.given("memmap_", return_early, options, COPY)
         _check_save_options(self, opts.share_non_tensor, opts.robust_key)
+        if opts.share_non_tensor:
+            share_entries(self)
         path = Path(prefix).absolute() if prefix is not None else self._memmap_prefix
         if self._is_memmap and path == self._memmap_prefix and prefix is None:
             self.lock_()
@@ -188,6 +191,8 @@ class MemoryMapped(TreeNode):
             return _to_archive(self._structure(), path, opts, like=False, inplace=False)
         reuse = same and path is None
         out = self._structure()
+        if opts.share_non_tensor:
+            share_entries(out)
         return _save(out, path, opts, like=False, reuse_maps=reuse, copy_existing=copy_existing)
 
     @overload
@@ -247,6 +252,8 @@ class MemoryMapped(TreeNode):
         if _archive.wanted(path, opts.archive):
             return _to_archive(self._structure(), path, opts, like=True, inplace=False)
         out = self._structure()
+        if opts.share_non_tensor:
+            share_entries(out)
         return _save(out, path, opts, like=True, reuse_maps=False, copy_existing=True)
 
     @classmethod
@@ -299,11 +306,19 @@ class MemoryMapped(TreeNode):
                 f"mode {mode!r}: directories are mapped shared where writable (mode='r+'); "
                 "copy-on-write mode='r' is supported for .tdz archives only"
             )
-        loaded = _progress.load(
-            progress,
-            prefix,
-            lambda: directory.load(cls, prefix, target, non_blocking),
-        )
+        try:
+            loaded = _progress.load(
+                progress,
+                prefix,
+                lambda: directory.load(cls, prefix, target, non_blocking),
+            )
+        except _native.UnsupportedFormatError:
+            # a NonTensorStack saved on its own (``stack.memmap(prefix)``): tensordict's
+            # load_memmap returns the stack
+            stack = _stack_on_its_own(prefix, subpath)
+            if stack is None:
+                raise
+            return stack  # type: ignore[return-value]
         return public(loaded if subpath is None else _archive.subtree(loaded, subpath, prefix))
 
     @overload
@@ -428,21 +443,26 @@ class MemoryMapped(TreeNode):
         _native.flush_buffers(buffers)
 
 
+def _stack_on_its_own(prefix: PathLike, subpath: Any) -> NonTensorStack | None:
+    """The stack saved on its own at ``prefix``, or None when something else is there."""
+    if subpath is not None:
+        return None
+    try:
+        return NonTensorStack.load_memmap(prefix)
+    except _native.InvalidDirectoryError:
+        return None
+
+
 def _check_save_options(td: Any, share_non_tensor: bool, robust_key: bool | None) -> None:
     """The reference's ``share_non_tensor`` and ``robust_key`` options of the save methods.
 
     Keys are always percent-encoded in file names here (``robust_key=True``, the reference's
     default); ``robust_key=False`` is accepted when no key needs encoding, since the names are
-    then the same. Non-tensor values are written to ``meta.json`` and read back in every
-    process; ``share_non_tensor=True`` (values that stay shared after the save, so that a write
-    in one process is seen in the others) is not implemented and raises.
+    then the same. Non-tensor values are written to ``meta.json``; with
+    ``share_non_tensor=True`` they are also kept in shared memory (see
+    ``_core/nontensor.share_entries``), so that a value written in place in one process is
+    read in the others, as in tensordict.
     """
-    if share_non_tensor:
-        raise NotImplementedError(
-            "share_non_tensor=True (non-tensor values kept shared between processes after the "
-            "save) is not implemented in tensordict_rs: non-tensor values are saved to meta.json "
-            "and each process reads its own copy."
-        )
     if robust_key is False:
         for key, _ in td.items(include_nested=True):
             for part in key if isinstance(key, tuple) else (key,):

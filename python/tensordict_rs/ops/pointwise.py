@@ -794,8 +794,15 @@ def update_at_(
     tensor([5., 5., 5.])
     """
     wanted = None if keys_to_update is None else {_key_tuple(k) for k in keys_to_update}
-    for key, value in _flat_items(input_dict_or_td, ()):
+    for key, value in _flat_items(input_dict_or_td, (), non_tensor=True):
         if wanted is not None and not any(key[: len(w)] == w for w in wanted):
+            continue
+        if type(value) is NonTensorData or type(value) is NonTensorStack:
+            # the rows of a non-tensor entry, as ``td[idx] = {key: value}`` writes them (a value
+            # that differs turns a NonTensorData into a stack, as in tensordict)
+            td.get(key)  # KeyError for a missing entry, as for tensors
+            node = td._sub(key[:-1], create=False) if len(key) > 1 else td
+            node[idx] = {key[-1]: value}
             continue
         if clone and isinstance(value, torch.Tensor):
             value = value.clone()
@@ -827,7 +834,9 @@ def _key_tuple(key: Any) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else tuple(key)
 
 
-def _flat_items(source: Any, prefix: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
+def _flat_items(
+    source: Any, prefix: tuple[str, ...], non_tensor: bool = False
+) -> list[tuple[tuple[str, ...], Any]]:
     items = (
         [(k, source._get_str(k)) for k in list(source._tensordict)]
         if isinstance(source, TreeNode)
@@ -837,8 +846,8 @@ def _flat_items(source: Any, prefix: tuple[str, ...]) -> list[tuple[tuple[str, .
     for key, value in items:
         path = (*prefix, *_key_tuple(key))
         if isinstance(value, (TreeNode, Mapping)):
-            out.extend(_flat_items(value, path))
-        elif type(value) is not NonTensorData and type(value) is not NonTensorStack:
+            out.extend(_flat_items(value, path, non_tensor))
+        elif non_tensor or (type(value) is not NonTensorData and type(value) is not NonTensorStack):
             out.append((path, value))
     return out
 

@@ -26,19 +26,21 @@ from collections.abc import Sequence
 from multiprocessing import context, reduction
 from typing import Any, Self
 
+import numpy as np
 import torch
 
 from .. import _native
 from .._core import nested as _nested
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE
 from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused
-from .._core.nontensor import NonTensorStack
+from .._core.nontensor import NonTensorStack, _Cells, share_entries
+from .._core.shared_value import SharedValue
 from .._core.walk import leaves
 from ..io import directory
 from ..memmap import MemoryMappedTensor, _LazyLeaf, _source_bytes, _wrap
 from . import ring as _ring
 
-BUFFER, NODE, NON_TENSOR, TENSOR, NESTED, STACK, RING = range(7)
+BUFFER, NODE, NON_TENSOR, TENSOR, NESTED, STACK, RING, SHARED_NON_TENSOR, SHARED_STACK = range(9)
 LOCKED, MEMMAP, SHARED = 1, 2, 4
 
 # (size, stride, storage_offset) of a view; None for the whole buffer as one contiguous tensor
@@ -170,9 +172,25 @@ def _describe(td: Any, msg: _Message) -> tuple[Any, ...]:
         elif isinstance(value, torch.Tensor):
             entry = msg.tensor_entry(key, value, entries)
         elif cls is NonTensorData:
-            entry = (NON_TENSOR, key, value.data)
+            if value._shared is not None:  # the receiver maps the same cell
+                buffers.append(value._shared.buffer)
+                entry = (SHARED_NON_TENSOR, key, len(buffers) - 1, tuple(value.batch_size))
+            else:
+                entry = (NON_TENSOR, key, value.data)
         elif cls is NonTensorStack:
-            entry = (STACK, key, value)  # pickled: a packed column as two byte strings
+            shared = value._cells.shared
+            if shared is not None:
+                buffers.append(shared.buffer)
+                device = None if value.device is None else str(value.device)
+                positions = value._pos
+                entry = (
+                    SHARED_STACK,
+                    key,
+                    len(buffers) - 1,
+                    (positions.tolist(), tuple(positions.shape), device, value.stack_dim),
+                )
+            else:
+                entry = (STACK, key, value)  # pickled: a packed column as two byte strings
         else:
             entry = (NODE, key, _describe(value, msg))
         entries.append(entry)
@@ -229,6 +247,11 @@ def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = 
             items[key] = _build(entry[2], buffers, storages)
         elif tag == NON_TENSOR:
             items[key] = NonTensorData(entry[2])
+        elif tag == SHARED_NON_TENSOR:
+            items[key] = shared_value = NonTensorData(None, batch_size=entry[3])
+            shared_value._shared = SharedValue(buffers[entry[2]])
+        elif tag == SHARED_STACK:
+            items[key] = _shared_stack(buffers[entry[2]], *entry[3])
         elif tag == NESTED:
             inner = entry[2][0]
             if inner[0] == RING:
@@ -247,7 +270,25 @@ def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = 
     td._is_memmap = bool(flags & MEMMAP)
     td._is_shared = bool(flags & SHARED)
     td._memmap_prefix = None if prefix is None else Path(prefix)
+    if td._is_memmap and prefix is not None:
+        # values written here in place rewrite the saved files, as in the sender
+        for key, value in items.items():
+            if type(value) is NonTensorData or type(value) is NonTensorStack:
+                value._bind_saved(td._memmap_prefix, key)
     return td
+
+
+def _shared_stack(
+    buffer: _native.Buffer, positions: Any, shape: Any, device: Any, stack_dim: int
+) -> NonTensorStack:
+    """A stack over the shared cell ``buffer`` (its values: what the cell holds now)."""
+    cell = SharedValue(buffer)
+    cells = _Cells(cell.get())
+    cells.shared = cell
+    pos = np.asarray(positions, dtype=np.int64).reshape(shape)
+    return NonTensorStack._from_parts(
+        cells, pos, None if device is None else torch.device(device), stack_dim
+    )
 
 
 def _relock(td: Any, node: tuple[Any, ...]) -> None:
@@ -399,7 +440,10 @@ class Shareable(TreeNode):
         its number of leaves (a few when large leaves fill several arenas, one per writer
         thread). A CUDA TensorDict is left as it is (CUDA tensors are shared
         already) and not locked. A memory-mapped TensorDict raises ``RuntimeError``, as in
-        tensordict. ``is_shared()`` is True until ``unlock_()``.
+        tensordict. ``is_shared()`` is True until ``unlock_()``. Non-tensor values (JSON) and
+        the values of stacks go into shared memory too (``_core/shared_value.py``): a value
+        written in place in one process (``td.get(key).update_(...)``, ``td.set_``, rows of a
+        stack) is read in the others, as in tensordict.
 
         >>> import multiprocessing as mp, torch
         >>> from tensordict_rs import TensorDict
@@ -415,6 +459,7 @@ class Shareable(TreeNode):
             raise RuntimeError("memmap and shared memory are mutually exclusive features.")
         if self._device is not None and self._device.type == "cuda":
             return self
+        share_entries(self)
         directory.save(
             self,
             None,
