@@ -256,14 +256,21 @@ def render(data: dict[str, Any]) -> str:
     for wl in WORKLOADS:
         if wl.id in results and wl.limit and not wl.info:
             lines.append(f"- {wl.title}: {wl.limit}.")
-    big = [wl for wl in WORKLOADS if wl.id in results and "plain" in results[wl.id]]
+    big = [
+        wl
+        for wl in WORKLOADS
+        if wl.id in results and ("plain" in results[wl.id] or "variants" in results[wl.id])
+    ]
     if big:
         lines += ["", "One big leaf, plain methods and the kernel's dirty pages:", ""]
     for wl in big:
         entry = results[wl.id]
         plain = ", ".join(
             f"{name} {_num(entry['amount'] / t / 1e9)} GB/s"
-            for name, t in sorted(entry["plain"].items(), key=lambda kv: kv[1])
+            for name, t in sorted(
+                {**entry.get("plain", {}), **entry.get("variants", {})}.items(),
+                key=lambda kv: kv[1],
+            )
         )
         dirty = entry.get("dirty", {})
         counters = ", ".join(

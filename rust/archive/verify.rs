@@ -5,9 +5,9 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::format;
-use crate::sys::pool;
 use crate::sys::storage::{self, MapMode};
 
+use super::checksum;
 use super::read::walk;
 use super::zip::{bad, crc32, get32, Archive, DESCRIPTOR_SIG, FLAG_DESCRIPTOR, STORED};
 
@@ -29,13 +29,8 @@ pub fn refresh_checksums(path: &Path, num_threads: usize) -> Result<Vec<String>>
     let stored: Vec<usize> = (0..ar.entries.len())
         .filter(|&i| ar.entries[i].method == STORED)
         .collect();
-    let workers = pool::worker_count(num_threads, stored.len() / 64 + 1);
-    let crcs = pool::run(
-        &stored,
-        workers,
-        |&i| ar.entries[i].size as usize,
-        |&i| Ok(crc32(ar.raw(&ar.entries[i]))),
-    )?;
+    let datas: Vec<&[u8]> = stored.iter().map(|&i| ar.raw(&ar.entries[i])).collect();
+    let crcs = checksum::crc32_all(&datas, num_threads)?;
     let file = std::fs::OpenOptions::new()
         .write(true)
         .open(&ar.path)
@@ -75,9 +70,18 @@ pub fn verify_archive(path: &Path) -> Vec<String> {
     if let Err(e) = walk(&ar, &mut Default::default(), "", 0, &mut jobs) {
         problems.push(e.to_string());
     }
+    // The STORED entries' CRCs at once, big ones in ranges across the threads.
+    let stored: Vec<&[u8]> = ar.entries.iter().filter(|e| e.method == STORED).map(|e| ar.raw(e)).collect();
+    let mut stored_crcs = match checksum::crc32_all(&stored, 0) {
+        Ok(crcs) => crcs.into_iter(),
+        Err(e) => {
+            problems.push(e.to_string());
+            return problems;
+        }
+    };
     for e in &ar.entries {
         let ok = match e.method {
-            STORED => crc32(ar.raw(e)) == e.crc,
+            STORED => stored_crcs.next() == Some(e.crc),
             _ => match ar.inflate(e) {
                 Ok(data) => crc32(&data) == e.crc,
                 Err(err) => {
