@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -142,7 +143,22 @@ def _cases(
     rs_src = tensordict_rs.TensorDict(dict(src), [])
     ref_src = tensordict.TensorDict(dict(src), batch_size=[])
     data = _bytes(src["obs"])
-    state: dict[str, list] = {"dirty": [], "load": []}
+    state: dict[str, list] = {"dirty": [], "load": [], "cpu": []}
+
+    def cpu_timed(case: str, call):
+        """``call`` with this process's CPU time (all threads) recorded: under load the
+        wall time is mostly waiting for a CPU, the CPU time much less so."""
+
+        def timed(s):
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            try:
+                return call(s)
+            finally:
+                r1 = resource.getrusage(resource.RUSAGE_SELF)
+                used = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+                state["cpu"].append((case, used))
+
+        return timed
 
     def note(case: str) -> None:
         if ext4:
@@ -186,7 +202,7 @@ def _cases(
             if s is not None and not resave:
                 remove(s[1])
 
-        return Case(setup=setup, call=call, cleanup=cleanup)
+        return Case(setup=setup, call=cpu_timed(case, call), cleanup=cleanup)
 
     def plain_case(name: str) -> Case:
         threads = 2 if name.startswith("pwrite2") else 1
@@ -200,7 +216,9 @@ def _cases(
 
         return Case(
             setup=setup,
-            call=lambda path: plain_write(path / "obs.memmap", data, threads, falloc),
+            call=cpu_timed(
+                name, lambda path: plain_write(path / "obs.memmap", data, threads, falloc)
+            ),
             cleanup=lambda path, _: remove(path),
         )
 
@@ -250,6 +268,11 @@ def _measure(workload: str, src: dict, base: Path, resave: bool, archive: bool =
         for case in {c for c, _, _ in state["dirty"]}
     }
     entry["load"] = [min(state["load"]), statistics.median(state["load"]), max(state["load"])]
+    # CPU seconds of each case (medians over its rounds, the warm-up included)
+    entry["cpu"] = {
+        case: statistics.median(t for c, t in state["cpu"] if c == case)
+        for case in {c for c, _ in state["cpu"]}
+    }
 
 
 @pytest.fixture(scope="module")

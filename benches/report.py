@@ -277,7 +277,13 @@ def render(data: dict[str, Any]) -> str:
             f"{case} {d}/{w}" for case, (d, w) in sorted(dirty.items()) if case in (REF, RS)
         )
         load = entry.get("load")
+        cpu = ", ".join(
+            f"{case} {t:.2f}"
+            for case, t in sorted(entry.get("cpu", {}).items(), key=lambda kv: kv[1])
+        )
         text = f"- {wl.title}: {plain or 'no plain method'}"
+        if cpu:
+            text += f"; CPU seconds per call (medians, all threads): {cpu}"
         if counters:
             text += f"; Dirty/Writeback MiB before the calls (medians): {counters}"
         if load:
