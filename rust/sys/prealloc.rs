@@ -2,17 +2,18 @@
 //! by the file system it is on. No pyo3.
 //!
 //! Measured on the project's machine (issue 29: 1 GiB written into a new file by one thread,
-//! alternated rounds, medians): on ext4, `fallocate` then `write(2)` took 0.42 s against
-//! 0.49 s for `write(2)` alone (quiet, 7 rounds), and 0.40 s against 1.12 s in the rounds
-//! that follow a re-save's freed 1 GiB file; on tmpfs `fallocate` first made the write
-//! slower (0.78 s against 0.69 s), since a tmpfs page allocated ahead is only zeroed and
-//! written again. Two writers at two offsets of one file were never faster than one, with or
-//! without `fallocate` (ext4 0.45 s, tmpfs 0.72 s), so a big leaf keeps one writer.
+//! alternated rounds, medians; quiet, 7 rounds): on ext4 `fallocate` then `write(2)` took
+//! 0.42 s against 0.49 s for `write(2)` alone, and 0.40 s against 1.12 s in the rounds of a
+//! re-save (which free a 1 GiB file each); on tmpfs `fallocate` first made it slower (0.78 s
+//! against 0.69 s: a tmpfs page allocated ahead is zeroed, then written again). Two writers
+//! at two offsets of one file were never faster than one (ext4 0.45 s, tmpfs 0.74 s), so a
+//! big leaf keeps one writer. Under load the CPU time tells the same: our 1 GiB save took
+//! 0.66 s of CPU with `fallocate`, 0.79 s without.
 //!
-//! Why it helps on ext4: without it every page written into a new file goes through delayed
-//! allocation (a block reservation and a delayed extent per page, then the allocation at
-//! writeback); a preallocated file has one unwritten extent the writes only look up. See
-//! `notes` in the issue's closing note for the profile.
+//! Why it helps on ext4: 89-93% of such a write is the copy into new page-cache pages, the
+//! same either way; without `fallocate` each page also goes through delayed allocation (a
+//! block reservation and a delayed extent per page: ~4% of the write's CPU time, and the
+//! allocation later at writeback), with it the pages fall in one unwritten extent (~1%).
 //!
 //! The guarantees stay: a full disk fails the `fallocate` with `ENOSPC` (before anything is
 //! written, so the caller's error names the file and its staged copy goes), and the write
