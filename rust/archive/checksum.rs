@@ -33,7 +33,10 @@ fn pieces(lens: &[usize], workers: usize) -> Vec<Piece> {
         let mut from = 0;
         for i in 0..parts {
             let to = if i + 1 == parts { len } else { from + step };
-            out.push(Piece { entry, range: from..to });
+            out.push(Piece {
+                entry,
+                range: from..to,
+            });
             from = to;
         }
     }

@@ -71,7 +71,12 @@ pub fn verify_archive(path: &Path) -> Vec<String> {
         problems.push(e.to_string());
     }
     // The STORED entries' CRCs at once, big ones in ranges across the threads.
-    let stored: Vec<&[u8]> = ar.entries.iter().filter(|e| e.method == STORED).map(|e| ar.raw(e)).collect();
+    let stored: Vec<&[u8]> = ar
+        .entries
+        .iter()
+        .filter(|e| e.method == STORED)
+        .map(|e| ar.raw(e))
+        .collect();
     let mut stored_crcs = match checksum::crc32_all(&stored, 0) {
         Ok(crcs) => crcs.into_iter(),
         Err(e) => {

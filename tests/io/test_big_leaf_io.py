@@ -17,8 +17,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import torch
 import tensordict_rs
+import torch
 from tensordict_rs import MemoryMappedTensor, TensorDict
 
 ROWS = (64 << 20) // 256 + 1  # float32 [rows, 64]: just above the 64 MiB threshold

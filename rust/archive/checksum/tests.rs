@@ -28,7 +28,11 @@ fn pieces_cover_every_entry_in_order() {
                 assert_eq!(w[0].range.end, w[1].range.start);
                 assert_eq!(w[0].range.end % 4096, 0);
             }
-            let expect = if len >= RANGE_BYTES { workers.min(len / (RANGE_BYTES / 2)) } else { 1 };
+            let expect = if len >= RANGE_BYTES {
+                workers.min(len / (RANGE_BYTES / 2))
+            } else {
+                1
+            };
             assert_eq!(mine.len(), expect, "entry {entry} workers {workers}");
         }
     }
