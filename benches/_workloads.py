@@ -298,6 +298,22 @@ WORKLOADS: tuple[Workload, ...] = (
         min_fraction=0.9,
     ),
     Workload(
+        "big1_tdz_tmp",
+        "memmap(prefix.tdz) one big leaf: 1 GiB in one leaf + 3 small, temp dir (ext4)",
+        "GB/s",
+        "fastest plain method: write(2) 1 thread or pwrite(2) 2 threads, +/- fallocate",
+        ">= 0.9 of the fastest plain method",
+        min_fraction=0.9,
+    ),
+    Workload(
+        "big1_verify_tdz",
+        "verify(prefix.tdz): every CRC-32 of a 1 GiB one-leaf archive, temp dir (ext4)",
+        "GB/s",
+        "read(2) of every byte of the archive, 1 thread",
+        "(measured: no reference; one thread's CRC beside it)",
+        info=True,
+    ),
+    Workload(
         "ctx_memcpy",
         "memcpy between resident buffers, np.copyto, 2 threads (context)",
         "GB/s",

@@ -12,6 +12,14 @@ file, each with and without ``fallocate`` first. The row's limit is the fastest 
 name is in the notes). Before every call the kernel's ``Dirty``/``Writeback`` counters and
 the load average are recorded; the report prints their medians under the table.
 
+On ext4 a case ``tensordict_rs, TDRS_PREALLOCATE=never`` runs our save without the
+``fallocate`` it does there for big files (``rust/sys/prealloc.rs``), in the same rounds, so
+the choice is measured, not assumed. Two more rows: the same tree saved as a ``.tdz`` archive
+in the temp directory (``memmap(prefix.tdz)`` in both libraries), and the CRC-32 check of
+that archive's 1 GiB entry (``verify``: ranges across the pool's threads, combined) beside
+one thread's CRC (``refresh_archive_checksums(num_threads=1)`` of an unchanged archive) and
+the plain read of every byte of the file (one thread, ``readinto``), its limit.
+
 ``TDRS_BENCH_BIG_GIB`` (default 1) sets the big leaf's size in GiB (``8`` for the issue's
 second size: it needs 8 GiB of RAM for the source plus 8 GiB of /dev/shm, and 8 GiB free in
 the temp directory: ext4 rows are skipped, with a message, when there is not that room).
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -42,7 +51,7 @@ from _harness import (
     remove,
     replay,
 )
-from _workloads import REF, RS
+from _workloads import LIMIT, REF, RS
 
 try:
     from tensordict_rs._native import wait_freed
@@ -57,6 +66,8 @@ TMP_BASE = Path(tempfile.gettempdir()) / f"tdrs-bench-big-{os.getpid()}"
 
 # The plain methods (case names); the fastest is the row's limit.
 PLAIN = ("write1", "write1_falloc", "pwrite2", "pwrite2_falloc")
+# Our save without the fallocate it does for big files on disk file systems.
+NO_PREALLOC = "tensordict_rs, TDRS_PREALLOCATE=never"
 
 
 def big_rows() -> int:
@@ -125,12 +136,29 @@ def _free_gib(path: Path) -> float:
     return st.f_bavail * st.f_frsize / 2**30
 
 
-def _cases(src: dict, base: Path, resave: bool) -> tuple[dict[str, Case], dict[str, list]]:
+def _cases(
+    src: dict, base: Path, resave: bool, archive: bool = False
+) -> tuple[dict[str, Case], dict[str, list]]:
     ext4 = base != SHM_BASE
     rs_src = tensordict_rs.TensorDict(dict(src), [])
     ref_src = tensordict.TensorDict(dict(src), batch_size=[])
     data = _bytes(src["obs"])
-    state: dict[str, list] = {"dirty": [], "load": []}
+    state: dict[str, list] = {"dirty": [], "load": [], "cpu": []}
+
+    def cpu_timed(case: str, call):
+        """``call`` with this process's CPU time (all threads) recorded: under load the
+        wall time is mostly waiting for a CPU, the CPU time much less so."""
+
+        def timed(s):
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            try:
+                return call(s)
+            finally:
+                r1 = resource.getrusage(resource.RUSAGE_SELF)
+                used = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+                state["cpu"].append((case, used))
+
+        return timed
 
     def note(case: str) -> None:
         if ext4:
@@ -146,23 +174,35 @@ def _cases(src: dict, base: Path, resave: bool) -> tuple[dict[str, Case], dict[s
         rs_src.clone(recurse=False).memmap_(kept[RS])
 
     def lib_case(case: str) -> Case:
+        lib = REF if case == REF else RS
+        env = {"TDRS_PREALLOCATE": "never"} if case == NO_PREALLOC else {}
+
         def setup():
-            td = ref_src.copy() if case == REF else rs_src.clone(recurse=False)
-            path = kept[case] if resave else fresh_dir(base)
+            td = ref_src.copy() if lib == REF else rs_src.clone(recurse=False)
+            path = kept[lib] if resave else fresh_dir(base)
+            if archive:
+                path.mkdir()
             note(case)
             return td, path
 
         def call(s):
             td, path = s
-            return td.memmap_(path, existsok=True) if resave else td.memmap_(path)
+            os.environ.update(env)
+            try:
+                if archive:
+                    return td.memmap(path / "td.tdz")
+                return td.memmap_(path, existsok=True) if resave else td.memmap_(path)
+            finally:
+                for key in env:
+                    del os.environ[key]
 
         def cleanup(s, result):
-            if case == RS:
+            if lib == RS:
                 wait_freed()  # what the save freed in the background: not the next case's time
             if s is not None and not resave:
                 remove(s[1])
 
-        return Case(setup=setup, call=call, cleanup=cleanup)
+        return Case(setup=setup, call=cpu_timed(case, call), cleanup=cleanup)
 
     def plain_case(name: str) -> Case:
         threads = 2 if name.startswith("pwrite2") else 1
@@ -176,23 +216,27 @@ def _cases(src: dict, base: Path, resave: bool) -> tuple[dict[str, Case], dict[s
 
         return Case(
             setup=setup,
-            call=lambda path: plain_write(path / "obs.memmap", data, threads, falloc),
+            call=cpu_timed(
+                name, lambda path: plain_write(path / "obs.memmap", data, threads, falloc)
+            ),
             cleanup=lambda path, _: remove(path),
         )
 
     cases = {REF: lib_case(REF), RS: lib_case(RS)}
+    if ext4:
+        cases[NO_PREALLOC] = lib_case(NO_PREALLOC)
     cases.update({name: plain_case(name) for name in PLAIN})
     state["kept"] = list(kept.values()) if resave else []
     return cases, state
 
 
-def _measure(workload: str, src: dict, base: Path, resave: bool) -> None:
+def _measure(workload: str, src: dict, base: Path, resave: bool, archive: bool = False) -> None:
     if workload in RESULTS:
         return
     made: dict[str, dict] = {}
 
     def make():
-        cases, made["state"] = _cases(src, base, resave)
+        cases, made["state"] = _cases(src, base, resave, archive)
         return cases
 
     nbytes = sum(t.numel() * t.element_size() for t in src.values())
@@ -213,12 +257,22 @@ def _measure(workload: str, src: dict, base: Path, resave: bool) -> None:
         entry["cases"]["limit"] = dict(entry["cases"][best])
         entry["limit_method"] = best
     entry["plain"] = plain
+    entry["variants"] = {
+        name: statistics.median(entry["cases"][name]["times"])
+        for name in (NO_PREALLOC,)
+        if name in entry["cases"] and entry["cases"][name]["times"]
+    }
     entry["dirty"] = {
         case: [statistics.median(d for c, d, _ in state["dirty"] if c == case)]
         + [statistics.median(w for c, _, w in state["dirty"] if c == case)]
         for case in {c for c, _, _ in state["dirty"]}
     }
     entry["load"] = [min(state["load"]), statistics.median(state["load"]), max(state["load"])]
+    # CPU seconds of each case (medians over its rounds, the warm-up included)
+    entry["cpu"] = {
+        case: statistics.median(t for c, t in state["cpu"] if c == case)
+        for case in {c for c, _ in state["cpu"]}
+    }
 
 
 @pytest.fixture(scope="module")
@@ -266,6 +320,58 @@ def test_big1_resave_tmp(benchmark, case, big, tmp_base):
     _room(tmp_base, big, 4)
     _measure("big1_resave_tmp", big, tmp_base, resave=True)
     replay(benchmark, "big1_resave_tmp", case)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_big1_tdz_tmp(benchmark, case, big, tmp_base):
+    _room(tmp_base, big, 2)
+    _measure("big1_tdz_tmp", big, tmp_base, resave=False, archive=True)
+    replay(benchmark, "big1_tdz_tmp", case)
+
+
+ONE_THREAD = "tensordict_rs, 1 thread"
+
+
+def _crc_cases(path: Path) -> dict[str, Case]:
+    """``verify`` of the archive (every CRC, big entries in ranges across the threads), one
+    thread's CRCs of the same entries, and the plain read of every byte (the limit)."""
+    buf = bytearray(16 << 20)
+
+    def read_all_bytes(_):
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+    def verify(_):
+        problems = tensordict_rs.verify(path)
+        assert not problems, problems
+
+    def one_thread(_):
+        changed = tensordict_rs._native.refresh_archive_checksums(os.fspath(path), num_threads=1)
+        assert not changed, changed
+
+    return {
+        RS: Case(setup=lambda: None, call=verify),
+        ONE_THREAD: Case(setup=lambda: None, call=one_thread),
+        LIMIT: Case(setup=lambda: None, call=read_all_bytes),
+    }
+
+
+@pytest.mark.parametrize("case", (RS, LIMIT))
+def test_big1_verify_tdz(benchmark, case, big, tmp_base):
+    _room(tmp_base, big, 1)
+    if "big1_verify_tdz" not in RESULTS:
+        path = tmp_base / "verify" / "td.tdz"
+        path.parent.mkdir(exist_ok=True)
+        tensordict_rs.TensorDict(dict(big), []).memmap(path)
+        try:
+            entry = measure("big1_verify_tdz", path.stat().st_size, lambda: _crc_cases(path))
+        finally:
+            remove(path.parent)
+        times = entry["cases"][ONE_THREAD]["times"]
+        entry["variants"] = {ONE_THREAD: statistics.median(times)} if times else {}
+        entry["load"] = [os.getloadavg()[0]] * 3  # one reading, after the rounds
+    replay(benchmark, "big1_verify_tdz", case)
 
 
 def test_big1_roundtrip_sanity(big, tmp_base):

@@ -256,21 +256,34 @@ def render(data: dict[str, Any]) -> str:
     for wl in WORKLOADS:
         if wl.id in results and wl.limit and not wl.info:
             lines.append(f"- {wl.title}: {wl.limit}.")
-    big = [wl for wl in WORKLOADS if wl.id in results and "plain" in results[wl.id]]
+    big = [
+        wl
+        for wl in WORKLOADS
+        if wl.id in results and ("plain" in results[wl.id] or "variants" in results[wl.id])
+    ]
     if big:
         lines += ["", "One big leaf, plain methods and the kernel's dirty pages:", ""]
     for wl in big:
         entry = results[wl.id]
         plain = ", ".join(
             f"{name} {_num(entry['amount'] / t / 1e9)} GB/s"
-            for name, t in sorted(entry["plain"].items(), key=lambda kv: kv[1])
+            for name, t in sorted(
+                {**entry.get("plain", {}), **entry.get("variants", {})}.items(),
+                key=lambda kv: kv[1],
+            )
         )
         dirty = entry.get("dirty", {})
         counters = ", ".join(
             f"{case} {d}/{w}" for case, (d, w) in sorted(dirty.items()) if case in (REF, RS)
         )
         load = entry.get("load")
+        cpu = ", ".join(
+            f"{case} {t:.2f}"
+            for case, t in sorted(entry.get("cpu", {}).items(), key=lambda kv: kv[1])
+        )
         text = f"- {wl.title}: {plain or 'no plain method'}"
+        if cpu:
+            text += f"; CPU seconds per call (medians, all threads): {cpu}"
         if counters:
             text += f"; Dirty/Writeback MiB before the calls (medians): {counters}"
         if load:

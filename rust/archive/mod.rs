@@ -24,9 +24,11 @@
 //! The work is split by responsibility: `zip` holds the zip format's constants and parses and
 //! validates the zip structures, `read` builds the tree and the leaves from the entries,
 //! `write` writes (its staging files: `staging`), `verify` checks a whole archive and
-//! refreshes its checksums, `reopen` maps an archive again for pickled leaves. The public
+//! refreshes its checksums (`checksum`: the CRC-32s of many entries, big ones in ranges
+//! across threads), `reopen` maps an archive again for pickled leaves. The public
 //! names are re-exported here.
 
+pub mod checksum;
 pub mod read;
 pub mod reopen;
 pub mod staging;

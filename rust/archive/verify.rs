@@ -5,11 +5,11 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::format;
-use crate::sys::pool;
 use crate::sys::storage::{self, MapMode};
 
+use super::checksum;
 use super::read::walk;
-use super::zip::{bad, crc32, get32, Archive, DESCRIPTOR_SIG, FLAG_DESCRIPTOR, STORED};
+use super::zip::{bad, crc32, get32, Archive, ZipEntry, DESCRIPTOR_SIG, FLAG_DESCRIPTOR, STORED};
 
 /// True when `path` is a regular file holding a valid zip with a top-level `meta.json`.
 pub fn is_archive(path: &Path) -> bool {
@@ -29,13 +29,10 @@ pub fn refresh_checksums(path: &Path, num_threads: usize) -> Result<Vec<String>>
     let stored: Vec<usize> = (0..ar.entries.len())
         .filter(|&i| ar.entries[i].method == STORED)
         .collect();
-    let workers = pool::worker_count(num_threads, stored.len() / 64 + 1);
-    let crcs = pool::run(
-        &stored,
-        workers,
-        |&i| ar.entries[i].size as usize,
-        |&i| ar.raw_crc(&ar.entries[i]),
-    )?;
+    let lens: Vec<usize> = stored.iter().map(|&i| ar.entries[i].csize as usize).collect();
+    let crcs = checksum::crc32_ranges(&lens, num_threads, |k, range| {
+        ar.raw_crc_range(&ar.entries[stored[k]], range)
+    })?;
     let file = std::fs::OpenOptions::new()
         .write(true)
         .open(&ar.path)
@@ -76,15 +73,20 @@ pub fn verify_archive(path: &Path) -> Vec<String> {
     if let Err(e) = walk(&ar, &mut Default::default(), "", 0, &mut jobs) {
         problems.push(e.to_string());
     }
+    // The STORED entries' CRCs at once, big ones in ranges across the threads.
+    let stored: Vec<&ZipEntry> = ar.entries.iter().filter(|e| e.method == STORED).collect();
+    let lens: Vec<usize> = stored.iter().map(|e| e.csize as usize).collect();
+    let mut stored_crcs =
+        match checksum::crc32_ranges(&lens, 0, |k, range| ar.raw_crc_range(stored[k], range)) {
+            Ok(crcs) => crcs.into_iter(),
+            Err(e) => {
+                problems.push(e.to_string());
+                return problems;
+            }
+        };
     for e in &ar.entries {
         let ok = match e.method {
-            STORED => match ar.raw_crc(e) {
-                Ok(crc) => crc == e.crc,
-                Err(err) => {
-                    problems.push(err.to_string());
-                    continue;
-                }
-            },
+            STORED => stored_crcs.next() == Some(e.crc),
             _ => match ar.inflate(e) {
                 Ok(data) => crc32(&data) == e.crc,
                 Err(err) => {

@@ -311,14 +311,16 @@ impl Archive {
         storage::read_exact_at(&self.file, out, e.data).map_err(|err| short_read(&self.path, err))
     }
 
-    /// CRC-32 of an entry's raw bytes, read in 4 MiB pieces with `pread`.
-    pub(crate) fn raw_crc(&self, e: &ZipEntry) -> Result<u32> {
+    /// CRC-32 of bytes `range` of an entry's raw bytes, read in 4 MiB pieces with `pread`
+    /// (never through the map: an archive cut meanwhile is a short-read error, not a fault).
+    pub(crate) fn raw_crc_range(&self, e: &ZipEntry, range: std::ops::Range<usize>) -> Result<u32> {
         const PIECE: u64 = 4 << 20;
+        let (start, end) = (range.start as u64, (range.end as u64).min(e.csize));
         let mut h = crc32fast::Hasher::new();
-        let mut buf = vec![0u8; e.csize.min(PIECE) as usize];
-        let mut at = 0;
-        while at < e.csize {
-            let n = (e.csize - at).min(PIECE) as usize;
+        let mut buf = vec![0u8; end.saturating_sub(start).min(PIECE) as usize];
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(PIECE) as usize;
             storage::read_exact_at(&self.file, &mut buf[..n], e.data + at)
                 .map_err(|err| short_read(&self.path, err))?;
             h.update(&buf[..n]);

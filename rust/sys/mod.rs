@@ -4,7 +4,8 @@
 //! `dir` (directory handles that never follow a symlink; `dir/unix.rs`, `dir/windows.rs`),
 //! `identity` (which file a handle or name is), `storage` (the `Region` every map is, file
 //! maps, space reservation, positioned writes), `anon` (anonymous shared memory, every
-//! platform), `pool` (every thread of the crate), `progress` (the progress counter), `reclaim`
+//! platform), `pool` (every thread of the crate), `prealloc` (whether a new big file gets its
+//! blocks before it is written, by file system), `progress` (the progress counter), `reclaim`
 //! (the space of replaced files, freed in the background), `ring` (the slot words of a ring of
 //! shared slabs), `gather` (bulk copies between raw addresses), `seqcell` (a value shared
 //! between processes under a sequence lock).
@@ -14,6 +15,7 @@ pub mod dir;
 pub mod gather;
 pub mod identity;
 pub mod pool;
+pub mod prealloc;
 pub mod progress;
 pub mod reclaim;
 pub mod ring;

@@ -12,7 +12,10 @@ the tiny file system, leaving:
 * an existing tree at the target byte-for-byte as it was.
 
 The saves run in a child process so that a SIGBUS would show as its exit status and so that
-the environment variable applies from the start.
+the environment variable applies from the start. The whole sweep runs twice: as it comes
+(tmpfs files are never preallocated) and with ``TDRS_PREALLOCATE=always``, where every new
+data file gets its blocks with ``fallocate`` before its bytes are written (what big files on
+disk file systems get: ``rust/sys/prealloc.rs``), so a full disk fails there.
 """
 
 from __future__ import annotations
@@ -208,8 +211,10 @@ def child(mnt: Path, modes: list[str]) -> None:
 # --------------------------------------------------------------------------- the tests
 
 
-@pytest.fixture(scope="module")
-def full_disk_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+@pytest.fixture(scope="module", params=["auto", "always"])
+def full_disk_run(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> dict[str, Any]:
     """Mounts a 1 MiB tmpfs, runs every mode in one child process, unmounts."""
     mnt = tmp_path_factory.mktemp("tiny") / "mnt"
     mnt.mkdir()
@@ -223,7 +228,12 @@ def full_disk_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if mounted.returncode != 0:
         pytest.skip(f"mount -t tmpfs is not permitted here: {mounted.stderr.strip()}")
     try:
-        env = {**os.environ, "TENSORDICT_RS_ANON_DIR": os.fspath(mnt), "PYTHONWARNINGS": "error"}
+        env = {
+            **os.environ,
+            "TENSORDICT_RS_ANON_DIR": os.fspath(mnt),
+            "PYTHONWARNINGS": "error",
+            "TDRS_PREALLOCATE": request.param,
+        }
         result = subprocess.run(
             [sys.executable, __file__, os.fspath(mnt), *MODES],
             capture_output=True,

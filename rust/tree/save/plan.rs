@@ -656,7 +656,7 @@ impl Plan {
                 let io_err = |e| Error::io(&job.final_path, e);
                 let file = staging.dir(job.stage).create_file(&job.staged).map_err(io_err)?;
                 match leaf.data {
-                    Some(data) => storage::write_all_at(&file, data, 0).map_err(io_err)?,
+                    Some(data) => storage::fill_file(&file, Some(data), leaf.nbytes).map_err(io_err)?,
                     None if opts.sparse => file.set_len(leaf.nbytes as u64).map_err(io_err)?,
                     None => storage::reserve(&file, leaf.nbytes).map_err(io_err)?,
                 }
