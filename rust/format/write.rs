@@ -59,7 +59,7 @@ impl serde_json::ser::Formatter for PyJsonFormatter {
     }
 }
 
-fn to_json_bytes(value: &Value) -> Vec<u8> {
+pub(crate) fn to_json_bytes(value: &Value) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     let mut ser = serde_json::Serializer::with_formatter(&mut out, PyJsonFormatter);
     serde::Serialize::serialize(value, &mut ser).expect("a Value always serializes");

@@ -6,6 +6,7 @@
 //! and child-directory opener that loads, verification and `report` share.
 
 pub mod commit;
+pub mod grow;
 pub mod load;
 pub mod read;
 pub mod save;
