@@ -292,7 +292,7 @@ def checkpoint(
     if os.path.lexists(dest):
         if dest.is_symlink() or not dest.is_dir():
             raise FileExistsError(f"{dest} exists and is not a checkpoint directory")
-        if _read_record(dest) is None and any(True for _ in os.scandir(dest)):
+        if _read_record(dest) is None and os.listdir(dest):
             raise FileExistsError(
                 f"{dest} exists and is not a checkpoint made by checkpoint(); refusing to "
                 "replace what it holds: remove it or choose another destination"
@@ -305,6 +305,7 @@ def checkpoint(
             tracker = DirtyMap.open(prefix, create_rows=max(1, sum(source.row_files.values())))
             assert tracker is not None
             tracker.attach(td)
+        tracker.reserve(source.rows or 0)  # the map covers every row the tree has
         epoch = tracker.advance()
         spare.mkdir(exist_ok=True)
         stats = _sync(source, spare, tracker, epoch, verify, chunk_bytes, durable)

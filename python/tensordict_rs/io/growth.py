@@ -151,9 +151,9 @@ class _Leaf:
         """The tree's new value: the first ``n`` rows of the map."""
         if self.row_bytes == 0 or n == 0 or self.buffer is None:
             return torch.empty((n, *self.tail), dtype=self.dtype)
-        if self.path is None:
-            return _from_buffer(self.buffer, self.dtype, (n, *self.tail))
-        return _LazyLeaf(self.buffer, self.dtype, (n, *self.tail))
+        # a tensor, not a lazy leaf: the map is longer than the leaf (the reservation), and
+        # the savers take a lazy leaf's bytes to be its whole map
+        return _from_buffer(self.buffer, self.dtype, (n, *self.tail))
 
 
 def _grow(
