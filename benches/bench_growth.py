@@ -32,10 +32,9 @@ import time
 from pathlib import Path
 
 import tensordict
+import tensordict_rs
 import torch
 from _harness import ROUNDS, SCALE, Case, interleave
-
-import tensordict_rs
 
 ROWS = max(10_000, int(1_000_000 * SCALE))
 BATCH = 1_000
@@ -59,7 +58,10 @@ def _io() -> dict[str, int]:
 
 def _source() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return {"obs": torch.rand(ROWS, 64, generator=g), "act": torch.randint(0, 9, (ROWS,), generator=g)}
+    return {
+        "obs": torch.rand(ROWS, 64, generator=g),
+        "act": torch.randint(0, 9, (ROWS,), generator=g),
+    }
 
 
 def _fresh(name: str) -> Path:
@@ -72,7 +74,9 @@ def _append(src: dict[str, torch.Tensor]) -> Path:
     path = _fresh("append")
     td = tensordict_rs.TensorDict({k: v[:0] for k, v in src.items()}, [0]).memmap(path)
     for start in range(0, ROWS, BATCH):
-        td.extend_(tensordict_rs.TensorDict({k: v[start : start + BATCH] for k, v in src.items()}, [BATCH]))
+        td.extend_(
+            tensordict_rs.TensorDict({k: v[start : start + BATCH] for k, v in src.items()}, [BATCH])
+        )
     assert td.batch_size[0] == ROWS
     return path
 
@@ -87,7 +91,9 @@ def _ref_cat(src: dict[str, torch.Tensor]) -> Path:
     path = _fresh("ref")
     td = tensordict.TensorDict({k: v[:BATCH] for k, v in src.items()}, [BATCH]).memmap(path / "0")
     for i in range(1, REF_BATCHES):
-        new = tensordict.TensorDict({k: v[i * BATCH : (i + 1) * BATCH] for k, v in src.items()}, [BATCH])
+        new = tensordict.TensorDict(
+            {k: v[i * BATCH : (i + 1) * BATCH] for k, v in src.items()}, [BATCH]
+        )
         td = torch.cat([td, new]).memmap(path / str(i))
         shutil.rmtree(path / str(i - 1))
     return path
@@ -133,7 +139,9 @@ def test_checkpoint_after_one_percent() -> None:
     rows = max(1024, int(CKPT_GIB * 2**30) // 4096)
     base = _fresh("ckpt")
     try:
-        td = tensordict_rs.TensorDict({"obs": torch.zeros(rows, 1024)}, [rows]).memmap(base / "live")
+        td = tensordict_rs.TensorDict({"obs": torch.zeros(rows, 1024)}, [rows]).memmap(
+            base / "live"
+        )
         total = rows * 4096
         g = torch.Generator().manual_seed(1)
         td.checkpoint(base / "ckpt")  # the first: both generations, in full
@@ -141,7 +149,9 @@ def test_checkpoint_after_one_percent() -> None:
         figures = {}
         for label in ("first incremental", "steady state"):
             idx = torch.randperm(rows, generator=g)[: rows // 100]
-            td[idx] = tensordict_rs.TensorDict({"obs": torch.rand(len(idx), 1024, generator=g)}, [len(idx)])
+            td[idx] = tensordict_rs.TensorDict(
+                {"obs": torch.rand(len(idx), 1024, generator=g)}, [len(idx)]
+            )
             load = _load()
             before = _io()
             t0 = time.perf_counter()
@@ -160,7 +170,8 @@ def test_checkpoint_after_one_percent() -> None:
         vstats = td.checkpoint(base / "ckpt", verify=True)
         verify_dt = time.perf_counter() - t0
         lines.append(
-            f"  checkpoint(verify=True)      {verify_dt:.3f} s, hashed {vstats['bytes_hashed'] / 2**30:.2f} GiB, "
+            f"  checkpoint(verify=True)      {verify_dt:.3f} s, "
+            f"hashed {vstats['bytes_hashed'] / 2**30:.2f} GiB, "
             f"wrote {vstats['bytes_written'] / total:.2%} (load {load:.1f})"
         )
         full_times = []
@@ -172,12 +183,21 @@ def test_checkpoint_after_one_percent() -> None:
             full_times.append(time.perf_counter() - t0)
             wb = _io()["write_bytes"] - before["write_bytes"]
             shutil.rmtree(base / f"full{i}")
-            lines.append(f"  memmap(copy_existing=True)   {full_times[-1]:.3f} s, write_bytes {wb / total:.2%} (load {load:.1f})")
+            lines.append(
+                f"  memmap(copy_existing=True)   {full_times[-1]:.3f} s, "
+                f"write_bytes {wb / total:.2%} (load {load:.1f})"
+            )
         full = statistics.median(full_times)
-        print(f"\ncheckpoint of a {total / 2**30:.2f} GiB buffer ({rows:,} rows of 4 KiB), 1% of rows written:")
+        print(
+            f"\ncheckpoint of a {total / 2**30:.2f} GiB buffer ({rows:,} rows of 4 KiB), "
+            "1% of rows written:"
+        )
         print("\n".join(lines))
         dt, wb, written = figures["first incremental"]
-        print(f"  first incremental: {dt / full:.1%} of the full copy's time; steady state: {figures['steady state'][0] / full:.1%}")
+        print(
+            f"  first incremental: {dt / full:.1%} of the full copy's time; "
+            f"steady state: {figures['steady state'][0] / full:.1%}"
+        )
         assert written <= 0.02 * total and wb <= 0.02 * total + (1 << 20)
         assert dt <= 0.10 * full, f"checkpoint {dt:.3f} s vs full copy {full:.3f} s"
     finally:

@@ -9,9 +9,9 @@ from typing import Any, Concatenate, Generic, ParamSpec, Self
 
 import torch
 
+from ._core import dirty as _dirty
 from ._core import index as _index
 from ._core.classes import TensorDictBase, public
-from ._core import dirty as _dirty
 from ._core.locking import Lockable, locked_error, refuse_read_only
 from ._core.nodes import TD, Key, NonTensorData, TreeNode
 from ._core.nontensor import NonTensorStack

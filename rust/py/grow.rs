@@ -41,7 +41,12 @@ pub fn sync_file(
 /// The 64-bit hashes of the `chunk`-byte chunks of the first `nbytes` of `path`, as the bytes
 /// of a little-endian u64 array.
 #[pyfunction]
-pub fn chunk_hashes<'py>(py: Python<'py>, path: PathBuf, nbytes: u64, chunk: u64) -> PyResult<Bound<'py, PyBytes>> {
+pub fn chunk_hashes<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    nbytes: u64,
+    chunk: u64,
+) -> PyResult<Bound<'py, PyBytes>> {
     let hashes = py.detach(|| grow::chunk_hashes(&path, nbytes, chunk))?;
     let bytes: Vec<u8> = hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
     Ok(PyBytes::new(py, &bytes))

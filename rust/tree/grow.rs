@@ -75,18 +75,30 @@ pub fn set_rows(prefix: &Path, rows: u64, durable: bool) -> Result<()> {
     let bytes = dir
         .read_limited(format::META_FILE, META_LIMIT)
         .map_err(|e| Error::io(&path, e))?;
-    let mut meta: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| Error::invalid(&path, format!("not JSON: {e}")))?;
+    let mut meta: Value =
+        serde_json::from_slice(&bytes).map_err(|e| Error::invalid(&path, format!("not JSON: {e}")))?;
     let bad = |m: String| Error::invalid(&path, m);
     let obj = meta
         .as_object_mut()
         .ok_or_else(|| bad("not a JSON object".into()))?;
-    let old = match obj.get("shape").and_then(|s| s.as_array()).and_then(|s| s.first()) {
-        Some(v) => v.as_u64().ok_or_else(|| bad("a batch size that is not a list of ints".into()))?,
-        None => return Err(bad("no first batch dim: a tree grows along its first batch dim".into())),
+    let old = match obj
+        .get("shape")
+        .and_then(|s| s.as_array())
+        .and_then(|s| s.first())
+    {
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| bad("a batch size that is not a list of ints".into()))?,
+        None => {
+            return Err(bad(
+                "no first batch dim: a tree grows along its first batch dim".into()
+            ))
+        }
     };
     for (key, entry) in obj.iter_mut() {
-        let Some(entry) = entry.as_object_mut() else { continue };
+        let Some(entry) = entry.as_object_mut() else {
+            continue;
+        };
         if entry.contains_key("type") {
             return Err(bad(format!(
                 "key {key:?} is a sub-directory: only a tree whose entries are all tensors grows"
@@ -95,16 +107,25 @@ pub fn set_rows(prefix: &Path, rows: u64, durable: bool) -> Result<()> {
         if entry.get("is_nested").and_then(Value::as_bool) == Some(true) {
             return Err(bad(format!("key {key:?} is a nested tensor: it cannot grow")));
         }
-        let Some(first) = entry.get_mut("shape").and_then(|s| s.as_array_mut()).and_then(|s| s.first_mut())
+        let Some(first) = entry
+            .get_mut("shape")
+            .and_then(|s| s.as_array_mut())
+            .and_then(|s| s.first_mut())
         else {
             return Err(bad(format!("key {key:?} has no first dim")));
         };
         if first.as_u64() != Some(old) {
-            return Err(bad(format!("key {key:?}: its first dim is not the batch's {old}")));
+            return Err(bad(format!(
+                "key {key:?}: its first dim is not the batch's {old}"
+            )));
         }
         *first = Value::from(rows);
     }
-    if let Some(first) = obj.get_mut("shape").and_then(|s| s.as_array_mut()).and_then(|s| s.first_mut()) {
+    if let Some(first) = obj
+        .get_mut("shape")
+        .and_then(|s| s.as_array_mut())
+        .and_then(|s| s.first_mut())
+    {
         *first = Value::from(rows);
     }
     let out = format::write::to_json_bytes(&meta);
@@ -113,7 +134,11 @@ pub fn set_rows(prefix: &Path, rows: u64, durable: bool) -> Result<()> {
 
 /// Replaces `dir/name` with `bytes` in one rename (a temporary beside it, renamed over it).
 fn replace_file(dir: &Dir, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
-    let temp = format!(".{name}.{}.{}.tmp", std::process::id(), crate::sys::storage::random_suffix());
+    let temp = format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        crate::sys::storage::random_suffix()
+    );
     dir.write_new(&temp, bytes, durable)?;
     if let Err(e) = dir.rename(&temp, dir, name, false) {
         let _ = dir.remove_file(&temp);
@@ -128,13 +153,22 @@ fn replace_file(dir: &Dir, name: &str, bytes: &[u8], durable: bool) -> io::Resul
 /// Brings the file `dst` up to date with `src`: copies the byte `ranges` (`(offset, len)`,
 /// clipped to `len`; None: all of it), then sets `dst`'s size to exactly `len`. `dst` is
 /// created when missing (then every byte is copied). Returns the bytes written.
-pub fn sync_file(src: &Path, dst: &Path, ranges: Option<&[(u64, u64)]>, len: u64, durable: bool) -> Result<u64> {
+pub fn sync_file(
+    src: &Path,
+    dst: &Path,
+    ranges: Option<&[(u64, u64)]>,
+    len: u64,
+    durable: bool,
+) -> Result<u64> {
     let (sdir, sname) = split_file_path(src)?;
     let (ddir, dname) = split_file_path(dst)?;
     let source = sdir.open_read(&sname).map_err(|e| Error::io(src, e))?;
     let have = source.metadata().map_err(|e| Error::io(src, e))?.len();
     if have < len {
-        return Err(Error::tree(src, format!("holds {have} bytes, fewer than the {len} to copy")));
+        return Err(Error::tree(
+            src,
+            format!("holds {have} bytes, fewer than the {len} to copy"),
+        ));
     }
     let (target, fresh) = match ddir.open_file(&dname) {
         Ok((f, true)) => (f, false),
@@ -229,7 +263,8 @@ pub fn chunk_hashes(path: &Path, len: u64, chunk: u64) -> Result<Vec<u64>> {
 /// of each. With `durable` the parent is fsynced. Fails where the system has no exchange.
 pub fn exchange_dirs(parent: &Path, a: &str, b: &str, durable: bool) -> Result<()> {
     let dir = Dir::open(parent).map_err(|e| Error::io(parent, e))?;
-    dir.exchange(a, &dir, b).map_err(|e| Error::io(dir.child_path(a), e))?;
+    dir.exchange(a, &dir, b)
+        .map_err(|e| Error::io(dir.child_path(a), e))?;
     if durable {
         dir.sync().map_err(|e| Error::io(parent, e))?;
     }
@@ -239,7 +274,8 @@ pub fn exchange_dirs(parent: &Path, a: &str, b: &str, durable: bool) -> Result<(
 /// Moves directory `a` of `parent` to the free name `b` (fails if `b` exists).
 pub fn rename_new(parent: &Path, a: &str, b: &str, durable: bool) -> Result<()> {
     let dir = Dir::open(parent).map_err(|e| Error::io(parent, e))?;
-    dir.rename(a, &dir, b, true).map_err(|e| Error::io(dir.child_path(b), e))?;
+    dir.rename(a, &dir, b, true)
+        .map_err(|e| Error::io(dir.child_path(b), e))?;
     if durable {
         dir.sync().map_err(|e| Error::io(parent, e))?;
     }
@@ -271,7 +307,11 @@ mod tests {
             text,
             r#"{"a": {"device": "cpu", "shape": [7, 2], "dtype": "torch.float32", "is_nested": false}, "shape": [7], "device": "cpu"}"#
         );
-        std::fs::write(d.join("meta.json"), br#"{"b": {"type": "TensorDict"}, "shape": [3]}"#).unwrap();
+        std::fs::write(
+            d.join("meta.json"),
+            br#"{"b": {"type": "TensorDict"}, "shape": [3]}"#,
+        )
+        .unwrap();
         assert!(set_rows(&d, 7, false).is_err());
         std::fs::remove_dir_all(&d).unwrap();
     }
@@ -281,11 +321,17 @@ mod tests {
         let d = temp("sync");
         let data: Vec<u8> = (0..100u8).collect();
         std::fs::write(d.join("src"), &data).unwrap();
-        assert_eq!(sync_file(&d.join("src"), &d.join("dst"), Some(&[]), 100, false).unwrap(), 100);
+        assert_eq!(
+            sync_file(&d.join("src"), &d.join("dst"), Some(&[]), 100, false).unwrap(),
+            100
+        );
         let mut changed = data.clone();
         changed[10..20].fill(9);
         std::fs::write(d.join("src"), &changed).unwrap();
-        assert_eq!(sync_file(&d.join("src"), &d.join("dst"), Some(&[(10, 10)]), 60, false).unwrap(), 10);
+        assert_eq!(
+            sync_file(&d.join("src"), &d.join("dst"), Some(&[(10, 10)]), 60, false).unwrap(),
+            10
+        );
         assert_eq!(std::fs::read(d.join("dst")).unwrap(), changed[..60]);
         let h = chunk_hashes(&d.join("src"), 100, 30).unwrap();
         assert_eq!(h.len(), 4);

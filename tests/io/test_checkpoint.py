@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import tensordict
 import torch
-
 from tensordict_rs import TensorDict
 from tensordict_rs.io.checkpoint import RECORD, spare_name
 
@@ -51,7 +50,10 @@ def make(n: int = 300) -> TensorDict:
         {
             "obs": torch.randn(n, 64, generator=g),
             "act": torch.randint(0, 100, (n,), generator=g),
-            "next": {"obs": torch.randn(n, 64, generator=g), "done": torch.zeros(n, dtype=torch.bool)},
+            "next": {
+                "obs": torch.randn(n, 64, generator=g),
+                "done": torch.zeros(n, dtype=torch.bool),
+            },
         },
         [n],
     )
@@ -110,7 +112,9 @@ def test_only_written_rows_are_copied(tmp_path: Path) -> None:
 
 
 def test_growth_and_shrink_are_checkpointed(tmp_path: Path) -> None:
-    td = TensorDict({"x": torch.arange(10.0), "y": torch.zeros(10, 3)}, [10]).memmap(tmp_path / "live")
+    td = TensorDict({"x": torch.arange(10.0), "y": torch.zeros(10, 3)}, [10]).memmap(
+        tmp_path / "live"
+    )
     dest = tmp_path / "ckpt"
     td.checkpoint(dest)
     td.extend_(TensorDict({"x": torch.arange(10.0, 30.0), "y": torch.ones(20, 3)}, [20]))
@@ -154,7 +158,9 @@ def test_writes_from_another_process_are_tracked(tmp_path: Path) -> None:
     td = TensorDict({"x": torch.zeros(n, 256)}, [n]).memmap(tmp_path / "live")
     dest = tmp_path / "ckpt"
     td.checkpoint(dest)  # creates the dirty map: processes loading from now on stamp it
-    p = mp.get_context("spawn").Process(target=_write_in_child, args=(os.fspath(tmp_path / "live"), 77))
+    p = mp.get_context("spawn").Process(
+        target=_write_in_child, args=(os.fspath(tmp_path / "live"), 77)
+    )
     p.start()
     p.join(120)
     assert p.exitcode == 0

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import tensordict
-import torch
-
 import tensordict_rs
+import torch
 from tensordict_rs import TensorDict
 
 
@@ -55,10 +54,18 @@ def test_extend_on_disk_loads_here_and_in_reference(tmp_path: Path) -> None:
 def test_append_and_mapping_rows(tmp_path: Path) -> None:
     td = rows(0, 0).memmap(tmp_path / "buf")  # no rows: no data files yet
     for i in range(20):
-        td.append_({"obs": torch.full((3,), float(i)), "act": torch.tensor(-i), "flag": torch.tensor(i % 2 == 0)})
+        td.append_(
+            {
+                "obs": torch.full((3,), float(i)),
+                "act": torch.tensor(-i),
+                "flag": torch.tensor(i % 2 == 0),
+            }
+        )
     check_rows(td, 20)
     check_rows(tensordict.TensorDict.load_memmap(tmp_path / "buf"), 20)
-    td.extend_({"obs": rows(20, 22)["obs"], "act": rows(20, 22)["act"], "flag": rows(20, 22)["flag"]})
+    td.extend_(
+        {"obs": rows(20, 22)["obs"], "act": rows(20, 22)["act"], "flag": rows(20, 22)["flag"]}
+    )
     check_rows(TensorDict.load_memmap(tmp_path / "buf"), 22)
 
 
@@ -99,14 +106,24 @@ def test_views_taken_before_a_growth_stay_valid_and_shared(tmp_path: Path) -> No
 
 
 def test_refused_trees(tmp_path: Path) -> None:
-    nested = TensorDict({"a": torch.zeros(2), "n": {"b": torch.zeros(2)}}, [2]).memmap(tmp_path / "n")
+    nested = TensorDict({"a": torch.zeros(2), "n": {"b": torch.zeros(2)}}, [2]).memmap(
+        tmp_path / "n"
+    )
     with pytest.raises(tensordict_rs.UnsupportedFormatError, match="'n'"):
         nested.extend_({"a": torch.zeros(1), "n": {"b": torch.zeros(1)}})
     with pytest.raises(RuntimeError, match="memmap_"):
         rows(0, 2).extend_(rows(2, 3))
     td = rows(0, 2).memmap(tmp_path / "k")
     with pytest.raises(KeyError, match="obs"):
-        td.extend_(TensorDict({"act": torch.zeros(1, dtype=torch.int64), "flag": torch.zeros(1, dtype=torch.bool)}, [1]))
+        td.extend_(
+            TensorDict(
+                {
+                    "act": torch.zeros(1, dtype=torch.int64),
+                    "flag": torch.zeros(1, dtype=torch.bool),
+                },
+                [1],
+            )
+        )
     with pytest.raises(ValueError, match="batch size"):
         td.extend_(TensorDict({"obs": torch.zeros(1, 2, 3)}, [1, 2]))
     check_rows(TensorDict.load_memmap(tmp_path / "k"), 2)  # nothing changed

@@ -54,7 +54,9 @@ def check(td: Any, allowed: tuple[int, ...]) -> str:
     if n not in allowed:
         return f"{n} rows, expected one of {allowed}"
     idx = torch.arange(n)
-    if not torch.equal(td["obs"][:, 0], idx.float()) or not torch.equal(td["obs"][:, -1], idx.float()):
+    if not torch.equal(td["obs"][:, 0], idx.float()) or not torch.equal(
+        td["obs"][:, -1], idx.float()
+    ):
         return "a row of obs holds another index (torn or misplaced)"
     if not torch.equal(td["act"], -idx):
         return "a row of act holds another index"
@@ -136,7 +138,10 @@ def serve_growth(root: Path, kills: int, seed: int) -> dict[str, Any]:
 
         delay = rng.uniform(0, cost[k] * (4.0 if durable else 1.3))
         outcomes["killed"] += _kill_after(run, delay)
-        for name, load in (("ours", TensorDict.load_memmap), ("reference", tensordict.TensorDict.load_memmap)):
+        for name, load in (
+            ("ours", TensorDict.load_memmap),
+            ("reference", tensordict.TensorDict.load_memmap),
+        ):
             td = load(prefix)
             problem = check(td, (n, n + k))
             if problem:
@@ -175,9 +180,12 @@ def serve_checkpoint(root: Path, kills: int, seed: int) -> dict[str, Any]:
         new = {k: v.clone() for k, v in live.items()}
         verify = i % 4 == 0
         delay = rng.uniform(0, cost[verify])
-        outcomes["killed"] += _kill_after(lambda: live.checkpoint(dest, verify=verify), delay)
+        outcomes["killed"] += _kill_after(lambda v=verify: live.checkpoint(dest, verify=v), delay)
         seen = None
-        for name, load in (("ours", TensorDict.load_memmap), ("reference", tensordict.TensorDict.load_memmap)):
+        for name, load in (
+            ("ours", TensorDict.load_memmap),
+            ("reference", tensordict.TensorDict.load_memmap),
+        ):
             td = load(dest)
             got = {k: td[k] for k in ("obs", "act")}
             if all(got[k].shape == state[k].shape and torch.equal(got[k], state[k]) for k in got):
@@ -185,7 +193,9 @@ def serve_checkpoint(root: Path, kills: int, seed: int) -> dict[str, Any]:
             elif all(got[k].shape == new[k].shape and torch.equal(got[k], new[k]) for k in got):
                 now = "new"
             else:
-                return {"error": f"kill {i} ({name}): the checkpoint is neither the old one nor the new one"}
+                return {
+                    "error": f"kill {i} ({name}): the checkpoint is neither the old nor the new one"
+                }
             if seen is not None and seen != now:
                 return {"error": f"kill {i}: ours sees {seen}, the reference {now}"}
             seen = now

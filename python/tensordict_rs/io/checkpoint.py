@@ -139,7 +139,11 @@ def _ranges(runs: list[tuple[int, int]], row_bytes: int) -> list[tuple[int, int]
 
 def _hashes(path: Path, nbytes: int, chunk: int) -> torch.Tensor:
     raw = _native.chunk_hashes(os.fspath(path), nbytes, chunk)
-    return torch.frombuffer(bytearray(raw), dtype=torch.int64) if raw else torch.zeros(0, dtype=torch.int64)
+    return (
+        torch.frombuffer(bytearray(raw), dtype=torch.int64)
+        if raw
+        else torch.zeros(0, dtype=torch.int64)
+    )
 
 
 def _sync(
@@ -329,4 +333,3 @@ def _sync_dirs(gen: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-

@@ -89,7 +89,9 @@ class DirtyMap:
         need = HEADER + -(-rows // self.rows)
         if need <= self.table.numel():
             return
-        size = _native.reserve_file(os.fspath(self.path), max(need, self.table.numel() * 3 // 2) * 8)
+        size = _native.reserve_file(
+            os.fspath(self.path), max(need, self.table.numel() * 3 // 2) * 8
+        )
         table = MemoryMappedTensor.from_filename(self.path, torch.int64, (size // 8,))
         self.table = table.as_subclass(torch.Tensor)
 
@@ -121,8 +123,10 @@ class DirtyMap:
         except (TypeError, ValueError, RuntimeError):
             return slice(0, -(-n // br))  # anything else: all rows
         if rows.dtype == torch.bool:
-            rows = rows.reshape(rows.shape[0], -1).any(1).nonzero().flatten() if rows.ndim else (
-                torch.arange(n) if bool(rows) else torch.empty(0, dtype=torch.int64)
+            rows = (
+                rows.reshape(rows.shape[0], -1).any(1).nonzero().flatten()
+                if rows.ndim
+                else (torch.arange(n) if bool(rows) else torch.empty(0, dtype=torch.int64))
             )
         rows = rows.to(torch.int64).flatten()
         rows = torch.where(rows < 0, rows + n, rows)
@@ -175,7 +179,9 @@ class DirtyMap:
             hot = torch.cat([hot, torch.ones(nblocks - have, dtype=torch.int8)])
         if not bool(hot.any()):
             return []
-        edges = torch.diff(hot, prepend=torch.zeros(1, dtype=torch.int8), append=torch.zeros(1, dtype=torch.int8))
+        edges = torch.diff(
+            hot, prepend=torch.zeros(1, dtype=torch.int8), append=torch.zeros(1, dtype=torch.int8)
+        )
         starts = (edges == 1).nonzero().flatten().tolist()
         stops = (edges == -1).nonzero().flatten().tolist()
         br = self.rows

@@ -106,9 +106,7 @@ class _Leaf:
         self.row_bytes = torch.Size(self.tail).numel() * self.dtype.itemsize
         self.buffer = _buffer(value)
         prefix = td._memmap_prefix
-        self.path = (
-            None if prefix is None else prefix / (_native.encode_key(key) + ".memmap")
-        )
+        self.path = None if prefix is None else prefix / (_native.encode_key(key) + ".memmap")
 
     def capacity(self) -> int:
         if self.row_bytes == 0:

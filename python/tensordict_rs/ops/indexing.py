@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from .._core import index as _items
 from .._core import dirty as _dirty
+from .._core import index as _items
 from .._core.locking import locked_error, mark_read_only, refuse_read_only
 from .._core.nodes import TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
