@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use super::source_slice;
 use crate::tree::grow;
 
 /// Makes the data file at `path` at least `nbytes` long (real blocks, never shorter); returns
@@ -14,6 +15,25 @@ use crate::tree::grow;
 #[pyfunction]
 pub fn reserve_file(py: Python<'_>, path: PathBuf, nbytes: u64) -> PyResult<u64> {
     Ok(py.detach(|| grow::reserve_file(&path, nbytes))?)
+}
+
+/// Writes `(path, offset, data_ptr, nbytes)` items: each source's bytes at `offset` of its
+/// existing file (`pwrite`); with `durable` each file's data is fsynced.
+#[pyfunction]
+#[pyo3(signature = (items, *, durable = false))]
+pub fn write_rows(py: Python<'_>, items: Vec<(PathBuf, u64, usize, usize)>, durable: bool) -> PyResult<()> {
+    // SAFETY: the Python layer keeps every source tensor alive during this call.
+    let slices: Vec<(&std::path::Path, u64, &[u8])> = items
+        .iter()
+        .map(|(p, off, ptr, n)| {
+            (
+                p.as_path(),
+                *off,
+                unsafe { source_slice(*ptr, *n) }.unwrap_or(&[]),
+            )
+        })
+        .collect();
+    Ok(py.detach(|| grow::write_rows(&slices, durable))?)
 }
 
 /// Commits `rows` rows in the flat tree at `prefix`: its meta.json replaced in one rename.

@@ -64,6 +64,25 @@ fn extend(file: &File, _from: u64, to: u64) -> io::Result<()> {
     file.set_len(to)
 }
 
+/// Writes `data` at `offset` of each existing data file (`pwrite` from the source memory:
+/// no page fault per page, as writing through a fresh map of the reservation would cost);
+/// with `durable`, each file's data is fsynced.
+pub fn write_rows(items: &[(&Path, u64, &[u8])], durable: bool) -> Result<()> {
+    for &(path, offset, data) in items {
+        let (dir, name) = split_file_path(path)?;
+        let io_err = |e| Error::io(path, e);
+        let (file, writable) = dir.open_file(&name).map_err(io_err)?;
+        if !writable {
+            return Err(Error::tree(path, "the data file is read-only: it cannot grow"));
+        }
+        crate::sys::storage::write_all_at(&file, data, offset).map_err(io_err)?;
+        if durable {
+            file.sync_data().map_err(io_err)?;
+        }
+    }
+    Ok(())
+}
+
 /// Rewrites the meta.json of the flat tree at `prefix` with `rows` rows: its batch size's
 /// first dim and the first dim of every tensor leaf. Atomic (a new file renamed over the old
 /// one); with `durable` the file and the directory are fsynced. Refuses a tree with

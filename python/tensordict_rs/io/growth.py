@@ -33,7 +33,7 @@ import torch
 
 from .. import _native
 from .._core.nodes import TD, TreeNode
-from ..memmap import _from_buffer, _LazyLeaf
+from ..memmap import _from_buffer, _LazyLeaf, _source_bytes
 from . import dirty as _dirty_map
 
 GROWTH = 1.5  # the reservation grows by this factor when it runs out
@@ -134,6 +134,16 @@ class _Leaf:
         length = _native.reserve_file(name, nbytes)
         self.buffer = _native.open_file(name, length // self.row_bytes * self.row_bytes)
 
+    def source_bytes(self, source: TreeNode | None, count: int) -> torch.Tensor:
+        """The ``count`` new rows as a contiguous CPU tensor of this leaf's dtype (zeros
+        without a source)."""
+        if source is None:
+            return torch.zeros((count, *self.tail), dtype=self.dtype)
+        value = source._get_str(self.key)
+        if tuple(value.shape) != (count, *self.tail):
+            value = value.expand(count, *self.tail)  # a broadcastable row, as copy_ takes it
+        return _source_bytes(value.to(dtype=self.dtype))
+
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows ``start:stop`` of the map, as a plain tensor to write into."""
         assert self.buffer is not None
@@ -189,16 +199,26 @@ def _grow(
             for leaf in leaves:
                 leaf.reserve(stop, start)
             token = None if tracker is None else tracker.mark_rows(start, stop)
-            for leaf in leaves:
-                if leaf.row_bytes == 0:
-                    continue
-                target = leaf.rows(start, stop)
-                if source is None:
-                    target.zero_()
-                else:
-                    target.copy_(source._get_str(leaf.key))
-            if durable and prefix is not None:
-                _native.flush_buffers([leaf.buffer for leaf in leaves if leaf.buffer is not None])
+            if prefix is not None:
+                # on disk: pwrite from the rows' memory, one native call for every leaf
+                keep = [leaf.source_bytes(source, stop - start) for leaf in leaves]
+                _native.write_rows(
+                    [
+                        (os.fspath(leaf.path), start * leaf.row_bytes, src.data_ptr(), src.nbytes)
+                        for leaf, src in zip(leaves, keep, strict=True)
+                        if leaf.row_bytes and leaf.path is not None
+                    ],
+                    durable=durable,
+                )
+                del keep
+            else:
+                for leaf in leaves:
+                    if leaf.row_bytes:
+                        target = leaf.rows(start, stop)
+                        if source is None:
+                            target.zero_()
+                        else:
+                            target.copy_(source._get_str(leaf.key))
             if tracker is not None and token is not None:
                 tracker.confirm(None, stop, token)
         if prefix is not None:
