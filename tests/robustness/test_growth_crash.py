@@ -220,6 +220,7 @@ def _run_server(tmp_path: Path, mode: str, kills: int) -> dict[str, Any]:
     assert out.returncode == 0, out.stderr[-4000:]
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     assert "error" not in result, result["error"]
+    print(mode, result)  # the outcomes, shown with -s
     return result
 
 
