@@ -22,21 +22,18 @@ pub fn reserve_file(py: Python<'_>, path: PathBuf, nbytes: u64) -> PyResult<u64>
 #[pyfunction]
 #[pyo3(signature = (items, *, durable = false))]
 pub fn write_rows(py: Python<'_>, items: Vec<(PathBuf, u64, usize, usize)>, durable: bool) -> PyResult<()> {
-    // SAFETY: the Python layer keeps every source tensor alive during this call.
     let slices: Vec<(&std::path::Path, u64, &[u8])> = items
         .iter()
         .map(|(p, off, ptr, n)| {
-            (
-                p.as_path(),
-                *off,
-                unsafe { source_slice(*ptr, *n) }.unwrap_or(&[]),
-            )
+            // SAFETY: the Python layer keeps every source tensor alive during this call.
+            let data = unsafe { source_slice(*ptr, *n) };
+            (p.as_path(), *off, data.unwrap_or(&[]))
         })
         .collect();
     Ok(py.detach(|| grow::write_rows(&slices, durable))?)
 }
 
-/// Commits `rows` rows in the flat tree at `prefix`: its meta.json replaced in one rename.
+/// Commits `rows` rows in the flat tree at `prefix`: its meta.json replaced in one step.
 #[pyfunction]
 #[pyo3(signature = (prefix, rows, *, durable = false))]
 pub fn set_rows(py: Python<'_>, prefix: PathBuf, rows: u64, durable: bool) -> PyResult<()> {
