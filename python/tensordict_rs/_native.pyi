@@ -34,10 +34,12 @@ __all__ = [
     "anonymous_buffers",
     "borrow_buffer",
     "build_packed_tree",
+    "chunk_hashes",
     "copy_packed",
     "decode_strings",
     "describe_tree",
     "encode_key",
+    "exchange_dirs",
     "flush_buffers",
     "gather_prepare",
     "gather_rows",
@@ -52,13 +54,16 @@ __all__ = [
     "read_safetensors",
     "receive_shared",
     "refresh_archive_checksums",
+    "rename_new",
     "reopen_archive",
+    "reserve_file",
     "rewrite_non_tensor",
     "rewrite_stack",
     "ring_acquire",
     "ring_state",
     "ring_transition",
     "same_entries",
+    "set_rows",
     "shared_regions",
     "shared_value_header",
     "shared_value_lock",
@@ -68,6 +73,7 @@ __all__ = [
     "shared_value_write",
     "str_list_json",
     "strings_json",
+    "sync_file",
     "tree_report",
     "tree_summary",
     "verify_archive",
@@ -75,6 +81,7 @@ __all__ = [
     "wait_freed",
     "write_archive",
     "write_file",
+    "write_rows",
     "write_safetensors",
     "write_stack_dir",
     "write_tree",
@@ -277,3 +284,12 @@ def verify_archive(path: str) -> list[str]: ...
 def reopen_archive(
     path: str, identity: tuple[int, int], offset: int, nbytes: int, shared: bool
 ) -> Buffer: ...
+def reserve_file(path: str, nbytes: int) -> int: ...
+def set_rows(prefix: str, rows: int, *, durable: bool = False) -> None: ...
+def write_rows(items: list[tuple[str, int, int, int]], *, durable: bool = False) -> None: ...
+def sync_file(
+    src: str, dst: str, ranges: list[tuple[int, int]] | None, nbytes: int, *, durable: bool = False
+) -> int: ...
+def chunk_hashes(path: str, nbytes: int, chunk: int) -> bytes: ...
+def exchange_dirs(parent: str, a: str, b: str, *, durable: bool = False) -> None: ...
+def rename_new(parent: str, a: str, b: str, *, durable: bool = False) -> None: ...

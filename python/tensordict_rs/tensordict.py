@@ -9,6 +9,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Self
 
 import torch
 
+from ._core import dirty as _dirty
 from ._core import index as _index
 from ._core.classes import TensorDictBase, public
 from ._core.locking import Lockable, locked_error, refuse_read_only
@@ -16,6 +17,8 @@ from ._core.nodes import TD, Key, NonTensorData, TreeNode
 from ._core.nontensor import NonTensorStack
 from ._core.repr import compact_repr
 from ._core.walk import KeyList, map_leaves, walk_items
+from .io import checkpoint as _checkpoint
+from .io import growth as _growth
 from .io import safetensors as _safetensors
 from .io.persistence import MemoryMapped
 from .memmap import _LazyLeaf
@@ -398,6 +401,7 @@ class TensorDict(
 
     def _copy_into(self, key: str, value: Any, non_blocking: bool) -> None:
         refuse_read_only(self)
+        _dirty.mark(self)
         current = self._get_str(key)
         if isinstance(current, TensorDict):
             current.update_(value)
@@ -566,6 +570,14 @@ class TensorDict(
 
     def __iter__(self) -> Iterator[TensorDict]:
         return _shape.iterate(self)
+
+    # ------------------------------------------------------------------ growth in place and
+    # incremental checkpoints: io/growth.py, io/checkpoint.py
+
+    extend_ = _growth.extend_
+    append_ = _growth.append_
+    resize_ = _growth.resize_
+    checkpoint = _checkpoint.checkpoint
 
     # ------------------------------------------------------------------ shape: ops/shape.py
 

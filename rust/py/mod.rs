@@ -16,6 +16,7 @@ pub mod archive;
 pub mod buffer;
 pub mod errors;
 pub mod gather;
+pub mod grow;
 pub mod info;
 pub mod memmap;
 pub mod nontensor;

@@ -7,6 +7,7 @@
 //! NonTensorStack saved on its own.
 
 pub mod commit;
+pub mod grow;
 pub mod load;
 pub mod read;
 pub mod save;

@@ -51,6 +51,8 @@ class TreeNode:
     _tensorclass: ClassVar[Any] = None
     # views of a buffer lent read-only (pickle protocol 5, ray.get): values never written
     _read_only: bool = False
+    # the dirty map of the saved directory (io/dirty.py), shared by the trees of one load
+    _tracker: Any = None
 
     def _init(self, batch_size: torch.Size, device: torch.device | None) -> None:
         self._tensordict = {}

@@ -24,6 +24,7 @@ from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused, _json_text
 from .._core.nontensor import NonTensorStack
 from ..memmap import MemoryMappedTensor, _from_buffer, _LazyLeaf, _source_bytes, value_nbytes
 from ..ops.stream import stream_tree
+from . import growth
 
 LEAF, NODE, NON_TENSOR, STACK = _native.LEAF, _native.NODE, _native.NON_TENSOR, _native.STACK
 TENSORCLASS_DIR = _native.TENSORCLASS_DIR  # where a tensorclass directory keeps its TensorDict
@@ -328,6 +329,8 @@ def save(
     del plan.keep
     plan.place(buffers)
     _mark(target, path)
+    if path is not None:
+        growth.attach(target, path)
 
 
 @_gc_paused()
@@ -362,7 +365,10 @@ def load(
         moved = stream_tree(_build(cls, node, buffers, path, None, False), device)
         if moved is not None:
             return moved
-    return _build(cls, node, buffers, path, device, non_blocking)
+    td = _build(cls, node, buffers, path, device, non_blocking)
+    if device is None or device.type == "cpu":
+        growth.attach(td, path)  # its writes are stamped in the directory's dirty map
+    return td
 
 
 def _build(

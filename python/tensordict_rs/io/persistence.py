@@ -402,6 +402,7 @@ class MemoryMapped(TreeNode):
             self.unlock_()
         loaded = type(self).load_memmap(prefix, device=self._device)
         _replace_entries(self, loaded)
+        self._tracker = loaded._tracker
         if was_memmap:
             directory._mark(self, loaded._memmap_prefix)
             self._lock_tree()

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._core import dirty as _dirty
 from .._core.locking import refuse_read_only
 from .._core.nodes import TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
@@ -146,7 +147,9 @@ def _apply(
     if inplace or out is not None:
         target = out if out is not None and not inplace else td
         refuse_read_only(target)
+        token = _dirty.mark(target)
         walk.into(td, others, target, ())
+        _dirty.confirm(target, _dirty.ALL, token)
         return target
     batch = td._batch_size if batch_size is None else torch.Size(batch_size)
     new_device = td._device if device is NO_DEFAULT else _normalize_device(device)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .._core import dirty as _dirty
 from .._core import index as _items
 from .._core.locking import locked_error, mark_read_only, refuse_read_only
 from .._core.nodes import TD, NonTensorData, TreeNode
@@ -119,6 +120,14 @@ def set_rows(td: TreeNode, index: Any, value: Any) -> None:
     refuse_read_only(td)
     items = _items.normalize(index, td.batch_dims)
     _items.indexed_batch_size(td._batch_size, items)  # out-of-range rows: IndexError
+    token = _dirty.mark(td, items)
+    try:
+        _write_rows(td, items, value)
+    finally:
+        _dirty.confirm(td, items, token)
+
+
+def _write_rows(td: TreeNode, items: tuple[Any, ...], value: Any) -> None:
     if is_tree(value) or isinstance(value, Mapping):
         for key, sub_value in pairs(value):
             if key not in td._tensordict:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .._core import dirty as _dirty
 from .._core.locking import refuse_read_only
 from .._core.nodes import TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
@@ -85,8 +86,10 @@ def _reflected(fn: Callable[[Any, Any], Any]) -> Callable[[TD, Any], TD]:
 def _inplace(name: str) -> Callable[..., TD]:
     def method(td: TD, other: Any, **kwargs: Any) -> TD:
         refuse_read_only(td)
+        token = _dirty.mark(td)
         for leaf, value in list(zip_leaves(td, operand(td, other))):
             getattr(leaf, name)(against(value, leaf), **kwargs)
+        _dirty.confirm(td, _dirty.ALL, token)
         return td
 
     return method
@@ -102,8 +105,10 @@ def _unary(name: str) -> Callable[[TD], TD]:
 def _unary_(name: str) -> Callable[[TD], TD]:
     def method(td: TD) -> TD:
         refuse_read_only(td)
+        token = _dirty.mark(td)
         for _, _, leaf in list(leaves(td)):
             getattr(leaf, name)()
+        _dirty.confirm(td, _dirty.ALL, token)
         return td
 
     return method
@@ -711,6 +716,7 @@ def zero_(td: TD) -> TD:
     tensor([0., 0.])
     """
     refuse_read_only(td)
+    _dirty.mark(td)
     for _, _, leaf in list(leaves(td)):
         leaf.zero_()
     return td
@@ -726,6 +732,7 @@ def fill_(td: TD, key: Any, value: float | bool) -> TD:
     tensor([7., 7., 7.])
     """
     refuse_read_only(td)
+    _dirty.mark(td)
     entry = td.get(key)
     if isinstance(entry, TreeNode):
         for _, _, leaf in list(leaves(entry)):
@@ -747,10 +754,12 @@ def copy_(td: TD, tensordict: Any, non_blocking: bool = False) -> TD:
     refuse_read_only(td)
     if not isinstance(tensordict, TreeNode):
         tensordict = type(td)(dict(tensordict), td.batch_size)
+    token = _dirty.mark(td)
     for source, target in list(zip_leaves(tensordict, td)):
         if isinstance(target, TreeNode):
             raise KeyError("copy_: a leaf of the source is a nested TensorDict in the target")
         target.copy_(source, non_blocking=non_blocking)
+    _dirty.confirm(td, _dirty.ALL, token)
     return td
 
 
@@ -765,12 +774,14 @@ def set_at_(td: TD, key: Any, value: Any, index: Any, *, non_blocking: bool = Fa
     """
     refuse_read_only(td)
     entry = td.get(key)
+    token = _dirty.mark(td, index)
     if isinstance(entry, TreeNode):
         entry[index] = value
     elif isinstance(value, torch.Tensor) and value.device != entry.device:
         entry[index] = value.to(entry.device, non_blocking=non_blocking)
     else:
         entry[index] = value
+    _dirty.confirm(td, index, token)
     return td
 
 
@@ -868,6 +879,7 @@ def masked_fill_(td: TD, mask: torch.Tensor, value: float | bool) -> TD:
     tensor([1., 0.])
     """
     refuse_read_only(td)
+    _dirty.mark(td)
     for _, _, leaf in list(leaves(td)):
         leaf.masked_fill_(_mask_for(mask, leaf), value)
     return td

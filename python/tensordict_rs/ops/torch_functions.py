@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .._core import dirty as _dirty
 from .._core.nodes import TD, NonTensorData
 from .._core.nontensor import NonTensorStack, capture_non_tensor_stack
 from .._core.walk import KEEP, is_tree, map_leaves, walk_items, zip_leaves
@@ -176,6 +177,7 @@ def _into(
             f"out.batch_size and the result's batch size must match, got "
             f"out.batch_size={out.batch_size} and batch_size={result}"
         )
+    token = _dirty.mark(out)
     for sink, *leaves in zip_leaves(out, *tds):
         if not isinstance(leaves[0], torch.Tensor):
             raise KeyError("a tensor entry of out= is not a tensor in the inputs")
@@ -185,6 +187,7 @@ def _into(
                 f"out= has an entry of shape {tuple(sink.shape)} where the result has {want}"
             )
         write(list(leaves), sink)
+    _dirty.confirm(out, _dirty.ALL, token)
     for key in tds[0].keys(include_nested=True, leaves_only=True):
         if key not in out:
             raise KeyError(f"key {key!r} of the inputs is missing from out=")

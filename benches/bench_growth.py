@@ -1,0 +1,205 @@
+"""Growth in place and incremental checkpoints (issue 24).
+
+Append: 1,000,000 rows (``obs`` float32 [64] + ``act`` int64: 264 bytes a row, 264 MB) appended
+to a memory-mapped tree in batches of 1,000 with ``extend_``, against one preallocated write of
+the same bytes (``memmap`` of the whole tree at once), in the same interleaved rounds (target:
+at most 1.3x). For context, the reference's way, ``torch.cat([old, new]).memmap(new_dir)`` per
+batch, rewrites everything each time (quadratic): it runs for the first ``REF_BATCHES`` batches
+only, and the table gives its measured time and the time extrapolated to the whole workload
+(sum over batches of the bytes rewritten, at the measured rate).
+
+Checkpoint: a memory-mapped buffer of ``TDRS_BENCH_CKPT_GIB`` GiB (default 4; 4 KiB rows) is
+checkpointed once (which writes both generations), then 1% of its rows are written through
+``td[idx] = ...`` and ``checkpoint(dest)`` is timed and its bytes written read from
+``/proc/self/io`` (``write_bytes``: what reached the page cache as dirty data, and ``wchar``),
+against ``memmap(full, copy_existing=True)`` of the same buffer (targets: at most 2% of the
+bytes, at most 10% of the time). Then again after another 1% (steady state: the spare
+generation is one checkpoint behind, so the rows of the last two intervals are copied), and the
+cost of ``verify=True`` (every chunk hashed).
+
+It needs about 4x the buffer's size free in the temp directory (the buffer, two generations, the
+full copy): with less, set ``TDRS_BENCH_CKPT_GIB`` lower. ``TDRS_BENCH_SCALE`` shrinks both
+workloads. The load average is printed beside every figure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import tensordict
+import tensordict_rs
+import torch
+from _harness import ROUNDS, SCALE, Case, interleave
+
+ROWS = max(10_000, int(1_000_000 * SCALE))
+BATCH = 1_000
+REF_BATCHES = int(os.environ.get("TDRS_BENCH_REF_BATCHES", "30"))
+CKPT_GIB = float(os.environ.get("TDRS_BENCH_CKPT_GIB", "4")) * min(1.0, SCALE)
+BASE = Path(tempfile.gettempdir()) / f"tdrs-bench-growth-{os.getpid()}"
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def _io() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/io") as f:
+        for line in f:
+            key, value = line.split(":")
+            out[key] = int(value)
+    return out
+
+
+def _source() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "obs": torch.rand(ROWS, 64, generator=g),
+        "act": torch.randint(0, 9, (ROWS,), generator=g),
+    }
+
+
+def _fresh(name: str) -> Path:
+    path = BASE / f"{name}-{time.monotonic_ns()}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _append(src: dict[str, torch.Tensor]) -> Path:
+    path = _fresh("append")
+    td = tensordict_rs.TensorDict({k: v[:0] for k, v in src.items()}, [0]).memmap(path)
+    for start in range(0, ROWS, BATCH):
+        td.extend_(
+            tensordict_rs.TensorDict({k: v[start : start + BATCH] for k, v in src.items()}, [BATCH])
+        )
+    assert td.batch_size[0] == ROWS
+    return path
+
+
+def _prealloc(src: dict[str, torch.Tensor]) -> Path:
+    path = _fresh("prealloc")
+    tensordict_rs.TensorDict(dict(src), [ROWS]).memmap(path)
+    return path
+
+
+def _ref_cat(src: dict[str, torch.Tensor]) -> Path:
+    path = _fresh("ref")
+    td = tensordict.TensorDict({k: v[:BATCH] for k, v in src.items()}, [BATCH]).memmap(path / "0")
+    for i in range(1, REF_BATCHES):
+        new = tensordict.TensorDict(
+            {k: v[i * BATCH : (i + 1) * BATCH] for k, v in src.items()}, [BATCH]
+        )
+        td = torch.cat([td, new]).memmap(path / str(i))
+        shutil.rmtree(path / str(i - 1))
+    return path
+
+
+def _gone(_: object, path: object) -> None:
+    if isinstance(path, Path):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_append_vs_preallocated_write() -> None:
+    src = _source()
+    row_bytes = sum(v[0].nbytes for v in src.values())
+    cases = {
+        "extend_": Case(lambda _: _append(src), cleanup=_gone),
+        "one write": Case(lambda _: _prealloc(src), cleanup=_gone),
+        "ref cat+memmap": Case(lambda _: _ref_cat(src), cleanup=_gone),
+    }
+    loads = [_load()]
+    out = interleave(cases)
+    loads.append(_load())
+    med = {name: statistics.median(o.times) for name, o in out.items() if o.times}
+    for name, o in out.items():
+        assert o.error is None, (name, o.error)
+    ratio = med["extend_"] / med["one write"]
+    # the reference rewrites i batches at batch i: extrapolate its measured rate
+    ref_bytes = sum(i * BATCH * row_bytes for i in range(1, REF_BATCHES + 1))
+    full_bytes = sum(i * BATCH * row_bytes for i in range(1, ROWS // BATCH + 1))
+    ref_extrapolated = med["ref cat+memmap"] * full_bytes / ref_bytes
+    print(
+        f"\nappend {ROWS:,} rows ({ROWS * row_bytes / 2**20:.0f} MiB) in batches of {BATCH}, "
+        f"{ROUNDS} alternated rounds, medians, load {loads[0]:.1f}-{loads[1]:.1f}:\n"
+        f"  extend_          {med['extend_']:.3f} s   ({ratio:.2f}x the one write)\n"
+        f"  one write        {med['one write']:.3f} s\n"
+        f"  ref cat+memmap   {med['ref cat+memmap']:.3f} s for its first {REF_BATCHES} batches, "
+        f"~{ref_extrapolated:.0f} s extrapolated to all {ROWS // BATCH} batches"
+    )
+    shutil.rmtree(BASE, ignore_errors=True)
+    assert ratio <= 1.3, f"extend_ costs {ratio:.2f}x one preallocated write (target 1.3x)"
+
+
+def test_checkpoint_after_one_percent() -> None:
+    rows = max(1024, int(CKPT_GIB * 2**30) // 4096)
+    base = _fresh("ckpt")
+    try:
+        td = tensordict_rs.TensorDict({"obs": torch.zeros(rows, 1024)}, [rows]).memmap(
+            base / "live"
+        )
+        total = rows * 4096
+        g = torch.Generator().manual_seed(1)
+        td.checkpoint(base / "ckpt")  # the first: both generations, in full
+        lines = []
+        figures = {}
+        for label in ("first incremental", "steady state"):
+            idx = torch.randperm(rows, generator=g)[: rows // 100]
+            td[idx] = tensordict_rs.TensorDict(
+                {"obs": torch.rand(len(idx), 1024, generator=g)}, [len(idx)]
+            )
+            load = _load()
+            before = _io()
+            t0 = time.perf_counter()
+            stats = td.checkpoint(base / "ckpt")
+            dt = time.perf_counter() - t0
+            after = _io()
+            wb = after["write_bytes"] - before["write_bytes"]
+            figures[label] = (dt, wb, stats["bytes_written"])
+            lines.append(
+                f"  checkpoint, {label:17s} {dt:.3f} s, write_bytes {wb / total:.2%}, "
+                f"wchar {(after['wchar'] - before['wchar']) / total:.2%} of the buffer "
+                f"(load {load:.1f})"
+            )
+        load = _load()
+        t0 = time.perf_counter()
+        vstats = td.checkpoint(base / "ckpt", verify=True)
+        verify_dt = time.perf_counter() - t0
+        lines.append(
+            f"  checkpoint(verify=True)      {verify_dt:.3f} s, "
+            f"hashed {vstats['bytes_hashed'] / 2**30:.2f} GiB, "
+            f"wrote {vstats['bytes_written'] / total:.2%} (load {load:.1f})"
+        )
+        full_times = []
+        for i in range(max(1, min(ROUNDS, 3))):
+            load = _load()
+            before = _io()
+            t0 = time.perf_counter()
+            td.memmap(base / f"full{i}", copy_existing=True)
+            full_times.append(time.perf_counter() - t0)
+            wb = _io()["write_bytes"] - before["write_bytes"]
+            shutil.rmtree(base / f"full{i}")
+            lines.append(
+                f"  memmap(copy_existing=True)   {full_times[-1]:.3f} s, "
+                f"write_bytes {wb / total:.2%} (load {load:.1f})"
+            )
+        full = statistics.median(full_times)
+        print(
+            f"\ncheckpoint of a {total / 2**30:.2f} GiB buffer ({rows:,} rows of 4 KiB), "
+            "1% of rows written:"
+        )
+        print("\n".join(lines))
+        dt, wb, written = figures["first incremental"]
+        print(
+            f"  first incremental: {dt / full:.1%} of the full copy's time; "
+            f"steady state: {figures['steady state'][0] / full:.1%}"
+        )
+        assert written <= 0.02 * total and wb <= 0.02 * total + (1 << 20)
+        assert dt <= 0.10 * full, f"checkpoint {dt:.3f} s vs full copy {full:.3f} s"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(BASE, ignore_errors=True)

@@ -1,0 +1,335 @@
+"""Incremental checkpoints of a memory-mapped tree (issue 24): ``td.checkpoint(dest)``.
+
+``dest`` is an ordinary directory in tensordict's format (``load_memmap`` here or in tensordict
+loads it) whose files are byte for byte those a full copy (``td.memmap(dest,
+copy_existing=True)``) writes, plus one hidden record, ``.tdrs%checkpoint``, that tensordict
+ignores.
+
+Two generations make each checkpoint atomic without a journal: beside ``dest`` lives its
+previous generation, the hidden sibling ``.<name>.tdrs%spare``. A checkpoint brings the spare
+up to date (copying only what changed since the spare was last brought up to date: the rows its
+record says, the small files that differ), then exchanges the two directories in one
+``renameat2(RENAME_EXCHANGE)``. Whatever instant a process dies at, ``dest`` is a whole
+directory, the previous checkpoint or the new one, for tensordict's loader as for ours; an
+interrupted update of the spare is finished by the next checkpoint (its record only moves
+forward once the spare is whole). The price: twice the disk space, and each checkpoint copies
+the rows written during the last two intervals (the spare is one checkpoint behind).
+
+Which rows changed comes from the tree's dirty map (``io/dirty.py``), stamped by every write
+through this library's methods from any process that loaded the tree. ``verify=True`` also
+hashes every ``chunk_bytes`` chunk of every leaf and copies the chunks whose hash differs from
+the spare's, so writes that bypass the library (through a leaf tensor) are caught too; it reads
+the whole tree, and writes only what changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import _native
+from .._core.dtypes import STR_TO_DTYPE
+from .._core.nodes import TreeNode
+from .dirty import DirtyMap
+
+RECORD = ".tdrs%checkpoint"
+RECORD_VERSION = 1
+CHUNK_BYTES = 1 << 16  # the verifying option's chunks
+
+try:
+    import fcntl
+except ImportError:  # Windows: checkpoints are not available (no directory exchange)
+    fcntl = None  # type: ignore[assignment]
+
+
+def spare_name(dest: Path) -> str:
+    """The name of the hidden sibling holding ``dest``'s other generation."""
+    return f".{dest.name}.tdrs%spare"
+
+
+def _skip(name: str) -> bool:
+    """Names of a tree directory that are not the tree's: this library's bookkeeping and
+    temporaries."""
+    return name.startswith(".tdrs%") or (name.startswith(".") and name.endswith(".tmp"))
+
+
+@contextlib.contextmanager
+def _lock(parent: Path, dest: Path) -> Iterator[None]:
+    """One checkpoint of ``dest`` at a time (a lock file beside it)."""
+    assert fcntl is not None
+    fd = os.open(parent / f".{dest.name}.tdrs%lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _read_record(gen: Path) -> dict[str, Any] | None:
+    try:
+        with open(gen / RECORD, "rb") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("version") != RECORD_VERSION:
+        return None
+    return record
+
+
+def _write_record(gen: Path, record: dict[str, Any]) -> None:
+    tmp = gen / f".{RECORD}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, gen / RECORD)
+
+
+class _Source:
+    """The files of the saved tree at ``prefix``: row files (dense leaves whose first dim is
+    the root's first batch dim) and the others (meta.json files, nested tables, ...)."""
+
+    def __init__(self, prefix: Path) -> None:
+        self.prefix = prefix
+        with open(prefix / "meta.json", "rb") as f:
+            root = json.load(f)
+        shape = root.get("shape") or []
+        self.rows = int(shape[0]) if shape else None
+        self.row_files: dict[str, int] = {}  # relative path -> bytes per row
+        self.files: list[str] = []  # every file, relative
+        self.dirs: list[str] = []  # every directory, relative ("" is the root)
+        self._walk(prefix, "")
+
+    def _walk(self, path: Path, rel: str) -> None:
+        self.dirs.append(rel)
+        meta: dict[str, Any] = {}
+        try:
+            with open(path / "meta.json", "rb") as f:
+                loaded = json.load(f)
+            meta = loaded if isinstance(loaded, dict) else {}
+        except (OSError, ValueError):
+            pass
+        for key, entry in meta.items():
+            if not isinstance(entry, dict) or self.rows is None or entry.get("is_nested"):
+                continue
+            dtype, shape = entry.get("dtype"), entry.get("shape")
+            if dtype in STR_TO_DTYPE and isinstance(shape, list) and shape:
+                if shape[0] == self.rows:
+                    numel = torch.Size(shape[1:]).numel()
+                    name = _native.encode_key(key) + ".memmap"
+                    self.row_files[rel + name] = numel * STR_TO_DTYPE[dtype].itemsize
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in entries:
+            if _skip(entry.name):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                self._walk(Path(entry.path), rel + entry.name + "/")
+            elif entry.is_file(follow_symlinks=False):
+                self.files.append(rel + entry.name)
+
+
+def _ranges(runs: list[tuple[int, int]], row_bytes: int) -> list[tuple[int, int]]:
+    return [(a * row_bytes, (b - a) * row_bytes) for a, b in runs]
+
+
+def _hashes(path: Path, nbytes: int, chunk: int) -> torch.Tensor:
+    raw = _native.chunk_hashes(os.fspath(path), nbytes, chunk)
+    return (
+        torch.frombuffer(bytearray(raw), dtype=torch.int64)
+        if raw
+        else torch.zeros(0, dtype=torch.int64)
+    )
+
+
+def _sync(
+    source: _Source,
+    gen: Path,
+    tracker: DirtyMap,
+    epoch: int,
+    verify: bool,
+    chunk: int,
+    durable: bool,
+) -> dict[str, int]:
+    """Brings the generation directory ``gen`` up to date with ``source``; returns counts."""
+    record = _read_record(gen)
+    if record is not None and record.get("token") != tracker.token:
+        record = None  # another tree's checkpoint, or a dirty map made again: copy all
+    since = None if record is None else int(record["since"])
+    old_ids: dict[str, list[int]] = {} if record is None else dict(record.get("ids", {}))
+    old_hashes: dict[str, str] = {}
+    if record is not None and record.get("chunk") == chunk:
+        old_hashes = dict(record.get("hashes") or {})
+    if record is not None and record.get("hashes"):
+        # from here until the new record, the spare's content is no longer what they say
+        record["hashes"] = {}
+        _write_record(gen, record)
+    stats = {"bytes_written": 0, "files_written": 0, "bytes_hashed": 0}
+    for rel in source.dirs:
+        if rel:
+            os.makedirs(gen / rel, exist_ok=True)
+    wanted = set(source.files)
+    ids: dict[str, list[int]] = {}
+    hashes: dict[str, str] = {}
+    rows = source.rows or 0
+    for rel in source.files:
+        src, dst = source.prefix / rel, gen / rel
+        st = os.stat(src)
+        ids[rel] = [st.st_dev, st.st_ino]
+        row_bytes = source.row_files.get(rel)
+        if row_bytes is None:  # a small file: copied whole when it differs
+            nbytes = st.st_size
+            same = False
+            with contextlib.suppress(OSError):
+                if os.path.getsize(dst) == nbytes:
+                    same = src.read_bytes() == dst.read_bytes()
+            if not same:
+                stats["bytes_written"] += _native.sync_file(
+                    os.fspath(src), os.fspath(dst), None, nbytes, durable=durable
+                )
+                stats["files_written"] += 1
+            continue
+        nbytes = rows * row_bytes
+        ranges: list[tuple[int, int]] | None
+        if since is None or old_ids.get(rel) != ids[rel] or not os.path.lexists(dst):
+            ranges = None  # a new leaf, a file saved again, or no usable record: all of it
+        else:
+            ranges = _ranges(tracker.dirty_rows(since, rows), row_bytes) if row_bytes else []
+            had = os.path.getsize(dst)
+            if had < nbytes:  # rows the spare never had
+                ranges.append((had, nbytes - had))
+        if verify and nbytes:
+            new = _hashes(src, nbytes, chunk)
+            stats["bytes_hashed"] += nbytes
+            hashes[rel] = new.numpy().tobytes().hex()
+            if ranges is not None:
+                old_hex = old_hashes.get(rel)
+                if old_hex is not None:
+                    old = torch.frombuffer(bytearray.fromhex(old_hex), dtype=torch.int64)
+                else:  # no hashes of the spare's content: hash it too
+                    have = min(os.path.getsize(dst), nbytes)
+                    old = _hashes(dst, have, chunk)
+                    stats["bytes_hashed"] += have
+                n = min(old.numel(), new.numel())
+                differ = (old[:n] != new[:n]).nonzero().flatten().tolist()
+                ranges.extend((i * chunk, chunk) for i in differ)
+                if new.numel() > n:
+                    ranges.append((n * chunk, nbytes - n * chunk))
+        written = _native.sync_file(os.fspath(src), os.fspath(dst), ranges, nbytes, durable=durable)
+        stats["bytes_written"] += written
+        stats["files_written"] += bool(written)
+    # what the source no longer has goes (deepest first)
+    for root, dirnames, filenames in os.walk(gen, topdown=False):
+        rel_root = os.path.relpath(root, gen)
+        rel_root = "" if rel_root == "." else rel_root + "/"
+        for name in filenames:
+            if rel_root + name not in wanted and (rel_root or name != RECORD):
+                os.unlink(os.path.join(root, name))  # gone from the tree, or a leftover
+        for name in dirnames:
+            if rel_root + name + "/" not in source.dirs:
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(root, name))
+    new_record = {
+        "version": RECORD_VERSION,
+        "token": tracker.token,
+        "since": epoch,
+        "source": os.fspath(source.prefix),
+        "ids": ids,
+        "chunk": chunk,
+        "hashes": hashes if verify else {},
+    }
+    _write_record(gen, new_record)
+    return stats
+
+
+def checkpoint(
+    td: TreeNode,
+    dest: str | os.PathLike[str],
+    *,
+    verify: bool = False,
+    chunk_bytes: int = CHUNK_BYTES,
+    durable: bool = False,
+) -> dict[str, int]:
+    """Brings the checkpoint directory ``dest`` up to date with the memory-mapped ``td``,
+    copying only what changed since the previous checkpoint; returns counts (``bytes_written``,
+    ``files_written``, ``bytes_hashed``).
+
+    ``dest`` then holds, byte for byte, the files ``td.memmap(dest, copy_existing=True)``
+    would write, and is the previous checkpoint or the new one at every instant (see the
+    module's docstring for how, and for the hidden sibling ``.<name>.tdrs%spare``).
+    ``verify=True`` also compares every ``chunk_bytes`` chunk by hash, catching writes that
+    bypassed the library's methods. ``durable=True`` fsyncs before the exchange. Write nothing
+    into ``td`` while a checkpoint runs (a write that overlaps it is in the next one).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"obs": torch.zeros(1000, 4)}, [1000]).memmap("live")
+    >>> td.checkpoint("ckpt")["bytes_written"] > 0  # the first one copies everything
+    True
+    >>> td[3] = TensorDict({"obs": torch.ones(4)}, [])
+    >>> td.checkpoint("ckpt")["bytes_written"]  # then only the block of rows written
+    4096
+    >>> TensorDict.load_memmap("ckpt")["obs"][3].sum().item()
+    4.0
+    """
+    prefix = td._memmap_prefix
+    if not td._is_memmap or prefix is None or not Path(prefix).is_dir():
+        raise RuntimeError(
+            "checkpoint() copies a TensorDict memory-mapped in a directory; call "
+            "memmap_(prefix) first (an anonymous or archive-backed one has no directory)"
+        )
+    if fcntl is None:
+        raise NotImplementedError("checkpoint() needs renameat2 and flock (Linux)")
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    prefix = Path(prefix)
+    dest = Path(dest).absolute()
+    if dest == prefix or prefix in dest.parents or dest in prefix.parents:
+        raise ValueError(f"the checkpoint {dest} cannot be inside the tree {prefix} or hold it")
+    parent = dest.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    spare = parent / spare_name(dest)
+    if os.path.lexists(dest):
+        if dest.is_symlink() or not dest.is_dir():
+            raise FileExistsError(f"{dest} exists and is not a checkpoint directory")
+        if _read_record(dest) is None and os.listdir(dest):
+            raise FileExistsError(
+                f"{dest} exists and is not a checkpoint made by checkpoint(); refusing to "
+                "replace what it holds: remove it or choose another destination"
+            )
+    with _lock(parent, dest):
+        source = _Source(prefix)
+        tracker = td._tracker
+        if tracker is None:
+            # the first checkpoint of this tree: from now on its writes are stamped
+            tracker = DirtyMap.open(prefix, create_rows=max(1, sum(source.row_files.values())))
+            assert tracker is not None
+            tracker.attach(td)
+        tracker.reserve(source.rows or 0)  # the map covers every row the tree has
+        epoch = tracker.advance()
+        spare.mkdir(exist_ok=True)
+        stats = _sync(source, spare, tracker, epoch, verify, chunk_bytes, durable)
+        if durable:
+            _sync_dirs(spare)
+        if os.path.lexists(dest):
+            _native.exchange_dirs(os.fspath(parent), spare.name, dest.name, durable=durable)
+        else:
+            _native.rename_new(os.fspath(parent), spare.name, dest.name, durable=durable)
+            # the first checkpoint also writes the other generation, so the next one is
+            # incremental already
+            spare.mkdir()
+            _sync(source, spare, tracker, epoch, verify, chunk_bytes, durable)
+    return stats
+
+
+def _sync_dirs(gen: Path) -> None:
+    for root, _, _ in os.walk(gen):
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,316 @@
+"""Memory-mapped trees that grow in place along their first batch dim (issue 24).
+
+``extend_(rows)``, ``append_(row)`` and ``resize_(n)`` change the number of rows of a
+memory-mapped TensorDict whose entries are all tensors, on disk or in anonymous memory.
+
+On disk, each leaf keeps its rows in its own file with room reserved past the last row (the
+reservation grows by half each time it runs out, so appending costs amortised O(1) per row;
+tensordict and this library both load a file longer than its leaf). A growth writes the new
+rows into the reservation, then replaces ``meta.json`` in one rename: that rename is the commit
+point, so a process killed at any instant leaves the old number of rows or the new one, never a
+torn row, and ``load_memmap`` always sees a committed length. Growths of one directory from
+several processes take turns (an exclusive ``flock`` on the directory, the lock saves take
+too) and each appends after the rows the directory holds then. Other processes see new rows
+after ``memmap_refresh_()``.
+
+Views and batches taken before a growth stay valid: files never shrink (a shrink only commits
+fewer rows), and a growth past the reservation maps the longer file again while old tensors
+keep their own map of the same file alive, so they keep reading and writing the same rows as
+the tree. In anonymous memory a growth past the reservation moves the rows to a larger map;
+tensors taken before then keep the old memory (valid, but no longer the tree's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import _native
+from .._core.nodes import TD, TreeNode
+from ..memmap import _from_buffer, _LazyLeaf, _source_bytes
+from . import dirty as _dirty_map
+
+GROWTH = 1.5  # the reservation grows by this factor when it runs out
+MIN_RESERVE_BYTES = 1 << 16  # and by at least this many bytes per leaf
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; growths from several processes are not serialized
+    fcntl = None  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _locked(prefix: Path) -> Iterator[None]:
+    """Holds the exclusive ``flock`` of the directory (the one saves take)."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(prefix, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _growable(td: TreeNode, what: str) -> list[tuple[str, Any]]:
+    """The leaves of ``td`` (key, value), after refusing a tree that cannot grow in place."""
+    prefix = td._memmap_prefix
+    on_disk = prefix is not None and os.path.isdir(prefix)
+    if not (td._is_memmap and prefix is None) and not on_disk:
+        raise RuntimeError(
+            f"{what} grows a memory-mapped TensorDict in place (saved in a directory, or "
+            "anonymous); call memmap_() first (or use torch.cat for one in ordinary memory)"
+        )
+    if td._read_only:
+        raise _native.LockedError(f"{what}: this TensorDict is read-only")
+    if not td._batch_size:
+        raise RuntimeError(f"{what}: a TensorDict without batch dims has no rows to grow")
+    out = []
+    for key, value in td._tensordict.items():
+        if type(value) is not _LazyLeaf and not isinstance(value, torch.Tensor):
+            raise _native.UnsupportedFormatError(
+                f"{what}: key {key!r} is not a tensor; only a TensorDict whose entries are all "
+                "tensors grows in place (its one meta.json then commits every leaf at once)"
+            )
+        if isinstance(value, torch.Tensor) and value.is_nested:
+            raise _native.UnsupportedFormatError(f"{what}: key {key!r} is a nested tensor")
+        out.append((key, value))
+    return out
+
+
+def _buffer(value: Any) -> _native.Buffer | None:
+    return value.buffer if type(value) is _LazyLeaf else getattr(value, "_buffer", None)
+
+
+def _committed_rows(prefix: Path) -> int:
+    """The rows the directory holds now (its meta.json's batch size)."""
+    with open(prefix / "meta.json", "rb") as f:
+        shape = json.load(f).get("shape") or [0]
+    return int(shape[0])
+
+
+class _Leaf:
+    """One leaf during a growth: its file, row size and current map."""
+
+    def __init__(self, td: TreeNode, key: str, value: Any) -> None:
+        self.key = key
+        self.dtype = value.dtype
+        self.tail = tuple(value.shape[1:])
+        self.row_bytes = torch.Size(self.tail).numel() * self.dtype.itemsize
+        self.buffer = _buffer(value)
+        prefix = td._memmap_prefix
+        self.path = None if prefix is None else prefix / (_native.encode_key(key) + ".memmap")
+
+    def capacity(self) -> int:
+        if self.row_bytes == 0:
+            return 1 << 62
+        return 0 if self.buffer is None else self.buffer.nbytes // self.row_bytes
+
+    def reserve(self, rows: int, keep: int) -> None:
+        """Makes the map hold at least ``rows`` rows (``keep``: rows to carry over when the
+        memory moves, in anonymous memory)."""
+        if self.capacity() >= rows:
+            return
+        want = max(rows, int(self.capacity() * GROWTH), rows + MIN_RESERVE_BYTES // self.row_bytes)
+        nbytes = want * self.row_bytes
+        if self.path is None:
+            new = _native.anonymous_buffers([(0, nbytes)])[0]
+            if keep and self.buffer is not None:
+                n = keep * self.row_bytes
+                dst = torch.frombuffer(new, dtype=torch.uint8, count=n)
+                dst.copy_(torch.frombuffer(self.buffer, dtype=torch.uint8, count=n))
+            self.buffer = new
+            return
+        name = os.fspath(self.path)
+        if not os.path.lexists(name):  # a leaf saved with no rows has no file yet
+            _native.write_file(name, 0, nbytes, existsok=False)
+        length = _native.reserve_file(name, nbytes)
+        self.buffer = _native.open_file(name, length // self.row_bytes * self.row_bytes)
+
+    def source_bytes(self, source: TreeNode | None, count: int) -> torch.Tensor:
+        """The ``count`` new rows as a contiguous CPU tensor of this leaf's dtype (zeros
+        without a source)."""
+        if source is None:
+            return torch.zeros((count, *self.tail), dtype=self.dtype)
+        value = source._get_str(self.key)
+        if tuple(value.shape) != (count, *self.tail):
+            value = value.expand(count, *self.tail)  # a broadcastable row, as copy_ takes it
+        return _source_bytes(value.to(dtype=self.dtype))
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of the map, as a plain tensor to write into."""
+        assert self.buffer is not None
+        flat = torch.frombuffer(
+            self.buffer,
+            dtype=self.dtype,
+            count=(stop - start) * self.row_bytes // self.dtype.itemsize,
+            offset=start * self.row_bytes,
+        )
+        return flat.view(stop - start, *self.tail)
+
+    def leaf(self, n: int) -> Any:
+        """The tree's new value: the first ``n`` rows of the map."""
+        if self.row_bytes == 0 or n == 0 or self.buffer is None:
+            return torch.empty((n, *self.tail), dtype=self.dtype)
+        # a tensor, not a lazy leaf: the map is longer than the leaf (the reservation), and
+        # the savers take a lazy leaf's bytes to be its whole map
+        return _from_buffer(self.buffer, self.dtype, (n, *self.tail))
+
+
+def _grow(
+    td: TD,
+    what: str,
+    new_rows: int | None,
+    source: TreeNode | None,
+    durable: bool,
+) -> TD:
+    """Commits ``td`` at its current rows + those of ``source``, or at ``new_rows`` (new rows
+    zero-filled); see the module's docstring for the steps and their order."""
+    entries = _growable(td, what)
+    prefix = td._memmap_prefix
+    lock = contextlib.nullcontext() if prefix is None else _locked(prefix)
+    with lock:
+        if prefix is not None:
+            start = _committed_rows(prefix)
+            if start != td._batch_size[0]:
+                refresh: Any = td
+                refresh.load_memmap_(prefix)  # another process grew or shrank it: start there
+                entries = _growable(td, what)
+        else:
+            start = td._batch_size[0]
+        stop = start + source._batch_size[0] if source is not None else int(new_rows or 0)
+        leaves = [_Leaf(td, key, value) for key, value in entries]
+        if source is not None:
+            missing = set(source._tensordict) ^ {k for k, _ in entries}
+            if missing:
+                raise KeyError(
+                    f"{what}: the rows must have exactly the keys of the TensorDict; these differ: "
+                    f"{sorted(missing)}"
+                )
+        tracker = td._tracker
+        if stop > start:
+            for leaf in leaves:
+                leaf.reserve(stop, start)
+            token = None if tracker is None else tracker.mark_rows(start, stop)
+            if prefix is not None:
+                # on disk: pwrite from the rows' memory, one native call for every leaf
+                keep = [leaf.source_bytes(source, stop - start) for leaf in leaves]
+                _native.write_rows(
+                    [
+                        (os.fspath(leaf.path), start * leaf.row_bytes, src.data_ptr(), src.nbytes)
+                        for leaf, src in zip(leaves, keep, strict=True)
+                        if leaf.row_bytes and leaf.path is not None
+                    ],
+                    durable=durable,
+                )
+                del keep
+            else:
+                for leaf in leaves:
+                    if leaf.row_bytes:
+                        target = leaf.rows(start, stop)
+                        if source is None:
+                            target.zero_()
+                        else:
+                            target.copy_(source._get_str(leaf.key))
+            if tracker is not None and token is not None:
+                tracker.confirm(None, stop, token)
+        if prefix is not None:
+            _native.set_rows(os.fspath(prefix), stop, durable=durable)
+        # the commit is done: the tree now shows ``stop`` rows
+        td._batch_size = torch.Size([stop, *td._batch_size[1:]])
+        for leaf in leaves:
+            td._tensordict[leaf.key] = leaf.leaf(stop)
+    return td
+
+
+def _as_rows(td: TreeNode, rows: Any, what: str, unsqueeze: bool) -> TreeNode:
+    """``rows`` as a tree of rows with ``td``'s trailing batch dims, on the CPU."""
+    tail = td._batch_size[1:]
+    if not isinstance(rows, TreeNode):
+        if not isinstance(rows, Mapping):
+            raise TypeError(f"{what} takes a TensorDict or a mapping of tensors, got {type(rows)}")
+        sample = next(iter(rows.values()), None)
+        if unsqueeze:
+            batch = torch.Size(tail)
+        else:
+            if not isinstance(sample, torch.Tensor) or sample.ndim == 0:
+                raise ValueError(f"{what}: give a TensorDict (its batch size says the rows)")
+            batch = torch.Size([sample.shape[0], *tail])
+        rows = type(td)(dict(rows), batch)
+    if unsqueeze:
+        if rows._batch_size != tail:
+            raise ValueError(
+                f"{what}: a row has batch size {tuple(tail)}, got {tuple(rows._batch_size)}"
+            )
+        rows = rows.unsqueeze(0)
+    elif rows._batch_size[1:] != tail or not rows._batch_size:
+        raise ValueError(
+            f"{what}: the rows need batch size (k, {', '.join(map(str, tail))}), got "
+            f"{tuple(rows._batch_size)}"
+        )
+    for key, value in rows._tensordict.items():
+        if isinstance(value, TreeNode):
+            raise _native.UnsupportedFormatError(f"{what}: key {key!r} is a nested TensorDict")
+    return rows
+
+
+def extend_(td: TD, rows: Any, *, durable: bool = False) -> TD:
+    """Appends ``rows`` (a TensorDict with batch size ``(k, *td.batch_size[1:])`` and the same
+    keys, or a mapping of tensors) after the last row, in place; returns ``td``.
+
+    ``durable`` fsyncs the new rows and the meta.json before returning (a power cut then
+    keeps them); without it a killed process still never leaves a torn row.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"obs": torch.zeros(2, 3)}, [2]).memmap("buf")
+    >>> td.extend_(TensorDict({"obs": torch.ones(4, 3)}, [4])).batch_size
+    torch.Size([6])
+    >>> TensorDict.load_memmap("buf")["obs"].sum().item()
+    12.0
+    """
+    return _grow(td, "extend_", None, _as_rows(td, rows, "extend_", False), durable)
+
+
+def append_(td: TD, row: Any, *, durable: bool = False) -> TD:
+    """Appends one row (a TensorDict with batch size ``td.batch_size[1:]``, or a mapping of
+    tensors) after the last row, in place; returns ``td``. See ``extend_``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"obs": torch.zeros(0, 3)}, [0]).memmap()
+    >>> td.append_({"obs": torch.ones(3)}).batch_size
+    torch.Size([1])
+    """
+    return _grow(td, "append_", None, _as_rows(td, row, "append_", True), durable)
+
+
+def resize_(td: TD, rows: int, *, durable: bool = False) -> TD:
+    """Grows or shrinks ``td`` to ``rows`` rows in place (new rows are zeros); returns ``td``.
+
+    A shrink keeps the files' space (as a reservation for later growth).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"obs": torch.ones(4, 3)}, [4]).memmap("buf2")
+    >>> td.resize_(2).batch_size, td.resize_(3)["obs"][2].sum().item()
+    (torch.Size([2]), 0.0)
+    """
+    if int(rows) < 0:
+        raise ValueError(f"resize_: a number of rows cannot be negative, got {rows}")
+    return _grow(td, "resize_", int(rows), None, durable)
+
+
+def attach(td: TreeNode, prefix: Path) -> None:
+    """Attaches the dirty map of the directory ``prefix`` (if it has one) to the loaded
+    ``td``."""
+    tracker = _dirty_map.DirtyMap.open(prefix)
+    if tracker is not None:
+        tracker.attach(td)

@@ -1,0 +1,371 @@
+//! Trees that grow in place along their first batch dim, and incremental copies of their
+//! files (issue 24: `extend_`/`resize_`/`checkpoint`). No pyo3.
+//!
+//! Growth keeps every leaf's rows in the leaf's own file, with room reserved past the last
+//! committed row: a file longer than its leaf loads here and in tensordict (both map the
+//! first `shape x itemsize` bytes). New rows are written into the reservation first, then
+//! `meta.json` is replaced atomically (written beside it, renamed over it): the rename is the
+//! commit point, so a reader (or a process killed at any instant) sees the old number of rows
+//! or the new one, never a torn row. Files never shrink, so maps taken before a growth or a
+//! shrink stay valid.
+//!
+//! A checkpoint copies into a second directory only the byte ranges the caller names
+//! (`sync_file`), hashes fixed-size chunks of a file to find changes that no tracker saw
+//! (`chunk_hashes`), and swaps two sibling directories in one step (`exchange_dirs`).
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::format;
+use crate::sys::dir::Dir;
+use crate::tree::load::split_file_path;
+
+/// Largest meta.json `set_rows` rewrites (a flat tree's meta.json is small).
+const META_LIMIT: u64 = 64 << 20;
+/// Piece size of the copies in `sync_file` and of the reads in `chunk_hashes`.
+const COPY_PIECE: usize = 8 << 20;
+
+/// Makes the data file at `path` at least `nbytes` long, with real blocks behind the new
+/// bytes (`fallocate`, so a full disk fails here with ENOSPC, not later with SIGBUS through a
+/// map); never shortens it. Returns the file's length afterwards.
+pub fn reserve_file(path: &Path, nbytes: u64) -> Result<u64> {
+    let (dir, name) = split_file_path(path)?;
+    let io_err = |e| Error::io(path, e);
+    let (file, writable) = dir.open_file(&name).map_err(io_err)?;
+    let len = file.metadata().map_err(io_err)?.len();
+    if len >= nbytes {
+        return Ok(len);
+    }
+    if !writable {
+        return Err(Error::tree(path, "the data file is read-only: it cannot grow"));
+    }
+    extend(&file, len, nbytes).map_err(io_err)?;
+    Ok(nbytes)
+}
+
+#[cfg(target_os = "linux")]
+fn extend(file: &File, from: u64, to: u64) -> io::Result<()> {
+    use rustix::fs::{fallocate, FallocateFlags};
+    match fallocate(file, FallocateFlags::empty(), from, to - from) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS | rustix::io::Errno::INVAL) => {
+            file.set_len(to)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn extend(file: &File, _from: u64, to: u64) -> io::Result<()> {
+    file.set_len(to)
+}
+
+/// Writes `data` at `offset` of each existing data file (`pwrite` from the source memory:
+/// no page fault per page, as writing through a fresh map of the reservation would cost);
+/// with `durable`, each file's data is fsynced.
+pub fn write_rows(items: &[(&Path, u64, &[u8])], durable: bool) -> Result<()> {
+    for &(path, offset, data) in items {
+        let (dir, name) = split_file_path(path)?;
+        let io_err = |e| Error::io(path, e);
+        let (file, writable) = dir.open_file(&name).map_err(io_err)?;
+        if !writable {
+            return Err(Error::tree(path, "the data file is read-only: it cannot grow"));
+        }
+        crate::sys::storage::write_all_at(&file, data, offset).map_err(io_err)?;
+        if durable {
+            file.sync_data().map_err(io_err)?;
+        }
+    }
+    Ok(())
+}
+
+/// Rewrites the meta.json of the flat tree at `prefix` with `rows` rows: its batch size's
+/// first dim and the first dim of every tensor leaf. Atomic (a new file renamed over the old
+/// one); with `durable` the file and the directory are fsynced. Refuses a tree with
+/// sub-directories (their meta.json files could not change in the same step) and leaves whose
+/// first dim is not the batch's.
+pub fn set_rows(prefix: &Path, rows: u64, durable: bool) -> Result<()> {
+    let dir = Dir::open(prefix).map_err(|e| Error::io(prefix, e))?;
+    let path = dir.child_path(format::META_FILE);
+    let bytes = dir
+        .read_limited(format::META_FILE, META_LIMIT)
+        .map_err(|e| Error::io(&path, e))?;
+    let mut meta: Value =
+        serde_json::from_slice(&bytes).map_err(|e| Error::invalid(&path, format!("not JSON: {e}")))?;
+    let bad = |m: String| Error::invalid(&path, m);
+    let obj = meta
+        .as_object_mut()
+        .ok_or_else(|| bad("not a JSON object".into()))?;
+    let old = match obj
+        .get("shape")
+        .and_then(|s| s.as_array())
+        .and_then(|s| s.first())
+    {
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| bad("a batch size that is not a list of ints".into()))?,
+        None => {
+            return Err(bad(
+                "no first batch dim: a tree grows along its first batch dim".into()
+            ))
+        }
+    };
+    for (key, entry) in obj.iter_mut() {
+        let Some(entry) = entry.as_object_mut() else {
+            continue;
+        };
+        if entry.contains_key("type") {
+            return Err(bad(format!(
+                "key {key:?} is a sub-directory: only a tree whose entries are all tensors grows"
+            )));
+        }
+        if entry.get("is_nested").and_then(Value::as_bool) == Some(true) {
+            return Err(bad(format!("key {key:?} is a nested tensor: it cannot grow")));
+        }
+        let Some(first) = entry
+            .get_mut("shape")
+            .and_then(|s| s.as_array_mut())
+            .and_then(|s| s.first_mut())
+        else {
+            return Err(bad(format!("key {key:?} has no first dim")));
+        };
+        if first.as_u64() != Some(old) {
+            return Err(bad(format!(
+                "key {key:?}: its first dim is not the batch's {old}"
+            )));
+        }
+        *first = Value::from(rows);
+    }
+    if let Some(first) = obj
+        .get_mut("shape")
+        .and_then(|s| s.as_array_mut())
+        .and_then(|s| s.first_mut())
+    {
+        *first = Value::from(rows);
+    }
+    let out = format::write::to_json_bytes(&meta);
+    replace_file(&dir, format::META_FILE, &out, durable).map_err(|e| Error::io(&path, e))
+}
+
+/// Replaces `dir/name` with `bytes` in one step (a temporary beside it, exchanged with it).
+fn replace_file(dir: &Dir, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
+    let temp = format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        crate::sys::storage::random_suffix()
+    );
+    dir.write_new(&temp, bytes, durable)?;
+    // An exchange, then the old file (now at the temporary name) removed: a rename over the
+    // old file would do too, but ext4 then writes the new file back inside the rename
+    // (`auto_da_alloc`), milliseconds per commit under I/O load, paid by every `extend_`.
+    // Where there is no exchange, the rename. A leftover temporary is never read.
+    let swapped = dir.exchange(&temp, dir, name).is_ok();
+    let done = if swapped {
+        Ok(())
+    } else {
+        dir.rename(&temp, dir, name, false)
+    };
+    if swapped || done.is_err() {
+        let _ = dir.remove_file(&temp);
+    }
+    done?;
+    if durable {
+        dir.sync()?;
+    }
+    Ok(())
+}
+
+/// Brings the file `dst` up to date with `src`: copies the byte `ranges` (`(offset, len)`,
+/// clipped to `len`; None: all of it), then sets `dst`'s size to exactly `len`. `dst` is
+/// created when missing (then every byte is copied). Returns the bytes written.
+pub fn sync_file(
+    src: &Path,
+    dst: &Path,
+    ranges: Option<&[(u64, u64)]>,
+    len: u64,
+    durable: bool,
+) -> Result<u64> {
+    let (sdir, sname) = split_file_path(src)?;
+    let (ddir, dname) = split_file_path(dst)?;
+    let source = sdir.open_read(&sname).map_err(|e| Error::io(src, e))?;
+    let have = source.metadata().map_err(|e| Error::io(src, e))?.len();
+    if have < len {
+        return Err(Error::tree(
+            src,
+            format!("holds {have} bytes, fewer than the {len} to copy"),
+        ));
+    }
+    let (target, fresh) = match ddir.open_file(&dname) {
+        Ok((f, true)) => (f, false),
+        Ok((_, false)) => return Err(Error::tree(dst, "the checkpoint's file is read-only")),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            (ddir.create_file(&dname).map_err(|e| Error::io(dst, e))?, true)
+        }
+        Err(e) => return Err(Error::io(dst, e)),
+    };
+    let old = target.metadata().map_err(|e| Error::io(dst, e))?.len();
+    let all = [(0, len)];
+    let ranges = if fresh { &all[..] } else { ranges.unwrap_or(&all) };
+    let mut written = 0u64;
+    let mut buf = vec![0u8; COPY_PIECE];
+    if old > len {
+        target.set_len(len).map_err(|e| Error::io(dst, e))?;
+    }
+    for &(start, n) in ranges {
+        let end = start.saturating_add(n).min(len);
+        let mut at = start;
+        while at < end {
+            let piece = ((end - at) as usize).min(COPY_PIECE);
+            read_exact_at(&source, &mut buf[..piece], at).map_err(|e| Error::io(src, e))?;
+            crate::sys::storage::write_all_at(&target, &buf[..piece], at).map_err(|e| Error::io(dst, e))?;
+            at += piece as u64;
+            written += piece as u64;
+        }
+    }
+    if target.metadata().map_err(|e| Error::io(dst, e))?.len() != len {
+        target.set_len(len).map_err(|e| Error::io(dst, e))?;
+    }
+    if durable {
+        target.sync_all().map_err(|e| Error::io(dst, e))?;
+    }
+    Ok(written)
+}
+
+#[cfg(unix)]
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.read_exact_at(buf, offset)
+}
+
+#[cfg(windows)]
+fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        let n = file.seek_read(buf, offset)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        buf = &mut buf[n..];
+        offset += n as u64;
+    }
+    Ok(())
+}
+
+/// One 64-bit hash per `chunk` bytes of the first `len` bytes of `path` (the last chunk may be
+/// shorter): two CRC-32s, of each half of the chunk, with the chunk's length folded in.
+pub fn chunk_hashes(path: &Path, len: u64, chunk: u64) -> Result<Vec<u64>> {
+    if chunk == 0 {
+        return Err(Error::tree(path, "the chunk size must be positive"));
+    }
+    let (dir, name) = split_file_path(path)?;
+    let file = dir.open_read(&name).map_err(|e| Error::io(path, e))?;
+    let mut out = Vec::with_capacity(len.div_ceil(chunk) as usize);
+    let mut buf = vec![0u8; chunk.min(COPY_PIECE as u64 * 4) as usize];
+    let mut at = 0u64;
+    while at < len {
+        let n = (len - at).min(chunk);
+        let (mut lo, mut hi) = (crc32fast::Hasher::new(), crc32fast::Hasher::new());
+        let half = n / 2;
+        let mut done = 0u64;
+        while done < n {
+            let piece = ((n - done) as usize).min(buf.len());
+            read_exact_at(&file, &mut buf[..piece], at + done).map_err(|e| Error::io(path, e))?;
+            // split the piece at the chunk's middle
+            let cut = half.saturating_sub(done).min(piece as u64) as usize;
+            lo.update(&buf[..cut]);
+            hi.update(&buf[cut..piece]);
+            done += piece as u64;
+        }
+        hi.update(&n.to_le_bytes());
+        out.push(((lo.finalize() as u64) << 32) | hi.finalize() as u64);
+        at += n;
+    }
+    Ok(out)
+}
+
+/// Exchanges two directories of the same parent in one step (`renameat2(RENAME_EXCHANGE)`):
+/// each name then holds the other's tree, and at no instant is either name missing or half
+/// of each. With `durable` the parent is fsynced. Fails where the system has no exchange.
+pub fn exchange_dirs(parent: &Path, a: &str, b: &str, durable: bool) -> Result<()> {
+    let dir = Dir::open(parent).map_err(|e| Error::io(parent, e))?;
+    dir.exchange(a, &dir, b)
+        .map_err(|e| Error::io(dir.child_path(a), e))?;
+    if durable {
+        dir.sync().map_err(|e| Error::io(parent, e))?;
+    }
+    Ok(())
+}
+
+/// Moves directory `a` of `parent` to the free name `b` (fails if `b` exists).
+pub fn rename_new(parent: &Path, a: &str, b: &str, durable: bool) -> Result<()> {
+    let dir = Dir::open(parent).map_err(|e| Error::io(parent, e))?;
+    dir.rename(a, &dir, b, true)
+        .map_err(|e| Error::io(dir.child_path(b), e))?;
+    if durable {
+        dir.sync().map_err(|e| Error::io(parent, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("tdrs-grow-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn set_rows_rewrites_batch_and_leaves() {
+        let d = temp("rows");
+        std::fs::write(
+            d.join("meta.json"),
+            br#"{"a": {"device": "cpu", "shape": [3, 2], "dtype": "torch.float32", "is_nested": false}, "shape": [3], "device": "cpu"}"#,
+        )
+        .unwrap();
+        set_rows(&d, 7, false).unwrap();
+        let text = std::fs::read_to_string(d.join("meta.json")).unwrap();
+        assert_eq!(
+            text,
+            r#"{"a": {"device": "cpu", "shape": [7, 2], "dtype": "torch.float32", "is_nested": false}, "shape": [7], "device": "cpu"}"#
+        );
+        std::fs::write(
+            d.join("meta.json"),
+            br#"{"b": {"type": "TensorDict"}, "shape": [3]}"#,
+        )
+        .unwrap();
+        assert!(set_rows(&d, 7, false).is_err());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn sync_copies_ranges_and_sets_length() {
+        let d = temp("sync");
+        let data: Vec<u8> = (0..100u8).collect();
+        std::fs::write(d.join("src"), &data).unwrap();
+        assert_eq!(
+            sync_file(&d.join("src"), &d.join("dst"), Some(&[]), 100, false).unwrap(),
+            100
+        );
+        let mut changed = data.clone();
+        changed[10..20].fill(9);
+        std::fs::write(d.join("src"), &changed).unwrap();
+        assert_eq!(
+            sync_file(&d.join("src"), &d.join("dst"), Some(&[(10, 10)]), 60, false).unwrap(),
+            10
+        );
+        assert_eq!(std::fs::read(d.join("dst")).unwrap(), changed[..60]);
+        let h = chunk_hashes(&d.join("src"), 100, 30).unwrap();
+        assert_eq!(h.len(), 4);
+        assert_eq!(reserve_file(&d.join("src"), 200).unwrap(), 200);
+        assert_eq!(reserve_file(&d.join("src"), 50).unwrap(), 200);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
