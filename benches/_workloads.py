@@ -412,6 +412,22 @@ WORKLOADS: tuple[Workload, ...] = (
         min_ratio=2.0,
         min_fraction=1 / 1.2,
     ),
+    Workload(
+        "weights_rt",
+        "from_module(model).memmap(dir) + load_memmap(dir).to_module(model2) + read, 1 GiB model",
+        "GB/s",
+        "torch.save(state_dict) + torch.load(mmap=True) + load_state_dict(assign=True) + read",
+        "context (issue 23 names no target)",
+        info=True,
+    ),
+    Workload(
+        "weights_rt_safetensors",
+        "the same round trip of the 1 GiB model against safetensors",
+        "GB/s",
+        "safetensors save_file + load_file + load_state_dict(assign=True) + read",
+        "context (issue 23 names no target)",
+        info=True,
+    ),
 )
 
 BY_ID = {w.id: w for w in WORKLOADS}

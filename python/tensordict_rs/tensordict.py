@@ -23,13 +23,16 @@ from .io import safetensors as _safetensors
 from .io.persistence import MemoryMapped
 from .memmap import _LazyLeaf
 from .ops import apply as _apply
+from .ops import casts as _casts
 from .ops import indexing as _indexing
+from .ops import inplace as _inplace
 from .ops import keys as _keys
 from .ops import nested as _nested_ops
 from .ops import pointwise as _pointwise
 from .ops import pytree as _pytree
 from .ops import shape as _shape
 from .ops import torch_functions as _torch
+from .ops.batch import BatchShape
 from .ops.devices import DeviceMoves, _normalize_device
 from .ops.pointwise_types import _PointwiseTypes
 from .share import pickling as _pickling
@@ -41,11 +44,6 @@ from .share.processes import Shareable, register
 
 __all__ = ["TensorDict"]
 
-_DEVICE_SET_ERROR = (
-    "device cannot be set using tensordict.device = device, because device cannot be updated "
-    "in-place. To update device, use tensordict.to(new_device), which will return a new "
-    "tensordict on the new device."
-)
 _NO_DEFAULT: Any = object()
 _CPU = torch.device("cpu")
 
@@ -88,6 +86,7 @@ class _classmethod(Generic[P]):
 
 
 class TensorDict(
+    BatchShape,
     MemoryMapped,
     DeviceMoves,
     Lockable,
@@ -134,111 +133,6 @@ class TensorDict(
             self.names = names
         if lock:
             self.lock_()
-
-    # ------------------------------------------------------------------ shape and device
-
-    @property
-    def batch_size(self) -> torch.Size:
-        """The leading dimensions shared by every entry.
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> td = TensorDict({"a": torch.zeros(2, 3)}, [2, 3])
-        >>> td.batch_size = [2]  # any leading dims of every entry
-        >>> td.batch_size
-        torch.Size([2])
-        """
-        return self._batch_size
-
-    @batch_size.setter
-    def batch_size(self, value: Any) -> None:
-        new = torch.Size(value)
-        for key in self._tensordict:
-            shape = self._entry_shape(key)
-            if shape is not None and tuple(shape[: len(new)]) != tuple(new):
-                raise RuntimeError(
-                    f"the batch size {new} does not fit key {key!r} of shape {torch.Size(shape)}"
-                )
-        names = self._names
-        self._batch_size = new
-        if names is not None:  # the names of the dims that stay; new dims unnamed
-            self._set_names([*names[: len(new)], *[None] * (len(new) - len(names))])
-
-    @property
-    def shape(self) -> torch.Size:
-        """Same as ``batch_size``.
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> TensorDict({"a": torch.zeros(2, 3)}, [2]).shape
-        torch.Size([2])
-        """
-        return self._batch_size
-
-    @property
-    def batch_dims(self) -> int:
-        """Number of batch dimensions.
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> td = TensorDict({"a": torch.zeros(2, 3)}, [2, 3])
-        >>> td.batch_dims, td.ndim
-        (2, 2)
-        """
-        return len(self._batch_size)
-
-    ndim = batch_dims
-
-    def dim(self) -> int:
-        """Number of batch dimensions (same as ``batch_dims``).
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> TensorDict({"a": torch.zeros(2, 3)}, [2, 3]).dim()
-        2
-        """
-        return len(self._batch_size)
-
-    def numel(self) -> int:
-        """Number of elements of the batch (product of ``batch_size``).
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> TensorDict({"a": torch.zeros(2, 3)}, [2, 3]).numel()
-        6
-        """
-        return self._batch_size.numel()
-
-    @property
-    def device(self) -> torch.device | None:
-        """The device of every entry, or None when entries may be on different devices.
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> TensorDict({"a": torch.zeros(2)}, [2], device="cpu").device
-        device(type='cpu')
-        >>> TensorDict({"a": torch.zeros(2)}, [2]).device is None
-        True
-        """
-        return self._device
-
-    @device.setter
-    def device(self, value: Any) -> None:
-        raise RuntimeError(_DEVICE_SET_ERROR)
-
-    @property
-    def is_cuda(self) -> bool:
-        """True when the TensorDict's device is a CUDA device.
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> TensorDict({}, [], device="cpu").is_cuda
-        False
-        """
-        return self._device is not None and self._device.type == "cuda"
-
-    @property
-    def is_cpu(self) -> bool:
-        """True when the TensorDict's device is the CPU.
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> TensorDict({}, [], device="cpu").is_cpu, TensorDict({}, []).is_cpu
-        (True, False)
-        """
-        return self._device is not None and self._device.type == "cpu"
 
     # ------------------------------------------------------------------ entries
 
@@ -655,18 +549,18 @@ class TensorDict(
     all = _pointwise.all_true
     any = _pointwise.any_true
 
-    # ------------------------------------------------------------------ ops/apply, ops/pointwise
+    # -------------------------------------------------- ops/apply, ops/inplace, ops/pointwise
 
     apply = _apply.apply
     apply_ = _apply.apply_
     named_apply = _apply.named_apply
-    zero_ = _pointwise.zero_
-    fill_ = _pointwise.fill_
-    copy_ = _pointwise.copy_
-    set_at_ = _pointwise.set_at_
-    update_at_ = _pointwise.update_at_
-    masked_fill = _pointwise.masked_fill
-    masked_fill_ = _pointwise.masked_fill_
+    zero_ = _inplace.zero_
+    fill_ = _inplace.fill_
+    copy_ = _inplace.copy_
+    set_at_ = _inplace.set_at_
+    update_at_ = _inplace.update_at_
+    masked_fill = _inplace.masked_fill
+    masked_fill_ = _inplace.masked_fill_
     add = _pointwise.add
     add_ = _pointwise.add_
     sub = _pointwise.sub
@@ -738,7 +632,7 @@ TensorDictBase.register(TensorDict)
 _pytree.register(TensorDict)
 
 # Set after the class body so that the casts named float/int/bool do not shadow the builtins there.
-for _name, _method in {**_pointwise.methods(), **_pointwise.CASTS}.items():
+for _name, _method in {**_pointwise.methods(), **_casts.CASTS}.items():
     setattr(TensorDict, _name, _method)
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 import tensordict_rs
-from tensordict_rs.ops import pointwise
+from tensordict_rs.ops import casts, pointwise
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -103,7 +103,7 @@ EXAMPLES = [
     "unpack_memmap",
     "refresh_archive_checksums",
     *(f"TensorDict.{name}" for name in pointwise.methods()),
-    *(f"TensorDict.{name}" for name in pointwise.CASTS),
+    *(f"TensorDict.{name}" for name in casts.CASTS),
     # ops/shape, ops/keys, ops/apply and the named element-wise methods
     *(
         f"TensorDict.{name}"

@@ -26,12 +26,12 @@ import torch
 from .._core.nodes import TreeNode
 from ..io.entries import FileEntries
 from ..ops.autograd import Autograd
+from ..ops.binary import MorePointwise
 from ..ops.convert import Conversions
 from ..ops.entries import Entries
 from ..ops.factories import Factories
 from ..ops.modules import ModuleWeights
 from ..ops.names import Names
-from ..ops.pointwise import MorePointwise
 from ..ops.rearrange import Rearrange
 from ..ops.reductions import Reductions
 
