@@ -18,8 +18,8 @@ Tensordict ignores files its meta.json does not name, so the map never disturbs 
 
 from __future__ import annotations
 
-import os
-import secrets
+import os  # os.urandom, not secrets: a process that dropped root after importing torch
+# may be unable to read the standard library (the ownership tests run so)
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ class DirtyMap:
             if create_rows is None:
                 return None
             header = torch.tensor(
-                [MAGIC, 1, secrets.randbits(62), block_rows(create_rows)] + [0] * 60,
+                [MAGIC, 1, int.from_bytes(os.urandom(8), "little") >> 2, block_rows(create_rows)] + [0] * 60,
                 dtype=torch.int64,
             )
             try:
