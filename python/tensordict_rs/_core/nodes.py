@@ -214,6 +214,14 @@ class NonTensorData:
         TensorDict, see share/processes.py)."""
         return (NonTensorData, (self.data, self.batch_size, self.device))
 
+    def __setstate__(self, state: Any) -> None:
+        """Reads pickles written before ``__reduce__`` existed: their state is the slots
+        ``data``, ``batch_size`` and ``device`` (as ``(None, slots)``)."""
+        slots = state[1] if isinstance(state, tuple) else state
+        NonTensorData.__init__(
+            self, slots.get("data"), slots.get("batch_size"), slots.get("device")
+        )
+
     @property
     def _is_shared(self) -> bool:
         """True for a value kept in shared memory (``share_memory_``, ``share_non_tensor``)."""
