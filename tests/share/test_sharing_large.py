@@ -16,7 +16,7 @@ import torch
 from tensordict_rs import TensorDict
 from torch.utils.data import DataLoader
 
-from .test_sharing import WAIT, context, identity, memfds, settles
+from .test_sharing import RING_SPARE, WAIT, context, identity, memfds, regions, ring_batch, settles
 
 MIB = 1 << 20
 BIG = 48 * MIB // 4  # float32 elements of one big leaf: 4 of them are 3 arenas' worth
@@ -135,10 +135,14 @@ def test_dataloader_workers_send_big_batches_as_a_few_fds(method: str) -> None:
     before = memfds()
     batches = list(loader)
     assert len(batches) == ROWS // BATCH
-    per_batch = [len(arenas(b)) for b in batches]
-    # 128 MiB of big leaves per batch: at most one arena per writer (2 at most at this size)
+    per_batch = [len(regions(b)) for b in batches]
+    # 128 MiB of big leaves per batch: one ring slot, or with the ring off at most one arena
+    # per writer (2 at most at this size)
     assert all(1 <= n <= 2 for n in per_batch), per_batch
-    assert settles(memfds, before + sum(per_batch))
+    held = set().union(*(regions(b) for b in batches))
+    assert len(held) == sum(per_batch)
+    spare = RING_SPARE if all(ring_batch(b) for b in batches) else 0
+    assert settles(memfds, before + len(held), slack=spare)
     rows = []
     for b in batches:
         assert isinstance(b, TensorDict) and b.batch_size == (BATCH,)
