@@ -18,8 +18,7 @@ Tensordict ignores files its meta.json does not name, so the map never disturbs 
 
 from __future__ import annotations
 
-import os  # os.urandom, not secrets: a process that dropped root after importing torch
-# may be unable to read the standard library (the ownership tests run so)
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +58,11 @@ class DirtyMap:
         if not os.path.lexists(path):
             if create_rows is None:
                 return None
+            # os.urandom, not the secrets module: a process that dropped root after importing
+            # torch may be unable to read the standard library (the ownership tests run so)
+            token = int.from_bytes(os.urandom(8), "little") >> 2
             header = torch.tensor(
-                [MAGIC, 1, int.from_bytes(os.urandom(8), "little") >> 2, block_rows(create_rows)] + [0] * 60,
+                [MAGIC, 1, token, block_rows(create_rows)] + [0] * 60,
                 dtype=torch.int64,
             )
             try:
