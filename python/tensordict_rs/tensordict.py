@@ -275,7 +275,7 @@ class TensorDict(
             td._set_str(path[-1], value, non_blocking=non_blocking)
         return self
 
-    def set_(self, key: Key, value: Any) -> Self:
+    def set_(self, key: Key, value: Any, *, non_blocking: bool = False) -> Self:
         """Copies ``value`` into the existing entry at ``key``; works on locked TensorDicts.
 
         >>> import torch; from tensordict_rs import TensorDict
@@ -290,7 +290,7 @@ class TensorDict(
             raise KeyError(
                 f'key "{path[-1]}" not found in TensorDict with keys {sorted(td._tensordict)}'
             )
-        td._copy_into(path[-1], value, False)
+        td._copy_into(path[-1], value, non_blocking)
         return self
 
     def _copy_into(self, key: str, value: Any, non_blocking: bool) -> None:
@@ -315,40 +315,61 @@ class TensorDict(
 
     def update(
         self,
-        input_dict: Mapping[str, Any] | TreeNode,
-        *,
+        input_dict_or_td: Mapping[Any, Any] | TreeNode | None = None,
         clone: bool = False,
         inplace: bool = False,
+        *,
+        non_blocking: bool = False,
+        keys_to_update: Any = None,
+        is_leaf: Callable[[type], bool] | None = None,
+        update_batch_size: bool = False,
+        ignore_lock: bool = False,
+        **kwargs: Any,
     ) -> Self:
-        """Sets every entry of ``input_dict`` (nested mappings update nested TensorDicts).
+        """Sets every entry of ``input_dict_or_td`` and of the keyword arguments (nested
+        mappings update nested TensorDicts, whose other entries stay).
+
+        ``clone`` copies the values first; ``inplace`` writes into existing entries (so a
+        locked TensorDict accepts it); ``keys_to_update`` limits the keys written (a key
+        names its whole subtree); ``is_leaf`` tells which types are not merged into; a tree
+        of another batch size replaces the contents and the batch size only with
+        ``update_batch_size=True``, as in tensordict.
 
         >>> import torch; from tensordict_rs import TensorDict
         >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.zeros(2)}}, [2])
         >>> td.update({"b": {"d": torch.ones(2)}}).keys(include_nested=True)
         ['a', ('b', 'c'), ('b', 'd'), 'b']
+        >>> new = {"a": torch.ones(2), "b": {"c": torch.ones(2)}}
+        >>> td.update(new, keys_to_update=[("b", "c")])["a"]
+        tensor([0., 0.])
         """
-        for key, value in _pairs(input_dict):
-            if isinstance(value, (Mapping, TensorDict)) and isinstance(
-                self._tensordict.get(key), TensorDict
-            ):
-                self._tensordict[key].update(value, clone=clone, inplace=inplace)
-                continue
-            if clone and isinstance(value, torch.Tensor):
-                value = value.clone()
-            self.set(key, value, inplace=inplace)
-        return self
+        return _inplace.update(
+            self, input_dict_or_td, clone, inplace, non_blocking=non_blocking,
+            keys_to_update=keys_to_update, is_leaf=is_leaf,
+            update_batch_size=update_batch_size, ignore_lock=ignore_lock, **kwargs,
+        )  # fmt: skip
 
-    def update_(self, input_dict: Mapping[str, Any] | TreeNode) -> Self:
-        """Copies every entry of ``input_dict`` into the existing entries (works when locked).
+    def update_(
+        self,
+        input_dict_or_td: Mapping[Any, Any] | TreeNode | None = None,
+        clone: bool = False,
+        *,
+        non_blocking: bool = False,
+        keys_to_update: Any = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Copies every entry of ``input_dict_or_td`` (and of the keyword arguments) into the
+        existing entries (works when locked); an unknown key raises ``KeyError``.
 
         >>> import torch; from tensordict_rs import TensorDict
         >>> td = TensorDict({"a": torch.zeros(2)}, [2], lock=True)
         >>> td.update_({"a": torch.ones(2)})["a"]
         tensor([1., 1.])
         """
-        for key, value in _pairs(input_dict):
-            self.set_(key, value)
-        return self
+        return _inplace.update_(
+            self, input_dict_or_td, clone, non_blocking=non_blocking,
+            keys_to_update=keys_to_update, **kwargs,
+        )  # fmt: skip
 
     def __getitem__(self, index: Any) -> Any:
         """An entry (a str or tuple of str key) or the rows of a batch index (int, slice,

@@ -189,3 +189,72 @@ def test_delitem_and_pop() -> None:
     assert td.pop("missing", 3) == 3
     with pytest.raises(KeyError):
         td.pop("missing")
+
+
+@pytest.mark.parametrize("lib", ["ref", "rs"])
+def test_update_signature_matches_tensordict(lib: str) -> None:
+    """Positional clone, keyword entries, keys_to_update, non_blocking, the lock and a source
+    of another batch size, run on both libraries with the same expectations."""
+    import tensordict
+
+    TD = tensordict.TensorDict if lib == "ref" else TensorDict
+    td = TD({"a": torch.zeros(3), "n": {"x": torch.zeros(3), "y": torch.zeros(3)}}, [3])
+    src = torch.ones(3)
+    td.update({"b": src}, True)  # clone, positionally
+    assert td["b"] is not src and torch.equal(td["b"], src)
+    td.update(c=torch.full((3,), 2.0))  # keyword entries
+    assert torch.equal(td["c"], torch.full((3,), 2.0))
+    td.update({"a": torch.ones(3)}, a=torch.full((3,), 4.0))  # keywords win
+    assert torch.equal(td["a"], torch.full((3,), 4.0))
+    new = {
+        "a": torch.full((3,), 7.0),
+        "n": {"x": torch.full((3,), 7.0), "y": torch.full((3,), 7.0)},
+    }
+    td.update(new, keys_to_update=[("n", "x")], non_blocking=False)
+    assert torch.equal(td["n", "x"], torch.full((3,), 7.0))
+    assert torch.equal(td["a"], torch.full((3,), 4.0)) and torch.equal(td["n", "y"], torch.zeros(3))
+    assert td.update(new, keys_to_update=[]) is td
+    assert torch.equal(td["a"], torch.full((3,), 4.0))
+    td.update({("n", "z"): torch.ones(3)})  # a nested key in a mapping
+    assert torch.equal(td["n", "z"], torch.ones(3))
+    with pytest.raises(RuntimeError, match="update_batch_size"):
+        td.update(TD({"a": torch.zeros(5)}, [5]))
+    assert td.batch_size == (3,)
+    flat = TD({"a": torch.zeros(3)}, [3])
+    flat.update(TD({"a": torch.ones(5), "b": torch.ones(5)}, [5]), update_batch_size=True)
+    assert flat.batch_size == (5,) and torch.equal(flat["b"], torch.ones(5))
+    with pytest.raises(RuntimeError, match="not present in the source"):
+        TD({"a": torch.zeros(3), "q": torch.zeros(3)}, [3]).update(
+            TD({"a": torch.ones(5)}, [5]), update_batch_size=True
+        )
+    td.lock_()
+    with pytest.raises(RuntimeError, match="lock"):
+        td.update({"a": torch.zeros(3)})
+    a = td["a"]
+    td.update({"a": torch.zeros(3)}, inplace=True)
+    assert td["a"] is a and torch.equal(a, torch.zeros(3))
+
+
+@pytest.mark.parametrize("lib", ["ref", "rs"])
+def test_update__signature_matches_tensordict(lib: str) -> None:
+    import tensordict
+
+    TD = tensordict.TensorDict if lib == "ref" else TensorDict
+    td = TD({"a": torch.zeros(3), "n": {"x": torch.zeros(3), "y": torch.zeros(3)}}, [3])
+    a = td["a"]
+    td.update_(a=torch.ones(3))
+    assert td["a"] is a and torch.equal(a, torch.ones(3))
+    new = {
+        "a": torch.full((3,), 5.0),
+        "n": {"x": torch.full((3,), 5.0), "y": torch.full((3,), 5.0)},
+    }
+    td.update_(new, keys_to_update=[("n", "y")], non_blocking=False)
+    assert torch.equal(td["n", "y"], torch.full((3,), 5.0))
+    assert torch.equal(td["n", "x"], torch.zeros(3)) and torch.equal(a, torch.ones(3))
+    src = torch.full((3,), 6.0)
+    td.update_({"a": src}, True)
+    assert torch.equal(a, src)
+    td.set_("a", torch.full((3,), 8.0), non_blocking=False)
+    assert torch.equal(a, torch.full((3,), 8.0))
+    with pytest.raises(KeyError):
+        td.update_(missing=torch.ones(3))

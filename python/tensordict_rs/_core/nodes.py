@@ -108,12 +108,28 @@ class TreeNode:
         ) -> Self: ...
         def update(
             self,
-            input_dict: Mapping[str, Any] | TreeNode,
-            *,
+            input_dict_or_td: Mapping[Any, Any] | TreeNode | None = None,
             clone: bool = False,
             inplace: bool = False,
+            *,
+            non_blocking: bool = False,
+            keys_to_update: Any = None,
+            is_leaf: Callable[[type], bool] | None = None,
+            update_batch_size: bool = False,
+            ignore_lock: bool = False,
+            **kwargs: Any,
         ) -> Self: ...
-        def update_(self, input_dict: Mapping[str, Any] | TreeNode) -> Self: ...
+        def update_(
+            self,
+            input_dict_or_td: Mapping[Any, Any] | TreeNode | None = None,
+            clone: bool = False,
+            *,
+            non_blocking: bool = False,
+            keys_to_update: Any = None,
+            **kwargs: Any,
+        ) -> Self: ...
+        def set_(self, key: Key, value: Any, *, non_blocking: bool = False) -> Self: ...
+        def __delitem__(self, key: Key) -> None: ...
         def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Key]: ...
         def items(
             self, include_nested: bool = False, leaves_only: bool = False

@@ -8,16 +8,18 @@ TensorDicts and reach the files; a read-only tree refuses them with the error of
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from .._core import dirty as _dirty
-from .._core.locking import refuse_read_only
+from .._core.locking import locked_error, refuse_read_only
 from .._core.nodes import TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
-from .._core.walk import leaves, map_leaves, zip_leaves
+from .._core.walk import is_tree, leaves, map_leaves, zip_leaves
+from .indexing import pairs
 
 
 def zero_(td: TD) -> TD:
@@ -210,3 +212,175 @@ def masked_fill(td: TD, mask: torch.Tensor, value: float | bool) -> TD:
             [ 3.,  4.,  5.]])
     """
     return map_leaves(td, lambda t: t.masked_fill(_mask_for(mask, t), value))
+
+
+def _narrow(wanted: list[tuple[str, ...]] | None, key: tuple[str, ...]) -> list[Any] | None:
+    """The keys of ``wanted`` under ``key``, relative to it: None for everything under ``key``
+    (no filter, or a wanted key at or above it), ``[]`` for nothing."""
+    if wanted is None:
+        return None
+    below: list[Any] = []
+    for w in wanted:
+        if key[: len(w)] == w:
+            return None
+        if w[: len(key)] == key:
+            below.append(w[len(key) :])
+    return below
+
+
+def _default_is_leaf(cls: type) -> bool:
+    """tensordict's ``is_leaf_nontensor``: tensors are leaves (a mapping is merged into)."""
+    return issubclass(cls, torch.Tensor)
+
+
+def _sources(input_dict_or_td: Any, kwargs: dict[str, Any]) -> list[Any]:
+    """What an ``update`` writes, in order: the mapping or tree, then the keyword entries
+    (which win on a conflict, as in tensordict)."""
+    if not kwargs:
+        return [] if input_dict_or_td is None else [input_dict_or_td]
+    if input_dict_or_td is None:
+        return [kwargs]
+    if isinstance(input_dict_or_td, dict):
+        return [{**input_dict_or_td, **kwargs}]
+    return [input_dict_or_td, kwargs]
+
+
+def update(
+    td: TD,
+    input_dict_or_td: Any = None,
+    clone: bool = False,
+    inplace: bool = False,
+    *,
+    non_blocking: bool = False,
+    keys_to_update: Sequence[Any] | None = None,
+    is_leaf: Any = None,
+    update_batch_size: bool = False,
+    ignore_lock: bool = False,
+    **kwargs: Any,
+) -> TD:
+    """``TensorDict.update`` (see its docstring)."""
+    if ignore_lock:
+        warnings.warn(
+            "update(ignore_lock=True) is deprecated (tensordict removes it in 0.17): update inside "
+            "`with td.unlock_():` or pass inplace=True",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    elif not inplace and td.is_locked:
+        raise locked_error()
+    if keys_to_update is not None and len(keys_to_update) == 0:
+        return td
+    wanted = None if keys_to_update is None else [_key_tuple(k) for k in keys_to_update]
+    leaf = _default_is_leaf if is_leaf is None else is_leaf
+    flags = {
+        "clone": clone,
+        "inplace": inplace,
+        "non_blocking": non_blocking,
+        "is_leaf": is_leaf,
+        "update_batch_size": update_batch_size,
+    }
+    for source in _sources(input_dict_or_td, kwargs):
+        if source is td:
+            continue
+        if is_tree(source) and (
+            td.batch_size[: source.batch_dims] != source.batch_size[: td.batch_dims]
+        ):
+            _replace_batch_size(td, source, wanted, **flags)
+            continue
+        for key, value in pairs(source):
+            k = _key_tuple(key)
+            if not k:
+                raise KeyError(f"update(): an empty key {key!r}")
+            below = _narrow(wanted, k)
+            if below is not None and not below:
+                continue
+            if clone:
+                value = value.clone() if hasattr(value, "clone") else value
+            first = k[0]
+            target = td._get_str(first) if first in td._tensordict else None
+            if is_tree(target) and not leaf(type(target)) and not leaf(type(value)):
+                if len(k) > 1:
+                    update(
+                        target, {k[1:]: value}, keys_to_update=_narrow(wanted, (first,)), **flags
+                    )
+                    continue
+                if isinstance(value, Mapping) or is_tree(value):
+                    update(target, value, keys_to_update=below, **flags)
+                    continue
+            td.set(k if len(k) > 1 else first, value, inplace=inplace, non_blocking=non_blocking)
+    return td
+
+
+def _replace_batch_size(
+    td: TD, source: TD, wanted: list[tuple[str, ...]] | None, **flags: Any
+) -> None:
+    """``update`` from a tree of another batch size: with ``update_batch_size=True`` every
+    entry of ``td`` is replaced by the source's and the batch size with it, as in tensordict."""
+    if not flags["update_batch_size"]:
+        raise RuntimeError(
+            f"update() got a source with batch size {source.batch_size} for a destination "
+            f"with batch size {td.batch_size}. Pass update_batch_size=True to replace the "
+            "batch size."
+        )
+    if flags["inplace"]:
+        raise RuntimeError(
+            "Source and destination tensor collection shapes mismatch, but update was called "
+            "with inplace=True, which cannot be achieved."
+        )
+    if wanted is not None:
+        raise RuntimeError(
+            "Updating tensordicts of different batch-size with keys_to_update is currently "
+            "not supported."
+        )
+    keys_source = set(source.keys(True))
+    keys_dest = set(td.keys(True))
+    if not keys_dest.issubset(keys_source):
+        raise RuntimeError(
+            "Some keys of the dest tensordict are not present in the source during update "
+            f"with mismatching batch-size. batch_size of source={source.batch_size}, "
+            f"batch_size of dest={td.batch_size}, keys in dest but not in source: "
+            f"{keys_dest - keys_source}."
+        )
+    for key in list(td._tensordict):
+        del td[key]
+    td.batch_size = source.batch_size
+    for key, value in pairs(source):
+        if flags["clone"] and hasattr(value, "clone"):
+            value = value.clone()
+        td.set(key, value, non_blocking=flags["non_blocking"])
+
+
+def update_(
+    td: TD,
+    input_dict_or_td: Any = None,
+    clone: bool = False,
+    *,
+    non_blocking: bool = False,
+    keys_to_update: Sequence[Any] | None = None,
+    **kwargs: Any,
+) -> TD:
+    """``TensorDict.update_`` (see its docstring)."""
+    if keys_to_update is not None and len(keys_to_update) == 0:
+        return td
+    wanted = None if keys_to_update is None else [_key_tuple(k) for k in keys_to_update]
+    for source in _sources(input_dict_or_td, kwargs):
+        if source is td:
+            continue
+        for key, value in pairs(source):
+            k = _key_tuple(key)
+            below = _narrow(wanted, k)
+            if below is not None and not below:
+                continue
+            if clone and hasattr(value, "clone"):
+                value = value.clone()
+            first = k[0]
+            target = td._get_str(first) if first in td._tensordict else None
+            if (
+                target is not None
+                and is_tree(target)
+                and (isinstance(value, Mapping) or is_tree(value))
+            ):
+                update_(target, value, non_blocking=non_blocking, keys_to_update=below)
+                continue
+            td.set_(k if len(k) > 1 else first, value, non_blocking=non_blocking)
+    return td
