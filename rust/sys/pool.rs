@@ -87,48 +87,55 @@ where
     let failed = AtomicBool::new(false);
     let first_error = Mutex::new(None);
     let mut slots: Vec<Option<R>> = std::iter::repeat_with(|| None).take(jobs.len()).collect();
+    // One worker's loop: claims runs of jobs until none is left or one failed.
+    let claim = |counted: bool| -> Vec<(usize, R)> {
+        let mut out = Vec::new();
+        'claim: while !failed.load(Ordering::Relaxed) {
+            let start = next.fetch_add(run_len, Ordering::Relaxed);
+            if start >= order.len() {
+                break;
+            }
+            for &i in &order[start..(start + run_len).min(order.len())] {
+                let result = if counted {
+                    counted_job(&jobs[i], sizes[i], &f)
+                } else {
+                    f(&jobs[i])
+                };
+                match result {
+                    Ok(r) => out.push((i, r)),
+                    Err(e) => {
+                        failed.store(true, Ordering::Relaxed);
+                        first_error
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(e);
+                        break 'claim;
+                    }
+                }
+            }
+        }
+        out
+    };
+    // The caller is one of the workers: it claims first, so the largest job (one big file)
+    // is written by the calling thread. Measured on tmpfs in a VM: one 1 GiB pwrite from a
+    // freshly spawned thread took 0.69-0.71 s in 3 rounds of 10 and 0.39 s otherwise, from
+    // the thread that had just freed the previous file's pages 0.38-0.42 s in every round
+    // (the freed pages are at hand on its CPU).
     let done: Vec<Vec<(usize, R)>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers)
+        let handles: Vec<_> = (1..workers)
             .map(|_| {
                 let counter = counter.clone();
-                let (f, sizes, order) = (&f, &sizes, &order);
-                let (next, failed, first_error) = (&next, &failed, &first_error);
+                let claim = &claim;
                 scope.spawn(move || {
                     let counted = counter.is_some();
                     let _counting = PROGRESS.with(|p| p.replace(counter));
-                    let mut out = Vec::new();
-                    'claim: while !failed.load(Ordering::Relaxed) {
-                        let start = next.fetch_add(run_len, Ordering::Relaxed);
-                        if start >= order.len() {
-                            break;
-                        }
-                        for &i in &order[start..(start + run_len).min(order.len())] {
-                            let result = if counted {
-                                counted_job(&jobs[i], sizes[i], f)
-                            } else {
-                                f(&jobs[i])
-                            };
-                            match result {
-                                Ok(r) => out.push((i, r)),
-                                Err(e) => {
-                                    failed.store(true, Ordering::Relaxed);
-                                    first_error
-                                        .lock()
-                                        .unwrap_or_else(|p| p.into_inner())
-                                        .get_or_insert(e);
-                                    break 'claim;
-                                }
-                            }
-                        }
-                    }
-                    out
+                    claim(counted)
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("worker panicked"))
-            .collect()
+        let mut done = vec![claim(counter.is_some())];
+        done.extend(handles.into_iter().map(|h| h.join().expect("worker panicked")));
+        done
     });
     if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
