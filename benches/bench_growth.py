@@ -10,8 +10,10 @@ only, and the table gives its measured time and the time extrapolated to the who
 
 Checkpoint: a memory-mapped buffer of ``TDRS_BENCH_CKPT_GIB`` GiB (default 4; 4 KiB rows) is
 checkpointed once (which writes both generations), then 1% of its rows are written through
-``td[idx] = ...`` and ``checkpoint(dest)`` is timed and its bytes written read from
-``/proc/self/io`` (``write_bytes``: what reached the page cache as dirty data, and ``wchar``),
+``td[idx] = ...`` and ``checkpoint(dest)`` is timed, each timed call starting from a clean
+page cache (``os.sync()`` first, untimed), and its bytes written are read from the block
+device's counter (sectors written, with an ``os.sync()`` after the call) beside ``/proc/self/io``
+(``wchar``, and ``write_bytes``, which counts whole large folios on this kernel's ext4),
 against ``memmap(full, copy_existing=True)`` of the same buffer (targets: at most 2% of the
 bytes, at most 10% of the time). Then again after another 1% (steady state: the spare
 generation is one checkpoint behind, so the rows of the last two intervals are copied), and the
@@ -54,6 +56,33 @@ def _io() -> dict[str, int]:
             key, value = line.split(":")
             out[key] = int(value)
     return out
+
+
+def _disk_written(path: Path) -> int:
+    """Bytes the block device holding ``path`` has written since boot (its ``stat`` file's
+    sectors written); 0 where there is no such file (tmpfs, not Linux)."""
+    st = os.stat(path)
+    stat = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat")
+    try:
+        return int(stat.read_text().split()[6]) * 512
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _timed_io(path: Path, call) -> tuple[float, dict[str, int], int]:
+    """``call()`` timed from a clean page cache (``os.sync()`` first, untimed, as the other
+    disk benchmarks do, so that no earlier call's writeback is charged to this one), with
+    its ``/proc/self/io`` counts and the bytes it made the disk write (``os.sync()`` after,
+    untimed)."""
+    os.sync()
+    before, disk = _io(), _disk_written(path)
+    t0 = time.perf_counter()
+    call()
+    dt = time.perf_counter() - t0
+    after = _io()
+    os.sync()
+    counts = {k: after[k] - before[k] for k in ("write_bytes", "wchar")}
+    return dt, counts, _disk_written(path) - disk
 
 
 def _source() -> dict[str, torch.Tensor]:
@@ -153,17 +182,15 @@ def test_checkpoint_after_one_percent() -> None:
                 {"obs": torch.rand(len(idx), 1024, generator=g)}, [len(idx)]
             )
             load = _load()
-            before = _io()
-            t0 = time.perf_counter()
-            stats = td.checkpoint(base / "ckpt")
-            dt = time.perf_counter() - t0
-            after = _io()
-            wb = after["write_bytes"] - before["write_bytes"]
-            figures[label] = (dt, wb, stats["bytes_written"])
+            result: dict = {}
+            dt, io, disk = _timed_io(
+                base, lambda out=result: out.update(td.checkpoint(base / "ckpt"))
+            )
+            figures[label] = (dt, disk, result["bytes_written"])
             lines.append(
-                f"  checkpoint, {label:17s} {dt:.3f} s, write_bytes {wb / total:.2%}, "
-                f"wchar {(after['wchar'] - before['wchar']) / total:.2%} of the buffer "
-                f"(load {load:.1f})"
+                f"  checkpoint, {label:17s} {dt:.3f} s, disk {disk / total:.2%}, "
+                f"wchar {io['wchar'] / total:.2%}, write_bytes {io['write_bytes'] / total:.2%} "
+                f"of the buffer (load {load:.1f})"
             )
         load = _load()
         t0 = time.perf_counter()
@@ -177,15 +204,14 @@ def test_checkpoint_after_one_percent() -> None:
         full_times = []
         for i in range(max(1, min(ROUNDS, 3))):
             load = _load()
-            before = _io()
-            t0 = time.perf_counter()
-            td.memmap(base / f"full{i}", copy_existing=True)
-            full_times.append(time.perf_counter() - t0)
-            wb = _io()["write_bytes"] - before["write_bytes"]
+            dt, io, disk = _timed_io(
+                base, lambda i=i: td.memmap(base / f"full{i}", copy_existing=True)
+            )
+            full_times.append(dt)
             shutil.rmtree(base / f"full{i}")
             lines.append(
-                f"  memmap(copy_existing=True)   {full_times[-1]:.3f} s, "
-                f"write_bytes {wb / total:.2%} (load {load:.1f})"
+                f"  memmap(copy_existing=True)   {dt:.3f} s, disk {disk / total:.2%}, "
+                f"write_bytes {io['write_bytes'] / total:.2%} (load {load:.1f})"
             )
         full = statistics.median(full_times)
         print(
@@ -193,12 +219,16 @@ def test_checkpoint_after_one_percent() -> None:
             "1% of rows written:"
         )
         print("\n".join(lines))
-        dt, wb, written = figures["first incremental"]
+        dt, disk, written = figures["first incremental"]
         print(
             f"  first incremental: {dt / full:.1%} of the full copy's time; "
             f"steady state: {figures['steady state'][0] / full:.1%}"
         )
-        assert written <= 0.02 * total and wb <= 0.02 * total + (1 << 20)
+        # The disk's count (the journal and metadata included) decides: on this kernel ext4
+        # keeps file data in large folios, and /proc/self/io's write_bytes counts a whole folio
+        # as dirtied for a 4 KiB write into it (99.7% of the buffer for 1% of rows written
+        # back as 1.0% by the disk), so it is printed, not checked.
+        assert written <= 0.02 * total and disk <= 0.02 * total + (8 << 20)
         assert dt <= 0.10 * full, f"checkpoint {dt:.3f} s vs full copy {full:.3f} s"
     finally:
         shutil.rmtree(base, ignore_errors=True)
