@@ -298,7 +298,12 @@ def update(
                 value = value.clone() if hasattr(value, "clone") else value
             first = k[0]
             target = td._get_str(first) if first in td._tensordict else None
-            if is_tree(target) and not leaf(type(target)) and not leaf(type(value)):
+            if (
+                target is not None
+                and is_tree(target)
+                and not leaf(type(target))
+                and not leaf(type(value))
+            ):
                 if len(k) > 1:
                     update(
                         target, {k[1:]: value}, keys_to_update=_narrow(wanted, (first,)), **flags
