@@ -272,3 +272,32 @@ def test_the_slot_words_refuse_stale_generations() -> None:
     assert _native.ring_state(header, 0) == (2, _ring.HELD)
     with pytest.raises(ValueError, match="slots do not fit"):
         _native.ring_acquire(header, 9)
+
+
+class _LostHandle:
+    """A descriptor handle whose worker is gone: fetching it fails as resource_sharer does."""
+
+    def detach(self) -> int:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+def test_a_descriptor_lost_with_its_killed_worker_is_torchs_worker_error() -> None:
+    """A worker killed after it queued a batch cannot hand over the batch's slab: the fetch of
+    the descriptor fails, which must read as torch's "worker exited unexpectedly" once the
+    worker is gone (a zombie too), and stay the connection error while the worker lives."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(ConnectionResetError):
+            _ring._detach(_LostHandle(), child.pid, wait=0.2)
+        child.kill()  # not reaped yet: a zombie
+        with pytest.raises(RuntimeError, match=f"worker \\(pid {child.pid}\\) exited unexpectedly"):
+            _ring._detach(_LostHandle(), child.pid, wait=10.0)
+        child.wait()  # reaped: the pid is gone
+        with pytest.raises(RuntimeError, match="exited unexpectedly"):
+            _ring._detach(_LostHandle(), child.pid, wait=10.0)
+    finally:
+        child.kill()
+        child.wait()

@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import select
 import threading
+import time
 import weakref
 from multiprocessing import reduction
 from typing import Any, cast
@@ -347,6 +348,41 @@ def _close(handle: Any) -> None:
         os.close(handle.detach())
 
 
+def _gone(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` exits (a zombie counts) within ``timeout`` seconds."""
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                return bool(select.select([fd], [], [], timeout)[0])
+            finally:
+                os.close(fd)
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _detach(handle: Any, pid: int, wait: float = 10.0) -> int:
+    """The descriptor a worker sent (``DupFd``: fetched from the worker's resource sharer).
+    A worker killed after it queued the batch cannot hand it over: that is torch's "worker
+    exited unexpectedly", raised once the worker is seen gone, so the DataLoader's own check
+    finds it dead too."""
+    try:
+        return int(handle.detach())
+    except (OSError, EOFError) as err:
+        if _gone(pid, wait):
+            raise RuntimeError(f"DataLoader worker (pid {pid}) exited unexpectedly") from err
+        raise
+
+
 def receive(message: tuple[Any, ...]) -> torch.UntypedStorage:
     """The storage of one ring batch in this process (the slab mapped once per worker); its
     slot goes back to the worker when the storage and every view of it are freed."""
@@ -361,7 +397,9 @@ def receive(message: tuple[Any, ...]) -> torch.UntypedStorage:
                     "this process has not mapped (was the batch pickled twice, or did it come "
                     "from another process?)"
                 )
-            header = _native.receive_shared(header_h.detach(), HEADER_BYTES, [(0, HEADER_BYTES)])
+            header = _native.receive_shared(
+                _detach(header_h, pid), HEADER_BYTES, [(0, HEADER_BYTES)]
+            )
             ring = _RemoteRing(header[0], pid)
             _rings[token] = ring
             _watcher().watch(pid)
@@ -376,7 +414,7 @@ def receive(message: tuple[Any, ...]) -> torch.UntypedStorage:
                     f"a DataLoader batch names slab {key} of worker {pid}, which this process "
                     "has not mapped"
                 )
-            buffer = _native.receive_shared(slab_h.detach(), nbytes, [(0, nbytes)])[0]
+            buffer = _native.receive_shared(_detach(slab_h, pid), nbytes, [(0, nbytes)])[0]
             slab = ring.slabs[key] = _RemoteSlab(buffer)
             _by_address[buffer.address] = slab
         else:
