@@ -202,6 +202,9 @@ def test_update_signature_matches_tensordict(lib: str) -> None:
     src = torch.ones(3)
     td.update({"b": src}, True)  # clone, positionally
     assert td["b"] is not src and torch.equal(td["b"], src)
+    inner = torch.ones(3)
+    td.update({"new": {"x": inner}}, clone=True)  # a new nested entry from a plain mapping
+    assert td["new", "x"] is not inner and torch.equal(td["new", "x"], inner)
     td.update(c=torch.full((3,), 2.0))  # keyword entries
     assert torch.equal(td["c"], torch.full((3,), 2.0))
     td.update({"a": torch.ones(3)}, a=torch.full((3,), 4.0))  # keywords win

@@ -233,6 +233,16 @@ def _default_is_leaf(cls: type) -> bool:
     return issubclass(cls, torch.Tensor)
 
 
+def _cloned(value: Any) -> Any:
+    """``value`` cloned for ``update(clone=True)``: a tensor or tree by its ``clone``, a plain
+    mapping entry by entry (tensordict's ``tree_map(torch.clone, value)``)."""
+    if hasattr(value, "clone"):
+        return value.clone()
+    if isinstance(value, Mapping):
+        return {k: _cloned(v) for k, v in value.items()}
+    return value
+
+
 def _sources(input_dict_or_td: Any, kwargs: dict[str, Any]) -> list[Any]:
     """What an ``update`` writes, in order: the mapping or tree, then the keyword entries
     (which win on a conflict, as in tensordict)."""
@@ -295,7 +305,7 @@ def update(
             if below is not None and not below:
                 continue
             if clone:
-                value = value.clone() if hasattr(value, "clone") else value
+                value = _cloned(value)
             first = k[0]
             target = td._get_str(first) if first in td._tensordict else None
             if (
@@ -350,9 +360,7 @@ def _replace_batch_size(
         del td[key]
     td.batch_size = source.batch_size
     for key, value in pairs(source):
-        if flags["clone"] and hasattr(value, "clone"):
-            value = value.clone()
-        td.set(key, value, non_blocking=flags["non_blocking"])
+        td.set(key, _cloned(value) if flags["clone"] else value, non_blocking=flags["non_blocking"])
 
 
 def update_(
@@ -376,8 +384,8 @@ def update_(
             below = _narrow(wanted, k)
             if below is not None and not below:
                 continue
-            if clone and hasattr(value, "clone"):
-                value = value.clone()
+            if clone:
+                value = _cloned(value)
             first = k[0]
             target = td._get_str(first) if first in td._tensordict else None
             if (
