@@ -101,16 +101,15 @@ pub fn load_tree(prefix: &Path) -> Result<(LoadedNode, Vec<Option<Region>>)> {
         // Held open for the whole load, the root meta.json's inode cannot be reused.
         let pin = root.open_read(format::META_FILE).ok();
         let pinned = pin.as_ref().and_then(|f| identity::of_file(f).ok());
-        let result = load_from(&root);
+        let mut found = Found::default();
+        let result = load_from(&root, &mut found);
         let changed = commit::journal_present(&root)
             || pinned.is_none()
             || meta_identity(&root) != pinned
             || identity::of_path(prefix).ok() != Some(root_id)
-            || result
-                .as_ref()
-                .is_ok_and(|(_, _, stamps)| sub_trees_changed(&root, stamps));
+            || sub_trees_changed(&root, &found.stamps);
         if !changed {
-            return result.map(|(node, regions, _)| (node, regions));
+            return result;
         }
         if attempt >= COMMIT_RETRIES {
             return result.and_then(|_| {
@@ -162,10 +161,10 @@ struct Found {
     stamps: Vec<(Vec<String>, Stamp)>,
 }
 
-type Walked = (LoadedNode, Vec<Option<Region>>, Vec<(Vec<String>, Stamp)>);
-
-fn load_from(root: &Dir) -> Result<Walked> {
-    let mut found = Found::default();
+/// Walks and maps the tree. `found` keeps the stamps of the sub-directories' meta.json read
+/// so far even when the load fails: a failure they explain (a save to a sub-tree committed
+/// meanwhile) is a race to retry, not damage.
+fn load_from(root: &Dir, found: &mut Found) -> Result<(LoadedNode, Vec<Option<Region>>)> {
     let mut rel = Vec::new();
     let (meta, class) = match read_meta(root)? {
         NodeMeta::TensorDict(m) => (m, None),
@@ -180,13 +179,10 @@ fn load_from(root: &Dir) -> Result<Walked> {
             (tensorclass_fields(root)?.1, Some(class))
         }
     };
-    let mut node = walk(root, &mut rel, 0, &[], meta, &mut found)?;
+    let mut node = walk(root, &mut rel, 0, &[], meta, found)?;
     node.class = class.map(|c| Value::Object(c).to_string());
-    let Found {
-        groups,
-        count,
-        stamps,
-    } = found;
+    let groups = std::mem::take(&mut found.groups);
+    let count = found.count;
     // Every directory's meta.json is read first; then the files are mapped in parallel, a
     // group at a time (each worker holds one directory open while it maps its group).
     let leaves: usize = groups.iter().map(|g: &MapGroup| g.jobs.len()).sum();
@@ -207,18 +203,40 @@ fn load_from(root: &Dir) -> Result<Walked> {
     )?;
     let regions: Vec<Option<Region>> = mapped.into_iter().flatten().collect();
     debug_assert_eq!(regions.len(), count);
-    Ok((node, regions, stamps))
+    Ok((node, regions))
 }
 
-/// Opens the sub-directory of `key` and, when a save to it as its own prefix is committing
-/// or was interrupted there (its own journal), waits for it or finishes it first (see
-/// `commit::settle`): a sub-tree is never read in the middle of its own commit.
-fn open_settled_child(parent: &Dir, key: &str) -> Result<Dir> {
-    let child = open_child_dir(parent, key)?;
-    if commit::journal_present(&child) {
-        commit::settle(&child)?;
+/// Opens the sub-directory of `key` and reads its meta.json. When a save to it as its own
+/// prefix is committing or was interrupted there (its own journal), waits for it or finishes
+/// it first (see `commit::settle`), so a sub-tree is never read in the middle of its own
+/// commit. A commit can also start between that check and the read (its first step moves the
+/// meta.json aside): a read that fails while a journal appeared, or while the meta.json in
+/// place changed, is such a race, and the sub-tree is settled and read again.
+fn read_settled_child(parent: &Dir, key: &str) -> Result<(Dir, NodeMeta, Stamp)> {
+    let mut attempt = 0;
+    loop {
+        let child = open_child_dir(parent, key)?;
+        if commit::journal_present(&child) {
+            commit::settle(&child)?;
+        }
+        let before = meta_stamp(&child);
+        match read_meta_stamped(&child) {
+            Ok((meta, stamp)) => return Ok((child, meta, stamp)),
+            Err(err) => {
+                let raced = commit::journal_present(&child) || meta_stamp(&child) != before;
+                if !raced || attempt >= COMMIT_RETRIES {
+                    return Err(err);
+                }
+            }
+        }
+        attempt += 1;
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    Ok(child)
+}
+
+/// The stamp of the meta.json in `dir` now (None: there is none, or it cannot be read).
+fn meta_stamp(dir: &Dir) -> Option<Stamp> {
+    dir.stat(format::META_FILE).ok().flatten().map(Stamp::from)
 }
 
 /// Loads the directory at `rel` below `root`, whose meta.json (`meta`) its parent read
@@ -288,8 +306,7 @@ fn walk(
                 entries.push((key, Some(LoadedEntry::Stack(stack))));
             }
             Entry::Collection => {
-                let child = open_settled_child(&dir, &key)?;
-                let (child_meta, stamp) = read_meta_stamped(&child)?;
+                let (child, child_meta, stamp) = read_settled_child(&dir, &key)?;
                 let mut child_rel = rel.clone();
                 child_rel.push(format::encode_key(&key));
                 found.stamps.push((child_rel, stamp));

@@ -7,8 +7,10 @@ non-tensor key ``note``, so a load tells at a glance which version each leaf com
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -109,3 +111,19 @@ def assert_whole(prefix: Path, version: int, keys: set[str] | None = None) -> No
     assert tensordict_rs.verify(prefix) == []
     ref = tensordict.TensorDict.load_memmap(prefix)
     assert versions(ref) == seen, f"reference: {versions(ref)}, ours: {seen}"
+
+
+@contextlib.contextmanager
+def reaped(*children: subprocess.Popen[str]) -> Iterator[None]:
+    """Kills and waits for ``children`` when the block leaves early (a failed assertion), so a
+    failing test leaves no process running and no pipe open for a later test to trip over."""
+    try:
+        yield
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+            for stream in (child.stdin, child.stdout, child.stderr):
+                if stream is not None:
+                    stream.close()

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from ._attack_helpers import JOURNAL, killed_save, leftovers, versions
+from ._attack_helpers import JOURNAL, killed_save, leftovers, reaped, versions
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NESTED = {2: ("sub",), 3: ("sub", "deep")}
@@ -119,20 +119,21 @@ def test_loads_racing_nested_saves_are_never_torn(tmp_path: Path, depth: int) ->
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert writer.stdout is not None and writer.stdout.readline().strip() == "started"
     loads, torn, refused, seen = 0, [], 0, set()
-    while writer.poll() is None:
-        try:
-            td = TensorDict.load_memmap(prefix)
-        except tensordict_rs.TensorDictError:
-            refused += 1
-            continue
-        loads += 1
-        values = nested_values(td, depth)
-        seen |= values
-        if len(values) != 1:
-            torn.append(sorted(values))
-    _, err = writer.communicate(timeout=60)
+    with reaped(writer):
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "started"
+        while writer.poll() is None:
+            try:
+                td = TensorDict.load_memmap(prefix)
+            except tensordict_rs.TensorDictError:
+                refused += 1
+                continue
+            loads += 1
+            values = nested_values(td, depth)
+            seen |= values
+            if len(values) != 1:
+                torn.append(sorted(values))
+        _, err = writer.communicate(timeout=60)
     assert writer.returncode == 0, err[-3000:]
     summary = json.dumps({"loads": loads, "torn": len(torn), "refused": refused})
     assert not torn, f"{summary}: {torn[:5]}"
@@ -203,19 +204,20 @@ def test_saves_of_a_tree_and_of_its_sub_tree_at_once(tmp_path: Path) -> None:
         )
         for target, depth in ((prefix, 0), (prefix / "sub", 2))
     ]
-    for saver in savers:
-        assert saver.stdout is not None and saver.stdout.readline().strip() == "started"
-    loads, torn = 0, []
-    while any(s.poll() is None for s in savers):
-        try:
-            td = TensorDict.load_memmap(prefix)
-        except tensordict_rs.TensorDictError:
-            continue
-        loads += 1
-        if len(nested_values(td, 2)) != 1:
-            torn.append(versions(td))
-    for saver in savers:
-        _, err = saver.communicate(timeout=60)
+    loads, torn, errs = 0, [], []
+    with reaped(*savers):
+        for saver in savers:
+            assert saver.stdout is not None and saver.stdout.readline().strip() == "started"
+        while any(s.poll() is None for s in savers):
+            try:
+                td = TensorDict.load_memmap(prefix)
+            except tensordict_rs.TensorDictError:
+                continue
+            loads += 1
+            if len(nested_values(td, 2)) != 1:
+                torn.append(versions(td))
+        errs = [saver.communicate(timeout=60)[1] for saver in savers]
+    for saver, err in zip(savers, errs, strict=True):
         assert saver.returncode == 0, err[-3000:]
     assert not torn, f"{len(torn)} of {loads} loads torn: {torn[:2]}"
     assert loads >= 20
