@@ -50,8 +50,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memmap::open_file, m)?)?;
     // growth in place, incremental checkpoints
     m.add_function(wrap_pyfunction!(py::grow::reserve_file, m)?)?;
-    m.add_function(wrap_pyfunction!(py::grow::set_rows, m)?)?;
-    m.add_function(wrap_pyfunction!(py::grow::write_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(py::grow::grow_rows, m)?)?;
     m.add_function(wrap_pyfunction!(py::grow::sync_file, m)?)?;
     m.add_function(wrap_pyfunction!(py::grow::chunk_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(py::grow::exchange_dirs, m)?)?;

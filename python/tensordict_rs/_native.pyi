@@ -44,6 +44,7 @@ __all__ = [
     "gather_prepare",
     "gather_rows",
     "group_shared",
+    "grow_rows",
     "is_archive",
     "load_archive",
     "load_stack_dir",
@@ -63,7 +64,6 @@ __all__ = [
     "ring_state",
     "ring_transition",
     "same_entries",
-    "set_rows",
     "shared_regions",
     "shared_value_header",
     "shared_value_lock",
@@ -81,7 +81,6 @@ __all__ = [
     "wait_freed",
     "write_archive",
     "write_file",
-    "write_rows",
     "write_safetensors",
     "write_stack_dir",
     "write_tree",
@@ -285,8 +284,14 @@ def reopen_archive(
     path: str, identity: tuple[int, int], offset: int, nbytes: int, shared: bool
 ) -> Buffer: ...
 def reserve_file(path: str, nbytes: int) -> int: ...
-def set_rows(prefix: str, rows: int, *, durable: bool = False) -> None: ...
-def write_rows(items: list[tuple[str, int, int, int]], *, durable: bool = False) -> None: ...
+def grow_rows(
+    prefix: str,
+    expect: int,
+    rows: int,
+    writes: list[tuple[str, int, int, int]],
+    *,
+    durable: bool = False,
+) -> int | None: ...
 def sync_file(
     src: str, dst: str, ranges: list[tuple[int, int]] | None, nbytes: int, *, durable: bool = False
 ) -> int: ...

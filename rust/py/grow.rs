@@ -1,5 +1,5 @@
 //! Growth in place and incremental checkpoints (`io/growth.py`): reserving file space, the
-//! meta.json commit of a new number of rows, range copies, chunk hashes and the directory
+//! rows written and committed under the directory's lock, range copies, chunk hashes and the directory
 //! exchange, the GIL released.
 
 use std::path::PathBuf;
@@ -17,27 +17,29 @@ pub fn reserve_file(py: Python<'_>, path: PathBuf, nbytes: u64) -> PyResult<u64>
     Ok(py.detach(|| grow::reserve_file(&path, nbytes))?)
 }
 
-/// Writes `(path, offset, data_ptr, nbytes)` items: each source's bytes at `offset` of its
-/// existing file (`pwrite`); with `durable` each file's data is fsynced.
+/// One growth of the flat tree at `prefix` under its lock: when its meta.json holds `expect`
+/// rows, writes each `(file name, offset, data_ptr, nbytes)` item into that data file of the
+/// directory (`pwrite`) and commits `rows` rows (meta.json replaced in one step); returns
+/// None, or the rows the directory holds when they are not `expect` (nothing written).
 #[pyfunction]
-#[pyo3(signature = (items, *, durable = false))]
-pub fn write_rows(py: Python<'_>, items: Vec<(PathBuf, u64, usize, usize)>, durable: bool) -> PyResult<()> {
-    let slices: Vec<(&std::path::Path, u64, &[u8])> = items
+#[pyo3(signature = (prefix, expect, rows, writes, *, durable = false))]
+pub fn grow_rows(
+    py: Python<'_>,
+    prefix: PathBuf,
+    expect: u64,
+    rows: u64,
+    writes: Vec<(String, u64, usize, usize)>,
+    durable: bool,
+) -> PyResult<Option<u64>> {
+    let slices: Vec<(&str, u64, &[u8])> = writes
         .iter()
-        .map(|(p, off, ptr, n)| {
+        .map(|(name, off, ptr, n)| {
             // SAFETY: the Python layer keeps every source tensor alive during this call.
             let data = unsafe { source_slice(*ptr, *n) };
-            (p.as_path(), *off, data.unwrap_or(&[]))
+            (name.as_str(), *off, data.unwrap_or(&[]))
         })
         .collect();
-    Ok(py.detach(|| grow::write_rows(&slices, durable))?)
-}
-
-/// Commits `rows` rows in the flat tree at `prefix`: its meta.json replaced in one step.
-#[pyfunction]
-#[pyo3(signature = (prefix, rows, *, durable = false))]
-pub fn set_rows(py: Python<'_>, prefix: PathBuf, rows: u64, durable: bool) -> PyResult<()> {
-    Ok(py.detach(|| grow::set_rows(&prefix, rows, durable))?)
+    Ok(py.detach(|| grow::grow_rows(&prefix, expect, rows, &slices, durable))?)
 }
 
 /// Copies the byte `ranges` of `src` into `dst` (None: all), then sizes `dst` to `nbytes`;

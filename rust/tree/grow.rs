@@ -22,6 +22,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::format;
 use crate::sys::dir::Dir;
+use crate::tree::commit;
 use crate::tree::load::split_file_path;
 
 /// Largest meta.json `set_rows` rewrites (a flat tree's meta.json is small).
@@ -64,56 +65,78 @@ fn extend(file: &File, _from: u64, to: u64) -> io::Result<()> {
     file.set_len(to)
 }
 
-/// Writes `data` at `offset` of each existing data file (`pwrite` from the source memory:
-/// no page fault per page, as writing through a fresh map of the reservation would cost);
-/// with `durable`, each file's data is fsynced.
-pub fn write_rows(items: &[(&Path, u64, &[u8])], durable: bool) -> Result<()> {
-    for &(path, offset, data) in items {
-        let (dir, name) = split_file_path(path)?;
-        let io_err = |e| Error::io(path, e);
-        let (file, writable) = dir.open_file(&name).map_err(io_err)?;
-        if !writable {
-            return Err(Error::tree(path, "the data file is read-only: it cannot grow"));
-        }
-        crate::sys::storage::write_all_at(&file, data, offset).map_err(io_err)?;
-        if durable {
-            file.sync_data().map_err(io_err)?;
-        }
-    }
-    Ok(())
-}
-
-/// Rewrites the meta.json of the flat tree at `prefix` with `rows` rows: its batch size's
-/// first dim and the first dim of every tensor leaf. Atomic (a new file renamed over the old
-/// one); with `durable` the file and the directory are fsynced. Refuses a tree with
-/// sub-directories (their meta.json files could not change in the same step) and leaves whose
-/// first dim is not the batch's.
-pub fn set_rows(prefix: &Path, rows: u64, durable: bool) -> Result<()> {
+/// One growth of the flat tree at `prefix`, under the lock saves take: checks that its
+/// meta.json still holds `expect` rows (another process may have grown or shrunk it since the
+/// caller looked), writes each `(file name, offset, bytes)` of `writes` into that existing
+/// data file of the directory (`pwrite` from the source memory: no page fault per page, as
+/// writing through a fresh map of the reservation would cost), then commits `rows` rows:
+/// the batch size's first dim and every leaf's, in a meta.json replaced in one step (the
+/// commit point). Returns None when committed, or the rows the directory holds when they
+/// are not `expect` (then nothing was written). With `durable` the data, the meta.json and
+/// the directory are fsynced. Refuses a tree with sub-directories (their meta.json files
+/// could not change in the same step) and leaves whose first dim is not the batch's.
+pub fn grow_rows(
+    prefix: &Path,
+    expect: u64,
+    rows: u64,
+    writes: &[(&str, u64, &[u8])],
+    durable: bool,
+) -> Result<Option<u64>> {
     let dir = Dir::open(prefix).map_err(|e| Error::io(prefix, e))?;
+    let _lock = commit::SaveLock::acquire(&dir)?;
     let path = dir.child_path(format::META_FILE);
     let bytes = dir
         .read_limited(format::META_FILE, META_LIMIT)
         .map_err(|e| Error::io(&path, e))?;
     let mut meta: Value =
         serde_json::from_slice(&bytes).map_err(|e| Error::invalid(&path, format!("not JSON: {e}")))?;
-    let bad = |m: String| Error::invalid(&path, m);
-    let obj = meta
-        .as_object_mut()
-        .ok_or_else(|| bad("not a JSON object".into()))?;
-    let old = match obj
+    let old = batch_rows(&meta, &path)?;
+    if old != expect {
+        return Ok(Some(old));
+    }
+    for &(name, offset, data) in writes {
+        let file_path = dir.child_path(name);
+        let io_err = |e| Error::io(&file_path, e);
+        let (file, writable) = dir.open_file(name).map_err(io_err)?;
+        if !writable {
+            return Err(Error::tree(
+                &file_path,
+                "the data file is read-only: it cannot grow",
+            ));
+        }
+        crate::sys::storage::write_all_at(&file, data, offset).map_err(io_err)?;
+        if durable {
+            file.sync_data().map_err(io_err)?;
+        }
+    }
+    set_first_dims(&mut meta, old, rows, &path)?;
+    let out = format::write::to_json_bytes(&meta);
+    replace_file(&dir, format::META_FILE, &out, durable).map_err(|e| Error::io(&path, e))?;
+    Ok(None)
+}
+
+/// The first dim of the batch size in a meta.json (`path` for messages).
+fn batch_rows(meta: &Value, path: &Path) -> Result<u64> {
+    let bad = |m: &str| Error::invalid(path, m);
+    let first = meta
+        .as_object()
+        .ok_or_else(|| bad("not a JSON object"))?
         .get("shape")
         .and_then(|s| s.as_array())
         .and_then(|s| s.first())
-    {
-        Some(v) => v
-            .as_u64()
-            .ok_or_else(|| bad("a batch size that is not a list of ints".into()))?,
-        None => {
-            return Err(bad(
-                "no first batch dim: a tree grows along its first batch dim".into()
-            ))
-        }
-    };
+        .ok_or_else(|| bad("no first batch dim: a tree grows along its first batch dim"))?;
+    first
+        .as_u64()
+        .ok_or_else(|| bad("a batch size that is not a list of ints"))
+}
+
+/// Sets the first dim of the batch size and of every tensor leaf of a flat tree's meta.json
+/// from `old` to `rows`.
+fn set_first_dims(meta: &mut Value, old: u64, rows: u64, path: &Path) -> Result<()> {
+    let bad = |m: String| Error::invalid(path, m);
+    let obj = meta
+        .as_object_mut()
+        .ok_or_else(|| bad("not a JSON object".into()))?;
     for (key, entry) in obj.iter_mut() {
         let Some(entry) = entry.as_object_mut() else {
             continue;
@@ -147,8 +170,7 @@ pub fn set_rows(prefix: &Path, rows: u64, durable: bool) -> Result<()> {
     {
         *first = Value::from(rows);
     }
-    let out = format::write::to_json_bytes(&meta);
-    replace_file(&dir, format::META_FILE, &out, durable).map_err(|e| Error::io(&path, e))
+    Ok(())
 }
 
 /// Replaces `dir/name` with `bytes` in one step (a temporary beside it, exchanged with it).
@@ -323,14 +345,25 @@ mod tests {
     }
 
     #[test]
-    fn set_rows_rewrites_batch_and_leaves() {
+    fn grow_rows_writes_then_rewrites_batch_and_leaves() {
         let d = temp("rows");
         std::fs::write(
             d.join("meta.json"),
             br#"{"a": {"device": "cpu", "shape": [3, 2], "dtype": "torch.float32", "is_nested": false}, "shape": [3], "device": "cpu"}"#,
         )
         .unwrap();
-        set_rows(&d, 7, false).unwrap();
+        std::fs::write(d.join("a.memmap"), [0u8; 24]).unwrap();
+        // another count of rows than the caller expects: nothing is written
+        assert_eq!(
+            grow_rows(&d, 2, 7, &[("a.memmap", 24, &[1u8; 32])], false).unwrap(),
+            Some(3)
+        );
+        assert_eq!(std::fs::read(d.join("a.memmap")).unwrap().len(), 24);
+        assert_eq!(
+            grow_rows(&d, 3, 7, &[("a.memmap", 24, &[1u8; 32])], false).unwrap(),
+            None
+        );
+        assert_eq!(std::fs::read(d.join("a.memmap")).unwrap()[24..], [1u8; 32]);
         let text = std::fs::read_to_string(d.join("meta.json")).unwrap();
         assert_eq!(
             text,
@@ -341,7 +374,7 @@ mod tests {
             br#"{"b": {"type": "TensorDict"}, "shape": [3]}"#,
         )
         .unwrap();
-        assert!(set_rows(&d, 7, false).is_err());
+        assert!(grow_rows(&d, 3, 7, &[], false).is_err());
         std::fs::remove_dir_all(&d).unwrap();
     }
 

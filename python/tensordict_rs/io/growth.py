@@ -8,10 +8,11 @@ reservation grows by half each time it runs out, so appending costs amortised O(
 tensordict and this library both load a file longer than its leaf). A growth writes the new
 rows into the reservation, then replaces ``meta.json`` in one rename: that rename is the commit
 point, so a process killed at any instant leaves the old number of rows or the new one, never a
-torn row, and ``load_memmap`` always sees a committed length. Growths of one directory from
-several processes take turns (an exclusive ``flock`` on the directory, the lock saves take
-too) and each appends after the rows the directory holds then. Other processes see new rows
-after ``memmap_refresh_()``.
+torn row, and ``load_memmap`` always sees a committed length. One native call takes the
+directory's lock (the one saves take), checks that it still holds the rows this tree shows,
+writes the new rows and commits: growths of one directory from several processes take turns,
+and a process whose view is stale reloads the directory and appends after the rows it holds
+then. Other processes see new rows after ``memmap_refresh_()``.
 
 Views and batches taken before a growth stay valid: files never shrink (a shrink only commits
 fewer rows), and a growth past the reservation maps the longer file again while old tensors
@@ -22,10 +23,8 @@ tensors taken before then keep the old memory (valid, but no longer the tree's).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,25 +37,6 @@ from . import dirty as _dirty_map
 
 GROWTH = 1.5  # the reservation grows by this factor when it runs out
 MIN_RESERVE_BYTES = 1 << 16  # and by at least this many bytes per leaf
-
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; growths from several processes are not serialized
-    fcntl = None  # type: ignore[assignment]
-
-
-@contextlib.contextmanager
-def _locked(prefix: Path) -> Iterator[None]:
-    """Holds the exclusive ``flock`` of the directory (the one saves take)."""
-    if fcntl is None:
-        yield
-        return
-    fd = os.open(prefix, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _growable(td: TreeNode, what: str) -> list[tuple[str, Any]]:
@@ -89,13 +69,6 @@ def _buffer(value: Any) -> _native.Buffer | None:
     return value.buffer if type(value) is _LazyLeaf else getattr(value, "_buffer", None)
 
 
-def _committed_rows(prefix: Path) -> int:
-    """The rows the directory holds now (its meta.json's batch size)."""
-    with open(prefix / "meta.json", "rb") as f:
-        shape = json.load(f).get("shape") or [0]
-    return int(shape[0])
-
-
 class _Leaf:
     """One leaf during a growth: its file, row size and current map."""
 
@@ -105,8 +78,8 @@ class _Leaf:
         self.tail = tuple(value.shape[1:])
         self.row_bytes = torch.Size(self.tail).numel() * self.dtype.itemsize
         self.buffer = _buffer(value)
-        prefix = td._memmap_prefix
-        self.path = None if prefix is None else prefix / (_native.encode_key(key) + ".memmap")
+        self.prefix = td._memmap_prefix  # None: anonymous memory
+        self.name = _native.encode_key(key) + ".memmap"
 
     def capacity(self) -> int:
         if self.row_bytes == 0:
@@ -120,7 +93,7 @@ class _Leaf:
             return
         want = max(rows, int(self.capacity() * GROWTH), rows + MIN_RESERVE_BYTES // self.row_bytes)
         nbytes = want * self.row_bytes
-        if self.path is None:
+        if self.prefix is None:
             new = _native.anonymous_buffers([(0, nbytes)])[0]
             if keep and self.buffer is not None:
                 n = keep * self.row_bytes
@@ -128,7 +101,7 @@ class _Leaf:
                 dst.copy_(torch.frombuffer(self.buffer, dtype=torch.uint8, count=n))
             self.buffer = new
             return
-        name = os.fspath(self.path)
+        name = os.path.join(self.prefix, self.name)
         if not os.path.lexists(name):  # a leaf saved with no rows has no file yet
             _native.write_file(name, 0, nbytes, existsok=False)
         length = _native.reserve_file(name, nbytes)
@@ -175,43 +148,28 @@ def _grow(
     zero-filled); see the module's docstring for the steps and their order."""
     entries = _growable(td, what)
     prefix = td._memmap_prefix
-    lock = contextlib.nullcontext() if prefix is None else _locked(prefix)
-    with lock:
-        if prefix is not None:
-            start = _committed_rows(prefix)
-            if start != td._batch_size[0]:
-                refresh: Any = td
-                refresh.load_memmap_(prefix)  # another process grew or shrank it: start there
-                entries = _growable(td, what)
-        else:
-            start = td._batch_size[0]
+    if source is not None:
+        missing = set(source._tensordict) ^ {k for k, _ in entries}
+        if missing:
+            raise KeyError(
+                f"{what}: the rows must have exactly the keys of the TensorDict; these differ: "
+                f"{sorted(missing)}"
+            )
+    while True:
+        start = td._batch_size[0]
         stop = start + source._batch_size[0] if source is not None else int(new_rows or 0)
         leaves = [_Leaf(td, key, value) for key, value in entries]
-        if source is not None:
-            missing = set(source._tensordict) ^ {k for k, _ in entries}
-            if missing:
-                raise KeyError(
-                    f"{what}: the rows must have exactly the keys of the TensorDict; these differ: "
-                    f"{sorted(missing)}"
-                )
         tracker = td._tracker
+        token = None
         if stop > start:
+            # files never shrink, so reserving needs no lock (another process's growth in
+            # the meantime is seen below, and its rows are never written over)
             for leaf in leaves:
                 leaf.reserve(stop, start)
-            token = None if tracker is None else tracker.mark_rows(start, stop)
-            if prefix is not None:
-                # on disk: pwrite from the rows' memory, one native call for every leaf
-                keep = [leaf.source_bytes(source, stop - start) for leaf in leaves]
-                _native.write_rows(
-                    [
-                        (os.fspath(leaf.path), start * leaf.row_bytes, src.data_ptr(), src.nbytes)
-                        for leaf, src in zip(leaves, keep, strict=True)
-                        if leaf.row_bytes and leaf.path is not None
-                    ],
-                    durable=durable,
-                )
-                del keep
-            else:
+            if tracker is not None:
+                token = tracker.mark_rows(start, stop)
+        if prefix is None:
+            if stop > start:
                 for leaf in leaves:
                     if leaf.row_bytes:
                         target = leaf.rows(start, stop)
@@ -219,14 +177,35 @@ def _grow(
                             target.zero_()
                         else:
                             target.copy_(source._get_str(leaf.key))
-            if tracker is not None and token is not None:
-                tracker.confirm(None, stop, token)
-        if prefix is not None:
-            _native.set_rows(os.fspath(prefix), stop, durable=durable)
-        # the commit is done: the tree now shows ``stop`` rows
-        td._batch_size = torch.Size([stop, *td._batch_size[1:]])
-        for leaf in leaves:
-            td._tensordict[leaf.key] = leaf.leaf(stop)
+            break
+        # on disk: one native call takes the directory's lock, checks that it still holds
+        # ``start`` rows, pwrites the new rows from their memory and commits ``stop``
+        grows = stop > start
+        keep = [(leaf, leaf.source_bytes(source, stop - start)) for leaf in leaves if grows]
+        held = _native.grow_rows(
+            os.fspath(prefix),
+            start,
+            stop,
+            [
+                (leaf.name, start * leaf.row_bytes, src.data_ptr(), src.nbytes)
+                for leaf, src in keep
+                if leaf.row_bytes
+            ],
+            durable=durable,
+        )
+        del keep
+        if held is None:
+            break
+        # another process grew or shrank it since: take its rows and start there
+        refresh: Any = td
+        refresh.load_memmap_(prefix)
+        entries = _growable(td, what)
+    if tracker is not None and token is not None:
+        tracker.confirm(None, stop, token)
+    # the commit is done: the tree now shows ``stop`` rows
+    td._batch_size = torch.Size([stop, *td._batch_size[1:]])
+    for leaf in leaves:
+        td._tensordict[leaf.key] = leaf.leaf(stop)
     return td
 
 
