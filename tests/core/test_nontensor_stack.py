@@ -116,6 +116,18 @@ CONSTRUCTION: dict[str, Callable[[Any], Any]] = {
     "linked_list_eq_list": lambda pkg: strings(pkg)["text"] == ["s0", "s1", "s2"],
     "to_dict": lambda pkg: strings(pkg).to_dict(),
     "unicode": lambda pkg: pkg.TensorDict({"u": ["é", "日本", "🙂"]}, [3])["u"],
+    "varargs_with_batch_size": lambda pkg: pkg.NonTensorStack("a", "b", batch_size=[2]),
+    "varargs_with_wrong_batch_size": lambda pkg: pkg.NonTensorStack("a", "b", batch_size=[3]),
+    "empty_with_batch_size": lambda pkg: pkg.NonTensorStack(batch_size=[3]).batch_size,
+    "linked_list_tolist_is_plain": lambda pkg: (
+        type(strings(pkg)["text"].tolist()).__name__,
+        strings(pkg)["text"].tolist(),
+    ),
+    "linked_list_tolist_2d": lambda pkg: [
+        type(row).__name__
+        for row in pkg.TensorDict({"n": [["a", "b"], ["c", "d"]]}, [2, 2])["n"].tolist()
+    ],
+    "linked_list_rebuilt_unlinked": lambda pkg: type(strings(pkg)["text"])(["p", "q"]),
 }
 
 

@@ -265,11 +265,19 @@ class NonTensorStack:
 
     _is_non_tensor = True
 
-    def __init__(self, *values: Any, stack_dim: int = 0, device: Any = None) -> None:
+    def __init__(
+        self,
+        *values: Any,
+        stack_dim: int = 0,
+        device: Any = None,
+        batch_size: Sequence[int] | None = None,
+    ) -> None:
         members = [_as_member(v) for v in values]
         if not members:
+            # an empty stack of members of batch size ``batch_size``, as tensordict builds it
+            tail = () if batch_size is None else tuple(torch.Size(batch_size))
             self._cells = _Cells([])
-            self._pos = np.zeros((0,), dtype=np.int64)
+            self._pos = np.zeros((0, *tail), dtype=np.int64)
             self._device = None if device is None else torch.device(device)
             self.stack_dim = 0
             return
@@ -296,6 +304,11 @@ class NonTensorStack:
         self._pos = np.stack(positions, axis=dim)
         self._device = torch.device(device) if device is not None else _common_device(members)
         self.stack_dim = dim
+        if batch_size is not None and torch.Size(batch_size) != self.batch_size:
+            raise RuntimeError(
+                f"batch_size does not match self.batch_size: {torch.Size(batch_size)} vs "
+                f"{self.batch_size}."
+            )
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -1014,15 +1027,26 @@ class LinkedList(list):  # type: ignore[type-arg]
 
     __slots__ = ("_td",)
 
-    def __init__(self, values: Iterable[Any] = (), td: NonTensorStack | None = None) -> None:
-        super().__init__(values)
+    def __init__(self, *args: Any, td: NonTensorStack | None = None, **kwargs: Any) -> None:
+        # ``type(values)(iterable)``, as code that rebuilds a sequence calls it, is not linked
+        super().__init__(*args, **kwargs)
         self._td: Any = _NO_STACK if td is None else weakref.ref(td)
 
     @classmethod
     def _bound(cls, values: list[Any], stack: NonTensorStack) -> LinkedList:
         if stack._pos.ndim > 1:
             values = [cls._bound(row, stack[i]) for i, row in enumerate(values)]
-        return cls(values, stack)
+        return cls(values, td=stack)
+
+    def tolist(self) -> list[Any]:
+        """A plain ``list`` copy of the values, not linked to the stack (nested linked lists,
+        of a stack with several batch dims, become nested lists), as tensordict's does.
+
+        >>> values = NonTensorStack("a", "b").tolist(as_linked_list=True)
+        >>> type(values.tolist()).__name__, values.tolist()
+        ('list', ['a', 'b'])
+        """
+        return [item.tolist() if isinstance(item, LinkedList) else item for item in self]
 
     def __setitem__(self, index: Any, value: Any) -> None:
         stack = self._td()
