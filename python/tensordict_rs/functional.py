@@ -20,6 +20,7 @@ import torch
 
 from ._core.classes import is_tensorclass
 from ._core.nodes import NonTensorData
+from .ops import shape as _shape
 from .tensordict import TensorDict
 
 __all__ = [
@@ -100,28 +101,8 @@ def pad(tensordict: Any, pad_size: Sequence[int], value: float = 0.0, inplace: b
     tensor([0., 1., 1.])
     """
     td = _tree(tensordict)
-    if len(pad_size) > 2 * td.batch_dims:
-        raise RuntimeError("The length of pad_size must be <= 2 * the number of batch dimensions")
-    if len(pad_size) % 2:
-        raise RuntimeError("pad_size must have an even number of dimensions")
-    batch = list(td.batch_size)
-    for i, size in enumerate(pad_size):
-        batch[i // 2] += size
-
-    def leaf(t: torch.Tensor) -> torch.Tensor:
-        pads: list[int] = []
-        for d in reversed(range(t.dim())):
-            pads += [pad_size[2 * d], pad_size[2 * d + 1]] if 2 * d < len(pad_size) else [0, 0]
-        return torch.nn.functional.pad(t, pads, value=value)
-
-    from ._core.walk import map_leaves
-
-    result = map_leaves(td, leaf, batch_size=batch)
-    if inplace:
-        td._tensordict = result._tensordict
-        td._batch_size = result._batch_size
-        return tensordict
-    return _rewrap(tensordict, result)
+    result = _shape.pad(td, pad_size, value, inplace)
+    return tensordict if inplace else _rewrap(tensordict, result)
 
 
 def pad_sequence(

@@ -509,6 +509,20 @@ class TensorDict(
     split = _shape.split
     chunk = _shape.chunk
     unbind = _shape.unbind
+    pad = _shape.pad
+
+    def densify(self, layout: torch.layout = torch.strided) -> Self:
+        """Returns the TensorDict as it is: tensordict's ``densify`` replaces lazy stacks by
+        dense TensorDicts, and this library's stacks are always dense.
+
+        >>> import torch; from tensordict_rs import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2)}, [2])
+        >>> td.densify() is td
+        True
+        """
+        if layout not in (torch.strided, torch.jagged):
+            raise ValueError(f"densify: layout must be torch.strided or torch.jagged, got {layout}")
+        return self
 
     # ------------------------------------------------------------------ keys: ops/keys.py
 
@@ -521,6 +535,7 @@ class TensorDict(
     set_non_tensor = _keys.set_non_tensor
     get_non_tensor = _keys.get_non_tensor
     non_tensor_items = _keys.non_tensor_items
+    is_non_tensor = _keys.is_non_tensor
     filter_non_tensor_data = _keys.filter_non_tensor_data
     empty = _keys.empty
     is_empty = _keys.is_empty
@@ -541,6 +556,9 @@ class TensorDict(
     # ------------------------------------------------------------------ torch functions
 
     where = _torch.where
+    stack = _classmethod(_torch.stack_classmethod)
+    cat = _classmethod(_torch.cat_classmethod)
+    lazy_stack = maybe_dense_stack = _classmethod(_torch.lazy_stack_classmethod)
 
     @classmethod
     def __torch_function__(

@@ -399,6 +399,21 @@ SHAPE_CASES: dict[str, Callable[[Any], Any]] = {
     "size_dim": lambda P: mixed(P).size(1),
     "size_neg": lambda P: mixed(P).size(-1),
     "ndimension": lambda P: mixed(P).ndimension(),
+    "pad": lambda P: mixed(P).pad([1, 0, 0, 2]),
+    "pad_value": lambda P: mixed(P).pad([0, 1], value=-1.0),
+    "pad_odd": lambda P: mixed(P).pad([1]),
+    "pad_too_long": lambda P: mixed(P).pad([0, 0, 0, 0, 1, 1]),
+    "pad_inplace": lambda P: (lambda td: (td.pad([0, 1], inplace=True) is td, td))(mixed(P)),
+    "pad_inplace_locked": lambda P: mixed(P).lock_().pad([0, 1], inplace=True),
+    "stack_classmethod": lambda P: P.TensorDict.stack([mixed(P), mixed(P)], 1),
+    "stack_classmethod_keys_differ": lambda P: P.TensorDict.stack([mixed(P), floats(P)]),
+    "cat_classmethod": lambda P: P.TensorDict.cat([mixed(P), mixed(P)], 1),
+    "maybe_dense_stack": lambda P: P.TensorDict.maybe_dense_stack([mixed(P), mixed(P)]),
+    "is_non_tensor": lambda P: (
+        lambda td: (td.is_non_tensor("s"), td.is_non_tensor("f"), td.is_non_tensor(("n", "d")))
+    )(mixed(P).set_non_tensor("s", "text")),
+    "is_non_tensor_missing": lambda P: mixed(P).is_non_tensor("nope"),
+    "densify": lambda P: (lambda td: td.densify() is td)(mixed(P)),
 }
 
 

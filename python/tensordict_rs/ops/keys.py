@@ -415,6 +415,21 @@ def non_tensor_items(td: TD, include_nested: bool = False) -> list[tuple[Any, An
     ]
 
 
+def is_non_tensor(td: TD, key: Any) -> bool:
+    """True when the entry at ``key`` is non-tensor data (a ``NonTensorData`` or a
+    ``NonTensorStack``); KeyError when it is missing. Unlike the function ``is_non_tensor``,
+    which checks a value, this checks the stored entry.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict({"obs": torch.zeros(4)}, []).set_non_tensor("label", "cat")
+    >>> td.is_non_tensor("label"), td.is_non_tensor("obs")
+    (True, False)
+    """
+    value = td.get(key)
+    return type(value) is NonTensorData or isinstance(value, NonTensorStack)
+
+
 def filter_non_tensor_data(td: TD) -> TD:
     """A new TensorDict without the non-tensor entries (nested TensorDicts kept, even empty).
 

@@ -377,3 +377,44 @@ def iterate(td: TD) -> Iterator[TD]:
             "its entries."
         )
     return iter(unbind(td, 0))
+
+
+def pad(
+    td: TD, pad_size: Sequence[int], value: float = 0.0, inplace: bool = False, safe: bool = True
+) -> TD:
+    """The TensorDict padded along its batch dims with ``value``: ``pad_size`` is
+    ``[before_0, after_0, before_1, after_1, ...]`` in batch-dim order, up to two per batch
+    dim (non-tensor entries are kept). With ``inplace`` the TensorDict takes the padded leaves
+    and is returned. Every leaf is padded before any is replaced, so a failure leaves the
+    TensorDict as it was (``safe`` is accepted for tensordict's signature: this is always so).
+
+    >>> import torch; from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.zeros(3, 4)}, batch_size=[3, 4])
+    >>> td.pad([0, 0, 0, 1]).batch_size
+    torch.Size([3, 5])
+    >>> td.pad([0, 0, 0, 1], inplace=True) is td, td.batch_size
+    (True, torch.Size([3, 5]))
+    """
+    del safe
+    if len(pad_size) > 2 * td.batch_dims:
+        raise RuntimeError("The length of pad_size must be <= 2 * the number of batch dimensions")
+    if len(pad_size) % 2:
+        raise RuntimeError("pad_size must have an even number of dimensions")
+    batch = list(td.batch_size)
+    for i, size in enumerate(pad_size):
+        batch[i // 2] += size
+
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        pads: list[int] = []
+        for d in reversed(range(t.dim())):
+            pads += [pad_size[2 * d], pad_size[2 * d + 1]] if 2 * d < len(pad_size) else [0, 0]
+        return torch.nn.functional.pad(t, pads, value=value)
+
+    result = map_leaves(td, leaf, batch_size=batch)
+    if not inplace:
+        return result
+    if td.is_locked:
+        raise RuntimeError(LOCK_ERROR)
+    td._tensordict = result._tensordict
+    td._batch_size = result._batch_size
+    return td

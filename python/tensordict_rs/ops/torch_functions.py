@@ -128,6 +128,48 @@ def stack(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
     )
 
 
+def stack_classmethod(
+    cls: type[TD], input: Sequence[TD], dim: int = 0, *, out: TD | None = None
+) -> TD:
+    """``TensorDict.stack(tds, dim)``: ``torch.stack`` of the TensorDicts, dense.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> TensorDict.stack([TensorDict({"a": torch.zeros(2)}, [2])] * 3).batch_size
+    torch.Size([3, 2])
+    """
+    return stack(input, dim, out=out)
+
+
+def lazy_stack_classmethod(
+    cls: type[TD], input: Sequence[TD], dim: int = 0, *, out: TD | None = None, **kwargs: Any
+) -> TD:
+    """``TensorDict.lazy_stack`` and ``TensorDict.maybe_dense_stack``: this library's stacks
+    are dense (see the differences page), so both are ``torch.stack``: the TensorDicts must
+    have the same keys and shapes (tensordict returns a lazy stack when they do not).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> a = TensorDict(x=torch.zeros(3), batch_size=[3])
+    >>> type(TensorDict.maybe_dense_stack([a, a])).__name__
+    'TensorDict'
+    """
+    return stack(input, dim, out=out)
+
+
+def cat_classmethod(
+    cls: type[TD], input: Sequence[TD], dim: int = 0, *, out: TD | None = None
+) -> TD:
+    """``TensorDict.cat(tds, dim)``: ``torch.cat`` of the TensorDicts along batch dim ``dim``.
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> TensorDict.cat([TensorDict({"a": torch.zeros(2)}, [2])] * 3).batch_size
+    torch.Size([6])
+    """
+    return cat(input, dim, out=out)
+
+
 def cat(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
     """``torch.cat``: the TensorDicts joined along batch dim ``dim``; keys must match."""
     tds = list(tds)
