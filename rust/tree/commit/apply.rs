@@ -89,7 +89,8 @@ enum Stepped {
     Ok,
     /// Something the commit does not own took the name the step creates.
     Taken,
-    /// A meta.json appeared at the root after it was moved aside: another program's tree.
+    /// Another program's meta.json is at the root: it replaced the one the plan read before
+    /// it was moved aside, or appeared after.
     Superseded,
 }
 
@@ -570,16 +571,14 @@ fn step(
     let io_at = |path: &[String], e: io::Error| Error::io(join(root.path(), path), e);
     match &journal.ops[i] {
         Op::Aside { name } => {
-            let old = journal
-                .dirs
-                .iter()
-                .find(|d| d.path.is_empty())
-                .and_then(|d| d.old);
+            let root_state = journal.dirs.iter().find(|d| d.path.is_empty());
+            let old = root_state.and_then(|d| d.old);
+            let new = root_state.and_then(|d| d.new);
             let here = root
                 .stat(format::META_FILE)
                 .map_err(|e| Error::io(root.child_path(format::META_FILE), e))?;
-            if let (Some(old), Some(here)) = (old, here) {
-                if identity(&here) == old.identity() {
+            match (old, here) {
+                (Some(old), Some(here)) if identity(&here) == old.identity() => {
                     let stage = stagings[0].get().ok_or_else(|| {
                         Error::invalid(root.child_path(JOURNAL), "the root staging directory is gone")
                     })?;
@@ -587,6 +586,15 @@ fn step(
                         .map_err(|e| Error::io(root.child_path(format::META_FILE), e))?;
                     touched.push(Vec::new());
                 }
+                // the commit's own new one: a replay of a commit that got that far
+                (_, Some(here)) if new.is_some_and(|n| n.identity() == identity(&here)) => {}
+                // Neither (in the saver's own run the step is the first after the commit
+                // point, so nothing is moved yet): another program wrote the tree since. Its
+                // version is kept whole: going on would put this commit's files under that
+                // program's meta.json, then fail at the last step.
+                (_, Some(_)) => return Ok(Stepped::Superseded),
+                // none at the root (a new tree, or one removed since): nothing to move aside
+                (_, None) => {}
             }
         }
         Op::Mkdir { path } => {

@@ -228,3 +228,67 @@ fn journals_without_ids_still_parse() {
     let text = serde_json::to_string(&op).unwrap();
     assert!(!text.contains("replaces") && !text.contains("id"), "{text}");
 }
+
+/// The saver's own commit finds another program's meta.json at the root (written after the
+/// plan read the old one, as tensordict writes without a lock): the commit is superseded
+/// before it moves anything, so that program's tree stays whole (the data files too), and the
+/// journal and staging go.
+#[test]
+fn a_root_meta_replaced_after_the_plan_supersedes_before_any_move() {
+    let (p, root) = tmp();
+    std::fs::write(p.join("meta.json"), b"{\"old\": 1}").unwrap();
+    std::fs::write(p.join("x.memmap"), b"old").unwrap();
+    let read = |name: &str| {
+        let st = root.stat(name).unwrap().unwrap();
+        FileState::of(Stamp::from(st), &std::fs::read(p.join(name)).unwrap())
+    };
+    let old_meta = read("meta.json");
+    let old_x = root.stat("x.memmap").unwrap().unwrap();
+    let staging = Staging::new(&root).unwrap();
+    staging.dir(0).write_new("f0", b"new", false).unwrap();
+    staging.dir(0).write_new("m0", b"{\"new\": 1}", false).unwrap();
+    let f0 = staging.dir(0).stat("f0").unwrap().unwrap();
+    let m0 = staging.dir(0).stat("m0").unwrap().unwrap();
+    let journal = Journal {
+        version: JOURNAL_VERSION,
+        token: staging.token.clone(),
+        stagings: staging.locations(),
+        ops: vec![
+            Op::Aside { name: "a0".into() },
+            Op::Rename {
+                stage: 0,
+                name: "f0".into(),
+                to: vec!["x.memmap".into()],
+                id: Some(f0.id()),
+                replaces: Some(old_x.id()),
+            },
+            Op::Rename {
+                stage: 0,
+                name: "m0".into(),
+                to: vec!["meta.json".into()],
+                id: Some(m0.id()),
+                replaces: None,
+            },
+        ],
+        dirs: vec![DirState {
+            path: Vec::new(),
+            old: Some(old_meta),
+            new: Some(FileState::of(Stamp::from(m0), b"{\"new\": 1}")),
+        }],
+        ..Default::default()
+    };
+    write_journal(&root, &staging, &journal, false).unwrap();
+    // another program's tree: its meta.json replaces the old one (a new file renamed over it)
+    std::fs::write(p.join("theirs"), b"{\"theirs\": 1}").unwrap();
+    std::fs::rename(p.join("theirs"), p.join("meta.json")).unwrap();
+    assert!(matches!(
+        apply(&root, journal, false, Some(&staging)).unwrap(),
+        Finished::Superseded
+    ));
+    assert_eq!(std::fs::read(p.join("meta.json")).unwrap(), b"{\"theirs\": 1}");
+    assert_eq!(std::fs::read(p.join("x.memmap")).unwrap(), b"old");
+    drop(staging);
+    let left: Vec<_> = root.entry_names().unwrap();
+    assert_eq!(left, vec!["meta.json".to_string(), "x.memmap".to_string()]);
+    std::fs::remove_dir_all(&p).unwrap();
+}
