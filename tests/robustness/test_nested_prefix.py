@@ -52,6 +52,24 @@ def nested_tree(version: int, depth: int) -> Any:
     return td.get(NESTED[depth])
 
 
+def on_disk(prefix: Path) -> dict[str, Any]:
+    """The leaves' versions read straight from the files (first float of each), with each
+    meta.json's inode, for a failure message."""
+    out: dict[str, Any] = {}
+    for path in sorted(prefix.rglob("*")):
+        rel = os.fspath(path.relative_to(prefix))
+        try:
+            if path.name.endswith(".memmap"):
+                out[rel] = float(
+                    torch.frombuffer(bytearray(path.read_bytes()[:4]), dtype=torch.float32)
+                )
+            elif path.name == "meta.json" or path.name.startswith(".tdrs"):
+                out[rel] = path.lstat().st_ino
+        except OSError as err:  # replaced meanwhile
+            out[rel] = type(err).__name__
+    return out
+
+
 def nested_values(td: Any, depth: int) -> set[float]:
     path = "/".join(NESTED[depth]) + "/"
     return {v for k, v in versions(td).items() if k.startswith(path)}
@@ -215,7 +233,8 @@ def test_saves_of_a_tree_and_of_its_sub_tree_at_once(tmp_path: Path) -> None:
                 continue
             loads += 1
             if len(nested_values(td, 2)) != 1:
-                torn.append(versions(td))
+                # what the directory holds right after (a torn tree on disk, or a torn read?)
+                torn.append({"loaded": versions(td), "then": on_disk(prefix)})
         errs = [saver.communicate(timeout=60)[1] for saver in savers]
     for saver, err in zip(savers, errs, strict=True):
         assert saver.returncode == 0, err[-3000:]
