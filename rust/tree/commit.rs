@@ -573,24 +573,30 @@ pub struct AncestorLocks {
     held: Vec<Dir>,
 }
 
+/// True when `dir` holds a tree: a journal or a meta.json. The journal is looked at first and
+/// the meta.json last: a commit in the directory moves its meta.json aside only while its
+/// journal is there, so (meta.json first) a check that ran across the end of a commit could
+/// see neither; this order misses a tree only if another commit got as far as moving the
+/// meta.json aside between the two looks (and `AncestorLocks` looks again once it holds its
+/// locks).
+#[cfg(unix)]
+fn holds_tree(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir.join(JOURNAL)).is_ok()
+        || std::fs::symlink_metadata(dir.join(format::META_FILE)).is_ok()
+}
+
 impl AncestorLocks {
     /// Finishes the ancestors' pending commits (`settle_ancestors`), then takes the locks; if
-    /// one of them still has a journal once locked (a save died in its commit meanwhile), lets
-    /// go and starts again (a few times, then goes on with what it holds).
+    /// one of them still has a journal once locked (a save died in its commit meanwhile), or
+    /// an ancestor left out turns out to hold a tree once the others are locked, lets go and
+    /// starts again (a few times, then goes on with what it holds).
     pub fn acquire(target: &Path) -> AncestorLocks {
         #[cfg(unix)]
         {
-            let trees: Vec<&Path> = target
-                .ancestors()
-                .skip(1)
-                .take(format::MAX_DEPTH)
-                .filter(|a| {
-                    std::fs::symlink_metadata(a.join(format::META_FILE)).is_ok()
-                        || std::fs::symlink_metadata(a.join(JOURNAL)).is_ok()
-                })
-                .collect();
+            let ancestors: Vec<&Path> = target.ancestors().skip(1).take(format::MAX_DEPTH).collect();
             let mut held = Vec::new();
             for _ in 0..5 {
+                let trees: Vec<&Path> = ancestors.iter().copied().filter(|a| holds_tree(a)).collect();
                 settle_ancestors(target);
                 held.clear();
                 let mut pending = false;
@@ -605,7 +611,8 @@ impl AncestorLocks {
                         break;
                     }
                 }
-                if !pending {
+                let missed = || ancestors.iter().any(|a| !trees.contains(a) && holds_tree(a));
+                if !pending && !missed() {
                     break;
                 }
             }
