@@ -288,7 +288,8 @@ def grow_rows(
     prefix: str,
     expect: int,
     rows: int,
-    writes: list[tuple[str, int, int, int]],
+    leaves: list[tuple[str, str, list[int]]],
+    writes: list[tuple[str, int, int, int, tuple[int, int] | None]],
     *,
     durable: bool = False,
 ) -> int | None: ...

@@ -18,28 +18,41 @@ pub fn reserve_file(py: Python<'_>, path: PathBuf, nbytes: u64) -> PyResult<u64>
 }
 
 /// One growth of the flat tree at `prefix` under its lock: when its meta.json holds `expect`
-/// rows, writes each `(file name, offset, data_ptr, nbytes)` item into that data file of the
-/// directory (`pwrite`) and commits `rows` rows (meta.json replaced in one step); returns
-/// None, or the rows the directory holds when they are not `expect` (nothing written).
+/// rows and exactly the `leaves` (`(key, dtype, dims after the first)`), and each data file
+/// written is still the file `identity` (None: any), writes each
+/// `(file name, offset, data_ptr, nbytes, identity)` item into that data file of the directory
+/// (`pwrite`) and commits `rows` rows (meta.json replaced in one step); returns None, or the
+/// rows the directory holds when it is not that tree (nothing written: reload it).
 #[pyfunction]
-#[pyo3(signature = (prefix, expect, rows, writes, *, durable = false))]
+#[pyo3(signature = (prefix, expect, rows, leaves, writes, *, durable = false))]
+#[allow(clippy::type_complexity)] // the tuples are the Python call's shape
 pub fn grow_rows(
     py: Python<'_>,
     prefix: PathBuf,
     expect: u64,
     rows: u64,
-    writes: Vec<(String, u64, usize, usize)>,
+    leaves: Vec<(String, String, Vec<u64>)>,
+    writes: Vec<(String, u64, usize, usize, Option<(u64, u64)>)>,
     durable: bool,
 ) -> PyResult<Option<u64>> {
-    let slices: Vec<(&str, u64, &[u8])> = writes
+    let leaves: Vec<grow::GrowLeaf<'_>> = leaves
         .iter()
-        .map(|(name, off, ptr, n)| {
+        .map(|(key, dtype, tail)| grow::GrowLeaf { key, dtype, tail })
+        .collect();
+    let writes: Vec<grow::GrowWrite<'_>> = writes
+        .iter()
+        .map(|(name, offset, ptr, n, identity)| {
             // SAFETY: the Python layer keeps every source tensor alive during this call.
             let data = unsafe { source_slice(*ptr, *n) };
-            (name.as_str(), *off, data.unwrap_or(&[]))
+            grow::GrowWrite {
+                name,
+                offset: *offset,
+                data: data.unwrap_or(&[]),
+                identity: *identity,
+            }
         })
         .collect();
-    Ok(py.detach(|| grow::grow_rows(&prefix, expect, rows, &slices, durable))?)
+    Ok(py.detach(|| grow::grow_rows(&prefix, expect, rows, &leaves, &writes, durable))?)
 }
 
 /// Copies the byte `ranges` of `src` into `dst` (None: all), then sizes `dst` to `nbytes`;

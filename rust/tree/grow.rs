@@ -22,6 +22,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::format;
 use crate::sys::dir::Dir;
+use crate::sys::identity::{self, FileId};
 use crate::tree::commit;
 use crate::tree::load::split_file_path;
 
@@ -65,21 +66,41 @@ fn extend(file: &File, _from: u64, to: u64) -> io::Result<()> {
     file.set_len(to)
 }
 
-/// One growth of the flat tree at `prefix`, under the lock saves take: checks that its
-/// meta.json still holds `expect` rows (another process may have grown or shrunk it since the
-/// caller looked), writes each `(file name, offset, bytes)` of `writes` into that existing
-/// data file of the directory (`pwrite` from the source memory: no page fault per page, as
-/// writing through a fresh map of the reservation would cost), then commits `rows` rows:
-/// the batch size's first dim and every leaf's, in a meta.json replaced in one step (the
-/// commit point). Returns None when committed, or the rows the directory holds when they
-/// are not `expect` (then nothing was written). With `durable` the data, the meta.json and
-/// the directory are fsynced. Refuses a tree with sub-directories (their meta.json files
-/// could not change in the same step) and leaves whose first dim is not the batch's.
+/// One leaf of a growing tree as the caller sees it: its key, dtype (`torch.float32`) and the
+/// dims after the first.
+pub struct GrowLeaf<'a> {
+    pub key: &'a str,
+    pub dtype: &'a str,
+    pub tail: &'a [u64],
+}
+
+/// One write of a growth: `data` at `offset` of the directory's data file `name`, which must
+/// still be the file `identity` (the one the caller maps; None: any).
+pub struct GrowWrite<'a> {
+    pub name: &'a str,
+    pub offset: u64,
+    pub data: &'a [u8],
+    pub identity: Option<FileId>,
+}
+
+/// One growth of the flat tree at `prefix`, under the lock saves take: checks that the
+/// directory still is the tree the caller sees (its meta.json holds `expect` rows and exactly
+/// the `leaves`, with their dtypes and trailing dims, and each data file written is still the
+/// file the caller maps: another process may have grown, shrunk or saved another tree there
+/// since), writes each of `writes` into its existing data file (`pwrite` from the source
+/// memory: no page fault per page, as writing through a fresh map of the reservation would
+/// cost), then commits `rows` rows: the batch size's first dim and every leaf's, in a meta.json
+/// replaced in one step (the commit point). Returns None when committed, or the rows the
+/// directory holds when it is not the caller's tree (then nothing was written, and the
+/// caller reloads it). With `durable` the data, the meta.json and the directory are fsynced.
+/// Refuses a tree with sub-directories (their meta.json files could not change in the same
+/// step) and leaves whose first dim is not the batch's.
 pub fn grow_rows(
     prefix: &Path,
     expect: u64,
     rows: u64,
-    writes: &[(&str, u64, &[u8])],
+    leaves: &[GrowLeaf<'_>],
+    writes: &[GrowWrite<'_>],
     durable: bool,
 ) -> Result<Option<u64>> {
     let dir = Dir::open(prefix).map_err(|e| Error::io(prefix, e))?;
@@ -91,20 +112,33 @@ pub fn grow_rows(
     let mut meta: Value =
         serde_json::from_slice(&bytes).map_err(|e| Error::invalid(&path, format!("not JSON: {e}")))?;
     let old = batch_rows(&meta, &path)?;
-    if old != expect {
+    if old != expect || !same_leaves(&meta, leaves) {
         return Ok(Some(old));
     }
-    for &(name, offset, data) in writes {
-        let file_path = dir.child_path(name);
+    let mut files = Vec::with_capacity(writes.len());
+    for write in writes {
+        let file_path = dir.child_path(write.name);
         let io_err = |e| Error::io(&file_path, e);
-        let (file, writable) = dir.open_file(name).map_err(io_err)?;
+        let (file, writable) = match dir.open_file(write.name) {
+            Ok(opened) => opened,
+            // the file of a leaf that meta.json still lists is gone: not the caller's tree
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Some(old)),
+            Err(e) => return Err(io_err(e)),
+        };
+        if write.identity.is_some() && write.identity != Some(identity::of_file(&file).map_err(io_err)?) {
+            return Ok(Some(old)); // another save replaced the file: the caller maps the old one
+        }
         if !writable {
             return Err(Error::tree(
                 &file_path,
                 "the data file is read-only: it cannot grow",
             ));
         }
-        crate::sys::storage::write_all_at(&file, data, offset).map_err(io_err)?;
+        files.push((file_path, file));
+    }
+    for ((file_path, file), write) in files.iter().zip(writes) {
+        let io_err = |e| Error::io(file_path, e);
+        crate::sys::storage::write_all_at(file, write.data, write.offset).map_err(io_err)?;
         if durable {
             file.sync_data().map_err(io_err)?;
         }
@@ -113,6 +147,30 @@ pub fn grow_rows(
     let out = format::write::to_json_bytes(&meta);
     replace_file(&dir, format::META_FILE, &out, durable).map_err(|e| Error::io(&path, e))?;
     Ok(None)
+}
+
+/// Whether the leaf entries of a flat tree's meta.json are exactly `leaves`: the same keys,
+/// each with the same dtype and the same dims after the first (anything else there, a
+/// sub-directory's entry or a nested leaf's, is not).
+fn same_leaves(meta: &Value, leaves: &[GrowLeaf<'_>]) -> bool {
+    let Some(obj) = meta.as_object() else {
+        return false;
+    };
+    let entries: Vec<(&String, &Value)> = obj.iter().filter(|(_, v)| v.is_object()).collect();
+    entries.len() == leaves.len()
+        && leaves.iter().all(|leaf| {
+            let Some(entry) = obj.get(leaf.key).and_then(Value::as_object) else {
+                return false;
+            };
+            let tail: Option<Vec<u64>> = entry
+                .get("shape")
+                .and_then(Value::as_array)
+                .and_then(|s| s.get(1..))
+                .and_then(|t| t.iter().map(Value::as_u64).collect());
+            !entry.contains_key("type")
+                && entry.get("dtype").and_then(Value::as_str) == Some(leaf.dtype)
+                && tail.as_deref() == Some(leaf.tail)
+        })
 }
 
 /// The first dim of the batch size in a meta.json (`path` for messages).
@@ -344,6 +402,21 @@ mod tests {
         d
     }
 
+    const A: [GrowLeaf<'static>; 1] = [GrowLeaf {
+        key: "a",
+        dtype: "torch.float32",
+        tail: &[2],
+    }];
+
+    fn write_a(data: &[u8], identity: Option<FileId>) -> [GrowWrite<'_>; 1] {
+        [GrowWrite {
+            name: "a.memmap",
+            offset: 24,
+            data,
+            identity,
+        }]
+    }
+
     #[test]
     fn grow_rows_writes_then_rewrites_batch_and_leaves() {
         let d = temp("rows");
@@ -355,12 +428,12 @@ mod tests {
         std::fs::write(d.join("a.memmap"), [0u8; 24]).unwrap();
         // another count of rows than the caller expects: nothing is written
         assert_eq!(
-            grow_rows(&d, 2, 7, &[("a.memmap", 24, &[1u8; 32])], false).unwrap(),
+            grow_rows(&d, 2, 7, &A, &write_a(&[1u8; 32], None), false).unwrap(),
             Some(3)
         );
         assert_eq!(std::fs::read(d.join("a.memmap")).unwrap().len(), 24);
         assert_eq!(
-            grow_rows(&d, 3, 7, &[("a.memmap", 24, &[1u8; 32])], false).unwrap(),
+            grow_rows(&d, 3, 7, &A, &write_a(&[1u8; 32], None), false).unwrap(),
             None
         );
         assert_eq!(std::fs::read(d.join("a.memmap")).unwrap()[24..], [1u8; 32]);
@@ -374,7 +447,48 @@ mod tests {
             br#"{"b": {"type": "TensorDict"}, "shape": [3]}"#,
         )
         .unwrap();
-        assert!(grow_rows(&d, 3, 7, &[], false).is_err());
+        assert_eq!(grow_rows(&d, 3, 7, &[], &[], false).unwrap(), Some(3));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn grow_rows_writes_nothing_into_another_tree() {
+        let d = temp("other");
+        let meta = |extra: &str| {
+            format!(r#"{{"a": {{"shape": [3, 2], "dtype": "torch.float32"}}{extra}, "shape": [3]}}"#)
+        };
+        std::fs::write(d.join("a.memmap"), [0u8; 24]).unwrap();
+        let id = identity::of_path(&d.join("a.memmap")).unwrap();
+        let other_trees = [
+            meta(r#", "b": {"shape": [3], "dtype": "torch.int64"}"#), // a key more
+            r#"{"a": {"shape": [3, 4], "dtype": "torch.float32"}, "shape": [3]}"#.to_string(),
+            r#"{"a": {"shape": [3, 2], "dtype": "torch.float64"}, "shape": [3]}"#.to_string(),
+            r#"{"c": {"shape": [3, 2], "dtype": "torch.float32"}, "shape": [3]}"#.to_string(),
+        ];
+        for text in &other_trees {
+            std::fs::write(d.join("meta.json"), text).unwrap();
+            assert_eq!(
+                grow_rows(&d, 3, 5, &A, &write_a(&[1u8; 16], Some(id)), false).unwrap(),
+                Some(3),
+                "{text}"
+            );
+            assert_eq!(std::fs::read(d.join("a.memmap")).unwrap(), [0u8; 24]);
+            assert_eq!(std::fs::read_to_string(d.join("meta.json")).unwrap(), *text);
+        }
+        // the same layout, but the data file replaced since the caller mapped it
+        std::fs::write(d.join("meta.json"), meta("")).unwrap();
+        std::fs::rename(d.join("a.memmap"), d.join("old")).unwrap();
+        std::fs::write(d.join("a.memmap"), [0u8; 24]).unwrap();
+        assert_eq!(
+            grow_rows(&d, 3, 5, &A, &write_a(&[1u8; 16], Some(id)), false).unwrap(),
+            Some(3)
+        );
+        assert_eq!(std::fs::read(d.join("a.memmap")).unwrap(), [0u8; 24]);
+        let new_id = identity::of_path(&d.join("a.memmap")).unwrap();
+        assert_eq!(
+            grow_rows(&d, 3, 5, &A, &write_a(&[1u8; 16], Some(new_id)), false).unwrap(),
+            None
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -164,3 +164,92 @@ def test_memmap_refresh_sees_new_rows(tmp_path: Path) -> None:
     check_rows(c.load_memmap_(tmp_path / "buf"), 9)  # a loaded one: loaded again in place
     ref = tensordict.TensorDict.load_memmap(tmp_path / "buf")
     check_rows(ref, 9)
+
+
+def _snapshot(prefix: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(prefix.iterdir()) if p.is_file()}
+
+
+def _same_tree(prefix: Path, before: dict[str, bytes]) -> None:
+    """The files of ``before`` hold the same bytes (a data file may have grown a reservation
+    past them, never changed), and no file came or went."""
+    after = _snapshot(prefix)
+    assert sorted(after) == sorted(before)
+    for name, data in before.items():
+        assert after[name][: len(data)] == data, name
+        if not name.endswith(".memmap"):
+            assert after[name] == data, name
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        pytest.param({"extra": torch.full((4, 2), 7.0)}, id="a key more"),
+        pytest.param({"obs": torch.ones(4, 5)}, id="other trailing dims"),
+        pytest.param({"obs": torch.ones(4, 3, 2)}, id="more dims"),
+    ],
+)
+def test_a_growth_never_writes_into_another_tree(tmp_path: Path, other: dict) -> None:
+    """Another program saved another tree with as many rows at the prefix since this tree was
+    loaded: the growth commits nothing and says why; the directory still loads as that tree
+    here and in the reference (before, a key more got rows it never had: the reference loaded
+    zeros and this library refused the tree; rows of other dims were written over its rows)."""
+    prefix = tmp_path / "buf"
+    td = TensorDict({"obs": torch.zeros(4, 3)}, [4]).memmap(prefix)
+    fields = {"obs": torch.ones(4, 3), **other}
+    TensorDict(fields, [4]).memmap(prefix, existsok=True)
+    before = _snapshot(prefix)
+    with pytest.raises((KeyError, ValueError), match=r"obs|extra"):
+        td.extend_(TensorDict({"obs": torch.full((2, 3), 5.0)}, [2]))
+    _same_tree(prefix, before)
+    for lib in (tensordict_rs, tensordict):
+        loaded = lib.TensorDict.load_memmap(prefix)
+        assert loaded.batch_size == torch.Size([4])
+        assert sorted(loaded.keys()) == sorted(fields)
+        for key, value in fields.items():
+            assert torch.equal(loaded[key], value)
+
+
+def test_a_growth_after_another_save_of_another_dtype(tmp_path: Path) -> None:
+    """The same keys and dims saved since in another dtype: the growth appends the rows in the
+    directory's dtype (as ``copy_`` converts), after the rows the directory holds (before, the
+    rows were written at the old dtype's offsets, over the new tree's rows)."""
+    prefix = tmp_path / "buf"
+    td = TensorDict({"obs": torch.zeros(4, 3)}, [4]).memmap(prefix)
+    TensorDict({"obs": torch.ones(4, 3, dtype=torch.float64)}, [4]).memmap(prefix, existsok=True)
+    td.extend_(TensorDict({"obs": torch.full((2, 3), 5.0)}, [2]))
+    want = torch.cat([torch.ones(4, 3), torch.full((2, 3), 5.0)]).double()
+    for loaded in (
+        td,
+        tensordict_rs.TensorDict.load_memmap(prefix),
+        tensordict.TensorDict.load_memmap(prefix),
+    ):
+        assert loaded["obs"].dtype == torch.float64
+        assert torch.equal(loaded["obs"], want)
+
+
+def test_a_growth_after_another_save_of_the_same_layout(tmp_path: Path) -> None:
+    """Another program saved the same layout at the prefix (new files): the growth appends to
+    the files in the directory, and the tree shows the rows it appended, not the old files'
+    reservation it still mapped."""
+    prefix = tmp_path / "buf"
+    td = rows(0, 4).memmap(prefix)
+    td.extend_(rows(4, 6))  # the files now have a reservation this tree maps
+    rows(0, 6).memmap(prefix, existsok=True)  # same rows, same keys: new files
+    td.extend_(rows(6, 9))
+    check_rows(td, 9)
+    for lib in (tensordict_rs, tensordict):
+        check_rows(lib.TensorDict.load_memmap(prefix), 9)
+
+
+def test_rows_that_do_not_fit_are_refused_naming_the_key(tmp_path: Path) -> None:
+    td = rows(0, 4).memmap(tmp_path / "buf")
+    bad = rows(4, 6)
+    bad["obs"] = torch.zeros(2, 4)
+    with pytest.raises(ValueError, match="'obs'"):
+        td.extend_(bad)
+    check_rows(TensorDict.load_memmap(tmp_path / "buf"), 4)
+    ok = rows(4, 6)
+    ok["obs"] = torch.arange(4, 6)[:, None].float()  # broadcast along the row, as copy_ takes it
+    td.extend_(ok)
+    check_rows(td, 6)

@@ -37,6 +37,7 @@ from . import dirty as _dirty_map
 
 GROWTH = 1.5  # the reservation grows by this factor when it runs out
 MIN_RESERVE_BYTES = 1 << 16  # and by at least this many bytes per leaf
+MAX_RELOADS = 64  # a growth reloads a directory changed under it at most this many times
 
 
 def _growable(td: TreeNode, what: str) -> list[tuple[str, Any]]:
@@ -137,6 +138,32 @@ class _Leaf:
         return _from_buffer(self.buffer, self.dtype, (n, *self.tail))
 
 
+def _check_rows(what: str, entries: list[tuple[str, Any]], source: TreeNode) -> None:
+    """Refuses rows whose keys are not exactly the tree's, or whose dims after the first are
+    not the leaf's (a broadcastable row is taken, as ``copy_`` takes it)."""
+    missing = set(source._tensordict) ^ {k for k, _ in entries}
+    if missing:
+        raise KeyError(
+            f"{what}: the rows must have exactly the keys of the TensorDict; these differ: "
+            f"{sorted(missing)}"
+        )
+    count = source._batch_size[0]
+    for key, value in entries:
+        row = source._get_str(key)
+        want = torch.Size((count, *value.shape[1:]))
+        if row.shape == want:
+            continue
+        try:
+            fits = torch.broadcast_shapes(row.shape, want) == want
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(
+                f"{what}: key {key!r}: rows of shape {tuple(row.shape)} do not fit the leaf's "
+                f"{tuple(value.shape)}"
+            )
+
+
 def _grow(
     td: TD,
     what: str,
@@ -148,14 +175,9 @@ def _grow(
     zero-filled); see the module's docstring for the steps and their order."""
     entries = _growable(td, what)
     prefix = td._memmap_prefix
-    if source is not None:
-        missing = set(source._tensordict) ^ {k for k, _ in entries}
-        if missing:
-            raise KeyError(
-                f"{what}: the rows must have exactly the keys of the TensorDict; these differ: "
-                f"{sorted(missing)}"
-            )
-    while True:
+    for _attempt in range(MAX_RELOADS):
+        if source is not None:
+            _check_rows(what, entries, source)
         start = td._batch_size[0]
         stop = start + source._batch_size[0] if source is not None else int(new_rows or 0)
         leaves = [_Leaf(td, key, value) for key, value in entries]
@@ -178,16 +200,24 @@ def _grow(
                         else:
                             target.copy_(source._get_str(leaf.key))
             break
-        # on disk: one native call takes the directory's lock, checks that it still holds
-        # ``start`` rows, pwrites the new rows from their memory and commits ``stop``
+        # on disk: one native call takes the directory's lock, checks that it still is this
+        # tree (``start`` rows, these leaves, the files these maps show), pwrites the new rows
+        # from their memory and commits ``stop``
         grows = stop > start
         keep = [(leaf, leaf.source_bytes(source, stop - start)) for leaf in leaves if grows]
         held = _native.grow_rows(
             os.fspath(prefix),
             start,
             stop,
+            [(leaf.key, str(leaf.dtype), list(leaf.tail)) for leaf in leaves],
             [
-                (leaf.name, start * leaf.row_bytes, src.data_ptr(), src.nbytes)
+                (
+                    leaf.name,
+                    start * leaf.row_bytes,
+                    src.data_ptr(),
+                    src.nbytes,
+                    None if leaf.buffer is None else leaf.buffer.file_id,
+                )
                 for leaf, src in keep
                 if leaf.row_bytes
             ],
@@ -196,10 +226,16 @@ def _grow(
         del keep
         if held is None:
             break
-        # another process grew or shrank it since: take its rows and start there
+        # another process grew, shrank or saved the directory since: take what it holds now
+        # and grow that (its keys must still be the rows' keys)
         refresh: Any = td
         refresh.load_memmap_(prefix)
         entries = _growable(td, what)
+    else:
+        raise RuntimeError(
+            f"{what}: {str(prefix)!r} changed under this growth {MAX_RELOADS} times in a "
+            "row (other processes saving or growing it): nothing was written"
+        )
     if tracker is not None and token is not None:
         tracker.confirm(None, stop, token)
     # the commit is done: the tree now shows ``stop`` rows
