@@ -16,7 +16,7 @@ fn new_file(base: &std::path::Path) -> (std::path::PathBuf, File) {
 #[test]
 fn the_policy_decides_by_size_and_setting() {
     let (p, f) = new_file(&std::env::temp_dir());
-    let disk = helps_on(&f);
+    let disk = helps_on(&f, PREALLOCATE_BYTES);
     assert!(!decide(Policy::Auto, &f, 0));
     assert!(!decide(Policy::Always, &f, 0));
     assert!(!decide(Policy::Auto, &f, PREALLOCATE_BYTES - 1));
@@ -27,19 +27,23 @@ fn the_policy_decides_by_size_and_setting() {
     std::fs::remove_file(&p).unwrap();
 }
 
-/// tmpfs is a memory file system: never preallocated by the automatic choice.
+/// tmpfs is a memory file system: preallocated by the automatic choice only for a file larger
+/// than half of the free memory.
 #[cfg(target_os = "linux")]
 #[test]
-fn tmpfs_is_not_preallocated() {
+fn tmpfs_is_preallocated_only_past_half_the_free_memory() {
     let shm = std::path::Path::new("/dev/shm");
     let Ok(st) = rustix::fs::statfs(shm) else { return };
     #[allow(clippy::unnecessary_cast)]
     if st.f_type as i64 != 0x0102_1994 {
         return; // no tmpfs there on this machine
     }
+    let free = free_memory().unwrap();
+    assert!(free > 0);
     let (p, f) = new_file(shm);
-    assert!(!helps_on(&f));
-    assert!(!decide(Policy::Auto, &f, 1 << 30));
+    assert!(!helps_on(&f, PREALLOCATE_BYTES.min(free as usize / 4)));
+    assert!(!decide(Policy::Auto, &f, (free / 4) as usize));
+    assert!(decide(Policy::Auto, &f, (free as usize).saturating_mul(2)));
     drop(f);
     std::fs::remove_file(&p).unwrap();
 }
