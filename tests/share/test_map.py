@@ -254,6 +254,19 @@ def test_map_iter(pool: Any, shuffle: bool, chunksize: int | None, num_chunks: i
         assert seen == list(range(1, 31))
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3, 8])
+def test_map_batches_leave_a_short_tail(workers: int) -> None:
+    """Each worker gets its share of the chunks in at least 16 messages (or one per chunk), so a
+    slowed worker is left with a short tail; and never over 64 chunks in one message."""
+    from tensordict_rs.share.map import _batch
+
+    for chunks in (1, 2, 15, 64, 100, 1_000, 100_000):
+        batch = _batch(chunks, workers)
+        messages = -(chunks // -batch)
+        assert 1 <= batch <= 64, (chunks, batch)
+        assert messages >= min(chunks, 16 * workers), (chunks, workers, batch)
+
+
 def test_map_iter_stops_early_and_cleans_up() -> None:
     before = {p.pid for p in mp.active_children()}
     it = make(rs, 40).map_iter(add_one, num_workers=2, chunksize=2, generator=gen())
