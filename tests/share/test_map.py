@@ -267,6 +267,39 @@ def test_map_batches_leave_a_short_tail(workers: int) -> None:
         assert messages >= min(chunks, 16 * workers), (chunks, workers, batch)
 
 
+def _children() -> set[int]:
+    return {p.pid for p in mp.active_children()}
+
+
+def _wait_for_children(allowed: set[int], seconds: float = 60.0) -> set[int]:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while (left := _children() - allowed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def test_map_workers_end_after_it_returns(tmp_path: Path) -> None:
+    """A pool made by ``map`` is joined in the background: the result is complete when ``map``
+    returns (written into ``out`` by the workers), and every worker ends and is reaped."""
+    before = _children()
+    data = make(rs, 40).memmap_(tmp_path / "src")
+    out = add_one(data[:1])[0].expand(40).memmap_like(tmp_path / "out")
+    result = data.map(add_one, num_workers=2, chunksize=4, out=out, generator=gen())
+    assert result is out
+    assert out["a"].tolist() == list(range(1, 41))
+    assert out["b", "c"].tolist() == [float(v) for v in range(41, 81)]
+    assert _wait_for_children(before) == set()
+
+
+def test_map_waits_for_its_workers_after_an_exception() -> None:
+    before = _children()
+    with pytest.raises(ZeroDivisionError, match="seven"):
+        make(rs).map(fail_on_seven, num_workers=2, chunksize=5, generator=gen())
+    assert _children() <= before
+
+
 def test_map_iter_stops_early_and_cleans_up() -> None:
     before = {p.pid for p in mp.active_children()}
     it = make(rs, 40).map_iter(add_one, num_workers=2, chunksize=2, generator=gen())

@@ -266,6 +266,20 @@ def _results(
     return imap, indices, write
 
 
+def _join_later(pool: Any) -> None:
+    """Waits for the workers of a closed pool to end in a daemon thread, not in the caller.
+
+    Every result is in (or written into ``out``) before this is called, so the workers have
+    nothing left to do but end, and ending is the kernel unmapping the pages they touched:
+    ~0.1 s for 2 workers that wrote 1 GiB into a memory-mapped ``out`` (their source and
+    ``out`` pages, their heaps), a fifth of the whole call, which the caller no longer waits
+    for. They are still reaped (by this thread; multiprocessing's exit handler joins any
+    left at interpreter exit)."""
+    import threading
+
+    threading.Thread(target=pool.join, name="tensordict_rs map: pool join", daemon=True).start()
+
+
 def map(
     td: TreeNode,
     fn: Callable[..., Any],
@@ -294,7 +308,10 @@ def map(
     ``max_tasks_per_child``, ``worker_threads`` and ``mp_start_method``. Worker ``i`` seeds
     torch with the base seed (drawn from ``generator``) plus ``i``. ``fn`` must be picklable (a
     module-level function). An exception in ``fn`` is raised here, with a note naming the
-    chunk. Returns None if ``fn`` returns None for every chunk (and no ``out``).
+    chunk. Returns None if ``fn`` returns None for every chunk (and no ``out``). A pool made
+    here is closed before returning; its workers end in the background (a daemon thread joins
+    them), so the call does not wait for their pages to be unmapped. After an exception the
+    call waits for them.
 
     Run it from a script with an ``if __name__ == "__main__":`` guard, as any pool::
 
@@ -318,6 +335,7 @@ def map(
     """
     own = pool is None
     token = 0
+    done = False
     if own:
         write = out is not None and (out.is_shared() or out.is_memmap())
         token = _token() if _holdable(td, mp_start_method) else 0
@@ -342,10 +360,14 @@ def map(
             else:
                 results.append(item)
         del imap
+        done = True
     finally:
         if own:
             pool.close()
-            pool.join()
+            if done:
+                _join_later(pool)
+            else:
+                pool.join()
     if out is not None:
         return out
     if not results:
