@@ -254,6 +254,52 @@ def test_map_iter(pool: Any, shuffle: bool, chunksize: int | None, num_chunks: i
         assert seen == list(range(1, 31))
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3, 8])
+def test_map_batches_leave_a_short_tail(workers: int) -> None:
+    """Each worker gets its share of the chunks in at least 16 messages (or one per chunk), so a
+    slowed worker is left with a short tail; and never over 64 chunks in one message."""
+    from tensordict_rs.share.map import _batch
+
+    for chunks in (1, 2, 15, 64, 100, 1_000, 100_000):
+        batch = _batch(chunks, workers)
+        messages = -(chunks // -batch)
+        assert 1 <= batch <= 64, (chunks, batch)
+        assert messages >= min(chunks, 16 * workers), (chunks, workers, batch)
+
+
+def _children() -> set[int]:
+    return {p.pid for p in mp.active_children()}
+
+
+def _wait_for_children(allowed: set[int], seconds: float = 60.0) -> set[int]:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while (left := _children() - allowed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def test_map_workers_end_after_it_returns(tmp_path: Path) -> None:
+    """A pool made by ``map`` is joined in the background: the result is complete when ``map``
+    returns (written into ``out`` by the workers), and every worker ends and is reaped."""
+    before = _children()
+    data = make(rs, 40).memmap_(tmp_path / "src")
+    out = add_one(data[:1])[0].expand(40).memmap_like(tmp_path / "out")
+    result = data.map(add_one, num_workers=2, chunksize=4, out=out, generator=gen())
+    assert result is out
+    assert out["a"].tolist() == list(range(1, 41))
+    assert out["b", "c"].tolist() == [float(v) for v in range(41, 81)]
+    assert _wait_for_children(before) == set()
+
+
+def test_map_waits_for_its_workers_after_an_exception() -> None:
+    before = _children()
+    with pytest.raises(ZeroDivisionError, match="seven"):
+        make(rs).map(fail_on_seven, num_workers=2, chunksize=5, generator=gen())
+    assert _children() <= before
+
+
 def test_map_iter_stops_early_and_cleans_up() -> None:
     before = {p.pid for p in mp.active_children()}
     it = make(rs, 40).map_iter(add_one, num_workers=2, chunksize=2, generator=gen())
