@@ -17,6 +17,13 @@ at most ``prefetch_factor`` batches in flight, so the ring settles at ``prefetch
 the batches the user holds plus one; a batch larger than its slot (a larger batch size) gets a
 larger slab in that slot, and the main process forgets the old one.
 
+A flat batch (every entry a leaf of the slot, in the order gathered) that reaches the pickler
+unchanged (same entries, leaves of the same address and geometry, no flags) crosses as its
+slot and the key of its kind (class, batch size, device, keys, leaf runs), the kind itself
+only with the first batch of it that a worker sends (``reduce_batch``, ``rebuild_batch``);
+anything else crosses through the general reducer (``processes.reduce_tensordict``). Where
+the leaves of a kind of batch lie in a slot is worked out once per ring (``_Layout``).
+
 The slot states live in a small shared header (one 64-bit word per slot: generation and
 state, changed only by compare-and-swap in the Rust core, ``sys/ring.rs``): FREE, HELD (the
 worker fills it or holds its batch unsent) and SENT (the batch lives in the main process). A
