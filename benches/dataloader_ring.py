@@ -26,6 +26,7 @@ import gc
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -57,12 +58,10 @@ def _consume(batch: Any, device: str | None) -> int:
     return n
 
 
-def _save(width: int) -> str:
-    path = tempfile.mkdtemp(prefix="tdrs-ring-bench-", dir="/dev/shm")
+def _save(path: str, width: int) -> None:
     gen = torch.Generator().manual_seed(0)
     src = {f"f{i}": torch.rand(ROWS, width, generator=gen) for i in range(LEAVES)}
     tensordict.TensorDict(src, batch_size=[ROWS]).memmap_(path)
-    return path
 
 
 def _loader(td: Any, workers: int, batches: int, pin: bool) -> DataLoader:
@@ -112,8 +111,9 @@ def run(rounds: int, batches: int) -> list[dict[str, Any]]:
     if torch.cuda.is_available():
         blocks.append(("cuda", True))
     for width in (16, 48):
-        path = _save(width)
-        try:
+        path = tempfile.mkdtemp(prefix="tdrs-ring-bench-", dir="/dev/shm")
+        try:  # removed on errors, Ctrl-C and SIGTERM too (main() turns it into SystemExit)
+            _save(path, width)
             for device, pin in blocks:
                 cases = {}
                 for workers in (0, 2):
@@ -154,6 +154,8 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=400)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    # killed with SIGTERM: exit through the finally blocks, which remove the saved dataset
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     results = run(args.rounds, args.batches)
     print(
         "| rows x bytes | device | load | ref w0 | rs w0 | ref w2 | rs w2 | rs w2 / ref w2 | "

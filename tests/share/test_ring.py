@@ -29,14 +29,17 @@ def identity(batch: Any) -> Any:
     return batch
 
 
-def _dataset(rows: int = ROWS) -> rs.TensorDict:
-    """Rows whose every value names its row: batches are checked against the indices."""
+def _dataset(rows: int = ROWS, flat: bool = False) -> rs.TensorDict:
+    """Rows whose every value names its row: batches are checked against the indices. A flat
+    tree's batches cross as a slot and the key of their kind (``ring.reduce_batch``), a nested
+    one's through the general reducer."""
     base = torch.arange(rows, dtype=torch.float32)
+    c = (base * 2).view(rows, 1, 1).expand(rows, 2, 3).contiguous()
     return rs.TensorDict(
         {
             "a": base.view(rows, 1).expand(rows, 16).contiguous(),
             "b": torch.arange(rows, dtype=torch.int64) * 3,
-            "nested": {"c": (base * 2).view(rows, 1, 1).expand(rows, 2, 3).contiguous()},
+            **({"c": c} if flat else {"nested": {"c": c}}),
         },
         batch_size=[rows],
     ).share_memory_()
@@ -46,7 +49,14 @@ def _check(batch: Any, rows: torch.Tensor) -> None:
     rows_f = rows.to(torch.float32)
     assert torch.equal(batch["a"], rows_f.view(-1, 1).expand(-1, 16))
     assert torch.equal(batch["b"], rows * 3)
-    assert torch.equal(batch["nested", "c"], (rows_f * 2).view(-1, 1, 1).expand(-1, 2, 3))
+    c = batch["c"] if "c" in batch.keys() else batch["nested", "c"]
+    assert torch.equal(c, (rows_f * 2).view(-1, 1, 1).expand(-1, 2, 3))
+
+
+def _kinds() -> int:
+    """Kinds of flat batches the main process has had described by the rings it maps."""
+    with _ring._rings_lock:
+        return sum(len(r.batches) for r in _ring._rings.values())
 
 
 def _order(seed: int, rows: int = ROWS) -> list[int]:
@@ -73,9 +83,10 @@ def _wait_for(condition: Any, what: str, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("flat", [False, True], ids=["nested", "flat"])
 @pytest.mark.parametrize("method", METHODS)
-def test_kept_batches_stay_correct_while_the_loader_runs_on(method: str) -> None:
-    td = _dataset()
+def test_kept_batches_stay_correct_while_the_loader_runs_on(method: str, flat: bool) -> None:
+    td = _dataset(flat=flat)
     order = _order(0)
     batch = 32
     loader = _loader(td, order, batch, multiprocessing_context=method)
@@ -100,8 +111,9 @@ def test_kept_batches_stay_correct_while_the_loader_runs_on(method: str) -> None
     assert torch.equal(leaf, rows0 * 3)
 
 
-def test_a_user_who_keeps_every_batch_gets_correct_data() -> None:
-    td = _dataset()
+@pytest.mark.parametrize("flat", [False, True], ids=["nested", "flat"])
+def test_a_user_who_keeps_every_batch_gets_correct_data(flat: bool) -> None:
+    td = _dataset(flat=flat)
     order = _order(1)
     batch = 8  # 125 batches: far more than a ring holds (fresh arenas once it is dry)
     batches = list(_loader(td, order, batch, persistent_workers=True))
@@ -139,8 +151,9 @@ def test_persistent_workers_across_epochs_and_two_loaders_at_once() -> None:
     _wait_for(lambda: _ring.mapped_rings() == 0, "the rings of the exited workers")
 
 
-def test_batches_that_grow_get_larger_slabs() -> None:
-    td = _dataset()
+@pytest.mark.parametrize("flat", [False, True], ids=["nested", "flat"])
+def test_batches_that_grow_get_larger_slabs(flat: bool) -> None:
+    td = _dataset(flat=flat)
     sizes = [4, 4, 64, 64, 200, 8, 300, 300]
     order = _order(5)
     batches, at = [], 0
@@ -165,6 +178,56 @@ def test_pin_memory_loader() -> None:
             )
             if torch.cuda.is_available():
                 assert b["a"].is_pinned()
+
+
+def test_flat_batches_cross_as_a_slot_and_a_kind() -> None:
+    """A flat batch's description crosses once per worker and kind (the last, smaller batch
+    of an epoch is a second kind); a nested batch's never."""
+    _wait_for(lambda: _ring.mapped_rings() == 0, "the rings of earlier loaders")
+    order = _order(9)
+    loader = _loader(_dataset(flat=True), order, 64, persistent_workers=True)
+    for _epoch in range(2):
+        for i, b in enumerate(loader):
+            _check(b, torch.tensor(order[i * 64 : (i + 1) * 64]))
+            assert _ring_batch(b)
+    # two workers; 1000 rows in batches of 64: full batches and one of 40 rows (one worker)
+    assert _kinds() == 3
+    del loader, b
+    _wait_for(lambda: _ring.mapped_rings() == 0, "the rings of the exited workers")
+    for _ in _loader(_dataset(), order, 64):
+        pass
+    assert _kinds() == 0
+
+
+def unsqueeze_a(batch: Any) -> Any:
+    """A collate_fn that changes a leaf's shape in place in the worker."""
+    batch["a"].unsqueeze_(1)
+    return batch
+
+
+def add_d(batch: Any) -> Any:
+    """A collate_fn that adds an entry in the worker."""
+    batch["d"] = batch["b"] + 1
+    return batch
+
+
+@pytest.mark.parametrize("collate", [unsqueeze_a, add_d])
+def test_a_batch_changed_in_the_worker_crosses_as_changed(collate: Any) -> None:
+    """A flat ring batch changed after the gather (by a collate_fn) is not the kind it was
+    described as: it crosses through the general reducer, changes included."""
+    order = _order(10)
+    loader = DataLoader(
+        _dataset(flat=True), batch_size=50, sampler=order, collate_fn=collate, num_workers=2
+    )
+    for i, b in enumerate(loader):
+        rows = torch.tensor(order[i * 50 : (i + 1) * 50])
+        if collate is unsqueeze_a:
+            assert b["a"].shape == (50, 1, 16)
+            b["a"] = b["a"].squeeze(1)
+        else:
+            assert torch.equal(b["d"], rows * 3 + 1)
+        _check(b, rows)
+        assert _ring_batch(b)
 
 
 class _nothing:
@@ -226,11 +289,12 @@ def test_10000_batches_keep_descriptors_and_memory_flat() -> None:
     del it, loader
 
 
-def test_a_killed_worker_raises_and_leaves_nothing_mapped() -> None:
+@pytest.mark.parametrize("flat", [False, True], ids=["nested", "flat"])
+def test_a_killed_worker_raises_and_leaves_nothing_mapped(flat: bool) -> None:
     _wait_for(lambda: _ring.mapped_rings() == 0, "the rings of earlier loaders")
     gc.collect()
     regions = _native.shared_regions()
-    td = _dataset()
+    td = _dataset(flat=flat)
     base = _native.shared_regions()
     loader = _loader(td, _order(8), 10, persistent_workers=True, timeout=60)
     it = iter(loader)

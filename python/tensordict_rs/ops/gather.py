@@ -116,7 +116,12 @@ class _Plan:
         self.tensors: list[tuple[torch.Tensor, int, torch.Size, torch.dtype]] = []
         self.row_bytes = 0
         self.bulk_bytes = 0  # of the rows of at least BULK_ROW bytes
-        self.sizes: tuple[int, list[tuple[int, ...]]] = (-1, [])  # the leaf shapes of n rows
+        # n, then the leaf shapes of n rows and their (shape, dtype)s (what ``alloc`` gets)
+        self.sizes: tuple[int, list[tuple[int, ...]], list[tuple[tuple[int, ...], Any]]] = (
+            -1,
+            [],
+            [],
+        )
 
     def add(self, td: TD) -> bool:
         """Plans ``td`` and its nested nodes; False when a leaf needs torch's path."""
@@ -191,11 +196,13 @@ class _Plan:
         made: list[Any] = [None] * len(self.owners)
         leaves = self.leaves
         if self.sizes[0] != n:
-            self.sizes = (n, [(n, *leaf[5]) for leaf in leaves])
+            shapes = [(n, *leaf[5]) for leaf in leaves]
+            specs = [(size, leaf[4]) for size, leaf in zip(shapes, leaves, strict=True)]
+            self.sizes = (n, shapes, specs)
         sizes = self.sizes[1]
         given = None
         if alloc is not None:
-            given = alloc([(size, leaf[4]) for size, leaf in zip(sizes, leaves, strict=True)])
+            given = alloc(self.sizes[2])
         for i in range(len(self.owners) - 1, -1, -1):  # children come after their parents
             src = self.owners[i] if i else td
             out = type(src)._new_unchecked(torch.Size((n, *src._batch_size[1:])), src._device)

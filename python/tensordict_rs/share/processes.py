@@ -342,6 +342,10 @@ def reduce_tensordict(td: TD) -> tuple[Any, ...]:
     """ForkingPickler reducer of a TensorDict: the layout as plain data, one fd per arena
     (in a DataLoader worker, the slot of its ring that a batch views, and no new fd)."""
     ring = _ring.local_ring()
+    if ring is not None:
+        fast = _ring.reduce_batch(td)
+        if fast is not None:
+            return fast
     msg = _Message(ring)
     node = _describe(td, msg)
     rings: list[tuple[Any, ...]] = []
@@ -356,6 +360,16 @@ def reduce_tensordict(td: TD) -> tuple[Any, ...]:
     # ForkingPickler again: non-tensor values and CUDA leaves use their own reducers.
     layout = bytes(reduction.ForkingPickler.dumps((node, len(msg.buffers))))
     return (_rebuild_td, (layout, handles, files, tuple(rings)))
+
+
+def _as_index(indices: Any) -> torch.Tensor:
+    """``torch.as_tensor(indices)``; a list of ints (what a DataLoader's batch sampler gives)
+    goes through numpy, 5 us for 256 against 30."""
+    if type(indices) is list:
+        array = np.array(indices)
+        if array.dtype == np.int64:
+            return torch.from_numpy(array)
+    return torch.as_tensor(indices)
 
 
 def _rebuild_mmt(
@@ -507,7 +521,7 @@ class Shareable(TreeNode):
         the DataLoader section of the sharing guide for the rule that keeps a batch the user
         holds from being overwritten.
         """
-        index = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(indices)
+        index = indices if isinstance(indices, torch.Tensor) else _as_index(indices)
         if _ring.in_worker():
             batch = _ring.gather_batch(self, index)
             if batch is not None:

@@ -17,6 +17,13 @@ at most ``prefetch_factor`` batches in flight, so the ring settles at ``prefetch
 the batches the user holds plus one; a batch larger than its slot (a larger batch size) gets a
 larger slab in that slot, and the main process forgets the old one.
 
+A flat batch (every entry a leaf of the slot, in the order gathered) that reaches the pickler
+unchanged (same entries, leaves of the same address and geometry, no flags) crosses as its
+slot and the key of its kind (class, batch size, device, keys, leaf runs), the kind itself
+only with the first batch of it that a worker sends (``reduce_batch``, ``rebuild_batch``);
+anything else crosses through the general reducer (``processes.reduce_tensordict``). Where
+the leaves of a kind of batch lie in a slot is worked out once per ring (``_Layout``).
+
 The slot states live in a small shared header (one 64-bit word per slot: generation and
 state, changed only by compare-and-swap in the Rust core, ``sys/ring.rs``): FREE, HELD (the
 worker fills it or holds its batch unsent) and SENT (the batch lives in the main process). A
@@ -32,6 +39,7 @@ and returns the batch itself: the pinned ring, with no copy per batch.
 
 from __future__ import annotations
 
+import operator
 import os
 import select
 import threading
@@ -44,7 +52,7 @@ import torch
 import torch.utils.data
 
 from .. import _native
-from .._core.nodes import TD
+from .._core.nodes import TD, TreeNode
 from ..ops import gather as _gather
 
 FREE, HELD, SENT = 0, 1, 2
@@ -53,6 +61,10 @@ FREE, HELD, SENT = 0, 1, 2
 MAX_SLOTS = 16
 MAX_RING_BYTES = 1 << 30
 HEADER_BYTES = 8 * MAX_SLOTS
+# Kinds of batches (leaf shapes and dtypes; keys and class) a ring remembers at most.
+MAX_LAYOUTS = 64
+# The marker a flat ring batch carries in its ``__dict__`` (see ``reduce_batch``).
+MARK = "_ring_batch"
 # Each leaf starts at a multiple of this in its slot (a cache line; enough for every dtype).
 LEAF_ALIGN = 64
 PAGE = 4096
@@ -60,6 +72,49 @@ PAGE = 4096
 
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+# A run of leaves viewing one storage: ``(dtype, offset, shape, stride, count, step)``
+# (offset, stride and step in elements): ``count`` leaves of one dtype, shape and stride,
+# ``step`` elements apart, made with one ``set_`` and one ``unbind``.
+Run = tuple[torch.dtype, int, tuple[int, ...], tuple[int, ...], int, int]
+
+
+def runs(specs: list[tuple[torch.dtype, tuple[int, ...], tuple[int, ...], int]]) -> list[Run]:
+    """The runs of leaves ``(dtype, shape, stride, offset)`` of one storage, in order: a
+    batch's leaves of one kind, back to back, are one run."""
+    out: list[Run] = []
+    i, n = 0, len(specs)
+    while i < n:
+        dtype, shape, stride, offset = specs[i]
+        j = i + 1
+        step = specs[j][3] - offset if j < n else 0
+        while (
+            j < n
+            and step > 0
+            and specs[j][0] == dtype
+            and specs[j][1] == shape
+            and specs[j][2] == stride
+            and specs[j][3] == offset + (j - i) * step
+        ):
+            j += 1
+        out.append((dtype, offset, shape, stride, j - i, step))
+        i = j
+    return out
+
+
+def run_views(storage: Any, planned: list[Run]) -> list[torch.Tensor]:
+    """The tensors of the runs ``planned`` over ``storage``: a few torch calls for many leaves."""
+    out: list[torch.Tensor] = []
+    for dtype, offset, shape, stride, count, step in planned:
+        if count == 1:
+            out.append(torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride))
+        else:
+            run = torch.empty(0, dtype=dtype).set_(
+                storage, offset, (count, *shape), (step, *stride)
+            )
+            out.extend(run.unbind(0))
+    return out
 
 
 def views(
@@ -72,26 +127,11 @@ def views(
     out: list[torch.Tensor] = []
     i, n = 0, len(specs)
     while i < n:
-        storage, dtype, shape, stride, offset = specs[i]
+        storage = specs[i][0]
         j = i + 1
-        step = specs[j][4] - offset if j < n else 0
-        while (
-            j < n
-            and step > 0
-            and specs[j][0] is storage
-            and specs[j][1] == dtype
-            and specs[j][2] == shape
-            and specs[j][3] == stride
-            and specs[j][4] == offset + (j - i) * step
-        ):
+        while j < n and specs[j][0] is storage:
             j += 1
-        if j - i == 1:
-            out.append(torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride))
-        else:
-            run = torch.empty(0, dtype=dtype).set_(
-                storage, offset, (j - i, *shape), (step, *stride)
-            )
-            out.extend(run.unbind(0))
+        out.extend(run_views(storage, runs([spec[1:] for spec in specs[i:j]])))
         i = j
     return out
 
@@ -105,6 +145,46 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------------- the worker side
+
+
+class _Layout:
+    """Where the leaves of one kind of batch lie in a slot, worked out once per ring: their
+    byte offsets, the bytes of the slot they take and the runs that make their views."""
+
+    __slots__ = ("kept", "nbytes", "offsets", "runs", "shapes", "specs", "strides")
+
+    def __init__(self, specs: list[tuple[tuple[int, ...], torch.dtype]]) -> None:
+        self.specs = specs
+        self.kept = False  # in the ring's table (then a batch of it may be described)
+        offsets: list[int] = []
+        planned = []
+        end = 0
+        for shape, dtype in specs:
+            numel = 1
+            for d in shape:
+                numel *= d
+            end = _round_up(end, LEAF_ALIGN)
+            offsets.append(end)
+            planned.append((dtype, shape, _contiguous(shape), end // dtype.itemsize))
+            end += numel * dtype.itemsize
+        self.offsets = offsets
+        self.nbytes = max(end, 1)
+        self.runs = runs(planned)
+        self.shapes = [torch.Size(shape) for shape, _ in specs]
+        self.strides = [spec[2] for spec in planned]
+
+
+class _Sent:
+    """What the main process keeps of one kind of flat batch, sent once per ring (its
+    ``key`` with every later batch): the class, batch size, device, keys and leaf runs."""
+
+    __slots__ = ("key", "layout", "sent", "state")
+
+    def __init__(self, key: int, layout: _Layout, state: tuple[Any, ...]) -> None:
+        self.key = key
+        self.layout = layout
+        self.state = state
+        self.sent = False
 
 
 class _Slab:
@@ -133,6 +213,39 @@ class WorkerRing:
         # slab address -> (slot, generation) of the batch held there now
         self.held: dict[int, tuple[int, int]] = {}
         self.lock = threading.Lock()
+        # the layouts of the batches met so far (the last one first), and the flat batch
+        # descriptions, at most MAX_LAYOUTS each (past that, batches cross the general way)
+        self.last: _Layout | None = None
+        self.layouts: dict[tuple[Any, ...], _Layout] = {}
+        self.described: dict[tuple[Any, ...], _Sent] = {}
+
+    def layout(self, specs: list[tuple[tuple[int, ...], torch.dtype]]) -> _Layout:
+        """The layout of a batch of leaves ``(shape, dtype)``, made once."""
+        last = self.last
+        if last is not None and last.specs == specs:
+            return last
+        key = tuple(specs)
+        got = self.layouts.get(key)
+        if got is None:
+            got = _Layout(specs)
+            if len(self.layouts) < MAX_LAYOUTS:
+                self.layouts[key] = got
+                got.kept = True
+        self.last = got
+        return got
+
+    def describe(self, layout: _Layout, td: TD, keys: tuple[str, ...]) -> _Sent | None:
+        """The description of a flat batch of ``layout`` (made once); None past MAX_LAYOUTS."""
+        if not layout.kept:
+            return None
+        key = (id(layout), type(td), keys, td._batch_size, td._device)  # kept: ids stay unique
+        got = self.described.get(key)
+        if got is None:
+            if len(self.described) >= MAX_LAYOUTS:
+                return None
+            state = (type(td), tuple(td._batch_size), td._device, keys, layout.runs)
+            got = self.described[key] = _Sent(len(self.described), layout, state)
+        return got
 
     def _new_slab(self, nbytes: int) -> _Slab:
         self.serial += 1
@@ -256,36 +369,75 @@ def in_worker() -> bool:
 
 def gather_batch(td: TD, index: torch.Tensor) -> TD | None:
     """The rows ``index`` of ``td`` gathered into a slot of this worker's ring (one native
-    call); None when the ring cannot take them (the caller gathers as usual)."""
+    call); None when the ring cannot take them (the caller gathers as usual). A flat batch
+    (every entry a leaf) is marked so that ``reduce_batch`` can send it as its slot and the
+    key of its description."""
     ring = _ring()
     if ring is None:
         return None
+    taken: list[Any] = []
 
     def alloc(specs: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor] | None:
-        offsets = []
-        end = 0
-        for shape, dtype in specs:
-            numel = 1
-            for d in shape:
-                numel *= d
-            end = _round_up(end, LEAF_ALIGN)
-            offsets.append(end)
-            end += numel * dtype.itemsize
-        got = ring.take(max(end, 1))
+        layout = ring.layout(specs)
+        got = ring.take(layout.nbytes)
         if got is None:
             return None
         slot, generation, slab = got
         view = memoryview(cast(Any, slab.buffer))  # this batch's own owner of the slab bytes
         weakref.finalize(view, ring.drop, slot, generation)
         storage = torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
-        return views(
-            [
-                (storage, dtype, shape, _contiguous(shape), offset // dtype.itemsize)
-                for (shape, dtype), offset in zip(specs, offsets, strict=True)
-            ]
-        )
+        leaves = run_views(storage, layout.runs)
+        taken.extend((layout, slot, generation, slab.buffer.address, leaves))
+        return leaves
 
-    return _gather.gather(td, index, alloc=alloc)
+    batch = _gather.gather(td, index, alloc=alloc)
+    if batch is not None and taken:
+        layout, slot, generation, address, leaves = taken
+        items = batch._tensordict
+        values = tuple(items.values())
+        # flat: nothing but the leaves of the slot, in their order
+        if len(values) == len(leaves) and all(map(operator.is_, values, leaves)):
+            keys = tuple(items)
+            sent = ring.describe(layout, batch, keys)
+            if sent is not None:
+                ptrs = [address + offset for offset in layout.offsets]
+                batch.__dict__[MARK] = (sent, slot, generation, items, keys, values, ptrs)
+    return batch
+
+
+def reduce_batch(td: TD) -> tuple[Any, ...] | None:
+    """The pickled form of a flat ring batch still as gathered (same entries, leaves of the
+    same geometry, no flags set): its slot and the key of its description, the description
+    itself only the first time; None for anything else (the general reducer sends it)."""
+    mark = td.__dict__.get(MARK)
+    ring = local_ring()
+    if mark is None or ring is None:
+        return None
+    sent, slot, generation, items, keys, values, ptrs = mark
+    layout = sent.layout
+    if (
+        td._tensordict is not items
+        or td._is_locked
+        or td._is_memmap
+        or td._is_shared
+        or td._memmap_prefix is not None
+        or tuple(td._batch_size) != sent.state[1]
+        or td._device != sent.state[2]
+        or not _native.same_entries([(items, keys, values)])
+        or [v.data_ptr() for v in values] != ptrs
+        or [v.shape for v in values] != layout.shapes
+        or [v.stride() for v in values] != layout.strides
+        or any(v.requires_grad for v in values)
+    ):
+        return None
+    if not ring.claim([(slot, generation)]):
+        return None  # pickled twice: the general reducer copies it
+    message = ring.message(slot, generation)
+    with ring.lock:
+        state = None
+        if not sent.sent:
+            state, sent.sent = sent.state, True
+    return (rebuild_batch, (message, sent.key, state))
 
 
 # ---------------------------------------------------------------------------- the main side
@@ -324,12 +476,14 @@ class _RemoteSlab:
 class _RemoteRing:
     """A worker's ring as the main process sees it."""
 
-    __slots__ = ("header", "pid", "slabs")
+    __slots__ = ("batches", "header", "pid", "slabs")
 
     def __init__(self, header: Any, pid: int) -> None:
         self.header = header
         self.pid = pid
         self.slabs: dict[int, _RemoteSlab] = {}
+        # key -> (class, batch size, device, keys, leaf runs) of a kind of flat batch
+        self.batches: dict[int, tuple[Any, ...]] = {}
 
 
 _rings: dict[str, _RemoteRing] = {}
@@ -386,6 +540,30 @@ def _detach(handle: Any, pid: int, wait: float = 10.0) -> int:
 def receive(message: tuple[Any, ...]) -> torch.UntypedStorage:
     """The storage of one ring batch in this process (the slab mapped once per worker); its
     slot goes back to the worker when the storage and every view of it are freed."""
+    return _receive(message)[1]
+
+
+def rebuild_batch(message: tuple[Any, ...], key: int, state: tuple[Any, ...] | None) -> TreeNode:
+    """A flat ring batch (see ``reduce_batch``): its description, kept per worker ring from
+    the first batch that carries it, over the storage of its slot."""
+    ring, storage = _receive(message)
+    if state is None:
+        state = ring.batches.get(key)
+        if state is None:
+            raise RuntimeError(
+                f"a DataLoader batch names batch kind {key} of the ring of worker {ring.pid}, "
+                "which this process has not had"
+            )
+    else:
+        cls, batch_size, device, keys, planned = state
+        state = ring.batches[key] = (cls, torch.Size(batch_size), device, keys, planned)
+    cls, batch_size, device, keys, planned = state
+    td = cls._new_unchecked(batch_size, device)
+    td._tensordict.update(zip(keys, run_views(storage, planned), strict=True))
+    return td
+
+
+def _receive(message: tuple[Any, ...]) -> tuple[_RemoteRing, torch.UntypedStorage]:
     token, pid, header_h, slot, generation, key, slab_h, nbytes, retired = message
     with _rings_lock:
         ring = _rings.get(token)
@@ -421,7 +599,7 @@ def receive(message: tuple[Any, ...]) -> torch.UntypedStorage:
             _close(slab_h)
     view = memoryview(cast(Any, slab.buffer))
     weakref.finalize(view, _release, ring.header, slab, slot, generation)
-    return torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
+    return ring, torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
 
 
 def pin_slabs(td: TD) -> bool:
