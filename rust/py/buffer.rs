@@ -194,6 +194,33 @@ impl Buffer {
         Some(Buffer::slice(&self.region, offset, nbytes))
     }
 
+    /// Writes the `nbytes` at `data_ptr` into the backing file at the place this buffer shows
+    /// at `address` (inside it), with a positioned write, the GIL released: the bytes land in
+    /// the page cache this map shows without faulting its pages in. Only for a shared map of a
+    /// file (`file_id` not None), whose file must still be the one mapped.
+    fn write_through(&self, py: Python<'_>, address: usize, data_ptr: usize, nbytes: usize) -> PyResult<()> {
+        let (Some(path), Some(identity)) = (self.region.path(), self.region.file_id()) else {
+            return Err(PyBufferError::new_err(
+                "write_through: not a shared map of a file",
+            ));
+        };
+        let start = self.as_ptr() as usize;
+        let inside = address
+            .checked_sub(start)
+            .filter(|at| at.checked_add(nbytes).is_some_and(|end| end <= self.len));
+        let Some(at) = inside else {
+            return Err(PyBufferError::new_err(
+                "write_through: the range is not inside this buffer",
+            ));
+        };
+        // A region with a file identity maps its file from offset 0 (`storage::map_file`).
+        let offset = (self.offset + at) as u64;
+        // SAFETY: the Python layer keeps the source tensor alive during this call.
+        let data = unsafe { super::source_slice(data_ptr, nbytes) }.unwrap_or(&[]);
+        let path = path.to_path_buf();
+        Ok(py.detach(|| crate::tree::grow::write_existing(&path, identity, offset, data))?)
+    }
+
     /// Whether writes are allowed through this buffer.
     #[getter]
     fn writable(&self) -> bool {

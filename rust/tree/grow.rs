@@ -259,6 +259,34 @@ fn replace_file(dir: &Dir, name: &str, bytes: &[u8], durable: bool) -> io::Resul
     Ok(())
 }
 
+/// Writes `data` at `offset` of the existing data file `path`, which must still be the file
+/// `identity` (the one the caller maps: a file replaced since is refused, naming it): a
+/// positioned write goes into the same page cache as the caller's map of the file without
+/// faulting its pages in one by one, which is most of the cost of a first write through a
+/// fresh map (`map`'s workers writing their chunks into a memory-mapped `out`).
+pub fn write_existing(path: &Path, identity: FileId, offset: u64, data: &[u8]) -> Result<()> {
+    let (dir, name) = split_file_path(path)?;
+    let io_err = |e| Error::io(path, e);
+    let (file, writable) = dir.open_file(&name).map_err(io_err)?;
+    if identity::of_file(&file).map_err(io_err)? != identity {
+        return Err(Error::tree(
+            path,
+            "the data file was replaced since it was mapped: not written",
+        ));
+    }
+    if !writable {
+        return Err(Error::tree(path, "the data file is read-only"));
+    }
+    let end = offset.saturating_add(data.len() as u64);
+    if file.metadata().map_err(io_err)?.len() < end {
+        return Err(Error::tree(
+            path,
+            format!("the data file is shorter than the {end} bytes the write reaches"),
+        ));
+    }
+    crate::sys::storage::write_all_at(&file, data, offset).map_err(io_err)
+}
+
 /// Brings the file `dst` up to date with `src`: copies the byte `ranges` (`(offset, len)`,
 /// clipped to `len`; None: all of it), then sets `dst`'s size to exactly `len`. `dst` is
 /// created when missing (then every byte is copied). Returns the bytes written.
@@ -489,6 +517,25 @@ mod tests {
             grow_rows(&d, 3, 5, &A, &write_a(&[1u8; 16], Some(new_id)), false).unwrap(),
             None
         );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn write_existing_writes_only_into_the_file_mapped() {
+        let d = temp("existing");
+        let path = d.join("a.memmap");
+        std::fs::write(&path, [0u8; 16]).unwrap();
+        let id = identity::of_path(&path).unwrap();
+        write_existing(&path, id, 4, &[7u8; 8]).unwrap();
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            [[0u8; 4], [7; 4], [7; 4], [0; 4]].concat()
+        );
+        assert!(write_existing(&path, id, 12, &[1u8; 8]).is_err()); // past the end
+        std::fs::rename(&path, d.join("old")).unwrap();
+        std::fs::write(&path, [0u8; 16]).unwrap();
+        assert!(write_existing(&path, id, 0, &[1u8; 4]).is_err()); // replaced since
+        assert_eq!(std::fs::read(&path).unwrap(), [0u8; 16]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -368,3 +368,32 @@ def test_map_chunk_crosses_without_its_data(tmp_path: Path) -> None:
     chunk = len(ForkingPickler.dumps(data[1024:2048]))
     assert whole < 4096 and chunk < 4096, (whole, chunk)
     assert data.numel() * 1024 * 4 > 1000 * whole
+
+
+def test_chunks_written_through_the_files_of_a_memmap_out(tmp_path: Path) -> None:
+    """A worker writes a chunk's result into a memory-mapped ``out`` with one positioned write
+    per leaf (no page faults through the map): the files and the tree show it; a result that
+    does not fit that way (another dtype, a key more, an anonymous ``out``, a file replaced
+    since) writes nothing and is left to ``update_``."""
+    from tensordict_rs.share.map import _write_through_files
+
+    out = rs.TensorDict({"a": torch.zeros(8, 4), "b": torch.zeros(8, dtype=torch.int64)}, [8])
+    out = out.memmap(tmp_path / "out")
+    rows = rs.TensorDict({"a": torch.ones(3, 4), "b": torch.arange(3)}, [3])
+    assert _write_through_files(out[2:5], rows)
+    for tree in (out, rs.TensorDict.load_memmap(tmp_path / "out")):
+        assert tree["a"][:, 0].tolist() == [0, 0, 1, 1, 1, 0, 0, 0]
+        assert tree["b"].tolist() == [0, 0, 0, 1, 2, 0, 0, 0]
+    unfit = [
+        rs.TensorDict({"a": torch.ones(3, 4, dtype=torch.float64), "b": torch.arange(3)}, [3]),
+        rs.TensorDict({"a": torch.ones(3, 4), "b": torch.arange(3), "c": torch.ones(3)}, [3]),
+        rs.TensorDict({"a": torch.ones(4, 3).t(), "b": torch.arange(3)}, [3]),  # not contiguous
+    ]
+    for bad in unfit:
+        assert not _write_through_files(out[5:8], bad)
+    assert not _write_through_files(out.clone().share_memory_()[5:8], rows)
+    assert out["b"][5:].tolist() == [0, 0, 0]
+    (tmp_path / "out" / "a.memmap").rename(tmp_path / "old")
+    (tmp_path / "out" / "a.memmap").write_bytes(bytes(128))
+    assert not _write_through_files(out[5:8], rows)
+    assert (tmp_path / "out" / "a.memmap").read_bytes() == bytes(128)

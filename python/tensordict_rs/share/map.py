@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .. import _native
 from .._core.nodes import TreeNode
 from ..io.entries import FileEntries
 from ..ops.autograd import Autograd
@@ -82,13 +83,60 @@ class _Task:
                 out = [] if target is None else [target[at]]
             result = self.fn(chunk)
             if self.write:
-                if result is not None:
+                if result is not None and not _write_through_files(out[0], result):
                     out[0].update_(result)
                 return None
             return result
         except Exception as err:
             err.add_note(f"map: fn raised on chunk {index} ({where} along dim {self.dim})")
             raise
+
+
+def _write_through_files(target: TreeNode, result: Any) -> bool:
+    """Writes ``result`` into the slice ``target`` of a memory-mapped ``out`` with one positioned
+    write per leaf into its file, when every entry allows it (``result`` has exactly
+    ``target``'s tensor entries, each contiguous on the CPU with the leaf's dtype and shape, and
+    each leaf is a contiguous view of a file map); returns False, having written nothing,
+    otherwise (the caller then uses ``update_``). The bytes land in the same page cache the
+    map shows, without faulting ``out``'s pages into this worker one by one: measured, the
+    first write through a fresh map of a file costs ~0.4 s of CPU per GiB here, ~0.25 s as a
+    ``pwrite``."""
+    if (
+        not isinstance(result, TreeNode)
+        or result._batch_size != target._batch_size
+        or target._read_only
+    ):
+        return False
+    dst_items = target._tensordict
+    src_items = result._tensordict
+    if dst_items.keys() != src_items.keys():
+        return False
+    writes = []
+    for key, dst in dst_items.items():
+        src = src_items[key]
+        buffer = getattr(dst, "_buffer", None)
+        if (
+            buffer is None
+            or buffer.file_id is None  # a shared map of a file (not anonymous, not an archive)
+            or not buffer.writable
+            or not isinstance(src, torch.Tensor)
+            or src.device.type != "cpu"
+            or src.dtype != dst.dtype
+            or src.shape != dst.shape
+            or src.requires_grad
+            or not src.is_contiguous()
+            or not dst.is_contiguous()
+        ):
+            return False
+        writes.append((buffer, dst.data_ptr(), src))
+    try:
+        for buffer, address, src in writes:
+            buffer.write_through(address, src.data_ptr(), src.nbytes)
+    except (_native.InvalidTreeError, OSError):
+        # a file replaced or removed since ``out`` mapped it: ``update_`` writes through the
+        # maps, as it always did (the leaves written here it writes again, the same bytes)
+        return False
+    return True
 
 
 def _holdable(td: TreeNode, mp_start_method: str | None) -> bool:
