@@ -239,6 +239,16 @@ class NonTensorData:
         )
 
     @property
+    def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+        """The entry's state, slot by slot (a copy: attributes are not added through it).
+
+        As in tensordict, the value is not an instance attribute named ``data`` (``data`` is
+        a property that reads it, from shared memory for a shared entry), so ``vars(entry)``
+        and ``"data" in entry.__dict__`` behave as they do there.
+        """
+        return {name: getattr(self, name) for name in NonTensorData.__slots__}
+
+    @property
     def _is_shared(self) -> bool:
         """True for a value kept in shared memory (``share_memory_``, ``share_non_tensor``)."""
         return self._shared is not None
@@ -350,10 +360,24 @@ class NonTensorData:
         batch = fn(torch.empty(self.batch_size, device="meta")).shape
         return NonTensorData(self.data, batch_size=batch, device=self.device)
 
+    def as_stack(self) -> Any:
+        """A ``NonTensorStack`` of this batch size with the value in every element (one
+        element for a 0-dim entry): what the shape operations that make a stack start from."""
+        from .nontensor import NonTensorStack
+
+        n = self.batch_size.numel()
+        return NonTensorStack.from_values([self.data] * n, self.batch_size, self.device)
+
+    def stacked(self, fn: Any) -> Any:
+        """``fn`` (a shape operation on a tensor of the batch shape) applied to ``as_stack()``:
+        expand, unsqueeze, flatten, permute and transpose of a ``NonTensorData`` give a
+        ``NonTensorStack`` in tensordict (reshape, view, squeeze keep a ``NonTensorData``)."""
+        return self.as_stack().apply_positions(fn)
+
     def expand(self, *shape: Any) -> Any:
         """A ``NonTensorStack`` of the value over the expanded batch (a value per element)."""
         sizes = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
-        return self._with_batch(lambda t: t.expand(*sizes)).maybe_to_stack()
+        return self.stacked(lambda t: t.expand(*sizes))
 
     def reshape(self, *shape: Any) -> NonTensorData:
         """The value with a reshaped batch size."""
@@ -365,19 +389,27 @@ class NonTensorData:
         """The value without batch dims of size one."""
         return self._with_batch(lambda t: t.squeeze() if dim is None else t.squeeze(dim))
 
-    def unsqueeze(self, dim: int) -> NonTensorData:
-        """The value with a batch dim of size one at ``dim``."""
-        return self._with_batch(lambda t: t.unsqueeze(dim))
+    def unsqueeze(self, dim: int) -> Any:
+        """A ``NonTensorStack`` of the value with a batch dim of size one at ``dim`` (as
+        tensordict gives)."""
+        return self.stacked(lambda t: t.unsqueeze(dim))
 
-    def flatten(self, start_dim: int | None = None, end_dim: int | None = None) -> NonTensorData:
-        """The value with batch dims ``start_dim..end_dim`` made one."""
+    def flatten(self, start_dim: int | None = None, end_dim: int | None = None) -> Any:
+        """A ``NonTensorStack`` of the value with batch dims ``start_dim..end_dim`` made one
+        (as tensordict gives)."""
         start = 0 if start_dim is None else start_dim
         end = -1 if end_dim is None else end_dim
-        return self._with_batch(lambda t: t.flatten(start, end))
+        return self.stacked(lambda t: t.flatten(start, end))
 
-    def permute(self, *dims: Any) -> NonTensorData:
-        """The value with its batch dims permuted."""
-        return self._with_batch(lambda t: t.permute(*dims))
+    def permute(self, *dims: Any) -> Any:
+        """A ``NonTensorStack`` of the value with its batch dims permuted (as tensordict
+        gives)."""
+        return self.stacked(lambda t: t.permute(*dims))
+
+    def transpose(self, dim0: int, dim1: int) -> Any:
+        """A ``NonTensorStack`` of the value with batch dims ``dim0`` and ``dim1`` swapped (as
+        tensordict gives)."""
+        return self.stacked(lambda t: t.transpose(dim0, dim1))
 
     def unbind(self, dim: int = 0) -> tuple[NonTensorData, ...]:
         """One entry per element along ``dim``."""
