@@ -373,10 +373,30 @@ class NonTensorStack:
         pos = torch.cat(positions, dim).numpy()
         return cls._from_parts(_Cells(cells), pos, _common_device(members))
 
+    def where(
+        self, condition: torch.Tensor, other: Any, *, out: Any = None, pad: Any = None
+    ) -> NonTensorStack:
+        """This stack's values where ``condition`` holds, ``other``'s elsewhere (as
+        ``torch.where(condition, self, other)``); with ``out`` (a stack of the same batch
+        size) the values are written into it and ``out`` is returned, as in tensordict.
+        ``pad`` (for keys missing on one side of a TensorDict) has nothing to fill here.
+
+        >>> import torch
+        >>> NonTensorStack("a", "b").where(torch.tensor([True, False]), NonTensorStack("c", "d"))
+        ... .tolist()
+        ['a', 'd']
+        """
+        result = NonTensorStack.select(condition, self, other)
+        if out is None:
+            return result
+        out[...] = result.tolist()
+        return out  # type: ignore[no-any-return]
+
     @classmethod
-    def where(cls, condition: torch.Tensor, input: Any, other: Any) -> NonTensorStack:
+    def select(cls, condition: torch.Tensor, input: Any, other: Any) -> NonTensorStack:
         """The values of ``input`` where ``condition`` holds, of ``other`` elsewhere (entries
-        with their batch sizes; ``condition`` broadcast over their leading dims)."""
+        with their batch sizes; ``condition`` broadcast over their leading dims): what
+        ``torch.where`` and ``TensorDict.where`` do with non-tensor entries."""
         mine, theirs = _as_member(input), _as_member(other)
         shape = mine._pos.shape
         if theirs._pos.shape != shape:
@@ -399,7 +419,8 @@ class NonTensorStack:
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        """``torch.stack`` and ``torch.cat`` of stacks (and NonTensorData); nothing else."""
+        """``torch.stack``, ``torch.cat`` and ``torch.where`` of stacks (and NonTensorData);
+        nothing else."""
         kwargs = kwargs or {}
         if func is torch.stack or func is torch.cat:
             values = list(args[0] if args else kwargs["tensors"])
@@ -409,6 +430,10 @@ class NonTensorStack:
             if func is torch.stack:
                 return cls(*values, stack_dim=dim)
             return cls.concatenate(values, dim)
+        names = ("condition", "input", "other")
+        if func is torch.where and all(n in kwargs for n in names[len(args) :]):
+            condition, input, other = (*args, *(kwargs[n] for n in names[len(args) :]))
+            return cls.select(condition, input, other)
         return NotImplemented
 
     # ------------------------------------------------------------------ properties
