@@ -389,7 +389,7 @@ class NonTensorStack:
         result = NonTensorStack.select(condition, self, other)
         if out is None:
             return result
-        out[...] = result.tolist()
+        out[...] = result
         return out  # type: ignore[no-any-return]
 
     @classmethod
