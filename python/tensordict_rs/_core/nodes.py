@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
+import numpy as np
 import torch
 
 from .. import _native
@@ -182,7 +183,7 @@ class NonTensorData:
     NonTensorData(data=a, batch_size=torch.Size([2]), device=None)
     """
 
-    __slots__ = ("_saved", "_shared", "_value", "batch_size", "device")
+    __slots__ = ("_cell", "_saved", "_shared", "_value", "batch_size", "device")
     _is_tensorclass = True  # tensordict's NonTensorData is a tensorclass (is_tensorclass)
     _is_non_tensor = True
 
@@ -194,6 +195,9 @@ class NonTensorData:
         # (directory, key, locked) of a saved entry; locked: saved by memmap_/memmap (a loaded
         # tree is not locked, as in tensordict)
         self._saved: tuple[Path, str, bool] | None = None
+        # (the cells of a NonTensorStack, a cell) for an element of a stack: reads and writes
+        # go to the stack (nontensor.NonTensorStack._row)
+        self._cell: tuple[Any, int] | None = None
         self.batch_size = torch.Size([] if batch_size is None else batch_size)
         self.device = None if device is None else torch.device(device)
 
@@ -202,11 +206,23 @@ class NonTensorData:
         """The value (of a shared entry: the value now in shared memory, which another
         process may have written)."""
         shared = self._shared
-        return self._value if shared is None else shared.get()
+        if shared is not None:
+            return shared.get()
+        cell = self._cell
+        if cell is not None:
+            return cell[0].get(np.asarray([cell[1]]))[0]
+        return self._value
 
     @data.setter
     def data(self, value: Any) -> None:
-        shared, saved = self._shared, self._saved
+        shared, saved, cell = self._shared, self._saved, self._cell
+        if cell is not None:  # an element of a stack: the stack's cell (its file, its memory)
+            cells, index = cell
+
+            def change(values: list[Any]) -> None:
+                values[index] = value
+
+            cells.modify(change)
         if shared is None and saved is None:
             self._value = value
             return
@@ -278,7 +294,12 @@ class NonTensorData:
         >>> NonTensorData(1).update(NonTensorData(2)).data
         2
         """
-        if not inplace and (self._shared is not None or (self._saved and self._saved[2])):
+        cell = self._cell
+        if not inplace and (
+            self._shared is not None
+            or (self._saved and self._saved[2])
+            or (cell is not None and cell[0].memmapped)  # an element of a memory-mapped stack
+        ):
             raise RuntimeError(
                 "Cannot modify locked TensorDict. For in-place modification, consider using "
                 "the `set_()` method and make sure the key is present."
@@ -322,6 +343,28 @@ class NonTensorData:
         """The same value with the batch size of ``index`` applied to this one's."""
         batch = torch.empty(self.batch_size, dtype=torch.bool, device="meta")[index].shape
         return NonTensorData(self.data, batch_size=batch, device=self.device)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """``entry[index] = value`` where ``index`` selects every element (``True``, ``...``,
+        ``:``): the entry takes the value (an element of a stack writes it into the stack).
+        A NonTensorData holds one value for all its elements, so a part of them cannot take
+        another (``maybe_to_stack()`` first), as in tensordict."""
+        batch = self.batch_size
+        if torch.empty(batch, dtype=torch.bool, device="meta")[index].numel() != batch.numel():
+            raise ValueError(
+                "A NonTensorData holds one value for all its elements, so it cannot take "
+                "another value for some of them; call maybe_to_stack() first."
+            )
+        if type(value) is NonTensorData:
+            value = value.data
+        elif getattr(value, "_is_non_tensor", False):  # a stack of one element
+            if value.numel() != 1:
+                raise ValueError(
+                    f"cannot write a stack of batch size {value.batch_size} into a "
+                    "NonTensorData (one value)"
+                )
+            (value,) = value.values_flat()
+        self.data = value
 
     def maybe_to_stack(self) -> Any:
         """A ``NonTensorStack`` with the value in every element (``self`` without batch dims)."""

@@ -522,8 +522,7 @@ class NonTensorStack:
         except IndexError as err:
             raise IndexError(str(err).replace("axis", "dimension")) from None
         if not isinstance(pos, np.ndarray) or pos.ndim == 0:
-            (value,) = self._cells.get(np.asarray([pos]).ravel())
-            return NonTensorData(value, batch_size=[], device=self._device)
+            return self._row(int(pos))
         if basic:
             return NonTensorStack._from_parts(self._cells, pos, self._device)
         return NonTensorStack._from_parts(
@@ -748,8 +747,7 @@ class NonTensorStack:
         source = torch.from_numpy(_writable_positions(self._pos))
         out = fn(source)
         if out.ndim == 0:
-            (value,) = self._cells.get(out.reshape(1).numpy())
-            return NonTensorData(value, batch_size=[], device=self._device)
+            return self._row(int(out))
         shares = (
             out.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()
             and out.numel() > 0
@@ -791,9 +789,17 @@ class NonTensorStack:
 
     def _result(self, pos: np.ndarray) -> Any:
         if pos.ndim == 0:
-            (value,) = self._cells.get(pos.reshape(1))
-            return NonTensorData(value, batch_size=[], device=self._device)
+            return self._row(int(pos))
         return self._view(pos)
+
+    def _row(self, cell: int) -> NonTensorData:
+        """The element in cell ``cell`` as a ``NonTensorData`` bound to it: it reads the
+        stack's value and writes into it (``.data = ...``, ``update_``), as tensordict's
+        elements of a stack are its members. A copy (``clone``) is not bound."""
+        (value,) = self._cells.get(np.asarray([cell]))
+        row = NonTensorData(value, batch_size=[], device=self._device)
+        row._cell = (self._cells, cell)
+        return row
 
     def split(self, split_size: Any, dim: int = 0) -> tuple[NonTensorStack, ...]:
         """Pieces along ``dim``, as ``Tensor.split``."""
