@@ -413,8 +413,8 @@ class NonTensorData:
 
     def stacked(self, fn: Any) -> Any:
         """``fn`` (a shape operation on a tensor of the batch shape) applied to ``as_stack()``:
-        expand, unsqueeze, flatten, permute and transpose of a ``NonTensorData`` give a
-        ``NonTensorStack`` in tensordict (reshape, view, squeeze keep a ``NonTensorData``)."""
+        expand and unsqueeze of a ``NonTensorData`` give a ``NonTensorStack`` in tensordict
+        (reshape, view, squeeze, flatten, permute, transpose keep a ``NonTensorData``)."""
         return self.as_stack().apply_positions(fn)
 
     def expand(self, *shape: Any) -> Any:
@@ -437,22 +437,19 @@ class NonTensorData:
         tensordict gives)."""
         return self.stacked(lambda t: t.unsqueeze(dim))
 
-    def flatten(self, start_dim: int | None = None, end_dim: int | None = None) -> Any:
-        """A ``NonTensorStack`` of the value with batch dims ``start_dim..end_dim`` made one
-        (as tensordict gives)."""
+    def flatten(self, start_dim: int | None = None, end_dim: int | None = None) -> NonTensorData:
+        """The value with batch dims ``start_dim..end_dim`` made one."""
         start = 0 if start_dim is None else start_dim
         end = -1 if end_dim is None else end_dim
-        return self.stacked(lambda t: t.flatten(start, end))
+        return self._with_batch(lambda t: t.flatten(start, end))
 
-    def permute(self, *dims: Any) -> Any:
-        """A ``NonTensorStack`` of the value with its batch dims permuted (as tensordict
-        gives)."""
-        return self.stacked(lambda t: t.permute(*dims))
+    def permute(self, *dims: Any) -> NonTensorData:
+        """The value with its batch dims permuted."""
+        return self._with_batch(lambda t: t.permute(*dims))
 
-    def transpose(self, dim0: int, dim1: int) -> Any:
-        """A ``NonTensorStack`` of the value with batch dims ``dim0`` and ``dim1`` swapped (as
-        tensordict gives)."""
-        return self.stacked(lambda t: t.transpose(dim0, dim1))
+    def transpose(self, dim0: int, dim1: int) -> NonTensorData:
+        """The value with batch dims ``dim0`` and ``dim1`` swapped."""
+        return self._with_batch(lambda t: t.transpose(dim0, dim1))
 
     def unbind(self, dim: int = 0) -> tuple[NonTensorData, ...]:
         """One entry per element along ``dim``."""

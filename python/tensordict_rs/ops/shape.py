@@ -57,8 +57,8 @@ def _with_batch(
     stacks: bool = False,
 ) -> TD:
     """``map_leaves`` of a shape operation; ``stacks``: its ``NonTensorData`` entries become
-    ``NonTensorStack`` ones, as tensordict's expand, unsqueeze, flatten, permute and transpose
-    make them (``td.unsqueeze(0)["text"]`` is a list there)."""
+    ``NonTensorStack`` ones, as tensordict's expand and unsqueeze make them
+    (``td.unsqueeze(0)["text"]`` is a list there)."""
     non_tensor = _stacking(leaf_fn) if stacks else None
     return map_leaves(
         td,
@@ -212,9 +212,7 @@ def unsqueeze(td: TD, dim: int) -> TD:
     batch.insert(new, 1)
     order: list[Any] = list(range(td.batch_dims))
     order.insert(new, None)
-    return _with_batch(
-        td, lambda t: t.unsqueeze(new), batch, names=_named(td, order), stacks=True
-    )
+    return _with_batch(td, lambda t: t.unsqueeze(new), batch, names=_named(td, order), stacks=True)
 
 
 def permute(td: TD, *args: Any, **kwargs: Any) -> TD:
@@ -242,9 +240,7 @@ def permute(td: TD, *args: Any, **kwargs: Any) -> TD:
     batch = [td.batch_size[d] for d in dims]
     n = td.batch_dims
     names = _named(td, dims)
-    return _with_batch(
-        td, lambda t: t.permute(*dims, *range(n, t.ndim)), batch, names=names, stacks=True
-    )
+    return _with_batch(td, lambda t: t.permute(*dims, *range(n, t.ndim)), batch, names=names)
 
 
 def transpose(td: TD, dim0: int, dim1: int) -> TD:
@@ -266,9 +262,7 @@ def transpose(td: TD, dim0: int, dim1: int) -> TD:
     batch[dim0], batch[dim1] = batch[dim1], batch[dim0]
     order = list(range(n))
     order[dim0], order[dim1] = order[dim1], order[dim0]
-    return _with_batch(
-        td, lambda t: t.transpose(dim0, dim1), batch, names=_named(td, order), stacks=True
-    )
+    return _with_batch(td, lambda t: t.transpose(dim0, dim1), batch, names=_named(td, order))
 
 
 def _in_place(td: TD, result: TD, inplace: bool) -> TD:
@@ -309,7 +303,7 @@ def flatten(
     if start == end:
         return td
     batch = _probe(td).flatten(start, end).shape
-    out = _with_batch(td, lambda t: t.flatten(start, end), batch, names=None, stacks=True)
+    out = _with_batch(td, lambda t: t.flatten(start, end), batch, names=None)
     return _in_place(td, out, inplace)
 
 
