@@ -382,8 +382,8 @@ class NonTensorStack:
         ``pad`` (for keys missing on one side of a TensorDict) has nothing to fill here.
 
         >>> import torch
-        >>> NonTensorStack("a", "b").where(torch.tensor([True, False]), NonTensorStack("c", "d"))
-        ... .tolist()
+        >>> flags = torch.tensor([True, False])
+        >>> NonTensorStack("a", "b").where(flags, NonTensorStack("c", "d")).tolist()
         ['a', 'd']
         """
         result = NonTensorStack.select(condition, self, other)
