@@ -846,6 +846,10 @@ class NonTensorStack:
         """The stack itself (``NonTensorData.maybe_to_stack`` gives one)."""
         return self
 
+    def contiguous(self, *, canonical: bool = False) -> NonTensorStack:
+        """The stack itself: it is its own contiguous form, as in tensordict."""
+        return self
+
     def is_empty(self) -> bool:
         """Always False: a stack holds values."""
         return False
