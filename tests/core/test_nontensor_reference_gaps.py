@@ -291,3 +291,49 @@ def test_dict_has_no_data_key_like_reference() -> None:
             pkg.NonTensorData("a").foo = 1
         outcomes.append(True)
     assert outcomes == [True, True]
+
+
+# ------------------------------------------------------------------------------------------
+# new_zeros / new_empty / new_ones / new_full of a tree holding a stack: a stack of the new
+# batch size (its first value everywhere, as tensordict's new_zeros(..., empty_lazy=True)),
+# whose rows then take writes (a boolean mask among them); contiguous() of a stack is itself
+
+
+def _nested_stack(pkg: Any) -> Any:
+    inner = pkg.TensorDict(b=pkg.NonTensorStack("a", "b", "c").unsqueeze(-1), batch_size=(3,))
+    return pkg.TensorDict(a=inner, batch_size=(3,))
+
+
+FACTORIES: dict[str, Callable[[Any], Any]] = {
+    "new_zeros_lazy": lambda pkg: _nested_stack(pkg).new_zeros((4,), empty_lazy=True),
+    "new_empty_lazy": lambda pkg: _nested_stack(pkg).new_empty((4,), empty_lazy=True),
+    "new_ones_lazy": lambda pkg: _nested_stack(pkg).new_ones((2,), empty_lazy=True),
+    "new_full_lazy": lambda pkg: _nested_stack(pkg).new_full((2,), 0, empty_lazy=True),
+    "new_zeros_of_data": lambda pkg: pkg.TensorDict(
+        s=pkg.NonTensorData("x", batch_size=[3]), batch_size=[3]
+    ).new_zeros((4,)),
+    "masked_rows_into_new_zeros": lambda pkg: _masked_rows(pkg),
+    "stack_contiguous_is_itself": lambda pkg: [
+        (s.contiguous(canonical=c) is s) for s in [pkg.NonTensorStack("a", "b")] for c in (0, 1)
+    ],
+}
+
+
+def _masked_rows(pkg: Any) -> Any:
+    td = _nested_stack(pkg)
+    out = td.new_zeros((4,), empty_lazy=True)
+    out[torch.tensor([True, True, False, True])] = td
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_factories_of_stacks_match_reference(name: str) -> None:
+    same(FACTORIES[name])
+
+
+def test_new_zeros_of_a_stack_has_the_new_batch_size() -> None:
+    """tensordict without ``empty_lazy`` gives an empty TensorDict in place of the stack (its
+    dense form of a stack); here the result is the same as with ``empty_lazy=True``."""
+    zeros = _nested_stack(ours).new_zeros((4,))
+    assert zeros.get(("a", "b")).batch_size == torch.Size([4, 1])
+    assert zeros["a", "b"] == [["a"]] * 4
