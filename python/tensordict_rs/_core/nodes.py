@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
-import numpy as np
 import torch
 
 from .. import _native
@@ -210,7 +209,7 @@ class NonTensorData:
             return shared.get()
         cell = self._cell
         if cell is not None:
-            return cell[0].get(np.asarray([cell[1]]))[0]
+            return cell[0].one(cell[1])
         return self._value
 
     @data.setter

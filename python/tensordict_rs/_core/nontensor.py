@@ -187,6 +187,13 @@ class _Cells:
             return _Cells([values[i] for i in ids.tolist()])
         return _Cells(values.take(ids))
 
+    def one(self, cell: int) -> Any:
+        """The value of one cell (what an element bound to it reads)."""
+        values = self._fresh()
+        if type(values) is list:
+            return values[cell]
+        return values.get(np.asarray([cell]))[0]
+
     def get(self, ids: np.ndarray) -> list[Any]:
         values = self._fresh()
         if type(values) is list:
@@ -796,8 +803,7 @@ class NonTensorStack:
         """The element in cell ``cell`` as a ``NonTensorData`` bound to it: it reads the
         stack's value and writes into it (``.data = ...``, ``update_``), as tensordict's
         elements of a stack are its members. A copy (``clone``) is not bound."""
-        (value,) = self._cells.get(np.asarray([cell]))
-        row = NonTensorData(value, batch_size=[], device=self._device)
+        row = NonTensorData(self._cells.one(cell), batch_size=[], device=self._device)
         row._cell = (self._cells, cell)
         return row
 
