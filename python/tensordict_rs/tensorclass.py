@@ -38,6 +38,7 @@ import torch
 
 from ._core import classes as _classes
 from ._core.nodes import NonTensorData
+from ._core.nontensor import NonTensorStack
 from .memmap import _LazyLeaf
 from .ops.devices import _normalize_device
 from .tensordict import TensorDict
@@ -206,6 +207,8 @@ class _Field:
             return td._get_str(self._name)
         if kind is NonTensorData:
             return value.data
+        if kind is NonTensorStack:  # its values, as td[key] gives them (writes reach it)
+            return value.tolist(as_linked_list=True)
         tc = getattr(kind, "_tensorclass", None)
         if tc is not None:
             return tc._from_tensordict(value)
@@ -260,6 +263,8 @@ def _set_field(obj: Any, key: str, value: Any, *, inplace: bool = False) -> None
             value = TensorDict(dict(value), td.batch_size)
         else:
             value = torch.as_tensor(value)  # tensor_only: anything else is cast to a tensor
+    elif type(value) is NonTensorStack:
+        pass  # one value per row, as tensordict keeps it (not wrapped in a NonTensorData)
     elif getattr(type(value), "_is_tensorclass", False) and type(value) is not NonTensorData:
         value = value._as_node()
     elif isinstance(value, dict) and _is_tensorclass_type(hint):

@@ -182,7 +182,7 @@ class NonTensorData:
     NonTensorData(data=a, batch_size=torch.Size([2]), device=None)
     """
 
-    __slots__ = ("_saved", "_shared", "_value", "batch_size", "device")
+    __slots__ = ("_cell", "_saved", "_shared", "_value", "batch_size", "device")
     _is_tensorclass = True  # tensordict's NonTensorData is a tensorclass (is_tensorclass)
     _is_non_tensor = True
 
@@ -194,6 +194,9 @@ class NonTensorData:
         # (directory, key, locked) of a saved entry; locked: saved by memmap_/memmap (a loaded
         # tree is not locked, as in tensordict)
         self._saved: tuple[Path, str, bool] | None = None
+        # (the cells of a NonTensorStack, a cell) for an element of a stack: reads and writes
+        # go to the stack (nontensor.NonTensorStack._row)
+        self._cell: tuple[Any, int] | None = None
         self.batch_size = torch.Size([] if batch_size is None else batch_size)
         self.device = None if device is None else torch.device(device)
 
@@ -202,11 +205,23 @@ class NonTensorData:
         """The value (of a shared entry: the value now in shared memory, which another
         process may have written)."""
         shared = self._shared
-        return self._value if shared is None else shared.get()
+        if shared is not None:
+            return shared.get()
+        cell = self._cell
+        if cell is not None:
+            return cell[0].one(cell[1])
+        return self._value
 
     @data.setter
     def data(self, value: Any) -> None:
-        shared, saved = self._shared, self._saved
+        shared, saved, cell = self._shared, self._saved, self._cell
+        if cell is not None:  # an element of a stack: the stack's cell (its file, its memory)
+            cells, index = cell
+
+            def change(values: list[Any]) -> None:
+                values[index] = value
+
+            cells.modify(change)
         if shared is None and saved is None:
             self._value = value
             return
@@ -239,6 +254,16 @@ class NonTensorData:
         )
 
     @property
+    def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+        """The entry's state, slot by slot (a copy: attributes are not added through it).
+
+        As in tensordict, the value is not an instance attribute named ``data`` (``data`` is
+        a property that reads it, from shared memory for a shared entry), so ``vars(entry)``
+        and ``"data" in entry.__dict__`` behave as they do there.
+        """
+        return {name: getattr(self, name) for name in NonTensorData.__slots__}
+
+    @property
     def _is_shared(self) -> bool:
         """True for a value kept in shared memory (``share_memory_``, ``share_non_tensor``)."""
         return self._shared is not None
@@ -268,7 +293,12 @@ class NonTensorData:
         >>> NonTensorData(1).update(NonTensorData(2)).data
         2
         """
-        if not inplace and (self._shared is not None or (self._saved and self._saved[2])):
+        cell = self._cell
+        if not inplace and (
+            self._shared is not None
+            or (self._saved and self._saved[2])
+            or (cell is not None and cell[0].memmapped)  # an element of a memory-mapped stack
+        ):
             raise RuntimeError(
                 "Cannot modify locked TensorDict. For in-place modification, consider using "
                 "the `set_()` method and make sure the key is present."
@@ -313,6 +343,28 @@ class NonTensorData:
         batch = torch.empty(self.batch_size, dtype=torch.bool, device="meta")[index].shape
         return NonTensorData(self.data, batch_size=batch, device=self.device)
 
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """``entry[index] = value`` where ``index`` selects every element (``True``, ``...``,
+        ``:``): the entry takes the value (an element of a stack writes it into the stack).
+        A NonTensorData holds one value for all its elements, so a part of them cannot take
+        another (``maybe_to_stack()`` first), as in tensordict."""
+        batch = self.batch_size
+        if torch.empty(batch, dtype=torch.bool, device="meta")[index].numel() != batch.numel():
+            raise ValueError(
+                "A NonTensorData holds one value for all its elements, so it cannot take "
+                "another value for some of them; call maybe_to_stack() first."
+            )
+        if type(value) is NonTensorData:
+            value = value.data
+        elif getattr(value, "_is_non_tensor", False):  # a stack of one element
+            if value.numel() != 1:
+                raise ValueError(
+                    f"cannot write a stack of batch size {value.batch_size} into a "
+                    "NonTensorData (one value)"
+                )
+            (value,) = value.values_flat()
+        self.data = value
+
     def maybe_to_stack(self) -> Any:
         """A ``NonTensorStack`` with the value in every element (``self`` without batch dims)."""
         if not self.batch_size:
@@ -350,10 +402,24 @@ class NonTensorData:
         batch = fn(torch.empty(self.batch_size, device="meta")).shape
         return NonTensorData(self.data, batch_size=batch, device=self.device)
 
+    def as_stack(self) -> Any:
+        """A ``NonTensorStack`` of this batch size with the value in every element (one
+        element for a 0-dim entry): what the shape operations that make a stack start from."""
+        from .nontensor import NonTensorStack
+
+        n = self.batch_size.numel()
+        return NonTensorStack.from_values([self.data] * n, self.batch_size, self.device)
+
+    def stacked(self, fn: Any) -> Any:
+        """``fn`` (a shape operation on a tensor of the batch shape) applied to ``as_stack()``:
+        expand and unsqueeze of a ``NonTensorData`` give a ``NonTensorStack`` in tensordict
+        (reshape, view, squeeze, flatten, permute, transpose keep a ``NonTensorData``)."""
+        return self.as_stack().apply_positions(fn)
+
     def expand(self, *shape: Any) -> Any:
         """A ``NonTensorStack`` of the value over the expanded batch (a value per element)."""
         sizes = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
-        return self._with_batch(lambda t: t.expand(*sizes)).maybe_to_stack()
+        return self.stacked(lambda t: t.expand(*sizes))
 
     def reshape(self, *shape: Any) -> NonTensorData:
         """The value with a reshaped batch size."""
@@ -365,9 +431,10 @@ class NonTensorData:
         """The value without batch dims of size one."""
         return self._with_batch(lambda t: t.squeeze() if dim is None else t.squeeze(dim))
 
-    def unsqueeze(self, dim: int) -> NonTensorData:
-        """The value with a batch dim of size one at ``dim``."""
-        return self._with_batch(lambda t: t.unsqueeze(dim))
+    def unsqueeze(self, dim: int) -> Any:
+        """A ``NonTensorStack`` of the value with a batch dim of size one at ``dim`` (as
+        tensordict gives)."""
+        return self.stacked(lambda t: t.unsqueeze(dim))
 
     def flatten(self, start_dim: int | None = None, end_dim: int | None = None) -> NonTensorData:
         """The value with batch dims ``start_dim..end_dim`` made one."""
@@ -378,6 +445,10 @@ class NonTensorData:
     def permute(self, *dims: Any) -> NonTensorData:
         """The value with its batch dims permuted."""
         return self._with_batch(lambda t: t.permute(*dims))
+
+    def transpose(self, dim0: int, dim1: int) -> NonTensorData:
+        """The value with batch dims ``dim0`` and ``dim1`` swapped."""
+        return self._with_batch(lambda t: t.transpose(dim0, dim1))
 
     def unbind(self, dim: int = 0) -> tuple[NonTensorData, ...]:
         """One entry per element along ``dim``."""

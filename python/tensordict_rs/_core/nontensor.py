@@ -187,6 +187,13 @@ class _Cells:
             return _Cells([values[i] for i in ids.tolist()])
         return _Cells(values.take(ids))
 
+    def one(self, cell: int) -> Any:
+        """The value of one cell (what an element bound to it reads)."""
+        values = self._fresh()
+        if type(values) is list:
+            return values[cell]
+        return values.get(np.asarray([cell]))[0]
+
     def get(self, ids: np.ndarray) -> list[Any]:
         values = self._fresh()
         if type(values) is list:
@@ -373,10 +380,30 @@ class NonTensorStack:
         pos = torch.cat(positions, dim).numpy()
         return cls._from_parts(_Cells(cells), pos, _common_device(members))
 
+    def where(
+        self, condition: torch.Tensor, other: Any, *, out: Any = None, pad: Any = None
+    ) -> NonTensorStack:
+        """This stack's values where ``condition`` holds, ``other``'s elsewhere (as
+        ``torch.where(condition, self, other)``); with ``out`` (a stack of the same batch
+        size) the values are written into it and ``out`` is returned, as in tensordict.
+        ``pad`` (for keys missing on one side of a TensorDict) has nothing to fill here.
+
+        >>> import torch
+        >>> flags = torch.tensor([True, False])
+        >>> NonTensorStack("a", "b").where(flags, NonTensorStack("c", "d")).tolist()
+        ['a', 'd']
+        """
+        result = NonTensorStack.select(condition, self, other)
+        if out is None:
+            return result
+        out[...] = result
+        return out  # type: ignore[no-any-return]
+
     @classmethod
-    def where(cls, condition: torch.Tensor, input: Any, other: Any) -> NonTensorStack:
+    def select(cls, condition: torch.Tensor, input: Any, other: Any) -> NonTensorStack:
         """The values of ``input`` where ``condition`` holds, of ``other`` elsewhere (entries
-        with their batch sizes; ``condition`` broadcast over their leading dims)."""
+        with their batch sizes; ``condition`` broadcast over their leading dims): what
+        ``torch.where`` and ``TensorDict.where`` do with non-tensor entries."""
         mine, theirs = _as_member(input), _as_member(other)
         shape = mine._pos.shape
         if theirs._pos.shape != shape:
@@ -399,7 +426,8 @@ class NonTensorStack:
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        """``torch.stack`` and ``torch.cat`` of stacks (and NonTensorData); nothing else."""
+        """``torch.stack``, ``torch.cat`` and ``torch.where`` of stacks (and NonTensorData);
+        nothing else."""
         kwargs = kwargs or {}
         if func is torch.stack or func is torch.cat:
             values = list(args[0] if args else kwargs["tensors"])
@@ -409,6 +437,10 @@ class NonTensorStack:
             if func is torch.stack:
                 return cls(*values, stack_dim=dim)
             return cls.concatenate(values, dim)
+        names = ("condition", "input", "other")
+        if func is torch.where and all(n in kwargs for n in names[len(args) :]):
+            condition, input, other = (*args, *(kwargs[n] for n in names[len(args) :]))
+            return cls.select(condition, input, other)
         return NotImplemented
 
     # ------------------------------------------------------------------ properties
@@ -497,8 +529,7 @@ class NonTensorStack:
         except IndexError as err:
             raise IndexError(str(err).replace("axis", "dimension")) from None
         if not isinstance(pos, np.ndarray) or pos.ndim == 0:
-            (value,) = self._cells.get(np.asarray([pos]).ravel())
-            return NonTensorData(value, batch_size=[], device=self._device)
+            return self._row(int(pos))
         if basic:
             return NonTensorStack._from_parts(self._cells, pos, self._device)
         return NonTensorStack._from_parts(
@@ -723,8 +754,7 @@ class NonTensorStack:
         source = torch.from_numpy(_writable_positions(self._pos))
         out = fn(source)
         if out.ndim == 0:
-            (value,) = self._cells.get(out.reshape(1).numpy())
-            return NonTensorData(value, batch_size=[], device=self._device)
+            return self._row(int(out))
         shares = (
             out.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()
             and out.numel() > 0
@@ -766,9 +796,16 @@ class NonTensorStack:
 
     def _result(self, pos: np.ndarray) -> Any:
         if pos.ndim == 0:
-            (value,) = self._cells.get(pos.reshape(1))
-            return NonTensorData(value, batch_size=[], device=self._device)
+            return self._row(int(pos))
         return self._view(pos)
+
+    def _row(self, cell: int) -> NonTensorData:
+        """The element in cell ``cell`` as a ``NonTensorData`` bound to it: it reads the
+        stack's value and writes into it (``.data = ...``, ``update_``), as tensordict's
+        elements of a stack are its members. A copy (``clone``) is not bound."""
+        row = NonTensorData(self._cells.one(cell), batch_size=[], device=self._device)
+        row._cell = (self._cells, cell)
+        return row
 
     def split(self, split_size: Any, dim: int = 0) -> tuple[NonTensorStack, ...]:
         """Pieces along ``dim``, as ``Tensor.split``."""
@@ -813,6 +850,10 @@ class NonTensorStack:
 
     def maybe_to_stack(self) -> NonTensorStack:
         """The stack itself (``NonTensorData.maybe_to_stack`` gives one)."""
+        return self
+
+    def contiguous(self, *, canonical: bool = False) -> NonTensorStack:
+        """The stack itself: it is its own contiguous form, as in tensordict."""
         return self
 
     def is_empty(self) -> bool:

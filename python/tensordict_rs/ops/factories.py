@@ -15,6 +15,7 @@ from typing import Any, cast
 import torch
 
 from .._core.nodes import TD, TreeNode
+from .._core.nontensor import NonTensorStack
 from .._core.walk import copy_tree, map_leaves
 from . import as_classmethod
 
@@ -25,6 +26,24 @@ def _size(size: tuple[Any, ...]) -> list[int]:
     if len(size) == 1 and isinstance(size[0], Iterable) and not isinstance(size[0], torch.Tensor):
         size = tuple(size[0])
     return [operator.index(s) for s in size]
+
+
+def _resized_stacks(batch: list[int], n: int) -> Any:
+    """The non-tensor map of a factory: a ``NonTensorStack`` becomes a stack of the new batch
+    size (its own extra dims kept) holding its first value everywhere, as tensordict's
+    ``new_zeros(..., empty_lazy=True)`` gives; a ``NonTensorData`` keeps its value."""
+
+    def resize(value: Any, *_: Any) -> Any:
+        if type(value) is not NonTensorStack:
+            return value.clone(recurse=False)
+        shape = (*batch, *value.batch_size[n:])
+        count = 1
+        for size in shape:
+            count *= size
+        first = value.values_flat()[:1] or [None]
+        return NonTensorStack.from_values(first * count, shape, value.device)
+
+    return resize
 
 
 def _factory(name: str, fill: Any = None) -> Any:
@@ -57,7 +76,8 @@ def _factory(name: str, fill: Any = None) -> Any:
         target = (
             td.device if device is _KEEP else (None if device is None else torch.device(device))
         )
-        return map_leaves(td, leaf, batch_size=batch, device=target)
+        stacks = _resized_stacks(batch, n)
+        return map_leaves(td, leaf, batch_size=batch, device=target, non_tensor=stacks)
 
     method.__name__ = method.__qualname__ = f"new_{name}"
     method.__doc__ = (
@@ -112,7 +132,8 @@ def new_full(
         )
 
     target = td.device if device is _KEEP else (None if device is None else torch.device(device))
-    return map_leaves(td, leaf, batch_size=batch, device=target)
+    stacks = _resized_stacks(batch, n)
+    return map_leaves(td, leaf, batch_size=batch, device=target, non_tensor=stacks)
 
 
 def new_tensor(

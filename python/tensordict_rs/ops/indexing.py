@@ -158,7 +158,8 @@ def _set_non_tensor_rows(
 ) -> None:
     """``td[items] = {key: value}`` on a NonTensorData entry: a value equal to the entry's
     keeps it; another value turns the entry into a stack (one value per row), as tensordict
-    does (a locked tree refuses that change)."""
+    does, also in a locked tree (writing rows is in place there); a shared or memory-mapped
+    entry refuses that change (its value is one cell in shared memory or one meta.json)."""
     if type(value) is NonTensorData:
         data: Any = value.data
     elif type(value) is NonTensorStack:
@@ -172,7 +173,7 @@ def _set_non_tensor_rows(
             same = False
         if same:
             return
-    if td._is_locked:
+    if td._is_locked and (target._shared is not None or target._saved is not None):
         raise locked_error()
     target.batch_size, target.device = td._batch_size, td._device
     stack = target.maybe_to_stack()

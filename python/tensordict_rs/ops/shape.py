@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .._core.locking import LOCK_ERROR
-from .._core.nodes import TD
+from .._core.nodes import TD, NonTensorData
 from .._core.walk import KEEP, map_leaves
 
 _SCALAR = torch.zeros((), dtype=torch.uint8)
@@ -48,8 +48,38 @@ def dim_of(td: TD, dim: int, extra: int = 0) -> int:
     return new
 
 
-def _with_batch(td: TD, leaf_fn: Any, batch: Any, lock: bool = True, names: Any = KEEP) -> TD:
-    return map_leaves(td, leaf_fn, batch_size=batch, lock=lock, moves_rows=True, names=names)
+def _with_batch(
+    td: TD,
+    leaf_fn: Any,
+    batch: Any,
+    lock: bool = True,
+    names: Any = KEEP,
+    stacks: bool = False,
+) -> TD:
+    """``map_leaves`` of a shape operation; ``stacks``: its ``NonTensorData`` entries become
+    ``NonTensorStack`` ones, as tensordict's expand and unsqueeze make them
+    (``td.unsqueeze(0)["text"]`` is a list there)."""
+    non_tensor = _stacking(leaf_fn) if stacks else None
+    return map_leaves(
+        td,
+        leaf_fn,
+        batch_size=batch,
+        lock=lock,
+        moves_rows=True,
+        names=names,
+        non_tensor=non_tensor,
+    )
+
+
+def _stacking(leaf_fn: Any) -> Any:
+    """The non-tensor map of a shape operation that makes stacks of ``NonTensorData``."""
+
+    def move(value: Any, *_: Any) -> Any:
+        if type(value) is NonTensorData:
+            return value.stacked(leaf_fn)
+        return value.apply_positions(leaf_fn)
+
+    return move
 
 
 def _named(td: TD, order: Any) -> list[Any] | None:
@@ -85,7 +115,9 @@ def expand(td: TD, *args: Any, **kwargs: Any) -> TD:
         ) from None
     dims = td.batch_dims
     names = _named(td, [None] * (len(batch) - dims) + list(range(dims)))
-    return _with_batch(td, lambda t: t.expand(*batch, *t.shape[dims:]), batch, names=names)
+    return _with_batch(
+        td, lambda t: t.expand(*batch, *t.shape[dims:]), batch, names=names, stacks=True
+    )
 
 
 def expand_as(td: TD, other: Any) -> TD:
@@ -180,7 +212,7 @@ def unsqueeze(td: TD, dim: int) -> TD:
     batch.insert(new, 1)
     order: list[Any] = list(range(td.batch_dims))
     order.insert(new, None)
-    return _with_batch(td, lambda t: t.unsqueeze(new), batch, names=_named(td, order))
+    return _with_batch(td, lambda t: t.unsqueeze(new), batch, names=_named(td, order), stacks=True)
 
 
 def permute(td: TD, *args: Any, **kwargs: Any) -> TD:

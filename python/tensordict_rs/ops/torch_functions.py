@@ -353,7 +353,7 @@ def _where_non_tensor(condition: torch.Tensor, mine: Any, theirs: Any, td: TD, o
                 return NonTensorData(mine.data)
         except Exception:
             pass
-    return NonTensorStack.where(condition, mine, theirs)
+    return NonTensorStack.select(condition, mine, theirs)
 
 
 def torch_where(condition: torch.Tensor, input: Any, other: Any, *, out: Any = None) -> Any:
