@@ -26,17 +26,9 @@ from typing import Any
 
 import tensordict_rs
 import torch
-from torch.utils.data import DataLoader, RandomSampler
+from dataloader_ring import LEAVES, ROWS, _loader
 
-ROWS = 20_000
-LEAVES = 64
-BATCH = 256
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def identity(batch: Any) -> Any:
-    """The collate_fn: ``__getitems__`` already returns the batch."""
-    return batch
 
 
 def _threads(pid: int) -> dict[tuple[str, str], float]:
@@ -67,18 +59,7 @@ def run(width: int, batches: int, rounds: int) -> None:
         tensordict_rs.TensorDict(src, batch_size=[ROWS]).memmap_(path)
         for workers in (0, 2):
             td = tensordict_rs.TensorDict.load_memmap(path)
-            sampler = RandomSampler(
-                td, num_samples=BATCH * batches, generator=torch.Generator().manual_seed(1)
-            )
-            loader = DataLoader(
-                td,
-                batch_size=BATCH,
-                sampler=sampler,
-                collate_fn=identity,
-                num_workers=workers,
-                persistent_workers=workers > 0,
-                multiprocessing_context="spawn" if workers else None,
-            )
+            loader = _loader(td, workers, batches, pin=False)
             for b in loader:  # warm: workers started, rings full size
                 _consume(b)
             pids = [os.getpid()]
