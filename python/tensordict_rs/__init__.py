@@ -38,11 +38,9 @@ if TYPE_CHECKING:
         is_tensorclass,
     )
     from ._core.nodes import NonTensorData
-    from ._core.nontensor import (
-        LinkedList,
-        NonTensorStack,
+    from ._core.nontensor import LinkedList, NonTensorStack, is_non_tensor
+    from ._core.nontensor_options import (
         capture_non_tensor_stack,
-        is_non_tensor,
         list_to_stack,
         set_capture_non_tensor_stack,
         set_list_to_stack,

@@ -13,7 +13,8 @@ import torch
 
 from .._core.locking import locked_error
 from .._core.nodes import TD, Key, NonTensorData
-from .._core.nontensor import NonTensorStack, list_to_stack
+from .._core.nontensor import NonTensorStack
+from .._core.nontensor_options import list_to_stack
 from .._core.walk import KEEP, copy_tree, is_tree
 
 

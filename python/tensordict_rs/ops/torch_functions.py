@@ -20,7 +20,8 @@ import torch
 
 from .._core import dirty as _dirty
 from .._core.nodes import TD, NonTensorData
-from .._core.nontensor import NonTensorStack, capture_non_tensor_stack
+from .._core.nontensor import NonTensorStack
+from .._core.nontensor_options import capture_non_tensor_stack
 from .._core.walk import KEEP, is_tree, map_leaves, walk_items, zip_leaves
 from .._core.walk import leaves as _leaves
 from . import shape
