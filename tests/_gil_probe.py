@@ -21,6 +21,7 @@ class Probe:
         self.inside = False
         self.turns = 0
         self.calls = 0
+        self.per_call: list[int] = []  # turns counted during each call, in order
         self._stop = False
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -35,11 +36,13 @@ class Probe:
 
         def watched(*args: Any, **kwargs: Any) -> Any:
             self.calls += 1
+            before = self.turns
             self.inside = True
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.inside = False
+                self.per_call.append(self.turns - before)
 
         return watched
 

@@ -30,8 +30,9 @@ def big() -> torch.Tensor:
 def test_harness_detects_a_call_that_holds_the_gil() -> None:
     with probe_thread() as probe:
         holds_gil = probe.watch(lambda n: sum(range(n)))
-        assert holds_gil(3_000_000) == 3_000_000 * 2_999_999 // 2
-    assert probe.turns <= MAX_TURNS_HELD
+        for _ in range(3):  # repeated, as the load test repeats its call: no call gets more
+            assert holds_gil(3_000_000) == 3_000_000 * 2_999_999 // 2
+    assert max(probe.per_call) <= MAX_TURNS_HELD, probe.per_call
 
 
 def test_harness_detects_a_call_that_releases_the_gil() -> None:
@@ -72,15 +73,20 @@ def test_from_tensor_to_file_releases_gil(big, tmp_path: Path, monkeypatch) -> N
 
 def test_load_releases_gil(tmp_prefix: Path, monkeypatch) -> None:
     # Loading maps files without reading them: many leaves make the call long enough to see.
-    leaves = 2500
+    # 2,500 leaves (~3 ms on a fast CI machine) once got 7 of the 10 turns needed: 4,000 leaves,
+    # and the best of three calls (a call that holds the GIL gets at most a turn or two in any
+    # one call, however often it is repeated, so the best call still tells them apart).
+    leaves = 4000
     TensorDict({f"k{i}": torch.full((2,), float(i)) for i in range(leaves)}, [2]).memmap_(
         tmp_prefix
     )
     with probe_thread() as probe:
         monkeypatch.setattr(_native, "load_tree", probe.watch(_native.load_tree))
-        loaded = TensorDict.load_memmap(tmp_prefix)
-    assert probe.calls == 1
-    assert probe.turns >= MIN_TURNS, probe.turns
+        for _ in range(3):
+            loaded = TensorDict.load_memmap(tmp_prefix)
+            if probe.per_call[-1] >= MIN_TURNS:
+                break
+    assert max(probe.per_call) >= MIN_TURNS, probe.per_call
     assert len(loaded.keys()) == leaves
     assert loaded[f"k{leaves - 1}"].tolist() == [leaves - 1.0, leaves - 1.0]
 
@@ -95,7 +101,9 @@ def test_info_report_releases_gil(tmp_prefix: Path, monkeypatch) -> None:
 
     with probe_thread() as probe:
         monkeypatch.setattr(_native, "tree_report", probe.watch(_native.tree_report))
-        text = info.report(tmp_prefix)
-    assert probe.calls == 1
-    assert probe.turns >= MIN_TURNS, probe.turns
+        for _ in range(3):  # the best of three calls, as in test_load_releases_gil
+            text = info.report(tmp_prefix)
+            if probe.per_call[-1] >= MIN_TURNS:
+                break
+    assert max(probe.per_call) >= MIN_TURNS, probe.per_call
     assert "10000 tensors, 40 sub-trees" in text
