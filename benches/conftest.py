@@ -13,6 +13,7 @@ set the rounds. ``benches/pytest.ini`` makes pytest collect ``bench_*.py`` here;
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -99,13 +100,20 @@ def machine_info() -> dict[str, object]:
         loadavg_end=os.getloadavg()[0],
         wall_s=round(wall, 1),
         other_cpus=round(other / wall, 2) if wall > 0 else None,
+        page_reporting=dict(_harness.PAGE_STATE),
     )
     return _MACHINE
+
+
+_HELD: list[contextlib.ExitStack] = []
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     for base in (_harness.SHM_BASE, _harness.TMP_BASE):
         base.mkdir(parents=True, exist_ok=True)
+    stack = contextlib.ExitStack()
+    stack.enter_context(_harness.held_free_pages())  # see _harness: page state
+    _HELD.append(stack)
     _START.update(
         wall=time.monotonic(),
         busy=_busy_seconds(),
@@ -115,6 +123,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    while _HELD:
+        _HELD.pop().close()  # the kernel's own page reporting back
     for base in (_harness.SHM_BASE, _harness.TMP_BASE):
         shutil.rmtree(base, ignore_errors=True)
 

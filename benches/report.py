@@ -334,8 +334,22 @@ def _machine_line(m: dict[str, Any]) -> str:
         if other is not None
         else "",
         f"suite wall time {m.get('wall_s')} s",
+        _page_reporting(m.get("page_reporting")),
     ]
     return "Run: " + "; ".join(p for p in parts if p) + "."
+
+
+def _page_reporting(state: dict[str, Any] | None) -> str:
+    """The machine line's words on free page reporting (see _harness.held_free_pages)."""
+    if not state:
+        return ""
+    if "min_free_ms" in state:
+        words = f"free page reporting held (min_free_ms {state['min_free_ms']})"
+    else:
+        words = state.get("note", "")
+    if "reported_mib" in state:
+        words += f", {state['reported_mib']:,} MiB reported to the host during the run"
+    return words
 
 
 # ---------------------------------------------------------------------------- the page
