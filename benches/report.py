@@ -343,8 +343,8 @@ def _page_reporting(state: dict[str, Any] | None) -> str:
     """The machine line's words on free page reporting (see _harness.held_free_pages)."""
     if not state:
         return ""
-    if "min_free_ms" in state:
-        words = f"free page reporting held (min_free_ms {state['min_free_ms']})"
+    if "held" in state:
+        words = f"free page reporting held ({state['held']})"
     else:
         words = state.get("note", "")
     if "reported_mib" in state:
