@@ -253,3 +253,27 @@ def test_rows_that_do_not_fit_are_refused_naming_the_key(tmp_path: Path) -> None
     ok["obs"] = torch.arange(4, 6)[:, None].float()  # broadcast along the row, as copy_ takes it
     td.extend_(ok)
     check_rows(td, 6)
+
+
+def test_a_growth_after_the_tree_changed_in_this_process(tmp_path: Path) -> None:
+    """A growth keeps what it learnt of the tree (its leaves, their maps) for the next one,
+    and must see that the tree changed in between: here a key more, loaded in place over the
+    same tree object; the next growth appends every key after the rows the tree holds."""
+    prefix = tmp_path / "buf"
+    td = rows(0, 4).memmap(prefix)
+    td.extend_(rows(4, 6))
+    more = rows(0, 6)
+    more["extra"] = torch.arange(6.0)
+    more.memmap(prefix, existsok=True)
+    td.load_memmap_(prefix)
+    grown = rows(6, 9)
+    grown["extra"] = torch.arange(6.0, 9.0)
+    td.extend_(grown)
+    td.extend_(rows(9, 10).update({"extra": torch.tensor([9.0])}))
+    for loaded in (
+        td,
+        tensordict_rs.TensorDict.load_memmap(prefix),
+        tensordict.TensorDict.load_memmap(prefix),
+    ):
+        check_rows(loaded.exclude("extra"), 10)
+        assert torch.equal(loaded["extra"], torch.arange(10.0))
