@@ -277,3 +277,18 @@ def test_a_growth_after_the_tree_changed_in_this_process(tmp_path: Path) -> None
     ):
         check_rows(loaded.exclude("extra"), 10)
         assert torch.equal(loaded["extra"], torch.arange(10.0))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+def test_between_growths_nothing_keeps_a_map_alive(tmp_path: Path) -> None:
+    """What a growth keeps for the next one holds no map: once the tree shows another
+    directory, the old one's files are mapped no more (deleting them frees their space)."""
+    td = rows(0, 4).memmap(tmp_path / "old")
+    td.extend_(rows(4, 6))
+    assert os.fspath(tmp_path / "old") in Path("/proc/self/maps").read_text()
+    rows(0, 2).memmap(tmp_path / "new")
+    td.load_memmap_(tmp_path / "new")
+    assert os.fspath(tmp_path / "old") not in Path("/proc/self/maps").read_text()
+    td.extend_(rows(2, 3))
+    check_rows(td, 3)
+    check_rows(tensordict.TensorDict.load_memmap(tmp_path / "new"), 3)

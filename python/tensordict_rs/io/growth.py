@@ -24,6 +24,7 @@ tensors taken before then keep the old memory (valid, but no longer the tree's).
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -71,8 +72,10 @@ def _buffer(value: Any) -> _native.Buffer | None:
 
 
 class _Leaf:
-    """One leaf during a growth: its file, row size, current map and the value the last growth
-    left in the tree."""
+    """One leaf of a growing tree: its file, its row size, and (a weak reference to) the value
+    the last growth set in the tree. During a growth it also holds the leaf's map (``buffer``)
+    and a tensor over it (``full``), dropped at the end: between growths nothing here keeps a
+    map alive."""
 
     __slots__ = (
         "buffer",
@@ -83,26 +86,38 @@ class _Leaf:
         "key",
         "name",
         "prefix",
+        "ref",
         "row_bytes",
+        "strides",
         "tail",
-        "value",
     )
 
     def __init__(self, td: TreeNode, key: str, value: Any) -> None:
         self.key = key
         self.dtype = value.dtype
         self.tail = tuple(value.shape[1:])
+        self.strides = torch.empty((0, *self.tail), dtype=torch.uint8).stride()
         self.row_bytes = torch.Size(self.tail).numel() * self.dtype.itemsize
         self.prefix = td._memmap_prefix  # None: anonymous memory
         self.name = _native.encode_key(key) + ".memmap"
-        self.value = value
+        self.ref: weakref.ref[Any] | None = None
         self._set_buffer(_buffer(value))
 
     def _set_buffer(self, buffer: _native.Buffer | None) -> None:
         self.buffer = buffer
-        self.full: torch.Tensor | None = None  # the whole map as rows (made on first use)
+        # a tensor whose storage starts at the map's first byte (made on first use)
+        self.full: torch.Tensor | None = None
         self.file_id = None if buffer is None or self.prefix is None else buffer.file_id
         self.filename = None if buffer is None else buffer.filename
+
+    def resume(self, value: Any) -> None:
+        """Takes up the value the last growth set (a view of the map from its first byte)."""
+        self.buffer = getattr(value, "_buffer", None)
+        self.full = value if self.buffer is not None else None
+
+    def release(self) -> None:
+        """Drops the map (the tree's values keep it alive as long as they need it)."""
+        self.buffer = self.full = None
 
     def capacity(self) -> int:
         if self.row_bytes == 0:
@@ -131,35 +146,33 @@ class _Leaf:
         self._set_buffer(_native.open_file(name, length // self.row_bytes * self.row_bytes))
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
-        """Rows ``start:stop`` of the map, as a plain tensor to write into."""
-        return self._full()[start:stop]
-
-    def _full(self) -> torch.Tensor:
+        """Rows ``start:stop`` of the map (within its capacity), as a plain tensor."""
         if self.full is None:
             assert self.buffer is not None
             shape = (self.buffer.nbytes // self.row_bytes, *self.tail)
             self.full = _tensor_from_buffer(self.buffer, self.dtype, shape)
-        return self.full
+        offset = start * self.strides[0]
+        return self.full.as_strided((stop - start, *self.tail), self.strides, offset)
 
     def leaf(self, n: int) -> Any:
-        """The tree's new value: the first ``n`` rows of the map (kept as ``value``)."""
+        """The tree's new value: the first ``n`` rows of the map (referenced weakly here)."""
         if self.row_bytes == 0 or n == 0 or self.buffer is None:
             value: Any = torch.empty((n, *self.tail), dtype=self.dtype)
         else:
             # a tensor, not a lazy leaf: the map is longer than the leaf (the reservation),
             # and the savers take a lazy leaf's bytes to be its whole map
-            value = _wrap(self._full()[:n], self.buffer, self.filename)
-        self.value = value
+            value = _wrap(self.rows(0, n), self.buffer, self.filename)
+        self.ref = weakref.ref(value)
         return value
 
 
 class _Growth:
-    """What a growth leaves on the tree (``td._growth``) for the next one: the leaves (their
-    maps, file identities, the values it set) and the batch size it set. The next growth
-    takes them as they are while the tree still holds exactly those values, that batch size
-    and that directory (any other change to the tree replaces one of them); otherwise it
-    starts again from the tree. The directory itself is checked by every growth, under its
-    lock, whatever this says."""
+    """What a growth leaves on the tree (``td._growth``) for the next one: the leaves (file
+    names and identities, dtypes, weak references to the values it set) and the batch size it
+    set. The next growth takes them as they are while the tree still holds exactly those
+    values, that batch size and that directory (any other change to the tree replaces one of
+    them); otherwise it starts again from the tree. The directory itself is checked by every
+    growth, under its lock, whatever this says."""
 
     __slots__ = ("batch", "leaves", "prefix", "spec")
 
@@ -178,11 +191,15 @@ class _Growth:
             and state.prefix is td._memmap_prefix
             and state.batch is td._batch_size
             and not td._read_only
+            and len(td._tensordict) == len(state.leaves)
         ):
             entries = td._tensordict
-            if len(entries) == len(state.leaves) and all(
-                entries.get(leaf.key) is leaf.value for leaf in state.leaves
-            ):
+            for leaf in state.leaves:
+                value = entries.get(leaf.key)
+                if leaf.ref is None or value is None or value is not leaf.ref():
+                    break
+                leaf.resume(value)
+            else:
                 return state
         return _Growth(td, what)
 
@@ -215,7 +232,7 @@ def _new_rows(
             if not fits:
                 raise ValueError(
                     f"{what}: key {leaf.key!r}: rows of shape {tuple(row.shape)} do not fit the "
-                    f"leaf's {(leaf.value.shape[0], *leaf.tail)}"
+                    f"leaf's rows of shape {leaf.tail}"
                 )
             row = row.expand(want)  # a broadcastable row, as copy_ takes it
         if row.dtype != leaf.dtype:
@@ -236,69 +253,76 @@ def _grow(
     """Commits ``td`` at its current rows + those of ``source``, or at ``new_rows`` (new rows
     zero-filled); see the module's docstring for the steps and their order."""
     state = _Growth.of(td, what)
-    prefix = state.prefix
-    for _attempt in range(MAX_RELOADS):
-        leaves = state.leaves
-        start = td._batch_size[0]
-        stop = start + source._batch_size[0] if source is not None else int(new_rows or 0)
-        grows = stop > start
-        # (anonymous memory zero-fills its new rows in place)
-        fill = grows and (source is not None or prefix is not None)
-        new = _new_rows(what, leaves, source, stop - start) if fill else []
-        tracker = td._tracker
-        token = None
-        if grows:
-            # files never shrink, so reserving needs no lock (another process's growth in
-            # the meantime is seen below, and its rows are never written over)
-            for leaf in leaves:
-                leaf.reserve(stop, start)
-            if tracker is not None:
-                token = tracker.mark_rows(start, stop)
-        if prefix is None:
-            for i, leaf in enumerate(leaves):
-                if grows and leaf.row_bytes:
-                    target = leaf.rows(start, stop)
-                    target.copy_(new[i]) if new else target.zero_()
-            break
-        # on disk: one native call takes the directory's lock, checks that it still is this
-        # tree (``start`` rows, these leaves, the files these maps show), pwrites the new rows
-        # from their memory and commits ``stop``
-        held = _native.grow_rows(
-            os.fspath(prefix),
-            start,
-            stop,
-            state.spec,
-            [
-                (leaf.name, start * leaf.row_bytes, src.data_ptr(), src.nbytes, leaf.file_id)
-                for leaf, src in zip(leaves, new, strict=True)
-                if leaf.row_bytes
-            ]
-            if grows
-            else [],
-            durable=durable,
-        )
-        del new
-        if held is None:
-            break
-        # another process grew, shrank or saved the directory since: take what it holds now
-        # and grow that (its keys must still be the rows' keys)
-        refresh: Any = td
-        refresh.load_memmap_(prefix)
-        state = _Growth(td, what)
-    else:
-        raise RuntimeError(
-            f"{what}: {str(prefix)!r} changed under this growth {MAX_RELOADS} times in a "
-            "row (other processes saving or growing it): nothing was written"
-        )
-    if tracker is not None and token is not None:
-        tracker.confirm(None, stop, token)
-    # the commit is done: the tree now shows ``stop`` rows
-    entries = td._tensordict
-    for leaf in leaves:
-        entries[leaf.key] = leaf.leaf(stop)
-    td._batch_size = state.batch = torch.Size([stop, *td._batch_size[1:]])
-    td._growth = state
-    return td
+    used = [state]  # the states whose leaves hold maps during this growth
+    try:
+        prefix = state.prefix
+        for _attempt in range(MAX_RELOADS):
+            leaves = state.leaves
+            start = td._batch_size[0]
+            stop = start + source._batch_size[0] if source is not None else int(new_rows or 0)
+            grows = stop > start
+            # (anonymous memory zero-fills its new rows in place)
+            fill = grows and (source is not None or prefix is not None)
+            new = _new_rows(what, leaves, source, stop - start) if fill else []
+            tracker = td._tracker
+            token = None
+            if grows:
+                # files never shrink, so reserving needs no lock (another process's growth in
+                # the meantime is seen below, and its rows are never written over)
+                for leaf in leaves:
+                    leaf.reserve(stop, start)
+                if tracker is not None:
+                    token = tracker.mark_rows(start, stop)
+            if prefix is None:
+                for i, leaf in enumerate(leaves):
+                    if grows and leaf.row_bytes:
+                        target = leaf.rows(start, stop)
+                        target.copy_(new[i]) if new else target.zero_()
+                break
+            # on disk: one native call takes the directory's lock, checks that it still is this
+            # tree (``start`` rows, these leaves, the files these maps show), pwrites the new rows
+            # from their memory and commits ``stop``
+            held = _native.grow_rows(
+                os.fspath(prefix),
+                start,
+                stop,
+                state.spec,
+                [
+                    (leaf.name, start * leaf.row_bytes, src.data_ptr(), src.nbytes, leaf.file_id)
+                    for leaf, src in zip(leaves, new, strict=True)
+                    if leaf.row_bytes
+                ]
+                if grows
+                else [],
+                durable=durable,
+            )
+            del new
+            if held is None:
+                break
+            # another process grew, shrank or saved the directory since: take what it holds now
+            # and grow that (its keys must still be the rows' keys)
+            refresh: Any = td
+            refresh.load_memmap_(prefix)
+            state = _Growth(td, what)
+            used.append(state)
+        else:
+            raise RuntimeError(
+                f"{what}: {str(prefix)!r} changed under this growth {MAX_RELOADS} times in a "
+                "row (other processes saving or growing it): nothing was written"
+            )
+        if tracker is not None and token is not None:
+            tracker.confirm(None, stop, token)
+        # the commit is done: the tree now shows ``stop`` rows
+        entries = td._tensordict
+        for leaf in leaves:
+            entries[leaf.key] = leaf.leaf(stop)
+        td._batch_size = state.batch = torch.Size([stop, *td._batch_size[1:]])
+        td._growth = state
+        return td
+    finally:
+        for each in used:
+            for leaf in each.leaves:
+                leaf.release()
 
 
 def _as_rows(td: TreeNode, rows: Any, what: str, unsqueeze: bool) -> TreeNode:
