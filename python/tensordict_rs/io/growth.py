@@ -184,8 +184,11 @@ class _Growth:
 
     @staticmethod
     def of(td: TreeNode, what: str) -> _Growth:
-        """The growth state of ``td``: the one the last growth left while it still holds."""
+        """The growth state of ``td``: the one the last growth left while it still holds.
+        It is taken off the tree (a growth from another thread meanwhile starts from the
+        tree) and put back by the growth that succeeds."""
         state = td._growth
+        td._growth = None
         if (
             type(state) is _Growth
             and state.prefix is td._memmap_prefix
