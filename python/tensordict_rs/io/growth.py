@@ -12,7 +12,9 @@ torn row, and ``load_memmap`` always sees a committed length. One native call ta
 directory's lock (the one saves take), checks that it still holds the rows this tree shows,
 writes the new rows and commits: growths of one directory from several processes take turns,
 and a process whose view is stale reloads the directory and appends after the rows it holds
-then. Other processes see new rows after ``memmap_refresh_()``.
+then. Other processes see new rows after ``memmap_refresh_()``. What a growth learns of the
+tree (its leaves, their files' names and identities) it keeps for the next one (``_Growth``),
+used while the tree still holds the values, batch size and directory it set.
 
 Views and batches taken before a growth stay valid: files never shrink (a shrink only commits
 fewer rows), and a growth past the reservation maps the longer file again while old tensors
