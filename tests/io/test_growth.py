@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,9 @@ def test_extend_on_disk_loads_here_and_in_reference(tmp_path: Path) -> None:
     check_rows(TensorDict.load_memmap(tmp_path / "buf"), n)
     check_rows(tensordict.TensorDict.load_memmap(tmp_path / "buf"), n)
     assert tensordict_rs.verify(tmp_path / "buf") == []
-    # the reservation lives in the same files: longer than the leaf
-    assert os.path.getsize(tmp_path / "buf" / "obs.memmap") >= n * 3 * 4
+    # the reservation lives in the same files: longer than the leaf, which both libraries
+    # load (they map the first shape x itemsize bytes)
+    assert os.path.getsize(tmp_path / "buf" / "obs.memmap") > n * 3 * 4
 
 
 def test_append_and_mapping_rows(tmp_path: Path) -> None:
@@ -253,3 +255,86 @@ def test_rows_that_do_not_fit_are_refused_naming_the_key(tmp_path: Path) -> None
     ok["obs"] = torch.arange(4, 6)[:, None].float()  # broadcast along the row, as copy_ takes it
     td.extend_(ok)
     check_rows(td, 6)
+
+
+def test_a_growth_after_the_tree_changed_in_this_process(tmp_path: Path) -> None:
+    """A growth keeps what it learnt of the tree (its leaves, their maps) for the next one,
+    and must see that the tree changed in between: here a key more, loaded in place over the
+    same tree object; the next growth appends every key after the rows the tree holds."""
+    prefix = tmp_path / "buf"
+    td = rows(0, 4).memmap(prefix)
+    td.extend_(rows(4, 6))
+    more = rows(0, 6)
+    more["extra"] = torch.arange(6.0)
+    more.memmap(prefix, existsok=True)
+    td.load_memmap_(prefix)
+    grown = rows(6, 9)
+    grown["extra"] = torch.arange(6.0, 9.0)
+    td.extend_(grown)
+    td.extend_(rows(9, 10).update({"extra": torch.tensor([9.0])}))
+    for loaded in (
+        td,
+        tensordict_rs.TensorDict.load_memmap(prefix),
+        tensordict.TensorDict.load_memmap(prefix),
+    ):
+        check_rows(loaded.exclude("extra"), 10)
+        assert torch.equal(loaded["extra"], torch.arange(10.0))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+def test_between_growths_nothing_keeps_a_map_alive(tmp_path: Path) -> None:
+    """What a growth keeps for the next one holds no map: once the tree shows another
+    directory, the old one's files are mapped no more (deleting them frees their space)."""
+    td = rows(0, 4).memmap(tmp_path / "old")
+    td.extend_(rows(4, 6))
+    assert os.fspath(tmp_path / "old") in Path("/proc/self/maps").read_text()
+    rows(0, 2).memmap(tmp_path / "new")
+    td.load_memmap_(tmp_path / "new")
+    assert os.fspath(tmp_path / "old") not in Path("/proc/self/maps").read_text()
+    td.extend_(rows(2, 3))
+    check_rows(td, 3)
+    check_rows(tensordict.TensorDict.load_memmap(tmp_path / "new"), 3)
+
+
+def test_growths_from_several_threads_each_with_its_tree(tmp_path: Path) -> None:
+    """Threads each growing their own tree of one directory take turns at its lock; each
+    growth after another's finds its kept state stale, reloads and appends after the rows
+    the directory holds: every row lands exactly once, untorn, and each tree shows rows the
+    directory holds."""
+    import threading
+
+    prefix = tmp_path / "buf"
+    TensorDict({"i": torch.zeros(0, 2, dtype=torch.int64)}, [0]).memmap(prefix)
+    trees = [TensorDict.load_memmap(prefix) for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def grow(tag: int) -> None:
+        try:
+            for k in range(40):
+                value = tag * 1000 + k
+                trees[tag].extend_(TensorDict({"i": torch.full((3, 2), value)}, [3]))
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=grow, args=(t,)) for t in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads switch inside a growth's Python steps too
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    disk = TensorDict.load_memmap(prefix)["i"]
+    for td in trees:
+        assert len(td) >= 3 * 40 and torch.equal(td["i"], disk[: len(td)])
+    for loaded in (TensorDict.load_memmap(prefix), tensordict.TensorDict.load_memmap(prefix)):
+        values = loaded["i"]
+        assert values.shape == (4 * 40 * 3, 2)
+        runs = values[:, 0].reshape(-1, 3)  # each extend_ wrote 3 equal rows, never torn
+        assert bool((runs == runs[:, :1]).all()) and bool((values[:, 1] == values[:, 0]).all())
+        assert sorted(runs[:, 0].tolist()) == sorted(
+            t * 1000 + k for t in range(4) for k in range(40)
+        )

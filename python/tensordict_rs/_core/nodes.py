@@ -53,6 +53,8 @@ class TreeNode:
     _read_only: bool = False
     # the dirty map of the saved directory (io/dirty.py), shared by the trees of one load
     _tracker: Any = None
+    # what the last growth in place left for the next (io/growth.py), None before any
+    _growth: Any = None
 
     def _init(self, batch_size: torch.Size, device: torch.device | None) -> None:
         self._tensordict = {}

@@ -12,7 +12,9 @@ torn row, and ``load_memmap`` always sees a committed length. One native call ta
 directory's lock (the one saves take), checks that it still holds the rows this tree shows,
 writes the new rows and commits: growths of one directory from several processes take turns,
 and a process whose view is stale reloads the directory and appends after the rows it holds
-then. Other processes see new rows after ``memmap_refresh_()``.
+then. Other processes see new rows after ``memmap_refresh_()``. What a growth learns of the
+tree (its leaves, their files' names and identities) it keeps for the next one (``_Growth``),
+used while the tree still holds the values, batch size and directory it set.
 
 Views and batches taken before a growth stay valid: files never shrink (a shrink only commits
 fewer rows), and a growth past the reservation maps the longer file again while old tensors
@@ -24,6 +26,7 @@ tensors taken before then keep the old memory (valid, but no longer the tree's).
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ import torch
 
 from .. import _native
 from .._core.nodes import TD, TreeNode
-from ..memmap import _from_buffer, _LazyLeaf, _source_bytes
+from ..memmap import _LazyLeaf, _source_bytes, _tensor_from_buffer, _wrap
 from . import dirty as _dirty_map
 
 GROWTH = 1.5  # the reservation grows by this factor when it runs out
@@ -71,16 +74,52 @@ def _buffer(value: Any) -> _native.Buffer | None:
 
 
 class _Leaf:
-    """One leaf during a growth: its file, row size and current map."""
+    """One leaf of a growing tree: its file, its row size, and (a weak reference to) the value
+    the last growth set in the tree. During a growth it also holds the leaf's map (``buffer``)
+    and a tensor over it (``full``), dropped at the end: between growths nothing here keeps a
+    map alive."""
+
+    __slots__ = (
+        "buffer",
+        "dtype",
+        "file_id",
+        "filename",
+        "full",
+        "key",
+        "name",
+        "prefix",
+        "ref",
+        "row_bytes",
+        "strides",
+        "tail",
+    )
 
     def __init__(self, td: TreeNode, key: str, value: Any) -> None:
         self.key = key
         self.dtype = value.dtype
         self.tail = tuple(value.shape[1:])
+        self.strides = torch.empty((0, *self.tail), dtype=torch.uint8).stride()
         self.row_bytes = torch.Size(self.tail).numel() * self.dtype.itemsize
-        self.buffer = _buffer(value)
         self.prefix = td._memmap_prefix  # None: anonymous memory
         self.name = _native.encode_key(key) + ".memmap"
+        self.ref: weakref.ref[Any] | None = None
+        self._set_buffer(_buffer(value))
+
+    def _set_buffer(self, buffer: _native.Buffer | None) -> None:
+        self.buffer = buffer
+        # a tensor whose storage starts at the map's first byte (made on first use)
+        self.full: torch.Tensor | None = None
+        self.file_id = None if buffer is None or self.prefix is None else buffer.file_id
+        self.filename = None if buffer is None else buffer.filename
+
+    def resume(self, value: Any) -> None:
+        """Takes up the value the last growth set (a view of the map from its first byte)."""
+        self.buffer = getattr(value, "_buffer", None)
+        self.full = value if self.buffer is not None else None
+
+    def release(self) -> None:
+        """Drops the map (the tree's values keep it alive as long as they need it)."""
+        self.buffer = self.full = None
 
     def capacity(self) -> int:
         if self.row_bytes == 0:
@@ -100,68 +139,113 @@ class _Leaf:
                 n = keep * self.row_bytes
                 dst = torch.frombuffer(new, dtype=torch.uint8, count=n)
                 dst.copy_(torch.frombuffer(self.buffer, dtype=torch.uint8, count=n))
-            self.buffer = new
+            self._set_buffer(new)
             return
         name = os.path.join(self.prefix, self.name)
         if not os.path.lexists(name):  # a leaf saved with no rows has no file yet
             _native.write_file(name, 0, nbytes, existsok=False)
         length = _native.reserve_file(name, nbytes)
-        self.buffer = _native.open_file(name, length // self.row_bytes * self.row_bytes)
-
-    def source_bytes(self, source: TreeNode | None, count: int) -> torch.Tensor:
-        """The ``count`` new rows as a contiguous CPU tensor of this leaf's dtype (zeros
-        without a source)."""
-        if source is None:
-            return torch.zeros((count, *self.tail), dtype=self.dtype)
-        value = source._get_str(self.key)
-        if tuple(value.shape) != (count, *self.tail):
-            value = value.expand(count, *self.tail)  # a broadcastable row, as copy_ takes it
-        return _source_bytes(value.to(dtype=self.dtype))
+        self._set_buffer(_native.open_file(name, length // self.row_bytes * self.row_bytes))
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
-        """Rows ``start:stop`` of the map, as a plain tensor to write into."""
-        assert self.buffer is not None
-        flat = torch.frombuffer(
-            self.buffer,
-            dtype=self.dtype,
-            count=(stop - start) * self.row_bytes // self.dtype.itemsize,
-            offset=start * self.row_bytes,
-        )
-        return flat.view(stop - start, *self.tail)
+        """Rows ``start:stop`` of the map (within its capacity), as a plain tensor."""
+        if self.full is None:
+            assert self.buffer is not None
+            shape = (self.buffer.nbytes // self.row_bytes, *self.tail)
+            self.full = _tensor_from_buffer(self.buffer, self.dtype, shape)
+        offset = start * self.strides[0]
+        return self.full.as_strided((stop - start, *self.tail), self.strides, offset)
 
     def leaf(self, n: int) -> Any:
-        """The tree's new value: the first ``n`` rows of the map."""
+        """The tree's new value: the first ``n`` rows of the map (referenced weakly here)."""
         if self.row_bytes == 0 or n == 0 or self.buffer is None:
-            return torch.empty((n, *self.tail), dtype=self.dtype)
-        # a tensor, not a lazy leaf: the map is longer than the leaf (the reservation), and
-        # the savers take a lazy leaf's bytes to be its whole map
-        return _from_buffer(self.buffer, self.dtype, (n, *self.tail))
+            value: Any = torch.empty((n, *self.tail), dtype=self.dtype)
+        else:
+            # a tensor, not a lazy leaf: the map is longer than the leaf (the reservation),
+            # and the savers take a lazy leaf's bytes to be its whole map
+            value = _wrap(self.rows(0, n), self.buffer, self.filename)
+        self.ref = weakref.ref(value)
+        return value
 
 
-def _check_rows(what: str, entries: list[tuple[str, Any]], source: TreeNode) -> None:
-    """Refuses rows whose keys are not exactly the tree's, or whose dims after the first are
-    not the leaf's (a broadcastable row is taken, as ``copy_`` takes it)."""
-    missing = set(source._tensordict) ^ {k for k, _ in entries}
-    if missing:
+class _Growth:
+    """What a growth leaves on the tree (``td._growth``) for the next one: the leaves (file
+    names and identities, dtypes, weak references to the values it set) and the batch size it
+    set. The next growth takes them as they are while the tree still holds exactly those
+    values, that batch size and that directory (any other change to the tree replaces one of
+    them); otherwise it starts again from the tree. The directory itself is checked by every
+    growth, under its lock, whatever this says."""
+
+    __slots__ = ("batch", "leaves", "prefix", "spec")
+
+    def __init__(self, td: TreeNode, what: str) -> None:
+        self.prefix = td._memmap_prefix
+        self.batch = td._batch_size
+        self.leaves = [_Leaf(td, key, value) for key, value in _growable(td, what)]
+        self.spec = [(leaf.key, str(leaf.dtype), list(leaf.tail)) for leaf in self.leaves]
+
+    @staticmethod
+    def of(td: TreeNode, what: str) -> _Growth:
+        """The growth state of ``td``: the one the last growth left while it still holds.
+        It is taken off the tree (a growth from another thread meanwhile starts from the
+        tree) and put back by the growth that succeeds."""
+        state = td._growth
+        td._growth = None
+        if (
+            type(state) is _Growth
+            and state.prefix is td._memmap_prefix
+            and state.batch is td._batch_size
+            and not td._read_only
+            and len(td._tensordict) == len(state.leaves)
+        ):
+            entries = td._tensordict
+            for leaf in state.leaves:
+                value = entries.get(leaf.key)
+                if leaf.ref is None or value is None or value is not leaf.ref():
+                    break
+                leaf.resume(value)
+            else:
+                return state
+        return _Growth(td, what)
+
+
+def _new_rows(
+    what: str, leaves: list[_Leaf], source: TreeNode | None, count: int
+) -> list[torch.Tensor]:
+    """The ``count`` new rows of each leaf, as contiguous CPU tensors of the leaf's dtype
+    (zeros without a source); refuses rows whose keys are not exactly the tree's, or whose
+    dims after the first are not the leaf's (a broadcastable row is taken, as ``copy_`` takes
+    it)."""
+    if source is None:
+        return [torch.zeros((count, *leaf.tail), dtype=leaf.dtype) for leaf in leaves]
+    values = source._tensordict
+    if len(values) != len(leaves) or any(leaf.key not in values for leaf in leaves):
+        missing = set(values) ^ {leaf.key for leaf in leaves}
         raise KeyError(
             f"{what}: the rows must have exactly the keys of the TensorDict; these differ: "
             f"{sorted(missing)}"
         )
-    count = source._batch_size[0]
-    for key, value in entries:
-        row = source._get_str(key)
-        want = torch.Size((count, *value.shape[1:]))
-        if row.shape == want:
-            continue
-        try:
-            fits = torch.broadcast_shapes(row.shape, want) == want
-        except RuntimeError:
-            fits = False
-        if not fits:
-            raise ValueError(
-                f"{what}: key {key!r}: rows of shape {tuple(row.shape)} do not fit the leaf's "
-                f"{tuple(value.shape)}"
-            )
+    out = []
+    for leaf in leaves:
+        row = source._get_str(leaf.key)
+        want = (count, *leaf.tail)
+        if row.shape != want:
+            try:
+                fits = torch.broadcast_shapes(row.shape, want) == want
+            except RuntimeError:
+                fits = False
+            if not fits:
+                raise ValueError(
+                    f"{what}: key {leaf.key!r}: rows of shape {tuple(row.shape)} do not fit the "
+                    f"leaf's rows of shape {leaf.tail}"
+                )
+            row = row.expand(want)  # a broadcastable row, as copy_ takes it
+        if row.dtype != leaf.dtype:
+            row = row.to(dtype=leaf.dtype)
+        if not (row.is_cpu and row.is_contiguous() and not row.is_conj() and not row.is_neg()):
+            row = _source_bytes(row)
+        out.append(row)
+    return out
 
 
 def _grow(
@@ -173,76 +257,77 @@ def _grow(
 ) -> TD:
     """Commits ``td`` at its current rows + those of ``source``, or at ``new_rows`` (new rows
     zero-filled); see the module's docstring for the steps and their order."""
-    entries = _growable(td, what)
-    prefix = td._memmap_prefix
-    for _attempt in range(MAX_RELOADS):
-        if source is not None:
-            _check_rows(what, entries, source)
-        start = td._batch_size[0]
-        stop = start + source._batch_size[0] if source is not None else int(new_rows or 0)
-        leaves = [_Leaf(td, key, value) for key, value in entries]
-        tracker = td._tracker
-        token = None
-        if stop > start:
-            # files never shrink, so reserving needs no lock (another process's growth in
-            # the meantime is seen below, and its rows are never written over)
-            for leaf in leaves:
-                leaf.reserve(stop, start)
-            if tracker is not None:
-                token = tracker.mark_rows(start, stop)
-        if prefix is None:
-            if stop > start:
+    state = _Growth.of(td, what)
+    used = [state]  # the states whose leaves hold maps during this growth
+    try:
+        prefix = state.prefix
+        for _attempt in range(MAX_RELOADS):
+            leaves = state.leaves
+            start = td._batch_size[0]
+            stop = start + source._batch_size[0] if source is not None else int(new_rows or 0)
+            grows = stop > start
+            # (anonymous memory zero-fills its new rows in place)
+            fill = grows and (source is not None or prefix is not None)
+            new = _new_rows(what, leaves, source, stop - start) if fill else []
+            tracker = td._tracker
+            token = None
+            if grows:
+                # files never shrink, so reserving needs no lock (another process's growth in
+                # the meantime is seen below, and its rows are never written over)
                 for leaf in leaves:
-                    if leaf.row_bytes:
+                    leaf.reserve(stop, start)
+                if tracker is not None:
+                    token = tracker.mark_rows(start, stop)
+            if prefix is None:
+                for i, leaf in enumerate(leaves):
+                    if grows and leaf.row_bytes:
                         target = leaf.rows(start, stop)
-                        if source is None:
-                            target.zero_()
-                        else:
-                            target.copy_(source._get_str(leaf.key))
-            break
-        # on disk: one native call takes the directory's lock, checks that it still is this
-        # tree (``start`` rows, these leaves, the files these maps show), pwrites the new rows
-        # from their memory and commits ``stop``
-        grows = stop > start
-        keep = [(leaf, leaf.source_bytes(source, stop - start)) for leaf in leaves if grows]
-        held = _native.grow_rows(
-            os.fspath(prefix),
-            start,
-            stop,
-            [(leaf.key, str(leaf.dtype), list(leaf.tail)) for leaf in leaves],
-            [
-                (
-                    leaf.name,
-                    start * leaf.row_bytes,
-                    src.data_ptr(),
-                    src.nbytes,
-                    None if leaf.buffer is None else leaf.buffer.file_id,
-                )
-                for leaf, src in keep
-                if leaf.row_bytes
-            ],
-            durable=durable,
-        )
-        del keep
-        if held is None:
-            break
-        # another process grew, shrank or saved the directory since: take what it holds now
-        # and grow that (its keys must still be the rows' keys)
-        refresh: Any = td
-        refresh.load_memmap_(prefix)
-        entries = _growable(td, what)
-    else:
-        raise RuntimeError(
-            f"{what}: {str(prefix)!r} changed under this growth {MAX_RELOADS} times in a "
-            "row (other processes saving or growing it): nothing was written"
-        )
-    if tracker is not None and token is not None:
-        tracker.confirm(None, stop, token)
-    # the commit is done: the tree now shows ``stop`` rows
-    td._batch_size = torch.Size([stop, *td._batch_size[1:]])
-    for leaf in leaves:
-        td._tensordict[leaf.key] = leaf.leaf(stop)
-    return td
+                        target.copy_(new[i]) if new else target.zero_()
+                break
+            # on disk: one native call takes the directory's lock, checks that it still is this
+            # tree (``start`` rows, these leaves, the files these maps show), pwrites the new rows
+            # from their memory and commits ``stop``
+            held = _native.grow_rows(
+                os.fspath(prefix),
+                start,
+                stop,
+                state.spec,
+                [
+                    (leaf.name, start * leaf.row_bytes, src.data_ptr(), src.nbytes, leaf.file_id)
+                    for leaf, src in zip(leaves, new, strict=True)
+                    if leaf.row_bytes
+                ]
+                if grows
+                else [],
+                durable=durable,
+            )
+            del new
+            if held is None:
+                break
+            # another process grew, shrank or saved the directory since: take what it holds now
+            # and grow that (its keys must still be the rows' keys)
+            refresh: Any = td
+            refresh.load_memmap_(prefix)
+            state = _Growth(td, what)
+            used.append(state)
+        else:
+            raise RuntimeError(
+                f"{what}: {str(prefix)!r} changed under this growth {MAX_RELOADS} times in a "
+                "row (other processes saving or growing it): nothing was written"
+            )
+        if tracker is not None and token is not None:
+            tracker.confirm(None, stop, token)
+        # the commit is done: the tree now shows ``stop`` rows
+        entries = td._tensordict
+        for leaf in leaves:
+            entries[leaf.key] = leaf.leaf(stop)
+        td._batch_size = state.batch = torch.Size([stop, *td._batch_size[1:]])
+        td._growth = state
+        return td
+    finally:
+        for each in used:
+            for leaf in each.leaves:
+                leaf.release()
 
 
 def _as_rows(td: TreeNode, rows: Any, what: str, unsqueeze: bool) -> TreeNode:
