@@ -18,6 +18,19 @@ def is_nested(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_nested
 
 
+def leaf_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The shape of a tensor; a nested tensor's ragged dims are -1 (torch has no size for them)."""
+    if not tensor.is_nested:
+        return tuple(tensor.shape)
+    sizes = []
+    for dim in range(tensor.dim()):
+        try:
+            sizes.append(tensor.size(dim))
+        except RuntimeError:
+            sizes.append(-1)
+    return tuple(sizes)
+
+
 def moved(fn: Any, value: torch.Tensor, batch_dims: int) -> torch.Tensor:
     """``fn`` (a row-moving function of a leaf: an index, a shape operation) applied to a nested
     leaf: run by torch when it can (an int index), else on the positions of the components along
@@ -166,3 +179,133 @@ def from_flat(values: torch.Tensor, table: torch.Tensor, jagged: bool) -> torch.
     if table.shape[0] > 1:
         torch.cumsum(counts[:-1], 0, out=starts[1:])
     return torch._nested_view_from_buffer(values, table, _contiguous_strides(table), starts)
+
+
+# ------------------------------------------------------------- packed form (one message)
+
+JAGGED = "jagged"
+STRIDED = "strided"
+# the parts of a nested leaf in one message, in the order they are packed (sorted names):
+# a jagged leaf's values with its offsets (and lengths, for a view with holes), as torch
+# holds them; a strided leaf's components back to back with its table of component shapes
+JAGGED_PARTS = (("offsets", "values"), ("lengths", "offsets", "values"))
+STRIDED_PARTS = ("sizes", "values")
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def packed_parts(value: torch.Tensor) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A nested leaf as one message carries it: its description (``layout``, and a jagged
+    leaf's ``ragged_idx``) and its dense parts by name (see ``JAGGED_PARTS``,
+    ``STRIDED_PARTS``).
+
+    A jagged leaf's parts are its own ``values``, ``offsets`` and ``lengths`` tensors (no
+    copy), except that one without lengths whose offsets do not span its values exactly (a
+    slice) is narrowed to the span first; a strided leaf's are ``flat_parts``'s."""
+    if value.layout == torch.jagged:
+        jag: Any = value  # torch's NestedTensor (offsets, lengths) has no stubs
+        ragged = int(jag._ragged_idx)
+        values, offsets, lengths = jag._values, jag._offsets, jag._lengths
+        if lengths is None and offsets.numel():
+            first, last = int(offsets[0]), int(offsets[-1])
+            if first != 0 or last != values.size(ragged - 1):
+                values = values.narrow(ragged - 1, first, last - first)
+                offsets = offsets - first
+        parts = {"offsets": offsets, "values": values}
+        if lengths is not None:
+            parts["lengths"] = lengths
+        return {"layout": JAGGED, "ragged_idx": ragged}, parts
+    flat, table, _ = flat_parts(value)
+    return {"layout": STRIDED}, {"sizes": table, "values": flat}
+
+
+def part_names(meta: dict[str, Any]) -> tuple[tuple[str, ...], ...]:
+    """The sets of part names a nested leaf of description ``meta`` may have."""
+    return JAGGED_PARTS if meta.get("layout") == JAGGED else (STRIDED_PARTS,)
+
+
+def from_packed_parts(
+    meta: dict[str, Any], parts: dict[str, torch.Tensor], batch: tuple[int, ...], key: str
+) -> torch.Tensor:
+    """The nested leaf ``key`` made from its parts (``packed_parts``), views of them, after
+    checking the parts against each other and the batch size ``batch`` of its node: offsets
+    in range and ordered, lengths within the values, a table of shapes whose components
+    fill the values exactly. Anything else raises ``ValueError`` naming ``key``."""
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"nested leaf {key!r}: {why}")
+
+    layout = meta.get("layout")
+    names = tuple(sorted(parts))
+    if layout not in (JAGGED, STRIDED) or names not in part_names(meta):
+        raise bad(f"layout {layout!r} with parts {list(names)} is not one this library writes")
+    parts = {k: v.as_subclass(torch.Tensor) for k, v in parts.items()}
+    values = parts["values"]
+    if layout == STRIDED:
+        return _strided_from_parts(values, parts["sizes"], batch, bad)
+    ragged = meta.get("ragged_idx")
+    if type(ragged) is not int or not 1 <= ragged <= values.ndim:
+        raise bad(f"ragged_idx {ragged!r} does not fit values of {values.ndim} dims")
+    offsets, lengths = parts["offsets"], parts.get("lengths")
+    for name, t in (("offsets", offsets), ("lengths", lengths)):
+        if t is not None and (t.dtype not in _INDEX_DTYPES or t.ndim != 1):
+            raise bad(f"its {name} are {t.dtype} of {t.ndim} dims, not a 1-D int64 or int32")
+    n = offsets.numel() - 1
+    if n < 0 or (batch and n != batch[0]) or (lengths is not None and lengths.numel() != n):
+        got = "no" if lengths is None else lengths.numel()
+        raise bad(
+            f"{offsets.numel()} offsets and {got} lengths do not make the rows of the batch "
+            f"size {list(batch)}"
+        )
+    if len(batch) > 1:
+        raise bad(f"a jagged leaf has one batch dim before its ragged one, not {list(batch)}")
+    size = values.size(ragged - 1)
+    starts = offsets[:-1].to(torch.int64)
+    if lengths is None:
+        ends = offsets[1:].to(torch.int64)
+        if int(offsets[0]) != 0 or int(offsets[-1]) != size or bool((ends < starts).any()):
+            raise bad(
+                f"its offsets must rise from 0 to the {size} values of its ragged dim "
+                f"(they run from {int(offsets[0])} to {int(offsets[-1])})"
+            )
+        lens = ends - starts
+    else:
+        lens = lengths.to(torch.int64)
+        ends = starts + lens
+        if n and (bool((lens < 0).any()) or bool((starts < 0).any()) or int(ends.max()) > size):
+            raise bad(f"its offsets and lengths reach past the {size} values of its ragged dim")
+    low, high = _seqlens(lens)
+    return torch.nested.nested_tensor_from_jagged(
+        values,
+        offsets=offsets,
+        lengths=lengths,
+        jagged_dim=ragged,
+        min_seqlen=low,
+        max_seqlen=high,
+    )
+
+
+def _strided_from_parts(
+    values: torch.Tensor, sizes: torch.Tensor, batch: tuple[int, ...], bad: Any
+) -> torch.Tensor:
+    if sizes.dtype != torch.int64 or sizes.ndim != 2 or values.ndim != 1:
+        raise bad(
+            f"its table of shapes is {sizes.dtype} of {sizes.ndim} dims and its values "
+            f"{values.ndim}-D: a 2-D int64 table and 1-D values are expected"
+        )
+    rows = sizes.tolist()
+    if batch and len(rows) != batch[0]:
+        raise bad(f"{len(rows)} components for the batch size {list(batch)}")
+    tail = list(batch[1:])
+    if tail and (sizes.shape[1] < len(tail) or any(r[: len(tail)] != tail for r in rows)):
+        raise bad(f"its components do not all start with the batch dims {tail}")
+    total = 0
+    for row in rows:
+        if any(d < 0 for d in row):
+            raise bad(f"a component has the negative shape {row}")
+        count = 1
+        for d in row:
+            count *= d
+        total += count
+    if total != values.numel():
+        raise bad(f"its components hold {total} values, its buffer {values.numel()}")
+    return from_flat(values, sizes, False)

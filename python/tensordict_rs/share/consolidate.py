@@ -97,6 +97,7 @@ class Consolidation(TreeNode):
                 plan.pack_range(whole, 0, plan.total)
             else:
                 whole[: plan.total].copy_(plan.pack(fresh=True), non_blocking=non_blocking)
+        _packed.settle(td)
         if not inplace:
             return td.lock_()
         if self.is_locked:

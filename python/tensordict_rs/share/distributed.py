@@ -117,7 +117,7 @@ def _learn(
         td, _ = _packed.build(cls, wire.text_bytes(text), total, target, on_buffer=receive)
         for p in pending:
             p.wait()
-        return td
+        return _packed.settle(td)
     arena = _packed.arena(total)
     data = post_data(arena[1])
     try:
@@ -128,7 +128,7 @@ def _learn(
             data.wait()
         raise
     data.wait()
-    return td
+    return _packed.settle(td)
 
 
 class Distributed(Collectives):
