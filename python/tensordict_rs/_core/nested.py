@@ -97,9 +97,7 @@ def _seqlens(lengths: torch.Tensor) -> tuple[int | None, int | None]:
 def _gather_strided(value: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     sizes = value._nested_tensor_size()  # (n, k)
     counts = sizes.prod(1) if sizes.shape[1] else torch.ones(sizes.shape[0], dtype=torch.int64)
-    if not value.is_contiguous():
-        value = value.contiguous()
-    flat_values = value.values() if hasattr(value, "values") else value.view(-1)
+    flat_values = _strided_values(value, counts)
     starts = torch.zeros_like(counts)
     torch.cumsum(counts[:-1], 0, out=starts[1:])
     picked_counts = counts[rows]
@@ -156,10 +154,22 @@ def flat_parts(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
         rest = torch.tensor(values.shape[1:], dtype=torch.int64)
         table = torch.cat([lengths.unsqueeze(1), rest.expand(lengths.numel(), -1)], 1)
         return values.contiguous().reshape(-1), table.contiguous(), True
+    table = value._nested_tensor_size().to(torch.int64).contiguous()
+    counts = table.prod(1) if table.shape[1] else torch.ones(table.shape[0], dtype=torch.int64)
+    return _strided_values(value, counts), table, False
+
+
+def _strided_values(value: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """A strided nested tensor's components back to back, 1-D (a view when they already lie
+    so). torch's ``values()`` is its buffer from the start of the storage: a nested tensor
+    that views a buffer at an offset (``from_flat`` of a slice) starts further in."""
     if not value.is_contiguous():
         value = value.contiguous()
-    table = value._nested_tensor_size().to(torch.int64).contiguous()
-    return value.values().reshape(-1), table, False
+    flat = value.values().reshape(-1)
+    if not counts.numel():
+        return flat[:0]
+    start = int(value._nested_tensor_storage_offsets()[0]) - flat.storage_offset()
+    return flat[start : start + int(counts.sum())]
 
 
 def from_flat(values: torch.Tensor, table: torch.Tensor, jagged: bool) -> torch.Tensor:
@@ -178,6 +188,8 @@ def from_flat(values: torch.Tensor, table: torch.Tensor, jagged: bool) -> torch.
     starts = torch.zeros(table.shape[0], dtype=torch.int64)
     if table.shape[0] > 1:
         torch.cumsum(counts[:-1], 0, out=starts[1:])
+    # torch reads the offsets from the start of the values' storage, not of the view
+    starts += values.storage_offset()
     return torch._nested_view_from_buffer(values, table, _contiguous_strides(table), starts)
 
 

@@ -430,8 +430,8 @@ class Plan:
         """The tensors the per-leaf protocol receives into, and what copies the staged ones
         (views no transport writes, see ``tensors``) into their leaves once all arrived.
 
-        The parts of nested leaves are staged too, and checked (``check_nested``) before
-        anything is copied."""
+        A tree with nested leaves has every leaf staged, so that its nested leaves are
+        checked (``check_nested``) before anything is written into it."""
         out = self._wire()
         nested = self._nested_leaves()
         if not self._staged and not nested:
@@ -439,7 +439,7 @@ class Plan:
         out = list(out)
         leaves = self.materialized()
         staged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for i in sorted({*self._staged, *range(nested)}):
+        for i in range(len(leaves)) if nested else self._staged:
             leaf = leaves[i]
             buffer = torch.empty(leaf.shape, dtype=leaf.dtype, device=leaf.device)
             staged[i] = (leaf, buffer)
