@@ -189,7 +189,7 @@ def from_flat(values: torch.Tensor, table: torch.Tensor, jagged: bool) -> torch.
     if table.shape[0] > 1:
         torch.cumsum(counts[:-1], 0, out=starts[1:])
     # torch reads the offsets from the start of the values' storage, not of the view
-    starts += values.storage_offset()
+    starts += int(values.storage_offset())
     return torch._nested_view_from_buffer(values, table, _contiguous_strides(table), starts)
 
 
