@@ -80,7 +80,9 @@ def test_pickle_to_clone_and_inplace_of_a_consolidated_tree() -> None:
     back = pickle.loads(pickle.dumps(c, protocol=5))  # a consolidated one: protocol 5 only
     assert back.is_consolidated() and back["sub", "wide"]._ragged_idx == 2
     ref = pickle.loads(pickle.dumps(_jagged_only(tensordict, 5).consolidate()))
-    jobs.same_nested(_jagged_only(tensordict_rs, 5), ref)
+    jobs.same_nested(_jagged_only(tensordict_rs, 5), ref)  # ragged dims too (#1676)
+    mine = _jagged_only(tensordict_rs, 5).consolidate()
+    jobs.same_nested(pickle.loads(pickle.dumps(mine, protocol=5)), ref)
     jobs.same_nested(c.to("cpu"), td)
     jobs.same_nested(c.clone(), td)
     jobs.same_nested(td.clone(), td)
