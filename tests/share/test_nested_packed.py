@@ -91,6 +91,15 @@ def test_pickle_to_clone_and_inplace_of_a_consolidated_tree() -> None:
     jobs.same_nested(inplace, td)
 
 
+def test_a_jagged_leaf_under_two_batch_dims() -> None:
+    """A jagged leaf ragged along dim 2 under a batch size of 2 dims, as tensordict takes it."""
+    wide = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(2, 5)], layout=torch.jagged)
+    ours = TensorDict({"w": wide}, [2, 2]).consolidate()
+    ref = tensordict.TensorDict({"w": wide}, [2, 2]).consolidate()
+    jobs.same_nested(ours, ref)
+    assert ours.batch_size == ref.batch_size == (2, 2)
+
+
 def test_consolidate_to_a_file_refuses_nested_leaves_naming_the_key(tmp_path: Path) -> None:
     td = jobs.nested_tree(tensordict_rs, 0)
     with pytest.raises(tensordict_rs.InvalidTreeError, match="'seq'"):

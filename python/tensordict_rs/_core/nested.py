@@ -268,8 +268,14 @@ def from_packed_parts(
             f"{offsets.numel()} offsets and {got} lengths do not make the rows of the batch "
             f"size {list(batch)}"
         )
-    if len(batch) > 1:
-        raise bad(f"a jagged leaf has one batch dim before its ragged one, not {list(batch)}")
+    # batch dims after the first are dims of the values before the ragged one
+    if len(batch) > 1 and (
+        ragged < len(batch) or list(values.shape[: len(batch) - 1]) != list(batch[1:])
+    ):
+        raise bad(
+            f"values of shape {list(values.shape)} ragged along dim {ragged} do not fit the "
+            f"batch size {list(batch)}"
+        )
     size = values.size(ragged - 1)
     starts = offsets[:-1].to(torch.int64)
     if lengths is None:

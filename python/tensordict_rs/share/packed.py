@@ -167,6 +167,9 @@ class Plan:
         self._groups = []
         dense: list[Leaf] = []
         self._walk(td, nodes, (), dense)
+        if not self._groups:
+            self._leaves = dense
+            return
         leaves: list[Leaf] = []
         for _, _, parts in self._groups:
             holder = _Parts(parts)
