@@ -160,6 +160,9 @@ HOSTILE_DATA = {
     "table_shorter_than_the_values": ("sub.table", _set("sub.table", "sizes", 0, 1)),
     "table_longer_than_the_values": ("sub.table", _set("sub.table", "sizes", 0, 9)),
     "table_negative": ("sub.table", _set("sub.table", "sizes", 1, -2)),
+    "table_overflowing": ("sub.table", _set("sub.table", "sizes", 0, 2**62)),
+    "lengths_overflowing": ("sub.holes", _set("sub.holes", "lengths", 0, 2**62)),
+    "offsets_overflowing": ("sub.holes", _set("sub.holes", "offsets", 1, 2**62)),
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -277,21 +278,29 @@ def from_packed_parts(
             f"batch size {list(batch)}"
         )
     size = values.size(ragged - 1)
-    starts = offsets[:-1].to(torch.int64)
+    # checked with numpy (one thread: torch's intra-op threads cost more than the work on a
+    # busy machine), on a CPU copy of the offsets for a leaf on another device
+    off = _numpy(offsets)
     if lengths is None:
-        ends = offsets[1:].to(torch.int64)
-        if int(offsets[0]) != 0 or int(offsets[-1]) != size or bool((ends < starts).any()):
+        lens = np.diff(off)
+        if off[0] != 0 or off[-1] != size or (n and lens.min() < 0):
             raise bad(
                 f"its offsets must rise from 0 to the {size} values of its ragged dim "
-                f"(they run from {int(offsets[0])} to {int(offsets[-1])})"
+                f"(they run from {int(off[0])} to {int(off[-1])})"
             )
-        lens = ends - starts
     else:
-        lens = lengths.to(torch.int64)
-        ends = starts + lens
-        if n and (bool((lens < 0).any()) or bool((starts < 0).any()) or int(ends.max()) > size):
+        lens = _numpy(lengths)
+        starts = off[:-1]
+        # each bound first, so that no sum overflows
+        if n and (
+            lens.min() < 0
+            or starts.min() < 0
+            or lens.max() > size
+            or starts.max() > size
+            or (starts + lens).max() > size
+        ):
             raise bad(f"its offsets and lengths reach past the {size} values of its ragged dim")
-    low, high = _seqlens(lens)
+    low, high = (int(lens.min()), int(lens.max())) if n else (None, None)
     return torch.nested.nested_tensor_from_jagged(
         values,
         offsets=offsets,
@@ -302,6 +311,11 @@ def from_packed_parts(
     )
 
 
+def _numpy(t: torch.Tensor) -> Any:
+    """An int tensor as an int64 numpy array (a view on the CPU when it is int64 already)."""
+    return t.detach().cpu().numpy().astype(np.int64, copy=False)
+
+
 def _strided_from_parts(
     values: torch.Tensor, sizes: torch.Tensor, batch: tuple[int, ...], bad: Any
 ) -> torch.Tensor:
@@ -310,20 +324,20 @@ def _strided_from_parts(
             f"its table of shapes is {sizes.dtype} of {sizes.ndim} dims and its values "
             f"{values.ndim}-D: a 2-D int64 table and 1-D values are expected"
         )
-    rows = sizes.tolist()
-    if batch and len(rows) != batch[0]:
-        raise bad(f"{len(rows)} components for the batch size {list(batch)}")
+    rows = _numpy(sizes)
+    if batch and rows.shape[0] != batch[0]:
+        raise bad(f"{rows.shape[0]} components for the batch size {list(batch)}")
     tail = list(batch[1:])
-    if tail and (sizes.shape[1] < len(tail) or any(r[: len(tail)] != tail for r in rows)):
+    if tail and (rows.shape[1] < len(tail) or bool((rows[:, : len(tail)] != tail).any())):
         raise bad(f"its components do not all start with the batch dims {tail}")
-    total = 0
-    for row in rows:
-        if any(d < 0 for d in row):
-            raise bad(f"a component has the negative shape {row}")
-        count = 1
-        for d in row:
-            count *= d
-        total += count
+    if rows.size and rows.min() < 0:
+        raise bad("a component has a negative size")
+    # exact in int64 once the float sum (no overflow) is small enough
+    if rows.size and not rows.astype(np.float64).prod(1).sum() <= 2.0**52:  # NaN: inf * 0
+        raise bad("its components hold more values than any buffer")
+    total = int(rows.prod(1).sum()) if rows.size else 0
+    if rows.shape[1] == 0:
+        total = rows.shape[0]  # components of 0 dims: one value each
     if total != values.numel():
         raise bad(f"its components hold {total} values, its buffer {values.numel()}")
     return from_flat(values, sizes, False)
