@@ -457,6 +457,20 @@ class Plan:
 
         return out, finish
 
+    def nested_sizes(self) -> list[int]:
+        """The sizes a point-to-point message of a tree with nested leaves announces first
+        (``distributed._prelude``): the packed total, then per nested leaf the bytes of its
+        three part slots (a jagged leaf: lengths, offsets, values; a strided one: sizes, -,
+        values), -1 for a part it lacks."""
+        out = [self.total]
+        for _, meta, parts in self.groups:
+            if meta["layout"] == _nested.JAGGED:
+                names: tuple[str, ...] = ("lengths", "offsets", "values")
+            else:
+                names = ("sizes", "", "values")
+            out.extend(parts[n].nbytes if n in parts else -1 for n in names)
+        return out
+
     def _nested_leaves(self) -> int:
         """How many leaves (at the front, in packed order) are parts of nested leaves."""
         return sum(len(parts) for _, _, parts in self.groups)
