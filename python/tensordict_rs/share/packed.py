@@ -23,6 +23,10 @@ with each nested TensorDict's own ``meta.json`` object inlined under its key, so
 that knows nothing can build the receiving tree without pickle. The Rust core writes and
 parses it (``_native.describe_tree``, ``_native.parse_description``) and maps the receiving
 tree's one buffer; each leaf is a lazy slice of it.
+
+A nested-tensor leaf travels as dense parts (``_nested.packed_parts``) ahead of the dense
+leaves, described behind ``NESTED_MARK`` (``_nested_description``); a receiver puts it in once
+the data has arrived (``settle``), after checking the parts.
 """
 
 from __future__ import annotations
