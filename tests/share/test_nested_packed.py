@@ -5,8 +5,11 @@ hostile descriptions or data refused naming the key, never built as wrong data."
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,14 @@ from . import _dist_nested_jobs as jobs
 from .test_distributed import run_job
 
 pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+
+
+@pytest.fixture(autouse=True)
+def _collected() -> Iterator[None]:
+    """Collects each test's garbage: torch's nested tensors hold reference cycles, which
+    would keep this module's arenas mapped into later tests that count descriptors."""
+    yield
+    gc.collect()
 
 
 def _buffer_of(td: Any) -> tuple[int, int]:
@@ -62,6 +73,16 @@ def test_consolidate_jagged_side_by_side_with_the_reference() -> None:
     ref = _jagged_only(tensordict, 4).consolidate()
     jobs.same_nested(ours, ref)
     assert ours.is_consolidated() and ref.is_consolidated()
+
+
+def test_a_consolidated_tree_with_nested_leaves_is_freed() -> None:
+    """Its plan (kept per tree) does not keep it alive, nor its nested leaves and buffer."""
+    c = jobs.nested_tree(tensordict_rs, 1).consolidate()
+    assert c.is_consolidated()
+    tree, seq = weakref.ref(c), weakref.ref(c["seq"])
+    del c
+    gc.collect()
+    assert tree() is None and seq() is None
 
 
 def test_the_reference_refuses_strided_nested_leaves_which_we_consolidate() -> None:

@@ -198,6 +198,8 @@ class Plan:
     @property
     def groups(self) -> list[tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]]:
         """The nested leaves: (path to the key, description, parts by name), packed order."""
+        if self._leaves is None and self._groups:
+            return self._groups  # kept by ``settle`` without the leaves
         self.leaves  # noqa: B018 (collected with the leaves)
         return self._groups
 
@@ -876,6 +878,9 @@ def settle(td: Any) -> Any:
     finish()
     new = Plan(td, whole=built.whole)
     new.consolidated = built.consolidated
+    # the leaves name their nodes, and so would keep the tree alive from ``_PLANS``: dropped
+    # (collected again when needed), as a built tree's plan starts without them
+    new._leaves = None
     _remember(td, new)
     return td
 
