@@ -28,8 +28,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensor
 
 @pytest.fixture(autouse=True)
 def _collected() -> Iterator[None]:
-    """Collects each test's garbage: torch's nested tensors hold reference cycles, which
-    would keep this module's arenas mapped into later tests that count descriptors."""
+    """Collects each test's garbage, so that this module's arenas are unmapped before later
+    tests count descriptors (tests/share/test_sharing.py)."""
     yield
     gc.collect()
 
