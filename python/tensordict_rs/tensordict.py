@@ -11,6 +11,7 @@ import torch
 
 from ._core import dirty as _dirty
 from ._core import index as _index
+from ._core import nested as _nested
 from ._core.classes import TensorDictBase, public
 from ._core.locking import Lockable, locked_error, refuse_read_only
 from ._core.nodes import TD, Key, NonTensorData, TreeNode
@@ -49,19 +50,6 @@ _CPU = torch.device("cpu")
 
 PathLike = str | os.PathLike[str]
 P = ParamSpec("P")
-
-
-def _leaf_shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    """The shape of a tensor; a nested tensor's ragged dims are -1 (torch has no size for them)."""
-    if not tensor.is_nested:
-        return tuple(tensor.shape)
-    sizes = []
-    for dim in range(tensor.dim()):
-        try:
-            sizes.append(tensor.size(dim))
-        except RuntimeError:
-            sizes.append(-1)
-    return tuple(sizes)
 
 
 def _as_key(key: Key) -> tuple[str, ...]:
@@ -149,7 +137,7 @@ class TensorDict(
         if type(value) is _LazyLeaf:
             return value.shape, value.dtype, _CPU
         if isinstance(value, torch.Tensor):
-            return _leaf_shape(value), value.dtype, value.device
+            return _nested.leaf_shape(value), value.dtype, value.device
         return None
 
     def _entry_shape(self, key: str) -> tuple[int, ...] | None:
@@ -201,7 +189,7 @@ class TensorDict(
             return value
         if self._device is not None and value.device != self._device:
             value = value.to(self._device, non_blocking=non_blocking)
-        self._check_batch(key, _leaf_shape(value))
+        self._check_batch(key, _nested.leaf_shape(value))
         return value
 
     def _set_str(
@@ -626,7 +614,9 @@ class TensorDict(
             whole = _pickling.clone_whole(self)  # leaves in one buffer: one copy of it
             if whole is not None:
                 return whole
-            return map_leaves(self, lambda t: t.clone().as_subclass(torch.Tensor))
+            return map_leaves(
+                self, lambda t: t.clone() if t.is_nested else t.clone().as_subclass(torch.Tensor)
+            )
         return map_leaves(self, lambda t: t)
 
     # ------------------------------------------------------------------ safetensors, repr, pickling

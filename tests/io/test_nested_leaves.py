@@ -273,16 +273,15 @@ def test_pickle_keeps_jagged_offsets() -> None:
 
 
 @pytest.mark.parametrize("make", [strided, jagged], ids=["strided", "jagged"])
-def test_consolidate_refuses_nested_leaves_naming_the_key(make: Any) -> None:
-    """consolidate (and torch.distributed, the same one-message path) carries dense leaves
-    only: a nested leaf is refused before anything is copied, naming its key. The reference
-    refuses strided ones too and takes jagged ones (losing their offsets in some cases,
-    pytorch/tensordict#1676); docs/reference/differences.md says so. Processes and DataLoader
-    workers get nested leaves (see test_process_receives_jagged_leaf)."""
-    td = TensorDict({"seq": make(3, 0, 5), "x": torch.arange(3.0)}, [3])
-    with pytest.raises(ours.InvalidTreeError, match=r"'seq'.*nested"):
-        td.consolidate()
-    assert not td.is_consolidated()
+def test_consolidate_keeps_nested_leaves(make: Any) -> None:
+    """consolidate (and torch.distributed, the same one-message path) carries nested leaves:
+    their components come back exact, views of the one buffer
+    (tests/share/test_nested_packed.py has the rest: layouts, hostile data, distributed)."""
+    nt = make(3, 0, 5)
+    c = TensorDict({"seq": nt, "x": torch.arange(3.0)}, [3]).consolidate()
+    assert c.is_consolidated() and c["seq"].layout == nt.layout
+    for a, b in zip(c["seq"].unbind(), nt.unbind(), strict=True):
+        assert torch.equal(a, b)
 
 
 def test_nested_leaf_name_collision_is_refused(tmp_path: Path) -> None:

@@ -10,12 +10,26 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 
 def is_nested(value: Any) -> bool:
     """True for a nested tensor (strided or jagged)."""
     return isinstance(value, torch.Tensor) and value.is_nested
+
+
+def leaf_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The shape of a tensor; a nested tensor's ragged dims are -1 (torch has no size for them)."""
+    if not tensor.is_nested:
+        return tuple(tensor.shape)
+    sizes = []
+    for dim in range(tensor.dim()):
+        try:
+            sizes.append(tensor.size(dim))
+        except RuntimeError:
+            sizes.append(-1)
+    return tuple(sizes)
 
 
 def moved(fn: Any, value: torch.Tensor, batch_dims: int) -> torch.Tensor:
@@ -84,9 +98,7 @@ def _seqlens(lengths: torch.Tensor) -> tuple[int | None, int | None]:
 def _gather_strided(value: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     sizes = value._nested_tensor_size()  # (n, k)
     counts = sizes.prod(1) if sizes.shape[1] else torch.ones(sizes.shape[0], dtype=torch.int64)
-    if not value.is_contiguous():
-        value = value.contiguous()
-    flat_values = value.values() if hasattr(value, "values") else value.view(-1)
+    flat_values = _strided_values(value, counts)
     starts = torch.zeros_like(counts)
     torch.cumsum(counts[:-1], 0, out=starts[1:])
     picked_counts = counts[rows]
@@ -143,10 +155,22 @@ def flat_parts(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
         rest = torch.tensor(values.shape[1:], dtype=torch.int64)
         table = torch.cat([lengths.unsqueeze(1), rest.expand(lengths.numel(), -1)], 1)
         return values.contiguous().reshape(-1), table.contiguous(), True
+    table = value._nested_tensor_size().to(torch.int64).contiguous()
+    counts = table.prod(1) if table.shape[1] else torch.ones(table.shape[0], dtype=torch.int64)
+    return _strided_values(value, counts), table, False
+
+
+def _strided_values(value: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """A strided nested tensor's components back to back, 1-D (a view when they already lie
+    so). torch's ``values()`` is its buffer from the start of the storage: a nested tensor
+    that views a buffer at an offset (``from_flat`` of a slice) starts further in."""
     if not value.is_contiguous():
         value = value.contiguous()
-    table = value._nested_tensor_size().to(torch.int64).contiguous()
-    return value.values().reshape(-1), table, False
+    flat = value.values().reshape(-1)
+    if not counts.numel():
+        return flat[:0]
+    start = int(value._nested_tensor_storage_offsets()[0]) - flat.storage_offset()
+    return flat[start : start + int(counts.sum())]
 
 
 def from_flat(values: torch.Tensor, table: torch.Tensor, jagged: bool) -> torch.Tensor:
@@ -165,4 +189,155 @@ def from_flat(values: torch.Tensor, table: torch.Tensor, jagged: bool) -> torch.
     starts = torch.zeros(table.shape[0], dtype=torch.int64)
     if table.shape[0] > 1:
         torch.cumsum(counts[:-1], 0, out=starts[1:])
+    # torch reads the offsets from the start of the values' storage, not of the view
+    starts += int(values.storage_offset())
     return torch._nested_view_from_buffer(values, table, _contiguous_strides(table), starts)
+
+
+# ------------------------------------------------------------- packed form (one message)
+
+JAGGED = "jagged"
+STRIDED = "strided"
+# the parts of a nested leaf in one message, in the order they are packed (sorted names):
+# a jagged leaf's values with its offsets (and lengths, for a view with holes), as torch
+# holds them; a strided leaf's components back to back with its table of component shapes
+JAGGED_PARTS = (("offsets", "values"), ("lengths", "offsets", "values"))
+STRIDED_PARTS = ("sizes", "values")
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def packed_parts(value: torch.Tensor) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A nested leaf as one message carries it: its description (``layout``, and a jagged
+    leaf's ``ragged_idx``) and its dense parts by name (see ``JAGGED_PARTS``,
+    ``STRIDED_PARTS``).
+
+    A jagged leaf's parts are its own ``values``, ``offsets`` and ``lengths`` tensors (no
+    copy), except that one without lengths whose offsets do not span its values exactly (a
+    slice) is narrowed to the span first; a strided leaf's are ``flat_parts``'s."""
+    if value.layout == torch.jagged:
+        jag: Any = value  # torch's NestedTensor (offsets, lengths) has no stubs
+        ragged = int(jag._ragged_idx)
+        values, offsets, lengths = jag._values, jag._offsets, jag._lengths
+        if lengths is None and offsets.numel():
+            first, last = int(offsets[0]), int(offsets[-1])
+            if first != 0 or last != values.size(ragged - 1):
+                values = values.narrow(ragged - 1, first, last - first)
+                offsets = offsets - first
+        parts = {"offsets": offsets, "values": values}
+        if lengths is not None:
+            parts["lengths"] = lengths
+        return {"layout": JAGGED, "ragged_idx": ragged}, parts
+    flat, table, _ = flat_parts(value)
+    return {"layout": STRIDED}, {"sizes": table, "values": flat}
+
+
+def part_names(meta: dict[str, Any]) -> tuple[tuple[str, ...], ...]:
+    """The sets of part names a nested leaf of description ``meta`` may have."""
+    return JAGGED_PARTS if meta.get("layout") == JAGGED else (STRIDED_PARTS,)
+
+
+def from_packed_parts(
+    meta: dict[str, Any], parts: dict[str, torch.Tensor], batch: tuple[int, ...], key: str
+) -> torch.Tensor:
+    """The nested leaf ``key`` made from its parts (``packed_parts``), views of them, after
+    checking the parts against each other and the batch size ``batch`` of its node: offsets
+    in range and ordered, lengths within the values, a table of shapes whose components
+    fill the values exactly. Anything else raises ``ValueError`` naming ``key``."""
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"nested leaf {key!r}: {why}")
+
+    layout = meta.get("layout")
+    names = tuple(sorted(parts))
+    if layout not in (JAGGED, STRIDED) or names not in part_names(meta):
+        raise bad(f"layout {layout!r} with parts {list(names)} is not one this library writes")
+    parts = {k: v.as_subclass(torch.Tensor) for k, v in parts.items()}
+    values = parts["values"]
+    if layout == STRIDED:
+        return _strided_from_parts(values, parts["sizes"], batch, bad)
+    ragged = meta.get("ragged_idx")
+    if type(ragged) is not int or not 1 <= ragged <= values.ndim:
+        raise bad(f"ragged_idx {ragged!r} does not fit values of {values.ndim} dims")
+    offsets, lengths = parts["offsets"], parts.get("lengths")
+    for name, t in (("offsets", offsets), ("lengths", lengths)):
+        if t is not None and (t.dtype not in _INDEX_DTYPES or t.ndim != 1):
+            raise bad(f"its {name} are {t.dtype} of {t.ndim} dims, not a 1-D int64 or int32")
+    n = offsets.numel() - 1
+    if n < 0 or (batch and n != batch[0]) or (lengths is not None and lengths.numel() != n):
+        got = "no" if lengths is None else lengths.numel()
+        raise bad(
+            f"{offsets.numel()} offsets and {got} lengths do not make the rows of the batch "
+            f"size {list(batch)}"
+        )
+    # batch dims after the first are dims of the values before the ragged one
+    if len(batch) > 1 and (
+        ragged < len(batch) or list(values.shape[: len(batch) - 1]) != list(batch[1:])
+    ):
+        raise bad(
+            f"values of shape {list(values.shape)} ragged along dim {ragged} do not fit the "
+            f"batch size {list(batch)}"
+        )
+    size = values.size(ragged - 1)
+    # checked with numpy (one thread: torch's intra-op threads cost more than the work on a
+    # busy machine), on a CPU copy of the offsets for a leaf on another device
+    off = _numpy(offsets)
+    if lengths is None:
+        lens = np.diff(off)
+        if off[0] != 0 or off[-1] != size or (n and lens.min() < 0):
+            raise bad(
+                f"its offsets must rise from 0 to the {size} values of its ragged dim "
+                f"(they run from {int(off[0])} to {int(off[-1])})"
+            )
+    else:
+        lens = _numpy(lengths)
+        starts = off[:-1]
+        # each bound first, so that no sum overflows
+        if n and (
+            lens.min() < 0
+            or starts.min() < 0
+            or lens.max() > size
+            or starts.max() > size
+            or (starts + lens).max() > size
+        ):
+            raise bad(f"its offsets and lengths reach past the {size} values of its ragged dim")
+    low, high = (int(lens.min()), int(lens.max())) if n else (None, None)
+    return torch.nested.nested_tensor_from_jagged(
+        values,
+        offsets=offsets,
+        lengths=lengths,
+        jagged_dim=ragged,
+        min_seqlen=low,
+        max_seqlen=high,
+    )
+
+
+def _numpy(t: torch.Tensor) -> Any:
+    """An int tensor as an int64 numpy array (a view on the CPU when it is int64 already)."""
+    return t.detach().cpu().numpy().astype(np.int64, copy=False)
+
+
+def _strided_from_parts(
+    values: torch.Tensor, sizes: torch.Tensor, batch: tuple[int, ...], bad: Any
+) -> torch.Tensor:
+    if sizes.dtype != torch.int64 or sizes.ndim != 2 or values.ndim != 1:
+        raise bad(
+            f"its table of shapes is {sizes.dtype} of {sizes.ndim} dims and its values "
+            f"{values.ndim}-D: a 2-D int64 table and 1-D values are expected"
+        )
+    rows = _numpy(sizes)
+    if batch and rows.shape[0] != batch[0]:
+        raise bad(f"{rows.shape[0]} components for the batch size {list(batch)}")
+    tail = list(batch[1:])
+    if tail and (rows.shape[1] < len(tail) or bool((rows[:, : len(tail)] != tail).any())):
+        raise bad(f"its components do not all start with the batch dims {tail}")
+    if rows.size and rows.min() < 0:
+        raise bad("a component has a negative size")
+    # exact in int64 once the float sum (no overflow) is small enough
+    if rows.size and not rows.astype(np.float64).prod(1).sum() <= 2.0**52:  # NaN: inf * 0
+        raise bad("its components hold more values than any buffer")
+    total = int(rows.prod(1).sum()) if rows.size else 0
+    if rows.shape[1] == 0:
+        total = rows.shape[0]  # components of 0 dims: one value each
+    if total != values.numel():
+        raise bad(f"its components hold {total} values, its buffer {values.numel()}")
+    return from_flat(values, sizes, False)

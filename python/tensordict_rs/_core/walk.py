@@ -195,7 +195,7 @@ def _map(
             if check:
                 if device is not None and result.device != device:
                     result = result.to(device)
-                out._check_batch(key, result.shape)
+                out._check_batch(key, _nested.leaf_shape(result))
             items[key] = result
     return out
 

@@ -200,7 +200,7 @@ class Collectives(TreeNode):
             out.append(td)
             buffers.append(whole)
         if max_total == 0:
-            return out
+            return [_packed.settle(td) for td in out]
         if comm == _CPU:
             dist.all_gather(buffers, data, group=group)
         else:
@@ -208,7 +208,7 @@ class Collectives(TreeNode):
             dist.all_gather(staged, data, group=group)
             for whole, s in zip(buffers, staged, strict=True):
                 whole.copy_(s)
-        return out
+        return [_packed.settle(td) for td in out]
 
     def gather_and_stack(self, dst: int, group: Any = None) -> Self | None:
         """Writes the other ranks' trees into rows ``0 .. world_size - 2`` of rank ``dst``'s.
@@ -260,7 +260,7 @@ class Collectives(TreeNode):
             td, whole = _packed.build(type(self), raw, total)
             start = _packed._aligned(length)
             whole.copy_(received[start : start + total].cpu())
-            self[row] = td
+            self[row] = _packed.settle(td)
             row += 1
         return self
 
@@ -321,12 +321,12 @@ class Collectives(TreeNode):
                     dist.scatter(scratch, payloads or None, src=src, group=group)
             raise
         if not max_total:
-            return td
+            return _packed.settle(td)  # type: ignore[no-any-return]
         staged = whole if whole.device == comm else torch.empty_like(whole, device=comm)
         dist.scatter(staged, payloads or None, src=src, group=group)
         if staged is not whole:
             whole.copy_(staged)
-        return td
+        return _packed.settle(td)  # type: ignore[no-any-return]
 
 
 def _scatter_source(

@@ -54,7 +54,9 @@ class Consolidation(TreeNode):
         leaves, their description as JSON, its length), mapped shared: the returned tree's
         leaves are views of the file, and ``from_consolidated(filename)`` reads it back, here
         or in tensordict. ``return_early``, ``use_buffer`` and ``pin_memory`` are refused with
-        ``ValueError``.
+        ``ValueError``. Nested-tensor leaves (strided or jagged) are kept: a jagged leaf's
+        values, offsets and lengths, a strided one's components, are views of the buffer
+        (``filename`` refuses them).
 
         >>> import torch
         >>> from tensordict_rs import TensorDict
@@ -97,6 +99,7 @@ class Consolidation(TreeNode):
                 plan.pack_range(whole, 0, plan.total)
             else:
                 whole[: plan.total].copy_(plan.pack(fresh=True), non_blocking=non_blocking)
+        _packed.settle(td)
         if not inplace:
             return td.lock_()
         if self.is_locked:
@@ -119,7 +122,7 @@ class Consolidation(TreeNode):
         """
         try:
             return _packed.plan(self).consolidated
-        except _native.InvalidTreeError:  # a tree consolidate refuses (a nested leaf) is not
+        except _native.InvalidTreeError:  # a tree consolidate refuses is not
             return False
 
 

@@ -61,6 +61,12 @@ def consolidate_to_file(td: TD, filename: str | os.PathLike[str]) -> TD:
     """Writes ``td`` to ``filename`` in the single-file layout and returns the tree of views of
     the (shared) mapped file, consolidated and locked."""
     plan = _packed.plan(td)
+    if plan.groups:
+        raise _native.InvalidTreeError(
+            f"key {'.'.join(plan.groups[0][0])!r} holds a nested tensor: consolidate(filename="
+            "...) writes tensordict's single-file layout, which this library writes for dense "
+            "leaves only; consolidate() without a file, or memmap_/save, keep nested leaves"
+        )
     total = plan.total
     offsets = {
         (id(node), key): (

@@ -28,6 +28,8 @@ from typing import Any, Self
 import torch
 from torch import distributed as dist
 
+from .. import _native
+from ..memmap import value_nbytes
 from . import packed as _packed
 from . import wire
 from .collectives import Collectives
@@ -38,17 +40,88 @@ __all__ = ["Distributed"]
 _CPU = torch.device("cpu")
 
 
+# A tree with nested leaves goes point to point after a prelude of two int64 messages (tags
+# ``init_tag`` and ``init_tag + 1``): the count of its nested leaves and the length of the
+# next, then its ``Plan.nested_sizes()``; its data follows from ``init_tag + 2``. A receiving
+# template whose sizes differ takes the data into scratch (so that the sender completes and
+# no transport sees a message of an unexpected size, which gloo answers by aborting the
+# process) and raises naming the key.
+_PRELUDE = 2
+
+
+def _post_prelude(plan: _packed.Plan, peer: Peer, init_tag: int) -> list[Any]:
+    sizes = plan.nested_sizes()
+    head = torch.tensor([len(plan.groups), len(sizes)], dtype=torch.int64, device=peer.device)
+    body = torch.tensor(sizes, dtype=torch.int64, device=peer.device)
+    return peer.send([head, body], [init_tag, init_tag + 1])
+
+
+def _read_prelude(plan: _packed.Plan, peer: Peer, init_tag: int) -> list[int]:
+    head = torch.empty(2, dtype=torch.int64, device=peer.device)
+    wire.wait_all(peer.recv([head], [init_tag]))
+    count, length = (int(x) for x in head.tolist())
+    if count < 0 or length != 1 + 3 * count:
+        raise _native.InvalidTreeError(
+            "point-to-point message: its prelude of nested leaves is damaged "
+            f"({count} leaves, {length} sizes)"
+        )
+    body = torch.empty(length, dtype=torch.int64, device=peer.device)
+    wire.wait_all(peer.recv([body], [init_tag + 1]))
+    return [int(x) for x in body.tolist()]
+
+
+def _refuse_sizes(
+    plan: _packed.Plan, theirs: list[int], peer: Peer, init_tag: int, pseudo: bool, whole: bool
+) -> None:
+    """Takes the sender's data (sizes ``theirs``) into scratch, then raises naming the first
+    nested leaf whose sizes differ from this tree's."""
+    mine = plan.nested_sizes()
+    if theirs[0] < 0 or any(n < -1 for n in theirs):
+        raise _native.InvalidTreeError("point-to-point message: negative sizes in its prelude")
+    if whole:
+        spans = wire.pieces(theirs[0])
+        scratch = torch.empty(theirs[0], dtype=torch.uint8, device=peer.device)
+        tags = range(init_tag + _PRELUDE, init_tag + _PRELUDE + len(spans))
+        wire.wait_all(peer.recv([scratch[lo:hi] for lo, hi in spans], tags))
+    else:
+        nbytes = [n for n in theirs[1:] if n >= 0]
+        nbytes += [value_nbytes(v) for _, _, v in plan.leaves[plan._nested_leaves() :]]
+        bufs = [torch.empty(n, dtype=torch.uint8, device=peer.device) for n in nbytes]
+        wire.wait_all(peer.recv(bufs, wire.tags(init_tag + _PRELUDE, len(bufs), pseudo)))
+    groups = plan.groups
+    if len(theirs) != len(mine):
+        raise _native.InvalidTreeError(
+            f"point-to-point message: the sender's tree has {(len(theirs) - 1) // 3} nested "
+            f"leaves, this one {len(groups)} ({', '.join('.'.join(p) for p, _, _ in groups)})"
+        )
+    for i, (path, _, _) in enumerate(groups):
+        if theirs[1 + 3 * i : 4 + 3 * i] != mine[1 + 3 * i : 4 + 3 * i]:
+            raise _native.InvalidTreeError(
+                f"key {'.'.join(path)!r}: the nested leaf received has other lengths than this "
+                "tree's (its parts take other sizes): a tree receives into a nested leaf only "
+                "components of the same shapes; receive a new tree instead (from_remote_init, "
+                "broadcast without a template)"
+            )
+    raise _native.InvalidTreeError(
+        f"point-to-point message: {theirs[0]} bytes, this tree's {mine[0]}: another tree"
+    )
+
+
 def _send(
     td: Any, peer: Peer, init_tag: int, pseudo_rand: bool, consolidated: bool, fresh: bool
 ) -> tuple[list[Any], int | None]:
     """Posts every message of ``td`` to ``peer``; returns the works and the last tag."""
     plan = _packed.plan(td)
+    prelude: list[Any] = []
+    if plan.groups:
+        prelude = _post_prelude(plan, peer, init_tag)
+        init_tag += _PRELUDE
     if consolidated:
         works, _ = wire.send_packed(plan, peer, init_tag, fresh)
-        return works, None
+        return prelude + works, None
     tensors = plan.tensors()
     tags = wire.tags(init_tag, len(tensors), pseudo_rand)
-    return peer.send(tensors, tags), tags[-1] if tags else init_tag - 1
+    return prelude + peer.send(tensors, tags), tags[-1] if tags else init_tag - 1
 
 
 def _recv(
@@ -58,6 +131,11 @@ def _recv(
     plan = _packed.plan(td)
     if not plan.writable:
         raise RuntimeError("cannot receive into a read-only memory map")
+    if plan.groups and peer.member:
+        theirs = _read_prelude(plan, peer, init_tag)
+        if theirs != plan.nested_sizes():
+            _refuse_sizes(plan, theirs, peer, init_tag, pseudo_rand, consolidated)
+        init_tag += _PRELUDE
     if consolidated:
         return [wire.recv_packed(plan, peer, init_tag, fresh)], None
     tensors, finish = plan.receivers()
@@ -117,7 +195,7 @@ def _learn(
         td, _ = _packed.build(cls, wire.text_bytes(text), total, target, on_buffer=receive)
         for p in pending:
             p.wait()
-        return td
+        return _packed.settle(td)
     arena = _packed.arena(total)
     data = post_data(arena[1])
     try:
@@ -128,7 +206,7 @@ def _learn(
             data.wait()
         raise
     data.wait()
-    return td
+    return _packed.settle(td)
 
 
 class Distributed(Collectives):

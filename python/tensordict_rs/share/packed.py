@@ -23,6 +23,10 @@ with each nested TensorDict's own ``meta.json`` object inlined under its key, so
 that knows nothing can build the receiving tree without pickle. The Rust core writes and
 parses it (``_native.describe_tree``, ``_native.parse_description``) and maps the receiving
 tree's one buffer; each leaf is a lazy slice of it.
+
+A nested-tensor leaf travels as dense parts (``_nested.packed_parts``) ahead of the dense
+leaves, described behind ``NESTED_MARK`` (``_nested_description``); a receiver puts it in once
+the data has arrived (``settle``), after checking the parts.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 import torch
 
 from .. import _native
+from .._core import nested as _nested
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
 from .._core.nodes import TD, NonTensorData, _gc_paused, _json_text
 from .._core.nontensor import NonTensorStack
@@ -50,6 +55,8 @@ RESERVED = (*_native.RESERVED_KEYS, _native.NUMBER_KEY)
 _CPU = torch.device("cpu")
 _STRIDED = torch.strided
 _DATA_PTR = torch.Tensor.data_ptr
+# The first bytes of the description of a tree with nested leaves (``_nested_description``).
+NESTED_MARK = b"tdrs-nested 1\n"
 # entry tags of describe_tree
 LEAF, NODE, VALUE, STACK = _native.LEAF, _native.NODE, _native.NON_TENSOR, _native.STACK
 
@@ -60,6 +67,49 @@ def _aligned(n: int) -> int:
 
 Leaf = tuple[Any, str, Any]  # (the node holding it, its key, the stored value)
 Node = tuple[dict[str, Any], tuple[str, ...], tuple[Any, ...]]  # (dict, keys, values)
+
+
+class _Parts:
+    """The parts of one nested leaf, held as a node holds its leaves (``_get_str``), so that a
+    plan's ``(node, key, value)`` leaves name them."""
+
+    __slots__ = ("_tensordict",)
+
+    def __init__(self, parts: dict[str, torch.Tensor]) -> None:
+        self._tensordict = parts
+
+    def _get_str(self, key: str) -> torch.Tensor:
+        return self._tensordict[key]
+
+
+# The parts of the nested leaves ``settle`` made from one buffer, by id of the leaf: a strided
+# nested tensor keeps its own copy of its table of shapes, so the table's view of the buffer
+# is found here (and a consolidated tree's plan finds every part where the buffer has it).
+_BUFFER_PARTS: dict[int, tuple[weakref.ref[Any], dict[str, Any], dict[str, torch.Tensor]]] = {}
+
+
+def _nested_parts(
+    value: torch.Tensor, path: tuple[str, ...]
+) -> tuple[tuple[str, ...], dict[str, Any], dict[str, torch.Tensor]]:
+    entry = _BUFFER_PARTS.get(id(value))
+    if entry is not None and entry[0]() is value:
+        return path, entry[1], entry[2]
+    try:
+        meta, parts = _nested.packed_parts(value)
+    except NotImplementedError as e:
+        raise _native.InvalidTreeError(
+            f"key {'.'.join(path)!r} holds a nested tensor one message cannot carry: {e}"
+        ) from None
+    return path, meta, parts
+
+
+def _remember_parts(value: torch.Tensor, meta: dict[str, Any], parts: dict[str, Any]) -> None:
+    key = id(value)
+
+    def forget(_: Any, key: int = key, table: dict[int, Any] = _BUFFER_PARTS) -> None:
+        table.pop(key, None)
+
+    _BUFFER_PARTS[key] = (weakref.ref(value, forget), meta, parts)
 
 
 class Plan:
@@ -83,6 +133,11 @@ class Plan:
         self._materialized: list[torch.Tensor] | None = None
         self._description: bytes | None = None
         self._leaves: list[Leaf] | None = None
+        # The nested leaves, in packed order: (path to the key, description, parts by name).
+        # Their parts lead the packed layout (see ``NESTED_MARK``).
+        self._groups: list[tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]] = []
+        # A tree ``build`` made whose nested leaves wait for the data (see ``settle``).
+        self.pending: Callable[[], None] | None = None
         self._arena: _native.Buffer | None = None  # the native buffer of the first leaf, if any
         # The tensor leaves the copy table points into, and the address of each: checked with
         # the tree's entries, as ``t.data = x`` or ``t.share_memory_()`` move a leaf's bytes.
@@ -111,24 +166,42 @@ class Plan:
             self.receive_in_place = self._nothing_between_leaves()
 
     def _collect(self, td: TD, nodes: bool = True) -> None:
-        """Appends the leaves of ``td`` in packed order (and its nodes, with ``nodes``)."""
+        """Collects the leaves of ``td`` in packed order (and its nodes, with ``nodes``): the
+        parts of its nested leaves first, then its dense leaves."""
+        self._groups = []
+        dense: list[Leaf] = []
+        self._walk(td, nodes, (), dense)
+        if not self._groups:
+            self._leaves = dense
+            return
+        leaves: list[Leaf] = []
+        for _, _, parts in self._groups:
+            holder = _Parts(parts)
+            leaves.extend((holder, name, parts[name]) for name in sorted(parts))
+        leaves.extend(dense)
+        self._leaves = leaves
+
+    def _walk(self, td: TD, nodes: bool, path: tuple[str, ...], leaves: list[Leaf]) -> None:
         items = td._tensordict
         if nodes:
             self.nodes.append((items, tuple(items), tuple(items.values())))
-        leaves = self._leaves
-        assert leaves is not None
         for key in sorted(items):
             value = items[key]
             if type(value) is _LazyLeaf or isinstance(value, torch.Tensor):
                 if isinstance(value, torch.Tensor) and value.is_nested:
-                    raise _native.InvalidTreeError(
-                        f"key {key!r} holds a nested tensor: consolidate() and torch.distributed "
-                        "carry one message of dense leaves; pad it first (td.to_padded_tensor()), "
-                        "or send the tree to processes or save it (memmap), which keep them"
-                    )
+                    self._groups.append(_nested_parts(value, (*path, key)))
+                    continue
                 leaves.append((td, key, value))
             elif type(value) is not NonTensorData and type(value) is not NonTensorStack:
-                self._collect(value, nodes)
+                self._walk(value, nodes, (*path, key), leaves)
+
+    @property
+    def groups(self) -> list[tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]]:
+        """The nested leaves: (path to the key, description, parts by name), packed order."""
+        if self._leaves is None and self._groups:
+            return self._groups  # kept by ``settle`` without the leaves
+        self.leaves  # noqa: B018 (collected with the leaves)
+        return self._groups
 
     @property
     def leaves(self) -> list[Leaf]:
@@ -137,8 +210,8 @@ class Plan:
             root = self.root()
             if root is None:
                 raise ReferenceError("the tree of this plan is gone")
-            self._leaves = []
             self._collect(root, nodes=False)
+        assert self._leaves is not None
         return self._leaves
 
     def _layout(self) -> int:
@@ -201,8 +274,10 @@ class Plan:
 
     def _nothing_between_leaves(self) -> bool:
         """Whether no tensor can view the bytes between the leaves in their one buffer (each
-        leaf a whole arena part, or no padding at all): a message may then land in place."""
-        return self._parts_whole or self._padding == 0
+        leaf a whole arena part, or no padding at all): a message may then land in place.
+        Never for a tree with nested leaves: their offsets or shapes are checked against the
+        message before anything is written (``check_nested``)."""
+        return not self.groups and (self._parts_whole or self._padding == 0)
 
     def _one_buffer(self) -> torch.Tensor | None:
         """A uint8 view of the one storage, or the one anonymous arena (``memmap_()``), that
@@ -311,6 +386,8 @@ class Plan:
             return
         if not self.writable:
             raise RuntimeError("cannot receive into a read-only memory map")
+        if self.groups:
+            self.check_nested(lambda i: self._part_of(buffer, i))
         if self.native:
             if self.table is not None:
                 self.table.unpack(buffer.data_ptr(), buffer.numel(), start, end)
@@ -360,25 +437,72 @@ class Plan:
 
     def receivers(self) -> tuple[list[torch.Tensor], Callable[[], None] | None]:
         """The tensors the per-leaf protocol receives into, and what copies the staged ones
-        (views no transport writes, see ``tensors``) into their leaves once all arrived."""
+        (views no transport writes, see ``tensors``) into their leaves once all arrived.
+
+        A tree with nested leaves has every leaf staged, so that its nested leaves are
+        checked (``check_nested``) before anything is written into it."""
         out = self._wire()
-        if not self._staged:
+        nested = self._nested_leaves()
+        if not self._staged and not nested:
             return out, None
         out = list(out)
         leaves = self.materialized()
-        staged = []
-        for i in self._staged:
+        staged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for i in range(len(leaves)) if nested else self._staged:
             leaf = leaves[i]
             buffer = torch.empty(leaf.shape, dtype=leaf.dtype, device=leaf.device)
-            staged.append((leaf, buffer))
+            staged[i] = (leaf, buffer)
             out[i] = _real(buffer)
 
         def finish() -> None:
+            if nested:
+                self.check_nested(lambda i: staged[i][1])
             with torch.no_grad():
-                for leaf, buffer in staged:
+                for leaf, buffer in staged.values():
                     leaf.copy_(buffer)
 
         return out, finish
+
+    def nested_sizes(self) -> list[int]:
+        """The sizes a point-to-point message of a tree with nested leaves announces first
+        (``distributed._prelude``): the packed total, then per nested leaf the bytes of its
+        three part slots (a jagged leaf: lengths, offsets, values; a strided one: sizes, -,
+        values), -1 for a part it lacks."""
+        out = [self.total]
+        for _, meta, parts in self.groups:
+            if meta["layout"] == _nested.JAGGED:
+                names: tuple[str, ...] = ("lengths", "offsets", "values")
+            else:
+                names = ("sizes", "", "values")
+            out.extend(parts[n].nbytes if n in parts else -1 for n in names)
+        return out
+
+    def _nested_leaves(self) -> int:
+        """How many leaves (at the front, in packed order) are parts of nested leaves."""
+        return sum(len(parts) for _, _, parts in self.groups)
+
+    def _part_of(self, buffer: torch.Tensor, i: int) -> torch.Tensor:
+        """Leaf ``i``'s bytes in a packed ``buffer``, as a tensor shaped like the leaf."""
+        _, _, value = self.leaves[i]
+        off = self.offsets[i]
+        return buffer[off : off + value.nbytes].view(value.dtype).view(value.shape)
+
+    def check_nested(self, received: Callable[[int], torch.Tensor]) -> None:
+        """Checks that a message for this tree (``received(i)``: its leaf ``i``) holds the
+        offsets, lengths or tables of shapes of this tree's nested leaves: a tree receives
+        into its nested leaves only the components it has (their values may differ).
+        Raises ``InvalidTreeError`` naming the first key whose components differ."""
+        i = 0
+        for path, _, parts in self.groups:
+            for name in sorted(parts):
+                if name != "values" and not torch.equal(received(i), parts[name]):
+                    raise _native.InvalidTreeError(
+                        f"key {'.'.join(path)!r}: the nested leaf received has other "
+                        f"components than this tree's ({name} differ): a tree receives into "
+                        "a nested leaf only components of the same shapes; receive a new "
+                        "tree instead (from_remote_init, broadcast without a template)"
+                    )
+                i += 1
 
     def _wire(self) -> list[torch.Tensor]:
         if self._tensors is None:
@@ -398,7 +522,11 @@ class Plan:
             root = self.root()
             if root is None:
                 raise ReferenceError("the tree of this plan is gone")
-            self._description = _native.describe_tree(_spec(root, ()))
+            groups = self.groups
+            if not groups:
+                self._description = _native.describe_tree(_spec(root, ()))
+            else:
+                self._description = _nested_description(root, groups)
         return self._description
 
 
@@ -428,13 +556,46 @@ def _real(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t) if t.is_complex() else t
 
 
-def _spec(td: TD, path: tuple[str, ...]) -> tuple[Any, ...]:
+def _nested_description(
+    root: TD, groups: list[tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]]
+) -> bytes:
+    """The description of a tree with nested leaves: ``NESTED_MARK``, the JSON list of its
+    nested leaves (key path, layout, ragged dim) and a line break, then the description of a
+    wrapper tree (batch size ``[]``) whose node ``n`` holds the parts of nested leaf ``i``
+    under node ``f"{i:09d}"`` and whose node ``t`` is the tree without its nested leaves.
+
+    The parts are dense leaves, so the Rust parser checks their dtypes, shapes and sizes as
+    any other's, and they lead the packed layout (``n`` sorts before ``t``); the mark makes
+    the text no JSON, so that a receiver that predates it refuses it rather than build the
+    wrapper."""
+    device = None if root.device is None else str(root.device)
+    names = DTYPE_TO_STR
+    index: list[dict[str, Any]] = []
+    holders: list[tuple[Any, ...]] = []
+    for i, (path, meta, parts) in enumerate(groups):
+        index.append({"key": list(path), **meta})
+        entries: list[tuple[Any, ...]] = []
+        for name in sorted(parts):
+            t = parts[name]
+            dtype = names.get(t.dtype) or dtype_to_str(t.dtype)
+            entries.append((LEAF, name, dtype, t.shape, "cpu" if t.is_cpu else str(t.device)))
+        holders.append((NODE, f"{i:09d}", ([], device, entries)))
+    wrapper: tuple[Any, ...] = (
+        [],
+        device,
+        [(NODE, "n", ([], device, holders)), (NODE, "t", _spec(root, (), 1))],
+    )
+    text = json.dumps(index, ensure_ascii=False, separators=(",", ":")).encode()
+    return NESTED_MARK + text + b"\n" + _native.describe_tree(wrapper)
+
+
+def _spec(td: TD, path: tuple[str, ...], base: int = 0) -> tuple[Any, ...]:
     """The ``describe_tree`` form of ``td``: entries in sorted-key order.
 
     Refuses a tree nested deeper than a receiver parses (``JSON_DEPTH``), so that the sender
     raises rather than a receiver after the whole message came."""
     entries: list[tuple[Any, ...]] = []
-    level = len(path) + 1  # of this node's JSON object
+    level = len(path) + 1 + base  # of this node's JSON object (``base``: levels above the root)
     items = td._tensordict
     names = DTYPE_TO_STR
     for key in sorted(items):
@@ -463,12 +624,14 @@ def _spec(td: TD, path: tuple[str, ...]) -> tuple[Any, ...]:
                 raise _too_deep(path, key)
             entries.append((VALUE, key, text))
         elif isinstance(value, torch.Tensor):
+            if value.is_nested:  # described apart (``_nested_description``)
+                continue
             dtype = value.dtype
             device = "cpu" if value.is_cpu else str(value.device)
             name = names.get(dtype) or dtype_to_str(dtype)
             entries.append((LEAF, key, name, value.shape, device))
         else:
-            entries.append((NODE, key, _spec(value, (*path, key))))
+            entries.append((NODE, key, _spec(value, (*path, key), base)))
     return list(td.batch_size), None if td.device is None else str(td.device), entries
 
 
@@ -553,7 +716,14 @@ def build(
     into it already), is that buffer instead of a new one (CPU only). ``views_of``, a uint8
     tensor of at least ``total`` bytes holding the message, makes the leaves plain tensor views
     of it (a copy of a tree: ``TensorDict.clone``).
+
+    A tree with nested leaves (a description that starts with ``NESTED_MARK``) comes without
+    them: ``settle(td)``, called once the data is in the buffer, checks their parts and puts
+    them in. Every caller calls it (a no-op for other trees).
     """
+    index = None
+    if text.startswith(NESTED_MARK):
+        index, text = _nested_index(text)
     target = None if device is None or device == _CPU else device
     device_buffer: list[torch.Tensor] = []  # the device case: made once ``capacity`` is known
     if views_of is not None:
@@ -614,8 +784,105 @@ def build(
         whole = early[0]
     else:
         whole = torch.empty(0, dtype=torch.uint8)
-    _remember(td, Plan(td, whole=whole[:total], built=(nodes, None, total)))
+    built = Plan(td, whole=whole[:total], built=(nodes, None, total))
+    if index is not None:
+        td, built.pending = _unwrap(td, index)
+        built.root = weakref.ref(td)
+    _remember(td, built)
     return td, whole
+
+
+def _nested_index(text: bytes) -> tuple[list[dict[str, Any]], bytes]:
+    """The list of nested leaves of a ``_nested_description`` and the wrapper's description."""
+    head, sep, rest = text[len(NESTED_MARK) :].partition(b"\n")
+    try:
+        index = json.loads(head) if sep else None
+    except ValueError:
+        index = None
+    if type(index) is not list or not all(
+        type(e) is dict
+        and type(e.get("key")) is list
+        and e["key"]
+        and all(type(k) is str for k in e["key"])
+        for e in index
+    ):
+        raise _bad("the list of nested leaves is not a JSON list of {key: [str, ...], ...}")
+    return index, rest
+
+
+def _unwrap(wrapper: Any, index: list[dict[str, Any]]) -> tuple[Any, Callable[[], None]]:
+    """The tree inside a ``_nested_description``'s wrapper, and what puts its nested leaves in
+    (checked, see ``_nested.from_packed_parts``) once the data has arrived."""
+    items = wrapper._tensordict
+    holders = items.get("n")
+    td = items.get("t")
+    if sorted(items) != ["n", "t"] or not _is_node(holders) or not _is_node(td):
+        raise _bad("a tree with nested leaves is a wrapper of nodes 'n' and 't'")
+    names = [f"{i:09d}" for i in range(len(index))]
+    if sorted(holders._tensordict) != names:
+        raise _bad(f"the nested leaves' parts are not {len(index)} nodes 0..{len(index) - 1}")
+    places = []
+    seen = set()
+    for entry, name in zip(index, names, strict=True):
+        path = tuple(entry["key"])
+        key = ".".join(path)
+        node = td
+        for step in path[:-1]:
+            node = node._tensordict.get(step)
+            if not _is_node(node):
+                raise _bad(f"nested leaf {key!r}: {step!r} is no node of the tree")
+        if path[-1] in node._tensordict or path[-1] in RESERVED or path in seen:
+            raise _bad(f"nested leaf {key!r}: the key is taken or reserved")
+        seen.add(path)
+        holder = holders._tensordict[name]
+        parts = holder._tensordict
+        if not all(type(v) is _LazyLeaf or isinstance(v, torch.Tensor) for v in parts.values()):
+            raise _bad(f"nested leaf {key!r}: its parts are not all tensors")
+        meta = {k: v for k, v in entry.items() if k != "key"}
+        if tuple(sorted(parts)) not in _nested.part_names(meta):
+            raise _bad(f"nested leaf {key!r}: parts {sorted(parts)} do not match {meta}")
+        places.append((node, path[-1], key, meta, holder))
+
+    def settle() -> None:
+        for node, name, key, meta, holder in places:
+            parts = {k: holder._get_str(k) for k in holder._tensordict}
+            try:
+                value = _nested.from_packed_parts(meta, parts, tuple(node.batch_size), key)
+            except ValueError as e:
+                raise _bad(str(e)) from None
+            node._tensordict[name] = value
+            _remember_parts(value, meta, parts)
+
+    return td, settle
+
+
+def _is_node(value: Any) -> bool:
+    return (
+        value is not None
+        and type(value) is not _LazyLeaf
+        and type(value) is not NonTensorData
+        and type(value) is not NonTensorStack
+        and not isinstance(value, torch.Tensor)
+    )
+
+
+def settle(td: Any) -> Any:
+    """Puts the nested leaves into a tree ``build`` made, now that its data has arrived
+    (checked: offsets in range, shapes that fill the values); returns ``td``. The tree's
+    plan then views the same buffer, so the tree is still consolidated. A no-op for a tree
+    without nested leaves."""
+    built = plan_if_built(td)
+    if built is None or built.pending is None:
+        return td
+    finish, built.pending = built.pending, None
+    finish()
+    new = Plan(td, whole=built.whole)
+    new.consolidated = built.consolidated
+    # the leaves name their nodes, and so would keep the tree alive from ``_PLANS``: dropped
+    # (collected again when needed), as a built tree's plan starts without them
+    new._leaves = None
+    _remember(td, new)
+    return td
 
 
 def arena(total: int) -> tuple[_native.Buffer, torch.Tensor]:

@@ -208,6 +208,7 @@ def _rebuild(
     bytes, an object store's read-only memory), which they keep alive."""
     if not total:
         td, _ = _packed.build(cls, text, 0)
+        _packed.settle(td)
     else:
         if data is None:
             raise _native.InvalidTreeError(
@@ -231,6 +232,7 @@ def _rebuild(
             whole.copy_(tensor[:total])
             buffer, tensor = arena, whole
         td, _ = _packed.build(cls, text, total, into=(buffer, tensor))
+        _packed.settle(td)
         if read_only:
             mark_read_only(td)
             _packed.plan(td).writable = False
@@ -265,7 +267,7 @@ def clone_whole(td: TD) -> TD | None:
     copy = torch.empty(plan.total, dtype=torch.uint8)
     copy.copy_(whole[: plan.total])
     out, _ = _packed.build(type(td), plan.description(), plan.total, views_of=copy)
-    return out
+    return _packed.settle(out)  # type: ignore[no-any-return]
 
 
 def is_read_only(td: TreeNode) -> bool:
