@@ -100,3 +100,32 @@ def test_unsupported_options_are_refused_by_name(kwargs: dict[str, object]) -> N
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         td.consolidate(**kwargs)  # type: ignore[arg-type]
     assert not td.is_consolidated() and not td.is_locked  # nothing changed
+
+
+@pytest.mark.parametrize("send", ["consolidate", "pickle", "describe"])
+def test_a_tree_whose_plan_is_cached_is_freed(send: str) -> None:
+    """The plan cached per tree (``packed._PLANS``) does not keep the tree alive: it held
+    the root through the root's own leaves, so a consolidated, pickled or described source
+    was never freed (its entry stayed in the cache too)."""
+    import gc
+    import pickle
+    import weakref
+
+    packed = _packed
+
+    td = TensorDict({"a": torch.arange(3.0), "n": {"b": torch.ones(3)}}, [3])
+    if send == "consolidate":
+        out = td.consolidate()
+        assert torch.equal(out["a"], td["a"]) and out.is_consolidated()
+    elif send == "pickle":
+        out = pickle.loads(pickle.dumps(td.consolidate(), protocol=5))
+        assert torch.equal(out["n", "b"], td["n", "b"])
+    else:
+        assert b'"a"' in packed.describe(td)
+    key = id(td)
+    assert key in packed._PLANS
+    tree = weakref.ref(td)
+    del td
+    gc.collect()
+    assert tree() is None
+    assert key not in packed._PLANS

@@ -69,7 +69,7 @@ def consolidate_to_file(td: TD, filename: str | os.PathLike[str]) -> TD:
         )
     total = plan.total
     offsets = {
-        (id(node), key): (
+        (id(plan.node(node)), key): (
             offset,
             value.nbytes if isinstance(value, torch.Tensor) else value.buffer.nbytes,
         )

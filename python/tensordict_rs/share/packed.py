@@ -65,7 +65,11 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
 
 
-Leaf = tuple[Any, str, Any]  # (the node holding it, its key, the stored value)
+# (the node holding it, its key, the stored value); the node is None for the root's own
+# leaves, which ``Plan.node`` resolves through the plan's weak reference: a plan cached in
+# ``_PLANS`` must not hold its tree, or the tree is never freed (its entry is dropped when
+# the tree dies)
+Leaf = tuple[Any, str, Any]
 Node = tuple[dict[str, Any], tuple[str, ...], tuple[Any, ...]]  # (dict, keys, values)
 
 
@@ -191,7 +195,7 @@ class Plan:
                 if isinstance(value, torch.Tensor) and value.is_nested:
                     self._groups.append(_nested_parts(value, (*path, key)))
                     continue
-                leaves.append((td, key, value))
+                leaves.append((td if path else None, key, value))
             elif type(value) is not NonTensorData and type(value) is not NonTensorStack:
                 self._walk(value, nodes, (*path, key), leaves)
 
@@ -202,6 +206,15 @@ class Plan:
             return self._groups  # kept by ``settle`` without the leaves
         self.leaves  # noqa: B018 (collected with the leaves)
         return self._groups
+
+    def node(self, node: Any) -> Any:
+        """The tree node of a leaf's first field (None: the root)."""
+        if node is not None:
+            return node
+        root = self.root()
+        if root is None:
+            raise ReferenceError("the tree of this plan is gone")
+        return root
 
     @property
     def leaves(self) -> list[Leaf]:
@@ -373,7 +386,7 @@ class Plan:
             for (td, key, value), off in zip(self.leaves, self.offsets, strict=True):
                 n = value_nbytes(value)
                 if n and start <= off < end:
-                    leaf = td._get_str(key)
+                    leaf = self.node(td)._get_str(key)
                     out[off : off + n].view(leaf.dtype).view(leaf.shape).copy_(leaf)
 
     def unpack(self, buffer: torch.Tensor, start: int = 0, end: int | None = None) -> None:
@@ -399,7 +412,7 @@ class Plan:
             for (td, key, value), off in zip(self.leaves, self.offsets, strict=True):
                 n = value_nbytes(value)
                 if n and start < off + n <= end:
-                    target = td._get_str(key)
+                    target = self.node(td)._get_str(key)
                     target.copy_(buffer[off : off + n].view(target.dtype).view(target.shape))
 
     def materialized(self) -> list[torch.Tensor]:
@@ -409,7 +422,7 @@ class Plan:
             lazy = False
             for td, key, value in self.leaves:
                 if type(value) is _LazyLeaf:
-                    value = td._get_str(key)
+                    value = self.node(td)._get_str(key)
                     lazy = True
                 out.append(value)
             self._materialized = out
