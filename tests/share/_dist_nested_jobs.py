@@ -131,3 +131,18 @@ def nested(T: Any, rank: int, world: int, tmp: Path) -> None:
             template = nested_tree(T, 0, (1, 1, 1))
             template.irecv(0, consolidated=consolidated, init_tag=50)
             same_nested(template, nested_tree(T, 8, (1, 1, 1)))
+
+    # gather_and_stack: rank 0's tree has one row per other rank, and a row of a nested leaf
+    # is written in place where its length is the row's (rank 1 sends its tree's row 0)
+    def one_row(fill: int, k: int) -> Any:
+        seq = torch.nested.nested_tensor(
+            [torch.arange(k, dtype=torch.float32) + fill], layout=torch.jagged
+        )
+        return T.TensorDict({"seq": seq, "x": torch.full((1, 2), fill)}, [1])
+
+    if rank == 0:
+        rows = one_row(0, 3)
+        assert rows.gather_and_stack(0) is rows
+        same_nested(rows, one_row(9, 3))
+    else:
+        assert one_row(9, 3)[0].gather_and_stack(0) is None
