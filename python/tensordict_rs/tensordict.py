@@ -16,6 +16,7 @@ from ._core.locking import Lockable, locked_error, refuse_read_only
 from ._core.nodes import TD, Key, NonTensorData, TreeNode
 from ._core.nontensor import NonTensorStack
 from ._core.repr import compact_repr
+from ._core.unbatched import UnbatchedTensor, with_batch_size
 from ._core.walk import KeyList, map_leaves, walk_items
 from .io import checkpoint as _checkpoint
 from .io import growth as _growth
@@ -141,6 +142,10 @@ class TensorDict(
         if type(value) is _LazyLeaf:
             value = value.materialize()
             self._tensordict[key] = value
+        elif type(value) is UnbatchedTensor and value._batch_size != self._batch_size:
+            # kept by an operation that changed the batch size: an alias with this tree's
+            value = with_batch_size(value, self._batch_size)
+            self._tensordict[key] = value
         return value
 
     def _leaf_info(self, key: str) -> tuple[tuple[int, ...], torch.dtype, torch.device] | None:
@@ -194,6 +199,10 @@ class TensorDict(
         value = _keys.leaf_value(value)
         if isinstance(value, NonTensorData):
             return value
+        if type(value) is UnbatchedTensor:  # any shape: no batch check
+            if self._device is not None and value.device != self._device:
+                value = value.to(self._device, non_blocking=non_blocking)
+            return with_batch_size(value, self._batch_size)
         if isinstance(value, NonTensorStack):
             self._check_batch(key, value.batch_size)
             if self._device is not None and value.device != self._device:

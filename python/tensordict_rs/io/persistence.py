@@ -14,6 +14,7 @@ from .. import _native
 from .._core.classes import public
 from .._core.nodes import NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack, share_entries
+from .._core.walk import refuse_unbatched
 from ..memmap import MemoryMappedTensor, _LazyLeaf
 from ..ops.devices import _normalize_device
 from . import archive as _archive
@@ -464,6 +465,7 @@ def _check_save_options(td: Any, share_non_tensor: bool, robust_key: bool | None
     ``_core/nontensor.share_entries``), so that a value written in place in one process is
     read in the others, as in tensordict.
     """
+    refuse_unbatched(td, "memory-mapped")
     if robust_key is False:
         for key, _ in td.items(include_nested=True):
             for part in key if isinstance(key, tuple) else (key,):

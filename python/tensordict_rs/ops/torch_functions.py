@@ -22,6 +22,7 @@ from .._core import dirty as _dirty
 from .._core.nodes import TD, NonTensorData
 from .._core.nontensor import NonTensorStack
 from .._core.nontensor_options import capture_non_tensor_stack
+from .._core.unbatched import UnbatchedTensor
 from .._core.walk import KEEP, is_tree, map_leaves, walk_items, zip_leaves
 from .._core.walk import leaves as _leaves
 from . import shape
@@ -126,6 +127,7 @@ def stack(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
         device=first.device,
         non_tensor=_stack_non_tensor(dim),
         names=names,
+        unbatched=lambda *values: UnbatchedTensor._stack_non_tensor(values, dim),
     )
 
 
@@ -197,6 +199,7 @@ def cat(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
     batch[dim] = sum(td.batch_size[dim] for td in tds)
     result = torch.Size(batch)
     if out is not None:
+        _take_unbatched(out, tds[0])
         return _into(out, result, tds, lambda leaves, sink: torch.cat(leaves, dim, out=sink))
     return map_leaves(
         first,
@@ -206,6 +209,17 @@ def cat(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
         device=_common_device(tds),
         non_tensor=_cat_non_tensor(dim),
     )
+
+
+def _take_unbatched(out: TD, first: TD) -> None:
+    """``cat(..., out=out)``: an ``UnbatchedTensor`` entry of ``out`` becomes the first input's
+    (the same payload), as tensordict 0.15.3 does (``stack`` keeps ``out``'s)."""
+    for key, value in out._tensordict.items():
+        theirs = first._tensordict.get(key)
+        if type(value) is UnbatchedTensor and type(theirs) is UnbatchedTensor:
+            out._tensordict[key] = theirs  # (its batch size is set when read)
+        elif is_tree(value) and is_tree(theirs):
+            _take_unbatched(value, theirs)
 
 
 def _into(
@@ -222,6 +236,8 @@ def _into(
         )
     token = _dirty.mark(out)
     for sink, *leaves in zip_leaves(out, *tds):
+        if type(sink) is UnbatchedTensor:
+            continue  # the whole batch's: kept (its batch size is out's, set when read)
         if not isinstance(leaves[0], torch.Tensor):
             raise KeyError("a tensor entry of out= is not a tensor in the inputs")
         want = (*result, *leaves[0].shape[tds[0].batch_dims :])
