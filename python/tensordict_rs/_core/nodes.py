@@ -167,6 +167,42 @@ class TreeNode:
         def _mark_shared(self) -> None: ...
 
 
+class _EntryFlags:
+    """A NonTensorData's ``_tensordict`` (tensordict's inner TensorDict of the entry): its
+    sharing and memory-map flags, batch size and device, read from the entry when asked."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, entry: NonTensorData) -> None:
+        self._entry = entry
+
+    @property
+    def _is_shared(self) -> bool:
+        return self._entry._is_shared
+
+    @property
+    def _is_memmap(self) -> bool:
+        return self._entry._is_memmap
+
+    def is_shared(self) -> bool:
+        """Whether the entry's value is in shared memory."""
+        return self._entry._is_shared
+
+    def is_memmap(self) -> bool:
+        """Whether the entry belongs to a saved directory."""
+        return self._entry._is_memmap
+
+    @property
+    def batch_size(self) -> torch.Size:
+        """The entry's batch size."""
+        return self._entry.batch_size
+
+    @property
+    def device(self) -> torch.device | None:
+        """The entry's device."""
+        return self._entry.device
+
+
 class NonTensorData:
     """A non-tensor value stored in a TensorDict (a string, number, list or dict): one value
     for every element of the batch.
@@ -267,6 +303,24 @@ class NonTensorData:
     def _is_shared(self) -> bool:
         """True for a value kept in shared memory (``share_memory_``, ``share_non_tensor``)."""
         return self._shared is not None
+
+    @property
+    def _is_memmap(self) -> bool:
+        """True for an entry of a saved directory (``memmap_``, ``load_memmap``): a value
+        written in place rewrites its meta.json."""
+        return self._saved is not None
+
+    @property
+    def _tensordict(self) -> _EntryFlags:
+        """The flags tensordict keeps on a NonTensorData's inner TensorDict (``_is_shared``,
+        ``_is_memmap``, ``batch_size``, ``device``), read from this entry (it has no tree)."""
+        return _EntryFlags(self)
+
+    @property
+    def _non_tensordict(self) -> dict[str, Any]:
+        """``{"data": ...}`` as in tensordict: the shared cell of a shared entry (read it with
+        ``tensorclass._from_shared_nontensor``), else the value."""
+        return {"data": self._shared if self._shared is not None else self.data}
 
     def update_(self, other: Any, non_blocking: bool = False) -> NonTensorData:
         """Writes the value of ``other`` (a ``NonTensorData`` or a plain value) into this

@@ -1174,7 +1174,7 @@ def share_entries(td: Any) -> None:
                         found.append((value._cells, value._cells.share(name)))
             except _native.InvalidTreeError:
                 continue  # not JSON: stays a value of this process (sent by value)
-            if hasattr(value, "_tensordict"):
+            if isinstance(getattr(value, "_tensordict", None), dict):  # a tree
                 walk(value, (*path, key))
 
     walk(td, ())
