@@ -218,7 +218,7 @@ class NonTensorData:
     NonTensorData(data=a, batch_size=torch.Size([2]), device=None)
     """
 
-    __slots__ = ("_cell", "_saved", "_shared", "_value", "batch_size", "device")
+    __slots__ = ("_cell", "_local", "_saved", "_shared", "_value", "batch_size", "device")
     _is_tensorclass = True  # tensordict's NonTensorData is a tensorclass (is_tensorclass)
     _is_non_tensor = True
 
@@ -233,6 +233,9 @@ class NonTensorData:
         # (the cells of a NonTensorStack, a cell) for an element of a stack: reads and writes
         # go to the stack (nontensor.NonTensorStack._row)
         self._cell: tuple[Any, int] | None = None
+        # the key of an entry of a shared tree whose value JSON cannot hold: it stayed this
+        # process's own, so it refuses writes in place (they would reach no other process)
+        self._local: str | None = None
         self.batch_size = torch.Size([] if batch_size is None else batch_size)
         self.device = None if device is None else torch.device(device)
 
@@ -251,6 +254,12 @@ class NonTensorData:
     @data.setter
     def data(self, value: Any) -> None:
         shared, saved, cell = self._shared, self._saved, self._cell
+        if self._local is not None:
+            raise NotImplementedError(
+                f"Updating {type(self._value).__name__} within a shared/memmaped structure is "
+                f"not supported: the value of {self._local!r} is not JSON, so it was not put in "
+                "shared memory, and a value written in place would reach no other process"
+            )
         if cell is not None:  # an element of a stack: the stack's cell (its file, its memory)
             cells, index = cell
 
@@ -309,6 +318,12 @@ class NonTensorData:
         """True for an entry of a saved directory (``memmap_``, ``load_memmap``): a value
         written in place rewrites its meta.json."""
         return self._saved is not None
+
+    def _is_memmaped_from_above(self) -> bool:
+        """True for an element of a memory-mapped ``NonTensorStack`` (tensordict's name): its
+        writes go to the stack and its meta.json."""
+        cell = self._cell
+        return cell is not None and bool(cell[0].memmapped)
 
     @property
     def _tensordict(self) -> _EntryFlags:

@@ -251,7 +251,9 @@ def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = 
         elif tag == NODE:
             items[key] = _build(entry[2], buffers, storages)
         elif tag == NON_TENSOR:
-            items[key] = NonTensorData(entry[2])
+            items[key] = value = NonTensorData(entry[2])
+            if flags & SHARED:  # a value of a shared tree that JSON cannot hold (its own)
+                value._local = key
         elif tag == SHARED_NON_TENSOR:
             items[key] = shared_value = NonTensorData(None, batch_size=entry[3])
             shared_value._shared = SharedValue(buffers[entry[2]])
