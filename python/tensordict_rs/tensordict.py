@@ -568,6 +568,7 @@ class TensorDict(
     stack = _classmethod(_torch.stack_classmethod)
     cat = _classmethod(_torch.cat_classmethod)
     lazy_stack = maybe_dense_stack = _classmethod(_torch.lazy_stack_classmethod)
+    to_lazystack = _torch.to_lazystack
 
     @classmethod
     def __torch_function__(

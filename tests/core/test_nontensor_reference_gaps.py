@@ -400,3 +400,35 @@ def test_shared_cell_read_back(pkg: Any, method: str) -> None:
     assert child.exitcode == 0
     assert from_shared(td.get("val")._non_tensordict["data"]) == "written"
     assert td["val"] == "written"
+
+
+def _from_above(pkg: Any, tmp: Path) -> Any:
+    stack = torch.stack([pkg.NonTensorData(data=0), pkg.NonTensorData(data=1)], 0)
+    stack = torch.stack([stack] * 3).clone()
+    before = stack[0, 0]._is_memmaped_from_above()
+    stack.memmap_(tmp / pkg.__name__)
+    return before, stack[0, 0]._is_memmaped_from_above(), stack[1, 1]._is_memmaped_from_above()
+
+
+def test_elements_of_a_memory_mapped_stack(tmp_path: Path) -> None:
+    assert _from_above(ours, tmp_path) == _from_above(ref, tmp_path) == (False, True, True)
+
+
+def _through_lazystack(pkg: Any) -> Any:
+    td = pkg.TensorDict(
+        a=pkg.TensorDict(b=pkg.NonTensorStack("a", "b", "c").unsqueeze(-1), batch_size=(3,)),
+        x=torch.zeros(3, 2),
+        batch_size=(3,),
+    )
+    lazy = td.to_lazystack(0)
+    lazy[1]["x"] += 1  # writes reach td (tensordict's stack is one of views)
+    zeros = lazy.new_zeros((4,), empty_lazy=True)
+    zeros[torch.tensor([True, True, False, True])] = lazy
+    return td["x"].tolist(), lazy.get(("a", "b")).tolist(), zeros.get(("a", "b")).tolist()
+
+
+def test_to_lazystack() -> None:
+    """tensordict gives a LazyStackedTensorDict; here a dense TensorDict of the same leaves."""
+    assert _through_lazystack(ours) == _through_lazystack(ref)
+    with pytest.raises(IndexError):
+        ours.TensorDict(a=torch.zeros(3), batch_size=[3]).to_lazystack(1)

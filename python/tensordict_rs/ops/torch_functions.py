@@ -23,7 +23,7 @@ from .._core.nodes import TD, NonTensorData
 from .._core.nontensor import NonTensorStack
 from .._core.nontensor_options import capture_non_tensor_stack
 from .._core.unbatched import UnbatchedTensor
-from .._core.walk import KEEP, is_tree, map_leaves, walk_items, zip_leaves
+from .._core.walk import KEEP, copy_tree, is_tree, map_leaves, walk_items, zip_leaves
 from .._core.walk import leaves as _leaves
 from . import shape
 
@@ -158,6 +158,25 @@ def lazy_stack_classmethod(
     'TensorDict'
     """
     return stack(input, dim, out=out)
+
+
+def to_lazystack(td: TD, dim: int = 0) -> TD:
+    """``td.to_lazystack(dim)``: tensordict's lazy stack of ``td.unbind(dim)``. This library's
+    stacks are dense (see ``lazy_stack``), so it is a new TensorDict of the same leaves (no
+    copy: writes through it reach ``td``, as through tensordict's lazy stack of views).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict(a=torch.zeros(3, 2), batch_size=[3])
+    >>> stacked = td.to_lazystack(0)
+    >>> stacked["a"][0] += 1
+    >>> td["a"][0]
+    tensor([1., 1.])
+    """
+    n = td.batch_dims
+    if not -n <= dim < n:
+        raise IndexError(f"to_lazystack dim {dim} is out of range for batch size {td.batch_size}")
+    return copy_tree(td)
 
 
 def cat_classmethod(
