@@ -22,7 +22,7 @@ from .io import checkpoint as _checkpoint
 from .io import growth as _growth
 from .io import safetensors as _safetensors
 from .io.persistence import MemoryMapped
-from .memmap import _LazyLeaf
+from .memmap import MemoryMappedTensor, _LazyLeaf
 from .ops import apply as _apply
 from .ops import casts as _casts
 from .ops import indexing as _indexing
@@ -47,6 +47,7 @@ __all__ = ["TensorDict"]
 
 _NO_DEFAULT: Any = object()
 _CPU = torch.device("cpu")
+_Tensor = torch.Tensor
 
 PathLike = str | os.PathLike[str]
 P = ParamSpec("P")
@@ -139,10 +140,13 @@ class TensorDict(
 
     def _get_str(self, key: str) -> Any:
         value = self._tensordict[key]
-        if type(value) is _LazyLeaf:
+        cls = type(value)
+        if cls is _Tensor or cls is MemoryMappedTensor:  # the common leaves: quick
+            return value
+        if cls is _LazyLeaf:
             value = value.materialize()
             self._tensordict[key] = value
-        elif type(value) is UnbatchedTensor and value._batch_size != self._batch_size:
+        elif cls is UnbatchedTensor and value._batch_size != self._batch_size:
             # kept by an operation that changed the batch size: an alias with this tree's
             value = with_batch_size(value, self._batch_size)
             self._tensordict[key] = value
