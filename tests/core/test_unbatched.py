@@ -425,3 +425,35 @@ def test_auto_batch_size_sets_the_entry_batch_size() -> None:
     0.15.3 leaves the one it had before (``[]``), which its own checker would refuse."""
     assert _auto_batch_size(ours)[2] == (2, 3)
     assert _auto_batch_size(ref)[2] == ()
+
+
+# ------------------------------------------------------------------------------------------
+# safetensors files: the payload is the tensor, its name in this library's metadata
+
+
+def test_safetensors_round_trip(tmp_path: Path) -> None:
+    import safetensors.torch
+
+    path = tmp_path / "u.safetensors"
+    tree(ours).to_safetensors(path)
+    back = ours.TensorDict.from_safetensors(path)
+    # the same tree (a copy of the payload: "False", it is not DATA's memory)
+    expected = observe(tree(ours, data=DATA.clone()))
+    assert observe(back) == expected
+    assert type(back["n", "u"]) is ours.UnbatchedTensor
+    assert sorted(safetensors.torch.load_file(path)) == ["n.u", "n.y", "u", "x"]
+    with pytest.raises(ValueError, match="reserved"):
+        reserved = {"tensordict_rs.unbatched": "[]"}
+        tree(ours).to_safetensors(tmp_path / "r.safetensors", metadata=reserved)
+
+
+@pytest.mark.parametrize("bad", ['["missing"]', '"u"', "[1]", "{"])
+def test_safetensors_damaged_unbatched_names_are_refused(tmp_path: Path, bad: str) -> None:
+    import safetensors.torch
+
+    path = tmp_path / "bad.safetensors"
+    safetensors.torch.save_file(
+        {"u": torch.zeros(5)}, path, metadata={"tensordict_rs.unbatched": bad}
+    )
+    with pytest.raises(ours.InvalidDirectoryError, match="tensordict_rs.unbatched"):
+        ours.TensorDict.from_safetensors(path)
