@@ -455,5 +455,5 @@ def test_safetensors_damaged_unbatched_names_are_refused(tmp_path: Path, bad: st
     safetensors.torch.save_file(
         {"u": torch.zeros(5)}, path, metadata={"tensordict_rs.unbatched": bad}
     )
-    with pytest.raises(ours.InvalidDirectoryError, match="tensordict_rs.unbatched"):
+    with pytest.raises(ours.InvalidDirectoryError, match=r"tensordict_rs\.unbatched"):
         ours.TensorDict.from_safetensors(path)
