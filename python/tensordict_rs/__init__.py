@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         set_capture_non_tensor_stack,
         set_list_to_stack,
     )
+    from ._core.unbatched import UnbatchedTensor
     from .functional import (
         cat,
         dense_stack_tds,
@@ -80,6 +81,7 @@ __all__ = [
     "TensorDictBase",
     "TensorDictError",
     "TensorDictFuture",
+    "UnbatchedTensor",
     "UnsupportedFormatError",
     "__version__",
     "capture_non_tensor_stack",
@@ -131,6 +133,7 @@ _LAZY = {
     "set_capture_non_tensor_stack": "._core.nontensor",
     "set_list_to_stack": "._core.nontensor",
     "TensorDict": ".tensordict",
+    "UnbatchedTensor": "._core.unbatched",
     "TensorDictFuture": ".io.saving",
     "is_memmap_archive": ".io.archive",
     "pack_memmap": ".io.archive",

@@ -39,6 +39,7 @@ import torch
 from ._core import classes as _classes
 from ._core.nodes import NonTensorData
 from ._core.nontensor import NonTensorStack
+from ._core.shared_value import unshared
 from .memmap import _LazyLeaf
 from .ops.devices import _normalize_device
 from .tensordict import TensorDict
@@ -46,6 +47,8 @@ from .tensordict import TensorDict
 __all__ = ["TensorClass", "from_dataclass", "tensorclass"]
 
 T = TypeVar("T")
+# tensordict's name for reading a shared NonTensorData's cell (``entry._non_tensordict["data"]``)
+_from_shared_nontensor = unshared
 _MISSING: Any = object()
 _FLAGS = ("autocast", "nocast", "frozen", "tensor_only", "shadow", "skip_post_init_on_rebuild")
 

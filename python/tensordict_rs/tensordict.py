@@ -17,12 +17,13 @@ from ._core.locking import Lockable, locked_error, refuse_read_only
 from ._core.nodes import TD, Key, NonTensorData, TreeNode
 from ._core.nontensor import NonTensorStack
 from ._core.repr import compact_repr
+from ._core.unbatched import UnbatchedTensor, with_batch_size
 from ._core.walk import KeyList, map_leaves, walk_items
 from .io import checkpoint as _checkpoint
 from .io import growth as _growth
 from .io import safetensors as _safetensors
 from .io.persistence import MemoryMapped
-from .memmap import _LazyLeaf
+from .memmap import MemoryMappedTensor, _LazyLeaf
 from .ops import apply as _apply
 from .ops import casts as _casts
 from .ops import indexing as _indexing
@@ -47,6 +48,7 @@ __all__ = ["TensorDict"]
 
 _NO_DEFAULT: Any = object()
 _CPU = torch.device("cpu")
+_Tensor = torch.Tensor
 
 PathLike = str | os.PathLike[str]
 P = ParamSpec("P")
@@ -126,8 +128,15 @@ class TensorDict(
 
     def _get_str(self, key: str) -> Any:
         value = self._tensordict[key]
-        if type(value) is _LazyLeaf:
+        cls = type(value)
+        if cls is _Tensor or cls is MemoryMappedTensor:  # the common leaves: quick
+            return value
+        if cls is _LazyLeaf:
             value = value.materialize()
+            self._tensordict[key] = value
+        elif cls is UnbatchedTensor and value._batch_size != self._batch_size:
+            # kept by an operation that changed the batch size: an alias with this tree's
+            value = with_batch_size(value, self._batch_size)
             self._tensordict[key] = value
         return value
 
@@ -182,6 +191,10 @@ class TensorDict(
         value = _keys.leaf_value(value)
         if isinstance(value, NonTensorData):
             return value
+        if type(value) is UnbatchedTensor:  # any shape: no batch check
+            if self._device is not None and value.device != self._device:
+                value = value.to(self._device, non_blocking=non_blocking)
+            return with_batch_size(value, self._batch_size)
         if isinstance(value, NonTensorStack):
             self._check_batch(key, value.batch_size)
             if self._device is not None and value.device != self._device:
@@ -547,6 +560,7 @@ class TensorDict(
     stack = _classmethod(_torch.stack_classmethod)
     cat = _classmethod(_torch.cat_classmethod)
     lazy_stack = maybe_dense_stack = _classmethod(_torch.lazy_stack_classmethod)
+    to_lazystack = _torch.to_lazystack
 
     @classmethod
     def __torch_function__(

@@ -13,6 +13,8 @@ import os
 from typing import Any
 
 from ._core.classes import is_tensor_collection, is_tensorclass
+from ._core.nodes import TreeNode
+from ._core.unbatched import is_unbatched
 
 __all__ = [
     "is_non_tensor",
@@ -128,3 +130,46 @@ def unravel_key_list(keys: Any) -> list[Any]:
     ['a', ('b', 'c')]
     """
     return [unravel_key(key) for key in keys]
+
+
+def _pass_through(value: Any) -> bool:
+    """True for an entry that batch operations carry whole: non-tensor data and
+    ``UnbatchedTensor`` (tensordict's ``_pass_through``).
+
+    >>> import torch
+    >>> from tensordict_rs import NonTensorData, UnbatchedTensor
+    >>> _pass_through(UnbatchedTensor(torch.zeros(2))), _pass_through(torch.zeros(2))
+    (True, False)
+    """
+    return is_non_tensor(value) or is_unbatched(value)
+
+
+def _check_recursive_properties(td: Any) -> bool:
+    """Checks that every node of ``td`` agrees with its parent (tensordict's test helper, its
+    default checks): a nested tree's batch size starts with its parent's and has its device
+    and lock, a tensor's shape starts with its tree's batch size, and an ``UnbatchedTensor``'s
+    ``batch_size`` is its tree's. Raises ``AssertionError`` naming the key; True otherwise.
+    """
+    node = td._tensordict if isinstance(td._tensordict, TreeNode) else td
+    _check_node(node, ())
+    return True
+
+
+def _check_node(td: TreeNode, path: tuple[str, ...]) -> None:
+    batch = tuple(td._batch_size)
+    for key in list(td._tensordict):
+        value, where = td._get_str(key), (*path, key)
+        if isinstance(value, TreeNode):
+            if tuple(value._batch_size[: len(batch)]) != batch:
+                raise AssertionError(f"{where}: batch size {value._batch_size} under {batch}")
+            if td._device is not None and value._device != td._device:
+                raise AssertionError(f"{where}: device {value._device} under {td._device}")
+            if td._is_locked and not value._is_locked:
+                raise AssertionError(f"{where}: unlocked under a locked tree")
+            _check_node(value, where)
+        elif is_unbatched(value):
+            if tuple(value.batch_size) != batch:
+                raise AssertionError(f"{where}: unbatched batch_size {value.batch_size} != {batch}")
+        elif hasattr(value, "shape") and not is_non_tensor(value):
+            if tuple(value.shape[: len(batch)]) != batch:
+                raise AssertionError(f"{where}: shape {tuple(value.shape)} under batch {batch}")

@@ -337,3 +337,98 @@ def test_new_zeros_of_a_stack_has_the_new_batch_size() -> None:
     zeros = _nested_stack(ours).new_zeros((4,))
     assert zeros.get(("a", "b")).batch_size == torch.Size([4, 1])
     assert zeros["a", "b"] == [["a"]] * 4
+
+
+# ------------------------------------------------------------------------------------------
+# The private flags tensordict's tests read on a NonTensorData (_is_shared, _is_memmap, and
+# those of its inner _tensordict), and the shared cell behind _non_tensordict["data"]
+
+
+def _flags(pkg: Any, how: str, tmp: Path) -> Any:
+    td = pkg.TensorDict({"val": pkg.NonTensorData("a")}, [])
+    if how == "shared":
+        td.share_memory_()
+    elif how == "memmap":
+        td.memmap_(tmp / pkg.__name__)
+    elif how == "memmap_shared":
+        td.memmap_(tmp / pkg.__name__, share_non_tensor=True)
+    entry = td.get("val")
+    inner = entry._tensordict
+    seen = [entry._is_shared, entry._is_memmap, inner._is_shared, inner._is_memmap]
+    if how.startswith("memmap"):
+        loaded = pkg.TensorDict.load_memmap(tmp / pkg.__name__, allow_pickle=True)
+        entry.update_(pkg.NonTensorData("b"))  # rewrites meta.json
+        seen.append(pkg.TensorDict.load_memmap(tmp / pkg.__name__)["val"])
+        # (a loaded entry: _is_memmap here, where its in-place writes rewrite meta.json too;
+        # tensordict says False)
+        seen.append(loaded["val"])
+    return seen
+
+
+@pytest.mark.parametrize("how", ["plain", "shared", "memmap", "memmap_shared"])
+def test_private_flags_of_an_entry(how: str, tmp_path: Path) -> None:
+    mine = _flags(ours, how, tmp_path / "ours")
+    theirs = _flags(ref, how, tmp_path / "ref")
+    if how == "memmap_shared":  # tensordict says _is_shared False there; the value is shared
+        assert mine[0] is True and theirs[0] is False
+        mine[0] = mine[2] = theirs[0]
+    assert mine == theirs
+    assert any(mine) or how == "plain"
+
+
+def _write_in_child(td: Any) -> None:
+    td.get("val").update_(type(td.get("val"))("written"))
+
+
+@pytest.mark.parametrize(
+    ("pkg", "method"),
+    # (tensordict's shared value holds a lock of the default context: spawn refuses it)
+    [(ours, "spawn"), (ours, "fork"), (ref, "fork")],
+    ids=["ours-spawn", "ours-fork", "ref-fork"],
+)
+def test_shared_cell_read_back(pkg: Any, method: str) -> None:
+    import importlib
+
+    import torch.multiprocessing as mp
+
+    module = importlib.import_module(f"{pkg.__name__}.tensorclass")
+    from_shared = module._from_shared_nontensor
+    td = pkg.TensorDict({"val": pkg.NonTensorData("a")}, []).share_memory_()
+    child = mp.get_context(method).Process(target=_write_in_child, args=(td,))
+    child.start()
+    child.join()
+    assert child.exitcode == 0
+    assert from_shared(td.get("val")._non_tensordict["data"]) == "written"
+    assert td["val"] == "written"
+
+
+def _from_above(pkg: Any, tmp: Path) -> Any:
+    stack = torch.stack([pkg.NonTensorData(data=0), pkg.NonTensorData(data=1)], 0)
+    stack = torch.stack([stack] * 3).clone()
+    before = stack[0, 0]._is_memmaped_from_above()
+    stack.memmap_(tmp / pkg.__name__)
+    return before, stack[0, 0]._is_memmaped_from_above(), stack[1, 1]._is_memmaped_from_above()
+
+
+def test_elements_of_a_memory_mapped_stack(tmp_path: Path) -> None:
+    assert _from_above(ours, tmp_path) == _from_above(ref, tmp_path) == (False, True, True)
+
+
+def _through_lazystack(pkg: Any) -> Any:
+    td = pkg.TensorDict(
+        a=pkg.TensorDict(b=pkg.NonTensorStack("a", "b", "c").unsqueeze(-1), batch_size=(3,)),
+        x=torch.zeros(3, 2),
+        batch_size=(3,),
+    )
+    lazy = td.to_lazystack(0)
+    lazy[1]["x"] += 1  # writes reach td (tensordict's stack is one of views)
+    zeros = lazy.new_zeros((4,), empty_lazy=True)
+    zeros[torch.tensor([True, True, False, True])] = lazy
+    return td["x"].tolist(), lazy.get(("a", "b")).tolist(), zeros.get(("a", "b")).tolist()
+
+
+def test_to_lazystack() -> None:
+    """tensordict gives a LazyStackedTensorDict; here a dense TensorDict of the same leaves."""
+    assert _through_lazystack(ours) == _through_lazystack(ref)
+    with pytest.raises(IndexError):
+        ours.TensorDict(a=torch.zeros(3), batch_size=[3]).to_lazystack(1)

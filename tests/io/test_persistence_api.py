@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import tensordict as ref
 import tensordict_rs as rs
@@ -93,8 +94,22 @@ def test_load_memmap_keywords(tmp_path: Path) -> None:
     out = make(rs).zero_()
     assert rs.TensorDict.load_memmap(tmp_path / "k", out=out) is out
     assert_same(out, make(rs))
-    with pytest.raises(rs.UnsupportedFormatError, match="pickle"):
-        rs.TensorDict.load_memmap(tmp_path / "k", allow_pickle=True)
+    # allow_pickle=True loads a directory without pickles, as in tensordict ...
+    assert_same(rs.TensorDict.load_memmap(tmp_path / "k", allow_pickle=True), make(rs))
+    for bad in (0, 1, np.bool_(True)):  # ... and, as there, only a bool or None is taken
+        for pkg in (rs, ref):
+            with pytest.raises(TypeError, match="allow_pickle must be a bool or None"):
+                pkg.TensorDict.load_memmap(tmp_path / "k", allow_pickle=bad)
+
+
+@pytest.mark.parametrize("allow_pickle", [False, True])
+def test_pickled_entries_are_never_loaded(tmp_path: Path, allow_pickle: bool) -> None:
+    ref.TensorDict({"n": {"v": ref.NonTensorData(1 + 2j)}}, []).memmap(tmp_path / "p")
+    assert (tmp_path / "p" / "n" / "v" / "other.pickle").exists()
+    with pytest.raises(rs.UnsupportedFormatError, match=r"pickle.*n/v/meta\.json"):
+        rs.TensorDict.load_memmap(tmp_path / "p", allow_pickle=allow_pickle)
+    loaded = ref.TensorDict.load_memmap(tmp_path / "p", allow_pickle=True)
+    assert loaded["n", "v"] == 1 + 2j  # (tensordict unpickles it)
 
 
 @pytest.mark.parametrize("pkg", [rs, ref], ids=["rs", "ref"])

@@ -5,6 +5,7 @@ tensordict's is, and the saved meta.json follows every in-place write."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,41 @@ def test_values_json_cannot_hold_stay_local() -> None:
     td = TensorDict({"obj": NonTensorData(object), "name": "a"}, []).share_memory_()
     assert not td.get("obj")._is_shared and td.get("name")._is_shared
     assert td["obj"] is object
+
+
+@dataclasses.dataclass
+class Custom:
+    """A value JSON cannot hold (tensordict's test_shared_limitations)."""
+
+    text: str
+
+
+def _write_custom(td: Any) -> None:
+    try:
+        td.get("val").update_(type(td.get("val"))(Custom("b")))
+    except NotImplementedError:
+        raise SystemExit(3) from None
+
+
+@pytest.mark.parametrize("pkg", LIBS, ids=["ours", "ref"])
+def test_local_values_of_a_shared_tree_refuse_writes(pkg: Any) -> None:
+    """Such a value, written in place, would reach no other process: refused, in this process
+    and in one that received the tree, as tensordict refuses it; the tree is left as it was."""
+    td = pkg.TensorDict({"val": pkg.NonTensorData(Custom("a"))}, []).share_memory_()
+    other = pkg.TensorDict({"val": pkg.NonTensorData(Custom("b"))}, [])
+    with pytest.warns(UserWarning, match=r"update_\(\) skipped the non-tensor entries \['val'\]"):
+        td.update_(other)  # skipped, as tensordict 0.15.3 does
+    with pytest.raises(NotImplementedError, match="Updating Custom within a shared/memmaped"):
+        td.get("val").update(pkg.NonTensorData(Custom("b")), inplace=True)
+    assert td["val"] == Custom("a")
+    child = mp.get_context("fork").Process(target=_write_custom, args=(td,))
+    child.start()
+    child.join()
+    assert child.exitcode == 3
+    assert td["val"] == Custom("a")
+    copy = td.clone()  # a clone is not shared: it takes writes
+    copy.get("val").update_(pkg.NonTensorData(Custom("c")))
+    assert copy["val"] == Custom("c")
 
 
 def test_shared_values_read_back_fresh_copies() -> None:

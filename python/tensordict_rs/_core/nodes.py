@@ -169,6 +169,42 @@ class TreeNode:
         def _mark_shared(self) -> None: ...
 
 
+class _EntryFlags:
+    """A NonTensorData's ``_tensordict`` (tensordict's inner TensorDict of the entry): its
+    sharing and memory-map flags, batch size and device, read from the entry when asked."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, entry: NonTensorData) -> None:
+        self._entry = entry
+
+    @property
+    def _is_shared(self) -> bool:
+        return self._entry._is_shared
+
+    @property
+    def _is_memmap(self) -> bool:
+        return self._entry._is_memmap
+
+    def is_shared(self) -> bool:
+        """Whether the entry's value is in shared memory."""
+        return self._entry._is_shared
+
+    def is_memmap(self) -> bool:
+        """Whether the entry belongs to a saved directory."""
+        return self._entry._is_memmap
+
+    @property
+    def batch_size(self) -> torch.Size:
+        """The entry's batch size."""
+        return self._entry.batch_size
+
+    @property
+    def device(self) -> torch.device | None:
+        """The entry's device."""
+        return self._entry.device
+
+
 class NonTensorData:
     """A non-tensor value stored in a TensorDict (a string, number, list or dict): one value
     for every element of the batch.
@@ -184,7 +220,7 @@ class NonTensorData:
     NonTensorData(data=a, batch_size=torch.Size([2]), device=None)
     """
 
-    __slots__ = ("_cell", "_saved", "_shared", "_value", "batch_size", "device")
+    __slots__ = ("_cell", "_local", "_saved", "_shared", "_value", "batch_size", "device")
     _is_tensorclass = True  # tensordict's NonTensorData is a tensorclass (is_tensorclass)
     _is_non_tensor = True
 
@@ -199,6 +235,9 @@ class NonTensorData:
         # (the cells of a NonTensorStack, a cell) for an element of a stack: reads and writes
         # go to the stack (nontensor.NonTensorStack._row)
         self._cell: tuple[Any, int] | None = None
+        # the key of an entry of a shared tree whose value JSON cannot hold: it stayed this
+        # process's own, so it refuses writes in place (they would reach no other process)
+        self._local: str | None = None
         self.batch_size = torch.Size([] if batch_size is None else batch_size)
         self.device = None if device is None else torch.device(device)
 
@@ -217,6 +256,12 @@ class NonTensorData:
     @data.setter
     def data(self, value: Any) -> None:
         shared, saved, cell = self._shared, self._saved, self._cell
+        if self._local is not None:
+            raise NotImplementedError(
+                f"Updating {type(self._value).__name__} within a shared/memmaped structure is "
+                f"not supported: the value of {self._local!r} is not JSON, so it was not put in "
+                "shared memory, and a value written in place would reach no other process"
+            )
         if cell is not None:  # an element of a stack: the stack's cell (its file, its memory)
             cells, index = cell
 
@@ -269,6 +314,30 @@ class NonTensorData:
     def _is_shared(self) -> bool:
         """True for a value kept in shared memory (``share_memory_``, ``share_non_tensor``)."""
         return self._shared is not None
+
+    @property
+    def _is_memmap(self) -> bool:
+        """True for an entry of a saved directory (``memmap_``, ``load_memmap``): a value
+        written in place rewrites its meta.json."""
+        return self._saved is not None
+
+    def _is_memmaped_from_above(self) -> bool:
+        """True for an element of a memory-mapped ``NonTensorStack`` (tensordict's name): its
+        writes go to the stack and its meta.json."""
+        cell = self._cell
+        return cell is not None and bool(cell[0].memmapped)
+
+    @property
+    def _tensordict(self) -> _EntryFlags:
+        """The flags tensordict keeps on a NonTensorData's inner TensorDict (``_is_shared``,
+        ``_is_memmap``, ``batch_size``, ``device``), read from this entry (it has no tree)."""
+        return _EntryFlags(self)
+
+    @property
+    def _non_tensordict(self) -> dict[str, Any]:
+        """``{"data": ...}`` as in tensordict: the shared cell of a shared entry (read it with
+        ``tensorclass._from_shared_nontensor``), else the value."""
+        return {"data": self._shared if self._shared is not None else self.data}
 
     def update_(self, other: Any, non_blocking: bool = False) -> NonTensorData:
         """Writes the value of ``other`` (a ``NonTensorData`` or a plain value) into this

@@ -1173,8 +1173,12 @@ def share_entries(td: Any) -> None:
                     if value._cells.shared is None:
                         found.append((value._cells, value._cells.share(name)))
             except _native.InvalidTreeError:
-                continue  # not JSON: stays a value of this process (sent by value)
-            if hasattr(value, "_tensordict"):
+                # not JSON: stays a value of this process (sent by value), written in place
+                # nowhere (tensordict refuses that too)
+                if type(value) is NonTensorData:
+                    value._local = name
+                continue
+            if isinstance(getattr(value, "_tensordict", None), dict):  # a tree
                 walk(value, (*path, key))
 
     walk(td, ())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .nodes import NonTensorData, TreeNode
 from .render import Node, render, short_name, sort_entries
+from .unbatched import UnbatchedTensor
 
 
 def _entry(td: TreeNode, key: str) -> Node:
@@ -24,7 +25,8 @@ def _entry(td: TreeNode, key: str) -> Node:
             type(value).__name__ if type(value) is not NonTensorData else type(value.data).__name__
         )
     shape, dtype, device = info
-    token = f"{short_name(dtype)}[{','.join(map(str, shape[td.batch_dims :]))}]"
+    own = shape if type(value) is UnbatchedTensor else shape[td.batch_dims :]
+    token = f"{short_name(dtype)}[{','.join(map(str, own))}]"
     if td.device is None and device.type != "cpu":
         token += f"@{device}"
     return token

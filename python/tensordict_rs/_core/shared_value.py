@@ -114,3 +114,14 @@ class SharedValue:
 
 def _round8(n: int) -> int:
     return (n + 7) // 8 * 8
+
+
+def unshared(value: Any) -> Any:
+    """The value a shared cell holds now (``value`` itself when it is not a cell): tensordict's
+    ``tensorclass._from_shared_nontensor`` of ``entry._non_tensordict["data"]``.
+
+    >>> cell = SharedValue.create(b'"a"')
+    >>> unshared(cell), unshared(3)
+    ('a', 3)
+    """
+    return value.get() if isinstance(value, SharedValue) else value

@@ -21,6 +21,7 @@ import torch
 from . import nested as _nested
 from .nodes import TD, NonTensorData, TreeNode
 from .nontensor import NonTensorStack
+from .unbatched import UnbatchedTensor, with_batch_size
 
 KEEP: Any = object()  # "the source tree's" (device; names when the batch dims stay as many)
 LeafFn = Callable[..., Any]
@@ -64,6 +65,7 @@ def map_leaves(
     node_batch: Callable[[torch.Size], Any] | None = None,
     node_dims: bool = False,
     names: Any = KEEP,
+    unbatched: LeafFn | None = None,
 ) -> TD:
     """A new tree of ``fn(leaf, *other_leaves)`` for every tensor leaf of ``td``.
 
@@ -85,6 +87,9 @@ def map_leaves(
     ``names`` are the names of the result's batch dims (a list, or None for unnamed); by
     default the source's when the result has as many batch dims (element-wise operations,
     slices, ``cat``...), else unnamed. Nested trees keep the names of their own extra dims.
+    An ``UnbatchedTensor`` entry stays whole (an alias with the result's batch size) when the
+    operation moves rows or changes the batch size, and goes through ``fn`` otherwise;
+    ``unbatched(value, *others)`` replaces that rule (``stack`` keeps the first one).
     """
     if inplace:
         for leaf, *rest in list(zip_leaves(td, *others)):
@@ -116,6 +121,7 @@ def map_leaves(
         td.batch_dims,
         node_batch,
         names,
+        unbatched,
     )
     if lock and td._is_locked:
         out._lock_tree()
@@ -134,6 +140,7 @@ def _map(
     root_dims: int = 0,
     node_batch: Callable[[torch.Size], Any] | None = None,
     names: list[Any] | None = None,
+    unbatched: LeafFn | None = None,
 ) -> TD:
     out = type(td)._new_unchecked(batch, device)
     if names is not None and any(n is not None for n in names):
@@ -172,6 +179,7 @@ def _map(
                 root_dims,
                 node_batch,
                 sub_names,
+                unbatched,
             )
         elif type(value) is NonTensorData or type(value) is NonTensorStack:
             if non_tensor is None:
@@ -185,6 +193,17 @@ def _map(
                 data = non_tensor(value, *rest)
             if data is not None:
                 items[key] = data
+        elif type(value) is UnbatchedTensor:
+            if unbatched is not None:
+                items[key] = with_batch_size(unbatched(value, *rest), batch)
+                continue
+            if moves or node_batch is not None or batch != td._batch_size:
+                # a shape operation: the payload stays whole, the batch size is the result's
+                items[key] = with_batch_size(value, batch)
+                continue
+            result = fn(value, *rest)
+            if result is not None:
+                items[key] = UnbatchedTensor(result, batch)
         else:
             if moves and value.is_nested:
                 result = _nested.moved(fn, value, root_dims)
@@ -316,3 +335,29 @@ def _copy(td: TD, keep: Callable[[tuple[str, ...]], bool] | None, prefix: tuple[
         elif keep is None or keep(path):
             items[key] = NonTensorData(value.data) if type(value) is NonTensorData else value
     return out
+
+
+def unbatched_key(td: TreeNode, prefix: tuple[str, ...] = ()) -> Any:
+    """The key of the first ``UnbatchedTensor`` entry of ``td`` (a str at the top level, a
+    tuple below), None when it holds none; lazy leaves are not made."""
+    for key, value in td._tensordict.items():
+        if type(value) is UnbatchedTensor:
+            return (*prefix, key) if prefix else key
+        if isinstance(value, TreeNode):
+            found = unbatched_key(value, (*prefix, key))
+            if found is not None:
+                return found
+    return None
+
+
+def refuse_unbatched(td: TreeNode, what: str) -> None:
+    """Raises tensordict's ``NotImplementedError`` when ``td`` holds an ``UnbatchedTensor``
+    (``what``: "memory-mapped", "consolidated"): the formats have no record of one."""
+    key = unbatched_key(td)
+    if key is not None:
+        hint = ""
+        if what == "memory-mapped":
+            hint = f" Exclude it first, e.g. with td.exclude({key!r})."
+        raise NotImplementedError(
+            f"UnbatchedTensor entries cannot be {what} yet, but {key!r} is one.{hint}"
+        )

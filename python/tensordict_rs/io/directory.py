@@ -22,6 +22,8 @@ from .._core import nested as _nested
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
 from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused, _json_text
 from .._core.nontensor import NonTensorStack
+from .._core.unbatched import UnbatchedTensor
+from .._core.walk import refuse_unbatched
 from ..memmap import MemoryMappedTensor, _from_buffer, _LazyLeaf, _source_bytes, value_nbytes
 from ..ops.stream import stream_tree
 from . import growth
@@ -150,6 +152,8 @@ class _Plan:
         for key, value in td._tensordict.items():
             cls = type(value)
             same: tuple[int, int] | None = None
+            if cls is UnbatchedTensor:  # (the save methods refuse it first, naming the key)
+                refuse_unbatched(td, "memory-mapped")
             if cls is NonTensorStack:
                 data, shape = value.json_data(key)
                 device = None if value.device is None else str(value.device)
@@ -220,6 +224,12 @@ class _Plan:
             value = items[key]
             cls = type(value)
             if cls is NonTensorData or cls is NonTensorStack:
+                continue
+            if cls is UnbatchedTensor:
+                # share_memory_: the payload goes to torch's shared memory, the entry stays
+                # an UnbatchedTensor, as in tensordict
+                if value.device.type == "cpu":
+                    value._data.share_memory_()
                 continue
             if cls is not _LazyLeaf and isinstance(value, torch.Tensor) and value.is_nested:
                 values, table, jagged = self._nested_parts(value, key)

@@ -14,6 +14,7 @@ from .. import _native
 from .._core.classes import public
 from .._core.nodes import NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack, share_entries
+from .._core.walk import refuse_unbatched
 from ..memmap import MemoryMappedTensor, _LazyLeaf
 from ..ops.devices import _normalize_device
 from . import archive as _archive
@@ -275,11 +276,12 @@ class MemoryMapped(TreeNode):
 
         The directory is validated first: a missing or short data file, an unknown dtype, a bad
         shape, a key that would leave the directory or pass a symlink, or pickled data raise an
-        exception naming the key and path. Leaves are file-backed MemoryMappedTensors (writes
-        reach the files); with a non-CPU ``device`` they are copied there instead (with
-        ``non_blocking``). The result is not locked, as in tensordict. ``out`` loads into that
-        TensorDict (see ``load_memmap_``). ``num_threads`` is accepted for tensordict's
-        signature: the whole tree is already opened in one native call.
+        exception naming the key and path (pickles also with ``allow_pickle=True``, which is
+        accepted: a directory without them loads as with ``False``). Leaves are file-backed
+        MemoryMappedTensors (writes reach the files); with a non-CPU ``device`` they are copied
+        there instead (with ``non_blocking``). The result is not locked, as in tensordict.
+        ``out`` loads into that TensorDict (see ``load_memmap_``). ``num_threads`` is accepted
+        for tensordict's signature: the whole tree is already opened in one native call.
         A file is read as a ``.tdz`` archive: one map, each leaf a view of it, copy-on-write
         unless ``mode="r+"`` (then writes reach the file). ``subpath`` (``"a/b"``, ``("a",
         "b")``) returns the nested TensorDict there, as tensordict does (the whole tree is
@@ -464,6 +466,7 @@ def _check_save_options(td: Any, share_non_tensor: bool, robust_key: bool | None
     ``_core/nontensor.share_entries``), so that a value written in place in one process is
     read in the others, as in tensordict.
     """
+    refuse_unbatched(td, "memory-mapped")
     if robust_key is False:
         for key, _ in td.items(include_nested=True):
             for part in key if isinstance(key, tuple) else (key,):
@@ -478,10 +481,12 @@ def _check_save_options(td: Any, share_non_tensor: bool, robust_key: bool | None
 def _check_load_options(robust_key: bool | None, allow_pickle: bool | None) -> None:
     if robust_key is False:
         raise ValueError("robust_key=False (tensordict's legacy key encoding) is not supported")
-    if allow_pickle:
-        raise _native.UnsupportedFormatError(
-            "allow_pickle=True: tensordict_rs never loads pickled data (it can run code)"
-        )
+    # tensordict's check: 0, 1 and numpy bools are refused
+    if allow_pickle is not None and type(allow_pickle) is not bool:
+        raise TypeError("allow_pickle must be a bool or None.")
+    # allow_pickle=True is accepted: a directory without pickled entries loads as it does with
+    # False (as in tensordict); one with them is still refused, naming the entry: pickles are
+    # never loaded here, whatever allow_pickle says (they can run code)
 
 
 def _materialize(td: Any) -> None:

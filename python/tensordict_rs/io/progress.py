@@ -114,7 +114,7 @@ def tree_nbytes(td: Any) -> int:
     """
     total = 0
     for value in td._tensordict.values():
-        if hasattr(value, "_tensordict"):
+        if isinstance(getattr(value, "_tensordict", None), dict):  # a tree
             total += tree_nbytes(value)
         elif hasattr(value, "buffer"):
             total += value.buffer.nbytes  # a lazy leaf

@@ -19,11 +19,13 @@ import torch
 
 from .. import _native
 from .._core.nodes import TD, NonTensorData, _json_text
+from .._core.unbatched import UnbatchedTensor
 from ..memmap import _LazyLeaf, _source_bytes, _tensor_from_buffer
 
 PathLike = str | os.PathLike[str]
 BATCH_SIZES = "tensordict_rs.batch_sizes"
 NON_TENSOR = "tensordict_rs.non_tensor"
+UNBATCHED = "tensordict_rs.unbatched"  # the names of the UnbatchedTensor entries (a JSON list)
 
 _DTYPES: dict[str, torch.dtype] = {
     f"torch.{name}": getattr(torch, name)
@@ -99,15 +101,19 @@ def from_safetensors(
     try:
         sizes = json.loads(metadata[BATCH_SIZES]) if BATCH_SIZES in metadata else {}
         values = json.loads(metadata[NON_TENSOR]) if NON_TENSOR in metadata else {}
+        unbatched = json.loads(metadata[UNBATCHED]) if UNBATCHED in metadata else []
         if not isinstance(sizes, dict) or not isinstance(values, dict):
             raise ValueError("not a JSON object")
+        if not isinstance(unbatched, list) or not all(isinstance(n, str) for n in unbatched):
+            raise ValueError(f"{UNBATCHED} is not a list of names")
     except RecursionError:
         raise _native.InvalidDirectoryError(
             f"{name}: the __metadata__ entries {BATCH_SIZES}/{NON_TENSOR} nest too deeply"
         ) from None
     except ValueError as err:
         raise _native.InvalidDirectoryError(
-            f"{name}: the __metadata__ entries {BATCH_SIZES}/{NON_TENSOR} are damaged ({err})"
+            f"{name}: the __metadata__ entries {BATCH_SIZES}/{NON_TENSOR}/{UNBATCHED} are "
+            f"damaged ({err})"
         ) from None
     root: dict[str, Any] = {}
     for key in [row[0] for row in entries] + list(values):
@@ -116,6 +122,14 @@ def from_safetensors(
                 f"{name}: {key[:80]!r}... nests more than {_native.MAX_DEPTH} levels with the "
                 f"separator {separator!r}; pass another separator (or separator=None for flat keys)"
             )
+    names = {row[0] for row in entries}
+    for key in unbatched:
+        if key not in names:
+            raise _native.InvalidDirectoryError(
+                f"{name}: the __metadata__ entry {UNBATCHED} names {key[:80]!r}, which is not a "
+                "tensor of the file"
+            )
+    wrapped = set(unbatched)
     for key, dtype_name, shape, buffer in entries:
         dtype = _DTYPES[dtype_name]
         tensor = (
@@ -123,6 +137,8 @@ def from_safetensors(
             if buffer is None
             else _tensor_from_buffer(buffer, dtype, shape)
         )
+        if key in wrapped:
+            tensor = UnbatchedTensor(tensor)
         _insert(root, _split(key, separator), tensor, name, key)
     for key, value in values.items():
         _insert(root, _split(key, separator), NonTensorData(value), name, key)
@@ -159,6 +175,9 @@ def _flatten(
             _json_text(value.data, name)  # only JSON values, never pickles
             out["values"][name] = value.data
         elif isinstance(value, torch.Tensor):
+            if type(value) is UnbatchedTensor:
+                out["unbatched"].append(name)
+                value = value._data  # its payload, marked in the metadata
             if str(value.dtype) not in _DTYPES:
                 raise _native.InvalidTreeError(
                     f"key {name!r}: dtype {value.dtype} cannot be stored in a safetensors file"
@@ -180,7 +199,8 @@ def to_safetensors(
     """Writes every tensor to a ``.safetensors`` file, atomically (beside it, then renamed).
 
     Nested keys are joined with ``separator``; batch sizes and JSON non-tensor values go
-    into ``__metadata__`` (``tensordict_rs.*`` keys) beside the user's ``metadata``. Any
+    into ``__metadata__`` (``tensordict_rs.*`` keys) beside the user's ``metadata``, and so do
+    the names of the ``UnbatchedTensor`` entries (their payloads are the tensors). Any
     reader of the format (``safetensors.torch.load_file``) opens the file.
 
     >>> import safetensors.torch, torch
@@ -192,15 +212,17 @@ def to_safetensors(
     """
     if not separator:
         raise ValueError("separator must be a non-empty string")
-    out: dict[str, Any] = {"rows": [], "sizes": {}, "values": {}, "keep": []}
+    out: dict[str, Any] = {"rows": [], "sizes": {}, "values": {}, "keep": [], "unbatched": []}
     _flatten(td, "", separator, out)
     extra = dict(metadata or {})
-    for reserved in (BATCH_SIZES, NON_TENSOR):
+    for reserved in (BATCH_SIZES, NON_TENSOR, UNBATCHED):
         if reserved in extra:
             raise ValueError(f"metadata key {reserved!r} is reserved for the tree's structure")
     if out["sizes"]:
         extra[BATCH_SIZES] = json.dumps(out["sizes"], ensure_ascii=False)
     if out["values"]:
         extra[NON_TENSOR] = json.dumps(out["values"], ensure_ascii=False)
+    if out["unbatched"]:
+        extra[UNBATCHED] = json.dumps(out["unbatched"], ensure_ascii=False)
     _native.write_safetensors(os.fspath(path), out["rows"], extra)
     del out

@@ -16,6 +16,7 @@ from .._core import dirty as _dirty
 from .._core.locking import refuse_read_only
 from .._core.nodes import TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
+from .._core.unbatched import UnbatchedTensor
 from .devices import _normalize_device
 
 NO_DEFAULT: Any = object()
@@ -232,11 +233,17 @@ class _ApplyWalk:
             if type(value) is NonTensorData or type(value) is NonTensorStack:
                 out._tensordict[key] = value.clone(recurse=False)
                 continue
+            if type(value) is UnbatchedTensor and batch != td._batch_size:
+                out._tensordict[key] = value  # a new batch size: the payload stays whole
+                continue
             result = self._call(path, value, rest)
             if result is None:
                 continue
             if isinstance(result, torch.Tensor) and device is not None and result.device != device:
                 result = result.to(device)
+            if type(result) is UnbatchedTensor:
+                out._tensordict[key] = result  # any shape (its batch size is set when read)
+                continue
             out._check_batch(
                 key, result.shape if isinstance(result, torch.Tensor) else result.batch_size
             )

@@ -23,6 +23,7 @@ import torch
 from .. import _native
 from .._core.nodes import TD, NonTensorData
 from .._core.nontensor import NonTensorStack
+from .._core.unbatched import UnbatchedTensor
 from ..memmap import _LazyLeaf
 
 # Below this many gathered bytes torch's per-leaf path would be used. Re-measured with
@@ -89,7 +90,7 @@ def _index(rows: torch.Tensor) -> torch.Tensor | None:
 # leaf still has the address, shape, dtype and contiguity it was planned with (in-place
 # ``set_``, ``resize_`` or ``.data =`` change those); else it is made again.
 
-_LEAF, _NODE, _VALUE, _STACK = 0, 1, 2, 3
+_LEAF, _NODE, _VALUE, _STACK, _WHOLE = 0, 1, 2, 3, 4  # _WHOLE: an UnbatchedTensor, kept
 
 
 class _Plan:
@@ -137,6 +138,9 @@ class _Plan:
                 continue
             if type(value) is NonTensorStack:
                 entries.append((key, _STACK, value))
+                continue
+            if type(value) is UnbatchedTensor:
+                entries.append((key, _WHOLE, value))
                 continue
             if not (type(value) is _LazyLeaf or isinstance(value, torch.Tensor)):
                 entries.append((key, _NODE, len(self.nodes)))
@@ -218,6 +222,8 @@ class _Plan:
                     items[key] = made[x]
                 elif kind == _STACK:
                     items[key] = x.take_rows(index)
+                elif kind == _WHOLE:
+                    items[key] = x  # the whole batch's (its batch size is set when read)
                 else:
                     items[key] = NonTensorData(x.data)
             made[i] = out
@@ -238,7 +244,7 @@ class _Plan:
         cannot take them. ``i`` is the node of the plan that ``out`` matches."""
         items = out._tensordict
         for key, kind, x in self.entries[i]:
-            if kind == _VALUE:
+            if kind == _VALUE or kind == _WHOLE:
                 continue
             if kind == _STACK:
                 target = items.get(key)

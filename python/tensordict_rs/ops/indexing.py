@@ -16,6 +16,7 @@ from .._core import index as _items
 from .._core.locking import locked_error, mark_read_only, refuse_read_only
 from .._core.nodes import TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
+from .._core.unbatched import UnbatchedTensor
 from .._core.walk import is_tree, map_leaves, zip_leaves
 from . import gather as _gather
 from . import keys as _keys
@@ -139,12 +140,15 @@ def _write_rows(td: TreeNode, items: tuple[Any, ...], value: Any) -> None:
                 _set_non_tensor_rows(td, key, target, items, sub_value)
             elif type(target) is NonTensorStack:
                 target[_stack_index(items)] = sub_value
+            elif type(target) is UnbatchedTensor:
+                target.copy_(sub_value)  # the whole batch's payload: written whole, any index
             else:
                 target[items] = sub_value
         return
     for key in list(td._tensordict):
         target = td._get_str(key)
-        if not isinstance(target, (NonTensorData, NonTensorStack)):
+        # (an UnbatchedTensor has no rows: a value for every leaf leaves it as it is)
+        if not isinstance(target, (NonTensorData, NonTensorStack, UnbatchedTensor)):
             target[items] = value
 
 

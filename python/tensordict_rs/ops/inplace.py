@@ -372,9 +372,33 @@ def update_(
     keys_to_update: Sequence[Any] | None = None,
     **kwargs: Any,
 ) -> TD:
-    """``TensorDict.update_`` (see its docstring)."""
+    """``TensorDict.update_`` (see its docstring). A non-tensor entry of a shared tree whose
+    value is not JSON (kept in this process, see ``share_entries``) cannot take a value in
+    place: it is skipped, with tensordict 0.15.3's warning naming the keys."""
+    skipped: list[Any] = []
+    _update_(td, input_dict_or_td, clone, non_blocking, keys_to_update, kwargs, skipped, ())
+    if skipped:
+        warnings.warn(
+            f"update_() skipped the non-tensor entries {skipped} of the source: the shared or "
+            "memory-mapped destination cannot store their values.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return td
+
+
+def _update_(
+    td: TD,
+    input_dict_or_td: Any,
+    clone: bool,
+    non_blocking: bool,
+    keys_to_update: Sequence[Any] | None,
+    kwargs: dict[str, Any],
+    skipped: list[Any],
+    prefix: tuple[str, ...],
+) -> None:
     if keys_to_update is not None and len(keys_to_update) == 0:
-        return td
+        return
     wanted = None if keys_to_update is None else [_key_tuple(k) for k in keys_to_update]
     for source in _sources(input_dict_or_td, kwargs):
         if source is td:
@@ -393,7 +417,10 @@ def update_(
                 and is_tree(target)
                 and (isinstance(value, Mapping) or is_tree(value))
             ):
-                update_(target, value, non_blocking=non_blocking, keys_to_update=below)
+                path = (*prefix, first)
+                _update_(target, value, False, non_blocking, below, {}, skipped, path)
+                continue
+            if len(k) == 1 and type(target) is NonTensorData and target._local is not None:
+                skipped.append((*prefix, first) if prefix else first)
                 continue
             td.set_(k if len(k) > 1 else first, value, non_blocking=non_blocking)
-    return td

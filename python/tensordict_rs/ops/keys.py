@@ -15,6 +15,7 @@ from .._core.locking import locked_error
 from .._core.nodes import TD, Key, NonTensorData
 from .._core.nontensor import NonTensorStack
 from .._core.nontensor_options import list_to_stack
+from .._core.unbatched import UnbatchedTensor
 from .._core.walk import KEEP, copy_tree, is_tree
 
 
@@ -229,7 +230,7 @@ def _max_batch(td: TD, batch_dims: int | None) -> None:
         if is_tree(value):
             _max_batch(value, batch_dims)
             shapes.append(tuple(value.batch_size))
-        elif type(value) is not NonTensorData:
+        elif type(value) is not NonTensorData and type(value) is not UnbatchedTensor:
             shapes.append(tuple(value.shape))
     if not shapes:
         return

@@ -17,6 +17,7 @@ import torch
 from torch.utils import _pytree
 
 from .._core.nodes import NonTensorData, TreeNode
+from .._core.unbatched import UnbatchedTensor
 
 
 def _flatten(td: Any) -> tuple[list[Any], Any]:
@@ -33,6 +34,8 @@ def _flatten(td: Any) -> tuple[list[Any], Any]:
         values.append(value)
         if isinstance(value, TreeNode):
             own.append(len(value._batch_size) - len(td._batch_size))
+        elif type(value) is UnbatchedTensor:  # no batch dims: says nothing of the batch size
+            own.append(None)
         elif isinstance(value, torch.Tensor):
             own.append(value.ndim - len(td._batch_size))
         else:  # torch's own structures (in_dims, out_dims) ride on the tree: any object

@@ -262,7 +262,7 @@ def transform_keys(td: TD, key_transform: Callable[[Any], Any]) -> TD:
     out = type(td)._new_unchecked(td.batch_size, td.device)
     for key in list(td._tensordict):
         value = td._get_str(key)
-        if hasattr(value, "_tensordict"):
+        if isinstance(getattr(value, "_tensordict", None), dict):  # a tree
             value = transform_keys(value, key_transform)
         out._tensordict[key_transform(key)] = value
     return out

@@ -22,7 +22,8 @@ from .._core import dirty as _dirty
 from .._core.nodes import TD, NonTensorData
 from .._core.nontensor import NonTensorStack
 from .._core.nontensor_options import capture_non_tensor_stack
-from .._core.walk import KEEP, is_tree, map_leaves, walk_items, zip_leaves
+from .._core.unbatched import UnbatchedTensor
+from .._core.walk import KEEP, copy_tree, is_tree, map_leaves, walk_items, zip_leaves
 from .._core.walk import leaves as _leaves
 from . import shape
 
@@ -126,6 +127,7 @@ def stack(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
         device=first.device,
         non_tensor=_stack_non_tensor(dim),
         names=names,
+        unbatched=lambda *values: UnbatchedTensor._stack_non_tensor(values, dim),
     )
 
 
@@ -156,6 +158,25 @@ def lazy_stack_classmethod(
     'TensorDict'
     """
     return stack(input, dim, out=out)
+
+
+def to_lazystack(td: TD, dim: int = 0) -> TD:
+    """``td.to_lazystack(dim)``: tensordict's lazy stack of ``td.unbind(dim)``. This library's
+    stacks are dense (see ``lazy_stack``), so it is a new TensorDict of the same leaves (no
+    copy: writes through it reach ``td``, as through tensordict's lazy stack of views).
+
+    >>> import torch
+    >>> from tensordict_rs import TensorDict
+    >>> td = TensorDict(a=torch.zeros(3, 2), batch_size=[3])
+    >>> stacked = td.to_lazystack(0)
+    >>> stacked["a"][0] += 1
+    >>> td["a"][0]
+    tensor([1., 1.])
+    """
+    n = td.batch_dims
+    if not -n <= dim < n:
+        raise IndexError(f"to_lazystack dim {dim} is out of range for batch size {td.batch_size}")
+    return copy_tree(td)
 
 
 def cat_classmethod(
@@ -197,6 +218,7 @@ def cat(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
     batch[dim] = sum(td.batch_size[dim] for td in tds)
     result = torch.Size(batch)
     if out is not None:
+        _take_unbatched(out, tds[0])
         return _into(out, result, tds, lambda leaves, sink: torch.cat(leaves, dim, out=sink))
     return map_leaves(
         first,
@@ -206,6 +228,17 @@ def cat(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
         device=_common_device(tds),
         non_tensor=_cat_non_tensor(dim),
     )
+
+
+def _take_unbatched(out: TD, first: TD) -> None:
+    """``cat(..., out=out)``: an ``UnbatchedTensor`` entry of ``out`` becomes the first input's
+    (the same payload), as tensordict 0.15.3 does (``stack`` keeps ``out``'s)."""
+    for key, value in out._tensordict.items():
+        theirs = first._tensordict.get(key)
+        if type(value) is UnbatchedTensor and type(theirs) is UnbatchedTensor:
+            out._tensordict[key] = theirs  # (its batch size is set when read)
+        elif is_tree(value) and is_tree(theirs):
+            _take_unbatched(value, theirs)
 
 
 def _into(
@@ -222,6 +255,8 @@ def _into(
         )
     token = _dirty.mark(out)
     for sink, *leaves in zip_leaves(out, *tds):
+        if type(sink) is UnbatchedTensor:
+            continue  # the whole batch's: kept (its batch size is out's, set when read)
         if not isinstance(leaves[0], torch.Tensor):
             raise KeyError("a tensor entry of out= is not a tensor in the inputs")
         want = (*result, *leaves[0].shape[tds[0].batch_dims :])

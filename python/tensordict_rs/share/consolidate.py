@@ -17,6 +17,7 @@ import torch
 
 from .. import _native
 from .._core.nodes import TreeNode
+from .._core.walk import refuse_unbatched
 from ..ops import as_classmethod
 from . import consolidated_file as _file
 from . import packed as _packed
@@ -67,6 +68,7 @@ class Consolidation(TreeNode):
         >>> c["n", "b"].sum().item(), c.consolidate() is c
         (6.0, True)
         """
+        refuse_unbatched(self, "consolidated")
         if filename is not None:
             if device is not None and torch.device(device).type != "cpu":
                 raise ValueError("consolidate(filename=...) writes a file: device must be the CPU")

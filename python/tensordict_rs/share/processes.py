@@ -35,6 +35,7 @@ from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE
 from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused
 from .._core.nontensor import NonTensorStack, _Cells, share_entries
 from .._core.shared_value import SharedValue
+from .._core.unbatched import UnbatchedTensor
 from .._core.walk import leaves
 from ..io import directory
 from ..memmap import MemoryMappedTensor, _LazyLeaf, _source_bytes, _wrap
@@ -162,6 +163,10 @@ def _describe(td: Any, msg: _Message) -> tuple[Any, ...]:
             else:
                 buffers.append(value.buffer)
                 entry = (BUFFER, key, len(buffers) - 1, dtype_name, value.shape, None)
+        elif cls is UnbatchedTensor:
+            # pickled in the layout (by ForkingPickler: its payload's own shared-memory
+            # reducer), so that it stays an UnbatchedTensor over the same memory
+            entry = (TENSOR, key, value)
         elif isinstance(value, torch.Tensor) and value.is_nested:
             # its components' bytes as a 1-D leaf (in the batch arena, or the map it views),
             # its table of component shapes and layout as plain data
@@ -246,7 +251,9 @@ def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = 
         elif tag == NODE:
             items[key] = _build(entry[2], buffers, storages)
         elif tag == NON_TENSOR:
-            items[key] = NonTensorData(entry[2])
+            items[key] = value = NonTensorData(entry[2])
+            if flags & SHARED:  # a value of a shared tree that JSON cannot hold (its own)
+                value._local = key
         elif tag == SHARED_NON_TENSOR:
             items[key] = shared_value = NonTensorData(None, batch_size=entry[3])
             shared_value._shared = SharedValue(buffers[entry[2]])
