@@ -74,6 +74,25 @@ def memfds() -> int:
     return count
 
 
+def steady(count: Any, seconds: float = 5.0, still: float = 0.2) -> int:
+    """``count()`` once it has stopped changing for ``still`` seconds (at most ``seconds``):
+    the starting figure of a descriptor count, taken after the garbage of earlier tests (Process
+    and Popen objects, trees holding arenas) is collected and resource_sharer's thread has closed
+    what it sent, so that nothing closed during the test shifts the figure it is compared with
+    (a count taken at once failed twice under a load of 7-8)."""
+    gc.collect()
+    deadline = time.monotonic() + seconds
+    last, since = count(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = count()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= still:
+            break
+    return last
+
+
 def settles(count: Any, expected: int, seconds: float = 5.0, slack: int = 0) -> bool:
     """Whether ``count()`` reaches ``expected`` (up to ``slack`` more) within ``seconds``
     (resource_sharer's thread closes the duplicate it sent a moment after it was fetched)."""
@@ -183,7 +202,7 @@ def test_process_queue_and_pool(method: str, tmp_path: Path) -> None:
     ctx = context(method)
     method = ctx.get_start_method()  # what ``default`` is in this process
     gc.collect()
-    memfds_before = memfds()
+    memfds_before = steady(memfds)
     small = tree(1).memmap_()
     mid = tree(300).memmap_()
     big = tree(10_000).memmap_()
@@ -254,7 +273,7 @@ def test_process_queue_and_pool(method: str, tmp_path: Path) -> None:
 
 def test_received_leaves_are_views_of_the_same_memory() -> None:
     td = tree(300).memmap_()
-    before = open_fds()
+    before = steady(open_fds)
     back = pickle.loads(ForkingPickler.dumps(td))
     assert settles(open_fds, before, slack=1)  # + resource_sharer's listener, started once
     leaf(back, 17).fill_(3.5)
@@ -279,7 +298,7 @@ def test_plain_leaves_cross_as_one_arena() -> None:
         },
         [4],
     )
-    before = memfds()
+    before = steady(memfds)
     data = ForkingPickler.dumps(td)
     back = pickle.loads(data)
     for key in [("a",), ("b", "c"), ("b", "d"), ("e",)]:
@@ -369,7 +388,7 @@ def test_dataloader_workers(method: str, tmp_path: Path) -> None:
         timeout=WAIT,
     )
     gc.collect()
-    before = memfds()
+    before = steady(memfds)
     batches = list(loader)
     assert len(batches) == rows // 16
     # one region (one descriptor: a ring slot's slab, or an arena with the ring off) per batch,

@@ -7,7 +7,6 @@ Every wait on another process has a timeout (``WAIT``), so that nothing here can
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 import pytest
@@ -16,7 +15,17 @@ import torch
 from tensordict_rs import TensorDict
 from torch.utils.data import DataLoader
 
-from .test_sharing import RING_SPARE, WAIT, context, identity, memfds, regions, ring_batch, settles
+from .test_sharing import (
+    RING_SPARE,
+    WAIT,
+    context,
+    identity,
+    memfds,
+    regions,
+    ring_batch,
+    settles,
+    steady,
+)
 
 MIB = 1 << 20
 BIG = 48 * MIB // 4  # float32 elements of one big leaf: 4 of them are 3 arenas' worth
@@ -70,8 +79,7 @@ def big_child(inbox: Any, outbox: Any) -> None:
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_big_tree_crosses_as_one_fd_per_arena(method: str) -> None:
     ctx = context(method)
-    gc.collect()
-    before = memfds()
+    before = steady(memfds)
     td = big_tree().memmap_(num_threads=3)
     # 192 MiB of big leaves, 3 writers: 3 arenas; the small leaves packed into one of them
     assert len(arenas(td)) == 3 and len(arenas(td["small"])) == 1
@@ -131,8 +139,7 @@ def test_dataloader_workers_send_big_batches_as_a_few_fds(method: str) -> None:
         persistent_workers=False,
         timeout=WAIT,
     )
-    gc.collect()
-    before = memfds()
+    before = steady(memfds)
     batches = list(loader)
     assert len(batches) == ROWS // BATCH
     per_batch = [len(regions(b)) for b in batches]
