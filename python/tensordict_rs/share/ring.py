@@ -22,7 +22,9 @@ unchanged (same entries, leaves of the same address and geometry, no flags) cros
 slot and the key of its kind (class, batch size, device, keys, leaf runs), the kind itself
 only with the first batch of it that a worker sends (``reduce_batch``, ``rebuild_batch``);
 anything else crosses through the general reducer (``processes.reduce_tensordict``). Where
-the leaves of a kind of batch lie in a slot is worked out once per ring (``_Layout``).
+the leaves of a kind of batch lie in a slot is worked out once per ring (``_Layout``), and the
+copies of a flat batch into a slot once per slot (``_Prepared``: the native call's jobs), so
+that a flat batch costs its views and one native call, with no Python loop over its leaves.
 
 The slot states live in a small shared header (one 64-bit word per slot: generation and
 state, changed only by compare-and-swap in the Rust core, ``sys/ring.rs``): FREE, HELD (the
