@@ -9,6 +9,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -249,6 +250,12 @@ def test_a_flat_batch_copies_with_jobs_prepared_once_per_slot(
     assert fewer is not None
     _check(fewer, rows[0][:5])
     _check(kept, rows[1])
+    # the ring and its shared memory go with the batches (later tests count descriptors)
+    owner = weakref.ref(ring)
+    del ring, kept, again, fewer
+    _ring._worker_ring = None
+    gc.collect()
+    assert owner() is None
 
 
 def unsqueeze_a(batch: Any) -> Any:
