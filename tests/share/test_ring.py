@@ -9,6 +9,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -197,6 +198,64 @@ def test_flat_batches_cross_as_a_slot_and_a_kind() -> None:
     for _ in _loader(_dataset(), order, 64):
         pass
     assert _kinds() == 0
+
+
+def test_a_flat_batch_copies_with_jobs_prepared_once_per_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker side of a flat batch, driven here: a slot's copies are prepared once and
+    reused while the dataset keeps its plan and the batch its layout; a leaf replaced in the
+    dataset or a new batch size prepares them again; a kept batch keeps its slot."""
+    monkeypatch.setattr(_ring, "_worker_ring", None)  # this process's own ring, for this test
+    base = torch.arange(ROWS, dtype=torch.float32)
+    td = rs.TensorDict(
+        {
+            "a": base.view(ROWS, 1).expand(ROWS, 16).contiguous(),
+            "b": torch.arange(ROWS, dtype=torch.int64) * 3,
+            "c": (base * 2).view(ROWS, 1, 1).expand(ROWS, 2, 3).contiguous(),
+        },
+        batch_size=[ROWS],
+    )
+    rows = [torch.tensor(_order(seed)[:32]) for seed in range(3)]
+    first = _ring.gather_batch(td, rows[0])
+    assert first is not None
+    _check(first, rows[0])
+    ring = _ring.local_ring()
+    assert ring is not None
+    prepared = dict(ring.prepared)
+    assert len(prepared) == 1
+    del first  # its slot is free again: the next batch takes it, with the same copies
+    again = _ring.gather_batch(td, rows[1])
+    assert again is not None
+    _check(again, rows[1])
+    assert ring.prepared == prepared
+    kept = again  # kept: the next batch goes into another slot, prepared for it
+    other = _ring.gather_batch(td, rows[2])
+    assert other is not None
+    _check(other, rows[2])
+    _check(kept, rows[1])
+    assert len(ring.prepared) == 2
+    del other
+    # a leaf of the dataset replaced: a new plan, so the slot's copies are made again
+    td["b"] = torch.arange(ROWS, dtype=torch.int64) * 5
+    replaced = _ring.gather_batch(td, rows[2])
+    assert replaced is not None
+    assert torch.equal(replaced["b"], rows[2] * 5)
+    slot = replaced.__dict__[_ring.MARK][1]
+    assert ring.prepared[slot].plan is not prepared[0].plan
+    del replaced
+    td["b"] = torch.arange(ROWS, dtype=torch.int64) * 3
+    # another batch size: another layout, its copies made for it
+    fewer = _ring.gather_batch(td, rows[0][:5])
+    assert fewer is not None
+    _check(fewer, rows[0][:5])
+    _check(kept, rows[1])
+    # the ring and its shared memory go with the batches (later tests count descriptors)
+    owner = weakref.ref(ring)
+    del ring, kept, again, fewer
+    _ring._worker_ring = None
+    gc.collect()
+    assert owner() is None
 
 
 def unsqueeze_a(batch: Any) -> Any:

@@ -99,6 +99,8 @@ class _Plan:
     __slots__ = (
         "bulk_bytes",
         "entries",
+        "flat",
+        "flat_known",
         "leaves",
         "nodes",
         "owners",
@@ -115,6 +117,8 @@ class _Plan:
         self.leaves: list[tuple[Any, int, int, int, torch.dtype, tuple[int, ...]]] = []
         # (value, address, shape, dtype) of the tensor leaves (lazy leaves cannot change)
         self.tensors: list[tuple[torch.Tensor, int, torch.Size, torch.dtype]] = []
+        self.flat: tuple[str, ...] | None = None  # see flat_keys
+        self.flat_known = False
         self.row_bytes = 0
         self.bulk_bytes = 0  # of the rows of at least BULK_ROW bytes
         # n, then the leaf shapes of n rows and their (shape, dtype)s (what ``alloc`` gets)
@@ -186,6 +190,31 @@ class _Plan:
                 return False
         return True
 
+    def specs(self, n: int) -> list[tuple[tuple[int, ...], Any]]:
+        """The ``(shape, dtype)`` of each leaf of a batch of ``n`` rows (what ``alloc`` gets)."""
+        if self.sizes[0] != n:
+            shapes = [(n, *leaf[5]) for leaf in self.leaves]
+            specs = [(size, leaf[4]) for size, leaf in zip(shapes, self.leaves, strict=True)]
+            self.sizes = (n, shapes, specs)
+        return self.sizes[2]
+
+    def flat_keys(self) -> tuple[str, ...] | None:
+        """The keys of a flat tree (one node, every entry a leaf, in the leaves' order)."""
+        if not self.flat_known:
+            flat = len(self.owners) == 1 and all(kind == _LEAF for _, kind, _ in self.entries[0])
+            self.flat = tuple(key for key, _, _ in self.entries[0]) if flat else None
+            self.flat_known = True
+        return self.flat
+
+    def jobs_into(self, offsets: list[int], base: int) -> list[tuple[int, int, int, int]]:
+        """The copies of a flat tree's rows into leaves at ``base + offsets[i]`` (the
+        ``jobs`` of ``copy_rows``; a leaf with no bytes per row has none)."""
+        return [
+            (address, rows, base + offset, row)
+            for (_, address, rows, row, _, _), offset in zip(self.leaves, offsets, strict=True)
+            if row
+        ]
+
     def build(
         self,
         td: TD,
@@ -199,14 +228,11 @@ class _Plan:
         n = index.numel()
         made: list[Any] = [None] * len(self.owners)
         leaves = self.leaves
-        if self.sizes[0] != n:
-            shapes = [(n, *leaf[5]) for leaf in leaves]
-            specs = [(size, leaf[4]) for size, leaf in zip(shapes, leaves, strict=True)]
-            self.sizes = (n, shapes, specs)
+        specs = self.specs(n)
         sizes = self.sizes[1]
         given = None
         if alloc is not None:
-            given = alloc(self.sizes[2])
+            given = alloc(specs)
         for i in range(len(self.owners) - 1, -1, -1):  # children come after their parents
             src = self.owners[i] if i else td
             out = type(src)._new_unchecked(torch.Size((n, *src._batch_size[1:])), src._device)
@@ -287,6 +313,50 @@ def _plan(td: TD) -> _Plan | None:
     return plan
 
 
+def _planned(td: TD, rows: torch.Tensor) -> tuple[_Plan, torch.Tensor] | None:
+    """The valid plan of ``td`` and the index as the native call takes it; None: torch's path."""
+    if not td.batch_size or (td.device is not None and td.device != _CPU):
+        return None
+    index = _index(rows)
+    if index is None:
+        return None
+    plan = _plan(td)
+    if plan is None or plan.row_bytes * index.numel() < MIN_BYTES:
+        return None
+    return plan, index
+
+
+def flat_plan(td: TD, rows: torch.Tensor) -> tuple[_Plan, tuple[str, ...], torch.Tensor] | None:
+    """The valid plan of ``td`` and its keys when its batch is flat (one node, every entry a
+    leaf), and the index as ``copy_rows`` takes it; None: ``gather`` handles ``td``. A
+    DataLoader worker's ring copies such a batch with jobs it prepared once per slot."""
+    got = _planned(td, rows)
+    if got is None:
+        return None
+    plan, index = got
+    keys = plan.flat_keys()
+    if keys is None:
+        return None
+    return plan, keys, index
+
+
+def copy_rows(plan: _Plan, index: torch.Tensor, jobs: list[tuple[int, int, int, int]]) -> None:
+    """Copies the rows ``index`` of the planned tree's leaves as ``jobs`` list them (source
+    address, source rows, destination address, bytes per row: one native call). The plan
+    keeps the sources referenced; the caller keeps the destinations."""
+    n = index.numel()
+    _native.gather_rows(index.data_ptr(), n, jobs, _threads(plan, n))
+
+
+def _threads(plan: _Plan, n: int) -> bool:
+    """Whether the copy of ``n`` rows runs on several threads; their helpers are woken now."""
+    # Several threads only where torch uses several too (DataLoader workers set 1).
+    parallel = torch.get_num_threads() > 1
+    if parallel and plan.bulk_bytes * n >= PARALLEL_BYTES:
+        _native.gather_prepare()
+    return parallel
+
+
 def gather(
     td: TD, rows: torch.Tensor, out: TD | None = None, alloc: Alloc | None = None
 ) -> TD | None:
@@ -297,19 +367,12 @@ def gather(
     returns for their ``(shape, dtype)``s, in the tree's order (None from it: allocated as
     usual); a DataLoader worker's ring passes one. Raises ``IndexError`` for a row out of range.
     """
-    if not td.batch_size or (td.device is not None and td.device != _CPU):
+    got = _planned(td, rows)
+    if got is None:
         return None
-    index = _index(rows)
-    if index is None:
-        return None
+    plan, index = got
     n = index.numel()
-    plan = _plan(td)
-    if plan is None or plan.row_bytes * n < MIN_BYTES:
-        return None
-    # Several threads only where torch uses several too (DataLoader workers set 1).
-    parallel = torch.get_num_threads() > 1
-    if parallel and plan.bulk_bytes * n >= PARALLEL_BYTES:
-        _native.gather_prepare()
+    parallel = _threads(plan, n)
     keep: list[Any] = [index, plan]  # the plan's leaves (the sources) stay referenced
     jobs: list[tuple[int, int, int, int]] = []
     stacks: list[tuple[Any, Any]] = []

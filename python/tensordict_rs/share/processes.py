@@ -344,15 +344,19 @@ def _rebuild_td(
     return td
 
 
-@_gc_paused()
 def reduce_tensordict(td: TD) -> tuple[Any, ...]:
     """ForkingPickler reducer of a TensorDict: the layout as plain data, one fd per arena
     (in a DataLoader worker, the slot of its ring that a batch views, and no new fd)."""
     ring = _ring.local_ring()
     if ring is not None:
-        fast = _ring.reduce_batch(td)
+        fast = _ring.reduce_batch(td)  # a flat ring batch: a few tuples, no pause needed
         if fast is not None:
             return fast
+    return _reduce_tree(td, ring)
+
+
+@_gc_paused()
+def _reduce_tree(td: TD, ring: _ring.WorkerRing | None) -> tuple[Any, ...]:
     msg = _Message(ring)
     node = _describe(td, msg)
     rings: list[tuple[Any, ...]] = []

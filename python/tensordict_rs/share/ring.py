@@ -22,7 +22,9 @@ unchanged (same entries, leaves of the same address and geometry, no flags) cros
 slot and the key of its kind (class, batch size, device, keys, leaf runs), the kind itself
 only with the first batch of it that a worker sends (``reduce_batch``, ``rebuild_batch``);
 anything else crosses through the general reducer (``processes.reduce_tensordict``). Where
-the leaves of a kind of batch lie in a slot is worked out once per ring (``_Layout``).
+the leaves of a kind of batch lie in a slot is worked out once per ring (``_Layout``), and the
+copies of a flat batch into a slot once per slot (``_Prepared``: the native call's jobs), so
+that a flat batch costs its views and one native call, with no Python loop over its leaves.
 
 The slot states live in a small shared header (one 64-bit word per slot: generation and
 state, changed only by compare-and-swap in the Rust core, ``sys/ring.rs``): FREE, HELD (the
@@ -174,6 +176,21 @@ class _Layout:
         self.strides = [spec[2] for spec in planned]
 
 
+class _Prepared:
+    """The copies of a flat batch into one slab, made once per slot (for one dataset plan
+    and one layout): the native call's jobs and where the slot's leaves start."""
+
+    __slots__ = ("jobs", "layout", "plan", "ptrs", "slab")
+
+    def __init__(self, slab: _Slab, plan: Any, layout: _Layout) -> None:
+        self.slab = slab
+        self.plan = plan  # kept: it keeps the sources the jobs read from referenced
+        self.layout = layout
+        address = slab.buffer.address
+        self.jobs = plan.jobs_into(layout.offsets, address)
+        self.ptrs = [address + offset for offset in layout.offsets]
+
+
 class _Sent:
     """What the main process keeps of one kind of flat batch, sent once per ring (its
     ``key`` with every later batch): the class, batch size, device, keys and leaf runs."""
@@ -218,6 +235,8 @@ class WorkerRing:
         self.last: _Layout | None = None
         self.layouts: dict[tuple[Any, ...], _Layout] = {}
         self.described: dict[tuple[Any, ...], _Sent] = {}
+        # slot -> the copies of the last flat batch gathered into it (``gather_flat``)
+        self.prepared: dict[int, _Prepared] = {}
 
     def layout(self, specs: list[tuple[tuple[int, ...], torch.dtype]]) -> _Layout:
         """The layout of a batch of leaves ``(shape, dtype)``, made once."""
@@ -245,6 +264,14 @@ class WorkerRing:
                 return None
             state = (type(td), tuple(td._batch_size), td._device, keys, layout.runs)
             got = self.described[key] = _Sent(len(self.described), layout, state)
+        return got
+
+    def prepare(self, slot: int, slab: _Slab, plan: Any, layout: _Layout) -> _Prepared:
+        """The copies of a flat batch of ``plan`` and ``layout`` into slot ``slot``: made
+        once, while the slot keeps its slab and the dataset its plan."""
+        got = self.prepared.get(slot)
+        if got is None or got.slab is not slab or got.plan is not plan or got.layout is not layout:
+            got = self.prepared[slot] = _Prepared(slab, plan, layout)
         return got
 
     def _new_slab(self, nbytes: int) -> _Slab:
@@ -375,6 +402,9 @@ def gather_batch(td: TD, index: torch.Tensor) -> TD | None:
     ring = _ring()
     if ring is None:
         return None
+    flat = _gather.flat_plan(td, index)
+    if flat is not None:
+        return gather_flat(ring, td, *flat)
     taken: list[Any] = []
 
     def alloc(specs: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor] | None:
@@ -405,6 +435,38 @@ def gather_batch(td: TD, index: torch.Tensor) -> TD | None:
     return batch
 
 
+def gather_flat(
+    ring: WorkerRing, td: TD, plan: Any, keys: tuple[str, ...], index: Any
+) -> TD | None:
+    """``gather_batch`` of a flat tree (``ops.gather.flat_plan``): the slot's copies are
+    prepared once (``WorkerRing.prepare``), so a batch is its views and one native call."""
+    n = index.numel()
+    layout = ring.layout(plan.specs(n))
+    got = ring.take(layout.nbytes)
+    if got is None:
+        return None
+    slot, generation, slab = got
+    prepared = ring.prepare(slot, slab, plan, layout)
+    view = memoryview(cast(Any, slab.buffer))  # this batch's own owner of the slab bytes
+    weakref.finalize(view, ring.drop, slot, generation)
+    leaves = run_views(torch.frombuffer(view, dtype=torch.uint8).untyped_storage(), layout.runs)
+    batch = type(td)._new_unchecked(torch.Size((n, *td._batch_size[1:])), td._device)
+    items = batch._tensordict
+    items.update(zip(keys, leaves, strict=True))
+    _gather.copy_rows(plan, index, prepared.jobs)
+    sent = ring.describe(layout, batch, keys)
+    if sent is not None:
+        batch.__dict__[MARK] = (sent, slot, generation, items, keys, tuple(leaves), prepared.ptrs)
+    return batch
+
+
+# What reduce_batch reads of every leaf (mapped over the leaves: no Python frame per leaf).
+_data_ptr = torch.Tensor.data_ptr
+_stride = torch.Tensor.stride
+_shape = operator.attrgetter("shape")
+_requires_grad = operator.attrgetter("requires_grad")
+
+
 def reduce_batch(td: TD) -> tuple[Any, ...] | None:
     """The pickled form of a flat ring batch still as gathered (same entries, leaves of the
     same geometry, no flags set): its slot and the key of its description, the description
@@ -424,10 +486,10 @@ def reduce_batch(td: TD) -> tuple[Any, ...] | None:
         or tuple(td._batch_size) != sent.state[1]
         or td._device != sent.state[2]
         or not _native.same_entries([(items, keys, values)])
-        or [v.data_ptr() for v in values] != ptrs
-        or [v.shape for v in values] != layout.shapes
-        or [v.stride() for v in values] != layout.strides
-        or any(v.requires_grad for v in values)
+        or list(map(_data_ptr, values)) != ptrs
+        or list(map(_shape, values)) != layout.shapes
+        or list(map(_stride, values)) != layout.strides
+        or any(map(_requires_grad, values))
     ):
         return None
     if not ring.claim([(slot, generation)]):
