@@ -424,3 +424,34 @@ def test_a_descriptor_lost_with_its_killed_worker_is_torchs_worker_error() -> No
     finally:
         child.kill()
         child.wait()
+
+
+class _SlowToPickle:
+    """Takes ``seconds`` to pickle (in the queue's feeder thread)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        time.sleep(self.seconds)
+        return (_SlowToPickle, (self.seconds,))
+
+
+def test_a_worker_exit_waits_for_the_queue_feeder_then_goes_on() -> None:
+    """``join_feeders`` (registered at a worker's exit with its ring) lets a feeder that is
+    still pickling finish before Python shuts down, and does not wait past its grace for one
+    that never ends (a feeder idle on an open queue, or blocked on a full pipe)."""
+    closed: mp.Queue = mp.get_context("spawn").Queue()
+    closed.put(_SlowToPickle(0.3))
+    closed.close()  # the feeder ends once it has pickled and written the item
+    t0 = time.monotonic()
+    assert _ring.join_feeders(grace=5.0) == 1  # waited for the pickling, then it ended
+    assert time.monotonic() - t0 < 4.0
+    left_open: mp.Queue = mp.get_context("spawn").Queue()
+    left_open.put(1)  # its feeder then waits for more, forever
+    assert left_open.get(timeout=5) == 1
+    t0 = time.monotonic()
+    assert _ring.join_feeders(grace=0.2) == 0
+    assert time.monotonic() - t0 >= 0.2
+    left_open.close()
+    left_open.join_thread()
