@@ -430,6 +430,12 @@ def test_map_workers_claim_chunks_seeded_as_the_reference(tmp_path: Path) -> Non
     src, out = _memmap_pair(rs, tmp_path / "two", add_one, n=103)
     src.map(add_one, num_workers=2, chunksize=4, out=out, generator=gen())
     assert out["a"].tolist() == list(range(1, 104))
+    # anonymous shared memory in and out (written through the workers' maps of it)
+    src = make(rs, 50).share_memory_()
+    out = add_one(src[:1])[0].expand(50).clone().share_memory_()
+    assert src.map(add_one, num_workers=2, num_chunks=7, out=out, generator=gen()) is out
+    assert out["a"].tolist() == list(range(1, 51))
+    assert out["b", "c"].tolist() == [float(v) for v in range(51, 101)]
 
 
 def test_map_claiming_workers_raise_the_first_failing_chunk(tmp_path: Path) -> None:
