@@ -52,8 +52,8 @@ class _Counters:
 
     A worker takes its id with ``get`` (the ``queue.get`` that tensordict's worker initializer
     calls; ids are 0, 1, ... in the order the workers start, as from its queue, with no feeder
-    thread of the parent in between, and a worker that replaces one ended by
-    ``max_tasks_per_child`` gets the next id instead of waiting for a queue that is empty).
+    thread of the parent in between; a worker started later, to replace one ended by
+    ``max_tasks_per_child``, gets the next id, where tensordict's queue has none left for it).
     It crosses to workers only as a pool's initializer argument (a lock pickles only then)."""
 
     def __init__(self, ctx: Any) -> None:
