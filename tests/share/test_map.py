@@ -430,6 +430,9 @@ def test_map_workers_claim_chunks_seeded_as_the_reference(tmp_path: Path) -> Non
     src, out = _memmap_pair(rs, tmp_path / "two", add_one, n=103)
     src.map(add_one, num_workers=2, chunksize=4, out=out, generator=gen())
     assert out["a"].tolist() == list(range(1, 104))
+    out["a"].zero_()  # one claiming message per worker: max_tasks_per_child=1 is enough
+    src.map(add_one, num_workers=2, chunksize=4, out=out, generator=gen(), max_tasks_per_child=1)
+    assert out["a"].tolist() == list(range(1, 104))
     # anonymous shared memory in and out (written through the workers' maps of it)
     src = make(rs, 50).share_memory_()
     out = add_one(src[:1])[0].expand(50).clone().share_memory_()
