@@ -17,6 +17,7 @@ import torch
 
 PKGS = [rs, ref]
 METHODS = [m for m in ("fork", "spawn", "forkserver") if m in mp.get_all_start_methods()]
+FAST = "fork" if "fork" in METHODS else "spawn"  # the quickest start where it exists
 
 
 def add_one(td: Any) -> Any:
@@ -38,6 +39,13 @@ def write_pid(td: Any) -> Any:
 def fail_on_seven(td: Any) -> Any:
     if (td["a"] == 7).any():
         raise ZeroDivisionError("seven")
+    return td
+
+
+def fail_from_ten(td: Any) -> Any:
+    first = int(td["a"][0])
+    if first >= 10:
+        raise ValueError(f"from {first}")
     return td
 
 
@@ -397,3 +405,62 @@ def test_chunks_written_through_the_files_of_a_memmap_out(tmp_path: Path) -> Non
     (tmp_path / "out" / "a.memmap").write_bytes(bytes(128))
     assert not _write_through_files(out[5:8], rows)
     assert (tmp_path / "out" / "a.memmap").read_bytes() == bytes(128)
+
+
+def _memmap_pair(P: Any, root: Path, fn: Any, n: int = 20) -> tuple[Any, Any]:
+    """A memory-mapped source of ``n`` rows and ``fn``'s ``memmap_like`` output for it."""
+    src = P.TensorDict({"a": torch.arange(n)}, [n]).memmap_(root / "src")
+    return src, fn(src[:1])[0].expand(n).memmap_like(root / "out")
+
+
+def test_map_workers_claim_chunks_seeded_as_the_reference(tmp_path: Path) -> None:
+    """Into a memory-mapped ``out`` with a pool made by ``map``, the workers claim the chunks
+    from a shared counter instead of receiving them: one worker draws what the reference's one
+    worker draws (same worker id, same seed, chunks in order), and two workers write every
+    chunk once."""
+    draws = {}
+    for P in PKGS:
+        src, out = _memmap_pair(P, tmp_path / P.__name__, rand_draw)
+        kwargs = {"out": out, "generator": gen(), "mp_start_method": FAST}
+        res = src.map(rand_draw, num_workers=1, chunksize=5, **kwargs)
+        assert res is out
+        draws[P.__name__] = out["r"].tolist()
+    assert draws["tensordict_rs"] == draws["tensordict"]
+    assert len(set(draws["tensordict"])) == 4  # one draw per chunk
+    src, out = _memmap_pair(rs, tmp_path / "two", add_one, n=103)
+    src.map(add_one, num_workers=2, chunksize=4, out=out, generator=gen())
+    assert out["a"].tolist() == list(range(1, 104))
+    out["a"].zero_()  # one claiming message per worker: max_tasks_per_child=1 is enough
+    src.map(add_one, num_workers=2, chunksize=4, out=out, generator=gen(), max_tasks_per_child=1)
+    assert out["a"].tolist() == list(range(1, 104))
+    # anonymous shared memory in and out (written through the workers' maps of it)
+    src = make(rs, 50).share_memory_()
+    out = add_one(src[:1])[0].expand(50).clone().share_memory_()
+    assert src.map(add_one, num_workers=2, num_chunks=7, out=out, generator=gen()) is out
+    assert out["a"].tolist() == list(range(1, 51))
+    assert out["b", "c"].tolist() == [float(v) for v in range(51, 101)]
+
+
+def test_map_claiming_workers_raise_the_first_failing_chunk(tmp_path: Path) -> None:
+    """An exception of ``fn`` in a claiming worker stops the others' claiming and reaches the
+    caller with its type and the note of its chunk; of several failing chunks, the lowest."""
+    for P in PKGS:
+        src, out = _memmap_pair(P, tmp_path / P.__name__, fail_from_ten)
+        with pytest.raises(ValueError, match="from 10") as info:
+            kwargs = {"out": out, "generator": gen(), "mp_start_method": FAST}
+            src.map(fail_from_ten, num_workers=2, chunksize=5, **kwargs)
+        if P is rs:
+            assert any("chunk 2 (elements 10:15" in note for note in info.value.__notes__)
+            assert out["a"][:10].tolist() == list(range(10))  # the chunks before it are written
+
+
+def test_counters_hand_out_ids_and_chunks_once() -> None:
+    from tensordict_rs.share.map import _Counters
+
+    counters = _Counters(mp.get_context(FAST))
+    assert [counters.get(timeout=1) for _ in range(3)] == [0, 1, 2]
+    assert [counters.claim(3) for _ in range(4)] == [0, 1, 2, None]
+    again = _Counters(mp.get_context())
+    assert again.claim(5) == 0
+    again.stop()
+    assert again.claim(5) is None

@@ -11,6 +11,10 @@ tree crosses as the paths of its files and the geometry of its views; a chunk of
 result crosses back as one new arena (one descriptor), or is not sent at all: with a
 memory-mapped or shared ``out``, each worker writes its result into its slice of ``out``.
 
+With such an ``out`` and a pool made here, the chunks are not sent at all: each worker gets one
+message, and claims chunk after chunk from a counter shared with the others until none is left
+(``_Loop``), so no pipe round trip, pickle or parent thread stands between two chunks.
+
 An exception raised by ``fn`` reaches the caller with its type, and a note naming the chunk.
 """
 
@@ -37,16 +41,53 @@ from ..ops.rearrange import Rearrange
 from ..ops.reductions import Reductions
 
 # The trees of the calls whose pool this process serves (set by ``_seed_worker``): a worker of
-# a pool that ``map`` made gets the source and ``out`` once, and its tasks are only indices.
-_TREES: dict[int, tuple[Any, Any]] = {}
+# a pool that ``map`` made gets the source, ``out`` and the call's ``_Counters`` once, and its
+# tasks are only indices (or one ``_Loop``).
+_TREES: dict[int, tuple[Any, Any, Any]] = {}
+
+
+class _Counters:
+    """Three counters a pool made here shares with its workers (one small shared array and its
+    lock): the next worker id, the next chunk to claim, and a stop flag.
+
+    A worker takes its id with ``get`` (the ``queue.get`` that tensordict's worker initializer
+    calls; ids are 0, 1, ... in the order the workers start, as from its queue, with no feeder
+    thread of the parent in between; a worker started later, to replace one ended by
+    ``max_tasks_per_child``, gets the next id, where tensordict's queue has none left for it).
+    It crosses to workers only as a pool's initializer argument (a lock pickles only then)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.cells = ctx.Array("q", 3)  # next worker id, next chunk, stop (0 or 1)
+
+    def get(self, timeout: float | None = None) -> int:
+        """The next worker id."""
+        with self.cells.get_lock():
+            worker_id = int(self.cells[0])
+            self.cells[0] = worker_id + 1
+        return worker_id
+
+    def claim(self, count: int) -> int | None:
+        """The next of ``count`` chunks, or None once all are claimed or after ``stop``."""
+        with self.cells.get_lock():
+            chunk = int(self.cells[1])
+            if chunk >= count or self.cells[2]:
+                return None
+            self.cells[1] = chunk + 1
+        return chunk
+
+    def stop(self) -> None:
+        """No chunk is claimed after this (an exception, in a worker or in the caller)."""
+        with self.cells.get_lock():
+            self.cells[2] = 1
 
 
 def _seed_worker(
     base_seed: int, queue: Any, num_threads: int, token: int = 0, trees: Any = None
 ) -> None:
-    """Pool initializer: worker ``i`` seeds torch with ``base + i`` and NumPy from both (the
-    rule of DataLoader workers), uses ``num_threads`` torch threads, and keeps ``trees`` (the
-    source and ``out`` of the call, crossed once: paths and descriptors, not data)."""
+    """Pool initializer: worker ``i`` (from ``queue.get``) seeds torch with ``base + i`` and
+    NumPy from both (the rule of DataLoader workers), uses ``num_threads`` torch threads, and
+    keeps ``trees`` (the source, ``out`` and counters of the call, crossed once: paths and
+    descriptors, not data)."""
     if trees is not None:
         _TREES[token] = trees
     worker_id = queue.get(timeout=120)
@@ -77,19 +118,66 @@ class _Task:
         index, where, chunk, *out = task
         try:
             if self.token:  # the worker holds the trees: the task is the chunk's index
-                td, target = _TREES[self.token]
+                td, target, _ = _TREES[self.token]
                 at = (*(slice(None),) * self.dim, chunk)
                 chunk = td[at]
                 out = [] if target is None else [target[at]]
             result = self.fn(chunk)
             if self.write:
-                if result is not None and not _write_through_files(out[0], result):
-                    out[0].update_(result)
+                _write(out[0], result)
                 return None
             return result
         except Exception as err:
-            err.add_note(f"map: fn raised on chunk {index} ({where} along dim {self.dim})")
+            err.add_note(_note(index, where, self.dim))
             raise
+
+
+class _Loop:
+    """One worker's share of a call with a memory-mapped or shared ``out`` (the worker holds
+    the trees): claims chunk after chunk from the call's shared counter, calls ``fn`` on each
+    and writes its result into ``out``, until no chunk is left; returns how many it did.
+
+    The workers share the chunks out one at a time as each becomes free, so a worker slowed by
+    the machine holds up the end by at most one chunk, and nothing crosses between the chunks.
+    An exception stops every worker's claiming (chunks already claimed are finished) and
+    reaches the caller with the chunk's note and its number (``map_chunk``)."""
+
+    __slots__ = ("count", "dim", "fn", "size", "step", "token")
+
+    def __init__(
+        self, fn: Callable[..., Any], dim: int, token: int, size: int, step: int, count: int
+    ) -> None:
+        self.fn, self.dim, self.token = fn, dim, token
+        self.size, self.step, self.count = size, step, count
+
+    def __call__(self, _: int) -> int:
+        td, target, counters = _TREES[self.token]
+        base = (slice(None),) * self.dim
+        done = 0
+        while (chunk := counters.claim(self.count)) is not None:
+            index: Any = chunk
+            if self.step:  # slices of ``step`` elements (else one element per chunk)
+                index = slice(chunk * self.step, min((chunk + 1) * self.step, self.size))
+            at = (*base, index)
+            try:
+                _write(target[at], self.fn(td[at]))
+            except Exception as err:
+                counters.stop()
+                err.add_note(_note(chunk, _where(index), self.dim))
+                vars(err)["map_chunk"] = chunk  # pickled with the exception, read by ``_run``
+                raise
+            done += 1
+        return done
+
+
+def _note(position: int, where: str, dim: int) -> str:
+    return f"map: fn raised on chunk {position} ({where} along dim {dim})"
+
+
+def _write(target: TreeNode, result: Any) -> None:
+    """A chunk's result into its slice of a memory-mapped or shared ``out``."""
+    if result is not None and not _write_through_files(target, result):
+        target.update_(result)
 
 
 def _write_through_files(target: TreeNode, result: Any) -> bool:
@@ -236,8 +324,10 @@ def _pool(
     mp_start_method: str | None,
     method: str,
     token: int = 0,
-    trees: Any = None,
-) -> Any:
+    trees: tuple[Any, Any] | None = None,
+) -> tuple[Any, _Counters]:
+    """A pool of ``num_workers`` seeded workers, and the counters it shares with them; with
+    ``trees`` (the source and ``out``), each worker holds them under ``token``."""
     from torch import multiprocessing as tmp
 
     if num_workers is None:
@@ -256,15 +346,15 @@ def _pool(
         generator = torch.Generator()
     seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
     ctx = tmp.get_context(mp_start_method) if mp_start_method else tmp.get_context()
-    queue = ctx.Queue(maxsize=num_workers)
-    for i in range(num_workers):
-        queue.put(i)
-    return ctx.Pool(
+    counters = _Counters(ctx)
+    held = None if trees is None else (*trees, counters)
+    pool = ctx.Pool(
         processes=num_workers,
         initializer=_seed_worker,
-        initargs=(seed, queue, worker_threads, token, trees),
+        initargs=(seed, counters, worker_threads, token, held),
         maxtasksperchild=max_tasks_per_child,
     )
+    return pool, counters
 
 
 def _batch(chunks: int, workers: int) -> int:
@@ -275,6 +365,38 @@ def _batch(chunks: int, workers: int) -> int:
     when the others finish. (A quarter of its share before: with 64 chunks of 16 MiB and 2
     workers, batches of 8 chunks left one worker ~0.1 s behind the other on a loaded machine.)"""
     return max(1, min(64, chunks // (16 * max(workers, 1))))
+
+
+def _split(
+    td: TreeNode, dim: int, chunksize: int | None, num_chunks: int | None, workers: int
+) -> tuple[int, list[Any]]:
+    """``dim`` made non-negative (checked) and the index of every chunk along it."""
+    ndim = td.batch_dims
+    dim = dim + ndim if dim < 0 else dim
+    if not 0 <= dim < ndim:
+        raise IndexError(
+            f"dim {dim} is out of range for tensordict with batch size {td.batch_size}"
+        )
+    return dim, _indices(td.batch_size[dim], chunksize, num_chunks, workers)
+
+
+def _run(pool: Any, counters: _Counters, loop: _Loop) -> None:
+    """Every worker of ``pool`` runs ``loop`` (its share of the chunks) and this waits for all;
+    an exception of ``fn`` is raised here (the one of the lowest chunk, when several workers
+    met one), after the others have stopped claiming chunks."""
+    pending = [pool.apply_async(loop, (i,)) for i in range(pool._processes)]
+    errors: list[tuple[int, BaseException]] = []
+    try:
+        for one in pending:
+            try:
+                one.get()
+            except Exception as err:
+                errors.append((vars(err).pop("map_chunk", -1), err))
+    except BaseException:
+        counters.stop()  # KeyboardInterrupt here: the workers finish the chunks they hold
+        raise
+    if errors:
+        raise min(errors, key=lambda pair: pair[0])[1]
 
 
 def _results(
@@ -295,13 +417,7 @@ def _results(
             "Shuffling is not permitted unless use_generator is set to ``True`` for efficiency "
             "purposes."
         )
-    ndim = td.batch_dims
-    dim = dim + ndim if dim < 0 else dim
-    if not 0 <= dim < ndim:
-        raise IndexError(
-            f"dim {dim} is out of range for tensordict with batch size {td.batch_size}"
-        )
-    indices = _indices(td.batch_size[dim], chunksize, num_chunks, pool._processes)
+    dim, indices = _split(td, dim, chunksize, num_chunks, pool._processes)
     write = out is not None and (out.is_shared() or out.is_memmap())
     tasks = _tasks(td, out if write else None, dim, indices, shuffle, held=bool(token))
     batch = _batch(len(indices), pool._processes)
@@ -312,6 +428,37 @@ def _results(
 
         imap = tqdm(imap, total=len(indices))
     return imap, indices, write
+
+
+def _gather(
+    td: TreeNode,
+    fn: Callable[..., Any],
+    dim: int,
+    pool: Any,
+    out: TreeNode | None,
+    chunksize: int | None,
+    num_chunks: int | None,
+    lazily: bool,
+    pbar: bool,
+    token: int,
+) -> list[Any]:
+    """``map`` through pool messages (a pool of the caller's, results to return, a plain
+    ``out``, a progress bar): the results to join, in chunk order (a plain ``out`` is written
+    here, slice by slice; a memory-mapped or shared one by the workers)."""
+    imap, indices, write = _results(
+        td, fn, dim, pool, out, chunksize, num_chunks, lazily, False, pbar, token
+    )
+    ndim = td.batch_dims
+    base = (slice(None),) * (dim + ndim if dim < 0 else dim)
+    results = []
+    for index, item in zip(indices, imap, strict=True):
+        if item is None or write:
+            continue
+        if out is not None:  # a plain ``out``: written here, slice by slice
+            out[(*base, index)].update_(item)
+        else:
+            results.append(item)
+    return results
 
 
 def _join_later(pool: Any) -> None:
@@ -384,33 +531,29 @@ def map(
     own = pool is None
     token = 0
     done = False
+    write = out is not None and (out.is_shared() or out.is_memmap())
+    results = []
     if own:
-        write = out is not None and (out.is_shared() or out.is_memmap())
         token = _token() if _holdable(td, mp_start_method) else 0
-        pool = _pool(
+        pool, counters = _pool(
             num_workers, generator, max_tasks_per_child, worker_threads, mp_start_method, "map",
             token, (td, out if write else None) if token else None,
         )  # fmt: skip
     try:
-        imap, indices, write = _results(
-            td, fn, dim, pool, out, chunksize, num_chunks, index_with_generator, False, pbar,
-            token,
-        )  # fmt: skip
-        ndim = td.batch_dims
-        dim = dim + ndim if dim < 0 else dim
-        base = (slice(None),) * dim
-        results = []
-        for index, item in zip(indices, imap, strict=True):
-            if item is None or write:
-                continue
-            if out is not None:  # a plain ``out``: written here, slice by slice
-                out[(*base, index)].update_(item)
-            else:
-                results.append(item)
-        del imap
+        if own and token and write and not pbar:  # the workers claim the chunks themselves
+            dim, indices = _split(td, dim, chunksize, num_chunks, pool._processes)
+            first = indices[0] if indices else 0
+            step = first.stop - first.start if isinstance(first, slice) else 0
+            size = td.batch_size[dim]
+            _run(pool, counters, _Loop(fn, dim, token, size, step, len(indices)))
+        else:
+            results = _gather(td, fn, dim, pool, out, chunksize, num_chunks, index_with_generator,
+                              pbar, token)  # fmt: skip
         done = True
     finally:
         if own:
+            if not done:
+                counters.stop()
             pool.close()
             if done:
                 _join_later(pool)
@@ -421,7 +564,7 @@ def map(
     if not results:
         return None
     if chunksize == 0:
-        return torch.stack(results, dim)
+        return torch.stack(results, dim + td.batch_dims if dim < 0 else dim)
     return torch.cat(results, dim)
 
 
@@ -458,7 +601,7 @@ def map_iter(
     token = 0
     if own:
         token = _token() if _holdable(td, mp_start_method) else 0
-        pool = _pool(
+        pool, _ = _pool(
             num_workers, generator, max_tasks_per_child, worker_threads, mp_start_method,
             "map_iter", token, (td, None) if token else None,
         )  # fmt: skip
