@@ -464,3 +464,33 @@ def test_counters_hand_out_ids_and_chunks_once() -> None:
     assert again.claim(5) == 0
     again.stop()
     assert again.claim(5) is None
+
+
+_REPLACED_WORKERS = """
+import torch, tensordict_rs as rs
+def add_one(td):
+    return td.apply(lambda x: x + 1)
+if __name__ == "__main__":
+    td = rs.TensorDict({"a": torch.arange(64.0), "b": {"c": torch.ones(64, 2)}}, [64])
+    for method in METHODS:
+        out = td.map(add_one, num_workers=2, chunksize=4, max_tasks_per_child=1,
+                     generator=torch.Generator(), mp_start_method=method)
+        assert out["a"].tolist() == [float(v) for v in range(1, 65)], method
+        assert out["b", "c"].eq(2).all(), method
+    print("done")
+"""
+
+
+def test_map_returns_results_of_workers_that_max_tasks_per_child_ends(tmp_path: Path) -> None:
+    """Results through pool messages, each worker replaced after one task: every result
+    arrives (they crossed as shared memory the parent fetched from the sending worker, which
+    had exited by then: map waited forever). In a child process with a timeout, so a hang fails."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "replaced.py"
+    script.write_text(_REPLACED_WORKERS.replace("METHODS", repr([FAST])))
+    done = subprocess.run(
+        [sys.executable, os.fspath(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]

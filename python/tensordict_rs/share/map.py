@@ -21,6 +21,7 @@ An exception raised by ``fn`` reaches the caller with its type, and a note namin
 from __future__ import annotations
 
 import importlib.util
+import pickle
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -109,10 +110,13 @@ class _Task:
     An exception gets a note naming the chunk before it crosses back.
     """
 
-    __slots__ = ("dim", "fn", "token", "write")
+    __slots__ = ("copy", "dim", "fn", "token", "write")
 
-    def __init__(self, fn: Callable[..., Any], dim: int, write: bool, token: int = 0) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], dim: int, write: bool, token: int = 0, copy: bool = False
+    ) -> None:
         self.fn, self.dim, self.write, self.token = fn, dim, write, token
+        self.copy = copy
 
     def __call__(self, task: tuple[Any, ...]) -> Any:
         index, where, chunk, *out = task
@@ -126,10 +130,25 @@ class _Task:
             if self.write:
                 _write(out[0], result)
                 return None
-            return result
+            return _Copied(pickle.dumps(result)) if self.copy else result
         except Exception as err:
             err.add_note(_note(index, where, self.dim))
             raise
+
+
+class _Copied:
+    """A result that crosses back as a copy of its bytes (plain pickle), for a worker that may
+    exit right after sending it (``max_tasks_per_child``): shared memory crosses as descriptors
+    that the parent fetches from the sending worker's resource sharer, so a result of a worker
+    that had ended by then never arrived and ``map`` waited forever."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (pickle.loads, (self.data,))
 
 
 class _Loop:
@@ -421,7 +440,8 @@ def _results(
     write = out is not None and (out.is_shared() or out.is_memmap())
     tasks = _tasks(td, out if write else None, dim, indices, shuffle, held=bool(token))
     batch = _batch(len(indices), pool._processes)
-    task = _Task(fn, dim, write, token)
+    # a worker that ends after some tasks may be gone before its results' descriptors are fetched
+    task = _Task(fn, dim, write, token, copy=getattr(pool, "_maxtasksperchild", None) is not None)
     imap = (pool.imap_unordered if shuffle else pool.imap)(task, tasks, batch)
     if pbar and importlib.util.find_spec("tqdm") is not None:
         from tqdm.auto import tqdm  # type: ignore[import-untyped,unused-ignore]
