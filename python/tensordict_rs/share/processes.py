@@ -32,7 +32,7 @@ import torch
 from .. import _native
 from .._core import nested as _nested
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE
-from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused
+from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode, _gc_paused
 from .._core.nontensor import NonTensorStack, _Cells, share_entries
 from .._core.shared_value import SharedValue
 from .._core.unbatched import UnbatchedTensor
@@ -176,7 +176,7 @@ def _describe(td: Any, msg: _Message) -> tuple[Any, ...]:
             entry = (NESTED, key, holder, table, jagged)
         elif isinstance(value, torch.Tensor):
             entry = msg.tensor_entry(key, value, entries)
-        elif cls is NonTensorData:
+        elif cls in NTD_TYPES:
             if value._shared is not None:  # the receiver maps the same cell
                 buffers.append(value._shared.buffer)
                 entry = (SHARED_NON_TENSOR, key, len(buffers) - 1, tuple(value.batch_size))
@@ -280,7 +280,7 @@ def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = 
     if td._is_memmap and prefix is not None:
         # values written here in place rewrite the saved files, as in the sender
         for key, value in items.items():
-            if type(value) is NonTensorData or type(value) is NonTensorStack:
+            if type(value) in NTD_TYPES or type(value) is NonTensorStack:
                 value._bind_saved(td._memmap_prefix, key)
     return td
 

@@ -1,0 +1,85 @@
+"""``MetaData``: a non-tensor value kept as one object through the shape operations.
+
+As in tensordict (``tensordict.tensorclass.MetaData``), a ``MetaData`` is a ``NonTensorData``
+except that ``expand``, ``unsqueeze`` and ``torch.stack`` keep one ``MetaData`` (with the new
+batch size) instead of making a ``NonTensorStack``: stacking gives one ``MetaData`` when every
+entry holds the very same object (``is``, not ``==``) and a ``NonTensorStack`` otherwise.
+``MetaData[T]`` is a subclass (cached, one per ``T``) whose values must be instances of ``T``.
+
+The tree's checks read ``type(value) in NTD_TYPES`` (``_core/nodes.py``): each class here adds
+itself to that set, so a ``MetaData`` leaf goes wherever a ``NonTensorData`` goes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from .nodes import NTD_TYPES, NonTensorData
+
+
+class _MetaDataMeta(type):
+    """The metaclass of ``MetaData``: ``MetaData[T]`` makes (once) the typed subclass."""
+
+    _typed: dict[Any, type]
+
+    def __getitem__(cls, item: Any) -> type:
+        if cls.__name__ != "MetaData":
+            raise TypeError(f"Cannot specify type for {cls.__name__}")
+        typed = cls._typed.get(item)
+        if typed is None:
+            name = f"MetaData[{getattr(item, '__name__', str(item))}]"
+            typed = _MetaDataMeta(name, (cls,), {"__slots__": (), "_expected_type": item})
+            typed.__qualname__ = name
+            cls._typed[item] = typed
+            NTD_TYPES.add(typed)
+        return typed
+
+
+class MetaData(NonTensorData, metaclass=_MetaDataMeta):
+    """A non-tensor value kept as one object through stacking and shape operations.
+
+    Behaves as ``NonTensorData`` except that ``expand``, ``unsqueeze`` and ``torch.stack``
+    of entries holding the same object (identity) give one ``MetaData``; stacking entries
+    holding different objects gives a ``NonTensorStack``, as in tensordict.
+
+    >>> MetaData("cfg", batch_size=[3]).expand(2, 3).batch_size
+    torch.Size([2, 3])
+    >>> MetaData[int](4).data
+    4
+    """
+
+    __slots__ = ()
+    _typed: ClassVar[dict[Any, type]] = {}
+    _expected_type: ClassVar[Any] = None
+
+    def __init__(self, data: Any, batch_size: Any = None, device: Any = None) -> None:
+        super().__init__(data, batch_size, device)
+        expected = type(self)._expected_type
+        if expected is not None and not isinstance(self._value, expected):
+            raise TypeError(
+                f"Expected data of type {getattr(expected, '__name__', str(expected))}, "
+                f"got {type(self._value).__name__}"
+            )
+
+    def __reduce__(self) -> Any:
+        """Pickled by value, with its type (``MetaData[T]`` by its ``T``)."""
+        return (_rebuild, (type(self)._expected_type, self.data, self.batch_size, self.device))
+
+    def stacked(self, fn: Any) -> MetaData:
+        """The same object with the batch size ``fn`` gives a tensor of this one's shape:
+        ``expand`` and ``unsqueeze`` (of the entry or of its tree) keep one ``MetaData``
+        where a ``NonTensorData`` makes a ``NonTensorStack``."""
+        batch = fn(torch.empty(self.batch_size, device="meta")).shape
+        return type(self)(self.data, batch_size=batch, device=self.device)
+
+
+def _rebuild(expected: Any, data: Any, batch_size: Any, device: Any) -> MetaData:
+    """Unpickles a ``MetaData`` (``MetaData[expected]`` when ``expected`` is not None)."""
+    cls: Any = MetaData if expected is None else MetaData[expected]
+    result: MetaData = cls(data, batch_size, device)
+    return result
+
+
+NTD_TYPES.add(MetaData)
