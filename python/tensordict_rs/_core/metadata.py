@@ -74,6 +74,28 @@ class MetaData(NonTensorData, metaclass=_MetaDataMeta):
         batch = fn(torch.empty(self.batch_size, device="meta")).shape
         return type(self)(self.data, batch_size=batch, device=self.device)
 
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        """``torch.stack`` of entries that hold the very same object (``is``) and have one
+        class gives one of them with the new dim; anything else goes as for
+        ``NonTensorData`` (a ``NonTensorStack``)."""
+        if func is torch.stack:
+            kw = dict(kwargs or {})
+            values = list(args[0]) if args else list(kw.pop("tensors", ()))
+            dim = args[1] if len(args) > 1 else kw.pop("dim", 0)
+            first = values[0] if values else None
+            if (
+                isinstance(first, MetaData)
+                and not kw
+                and all(type(v) is type(first) and v.data is first.data for v in values)
+            ):
+                batch = [*first.batch_size]
+                batch.insert(dim if dim >= 0 else dim + len(batch) + 1, len(values))
+                return type(first)(first.data, batch_size=batch, device=first.device)
+        return super().__torch_function__(func, types, args, kwargs)
+
 
 def _rebuild(expected: Any, data: Any, batch_size: Any, device: Any) -> MetaData:
     """Unpickles a ``MetaData`` (``MetaData[expected]`` when ``expected`` is not None)."""
