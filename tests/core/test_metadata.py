@@ -138,6 +138,34 @@ def test_shared_memory_keeps_the_class() -> None:
     assert td["foo"] == {"k": 1}
 
 
+def _child(queue: Any, result: Any) -> None:
+    td = queue.get()
+    result.put([(type(td.get(k)).__name__, td[k]) for k in ("m", "t")])
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_other_process_keeps_the_class(share: bool) -> None:
+    def scenario(m: Any) -> Any:
+        td = m.TensorDict(
+            a=torch.zeros(2), m=m.MetaData({"k": 1}), t=m.MetaData[int](3), batch_size=[2]
+        )
+        if share:
+            td.share_memory_()
+        queue, result = torch.multiprocessing.Queue(), torch.multiprocessing.Queue()
+        proc = torch.multiprocessing.Process(target=_child, args=(queue, result))
+        proc.start()
+        queue.put(td)
+        out = result.get(timeout=60)
+        proc.join(timeout=60)
+        return out
+
+    expected = [("MetaData", {"k": 1}), ("MetaData[int]", 3)]
+    assert scenario(ours) == expected
+    if not share:  # tensordict 0.15.3 shares the value in a multiprocessing Value, which a
+        # Queue refuses ("Synchronized objects should only be shared ... through inheritance")
+        assert scenario(ref) == expected
+
+
 def test_saved_directory_records_a_non_tensor_data(tmp_path: Path) -> None:
     """What differs: a MetaData saved here comes back, here and in the reference, as a
     NonTensorData with its value (the writer, in Rust, knows one class name)."""

@@ -97,6 +97,25 @@ class MetaData(NonTensorData, metaclass=_MetaDataMeta):
         return super().__torch_function__(func, types, args, kwargs)
 
 
+def kind_of(value: NonTensorData) -> tuple[Any] | None:
+    """What a message carries to rebuild ``value``'s class in another process: None for a
+    ``NonTensorData``, ``(T,)`` for a ``MetaData[T]`` (``(None,)`` for ``MetaData``)."""
+    if not isinstance(value, MetaData):
+        return None
+    return (type(value)._expected_type,)
+
+
+def of_kind(kind: tuple[Any] | None, data: Any, batch_size: Any = None) -> NonTensorData:
+    """The entry ``kind_of`` described, holding ``data`` (not checked against ``T``: the
+    sender's entry was)."""
+    if kind is None:
+        return NonTensorData(data, batch_size)
+    cls: Any = MetaData if kind[0] is None else MetaData[kind[0]]
+    out: NonTensorData = cls.__new__(cls)
+    NonTensorData.__init__(out, data, batch_size)
+    return out
+
+
 def _rebuild(expected: Any, data: Any, batch_size: Any, device: Any) -> MetaData:
     """Unpickles a ``MetaData`` (``MetaData[expected]`` when ``expected`` is not None)."""
     cls: Any = MetaData if expected is None else MetaData[expected]
