@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         is_tensor_collection,
         is_tensorclass,
     )
+    from ._core.metadata import MetaData
     from ._core.nodes import NonTensorData
     from ._core.nontensor import LinkedList, NonTensorStack, is_non_tensor
     from ._core.nontensor_options import (
@@ -72,6 +73,7 @@ __all__ = [
     "LinkedList",
     "LockedError",
     "MemoryMappedTensor",
+    "MetaData",
     "NonTensorData",
     "NonTensorStack",
     "SymlinkError",
@@ -124,6 +126,7 @@ _LAZY = {
     "tensorclass": ".tensorclass",
     "utils": ".utils",
     "MemoryMappedTensor": ".memmap",
+    "MetaData": "._core.metadata",
     "NonTensorData": "._core.nodes",
     "LinkedList": "._core.nontensor",
     "NonTensorStack": "._core.nontensor",

@@ -37,14 +37,15 @@ import numpy as np
 import torch
 
 from ._core import classes as _classes
-from ._core.nodes import NonTensorData
+from ._core.metadata import MetaData
+from ._core.nodes import NTD_TYPES, NonTensorData
 from ._core.nontensor import NonTensorStack
 from ._core.shared_value import unshared
 from .memmap import _LazyLeaf
 from .ops.devices import _normalize_device
 from .tensordict import TensorDict
 
-__all__ = ["TensorClass", "from_dataclass", "tensorclass"]
+__all__ = ["MetaData", "TensorClass", "from_dataclass", "tensorclass"]
 
 T = TypeVar("T")
 # tensordict's name for reading a shared NonTensorData's cell (``entry._non_tensordict["data"]``)
@@ -208,7 +209,7 @@ class _Field:
         kind = type(value)
         if kind is _LazyLeaf:
             return td._get_str(self._name)
-        if kind is NonTensorData:
+        if kind in NTD_TYPES:
             return value.data
         if kind is NonTensorStack:  # its values, as td[key] gives them (writes reach it)
             return value.tolist(as_linked_list=True)
@@ -268,7 +269,7 @@ def _set_field(obj: Any, key: str, value: Any, *, inplace: bool = False) -> None
             value = torch.as_tensor(value)  # tensor_only: anything else is cast to a tensor
     elif type(value) is NonTensorStack:
         pass  # one value per row, as tensordict keeps it (not wrapped in a NonTensorData)
-    elif getattr(type(value), "_is_tensorclass", False) and type(value) is not NonTensorData:
+    elif getattr(type(value), "_is_tensorclass", False) and type(value) not in NTD_TYPES:
         value = value._as_node()
     elif isinstance(value, dict) and _is_tensorclass_type(hint):
         value = typing.cast(Any, hint).from_dict(value, batch_size=td.batch_size)._as_node()
@@ -620,7 +621,7 @@ def _compare(self: Any, other: Any, ne: bool) -> Any:
         return ne
     td = self.__dict__["_tensordict"]
     if not isinstance(other, TensorDict) and not getattr(type(other), "_is_tensorclass", False):
-        plain = [k for k, v in td.items(include_nested=True) if type(v) is NonTensorData]
+        plain = [k for k, v in td.items(include_nested=True) if type(v) in NTD_TYPES]
         td = td.exclude(*plain) if plain else td
     result = (td != _unwrap(other)) if ne else (td == _unwrap(other))
     return type(self)._from_tensordict(result, dict(self.__dict__["_non_tensordict"]))

@@ -14,7 +14,7 @@ from ._core import index as _index
 from ._core import nested as _nested
 from ._core.classes import TensorDictBase, public
 from ._core.locking import Lockable, locked_error, refuse_read_only
-from ._core.nodes import TD, Key, NonTensorData, TreeNode
+from ._core.nodes import NTD_TYPES, TD, Key, NonTensorData, TreeNode
 from ._core.nontensor import NonTensorStack
 from ._core.repr import compact_repr
 from ._core.unbatched import UnbatchedTensor, with_batch_size
@@ -249,7 +249,7 @@ class TensorDict(
             raise KeyError(
                 f'key "{key}" not found in TensorDict with keys {sorted(self._tensordict)}'
             ) from None
-        if type(value) is NonTensorData:
+        if type(value) in NTD_TYPES:
             value.batch_size, value.device = td._batch_size, td._device
         elif isinstance(value, TensorDict) and type(value)._tensorclass is not None:
             return type(value)._tensorclass._from_tensordict(value)
@@ -385,7 +385,7 @@ class TensorDict(
             isinstance(index, tuple) and not _index.is_batch_index(index)
         ):
             value = self.get(index)
-            if type(value) is NonTensorData:
+            if type(value) in NTD_TYPES:
                 return value.data
             if type(value) is NonTensorStack:
                 return value.tolist(as_linked_list=True)

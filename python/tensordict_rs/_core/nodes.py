@@ -225,7 +225,7 @@ class NonTensorData:
     _is_non_tensor = True
 
     def __init__(self, data: Any, batch_size: Any = None, device: Any = None) -> None:
-        if type(data) is NonTensorData:
+        if type(data) in NTD_TYPES:
             data = data.data
         self._value: Any = data
         self._shared: Any = None  # a SharedValue (_core/shared_value.py) once shared
@@ -347,12 +347,12 @@ class NonTensorData:
         >>> entry.update_(NonTensorData("b")).data
         'b'
         """
-        if getattr(other, "_is_non_tensor", False) and type(other) is not NonTensorData:
+        if getattr(other, "_is_non_tensor", False) and type(other) not in NTD_TYPES:
             raise ValueError(
                 "Cannot update a NonTensorDataBase object with a NonTensorStack. Call "
                 "`non_tensor_data.maybe_to_stack()` before calling update()."
             )
-        self.data = other.data if type(other) is NonTensorData else other
+        self.data = other.data if type(other) in NTD_TYPES else other
         return self
 
     def update(
@@ -380,7 +380,8 @@ class NonTensorData:
         text = str(self.data)
         if len(text) > 200:
             text = text[:20] + "  ...  " + text[-20:]
-        return f"NonTensorData(data={text}, batch_size={self.batch_size}, device={self.device})"
+        name = type(self).__name__
+        return f"{name}(data={text}, batch_size={self.batch_size}, device={self.device})"
 
     @property
     def shape(self) -> torch.Size:
@@ -412,7 +413,7 @@ class NonTensorData:
     def __getitem__(self, index: Any) -> NonTensorData:
         """The same value with the batch size of ``index`` applied to this one's."""
         batch = torch.empty(self.batch_size, dtype=torch.bool, device="meta")[index].shape
-        return NonTensorData(self.data, batch_size=batch, device=self.device)
+        return type(self)(self.data, batch_size=batch, device=self.device)
 
     def __setitem__(self, index: Any, value: Any) -> None:
         """``entry[index] = value`` where ``index`` selects every element (``True``, ``...``,
@@ -425,7 +426,7 @@ class NonTensorData:
                 "A NonTensorData holds one value for all its elements, so it cannot take "
                 "another value for some of them; call maybe_to_stack() first."
             )
-        if type(value) is NonTensorData:
+        if type(value) in NTD_TYPES:
             value = value.data
         elif getattr(value, "_is_non_tensor", False):  # a stack of one element
             if value.numel() != 1:
@@ -450,7 +451,7 @@ class NonTensorData:
         import copy
 
         data = copy.deepcopy(self.data) if recurse else self.data
-        return NonTensorData(data, batch_size=self.batch_size, device=self.device)
+        return type(self)(data, batch_size=self.batch_size, device=self.device)
 
     def to(self, *args: Any, **kwargs: Any) -> NonTensorData:
         """The entry on another device (the value itself is a Python object and stays)."""
@@ -458,7 +459,7 @@ class NonTensorData:
         for arg in args:
             if isinstance(arg, (str, torch.device, int)):
                 device = arg
-        return NonTensorData(self.data, batch_size=self.batch_size, device=device)
+        return type(self)(self.data, batch_size=self.batch_size, device=device)
 
     def is_empty(self) -> bool:
         """Always False: the entry holds a value."""
@@ -471,7 +472,7 @@ class NonTensorData:
     def _with_batch(self, fn: Any) -> NonTensorData:
         """The value with the batch size ``fn`` gives a tensor of this one's shape."""
         batch = fn(torch.empty(self.batch_size, device="meta")).shape
-        return NonTensorData(self.data, batch_size=batch, device=self.device)
+        return type(self)(self.data, batch_size=batch, device=self.device)
 
     def as_stack(self) -> Any:
         """A ``NonTensorStack`` of this batch size with the value in every element (one
@@ -524,7 +525,7 @@ class NonTensorData:
     def unbind(self, dim: int = 0) -> tuple[NonTensorData, ...]:
         """One entry per element along ``dim``."""
         return tuple(
-            NonTensorData(self.data, batch_size=t.shape, device=self.device)
+            type(self)(self.data, batch_size=t.shape, device=self.device)
             for t in torch.empty(self.batch_size, device="meta").unbind(dim)
         )
 
@@ -538,7 +539,7 @@ class NonTensorData:
         return NonTensorStack.__torch_function__(func, types, args, kwargs)
 
     def _compare(self, other: Any, equal: bool) -> Any:
-        if type(other) is NonTensorData:
+        if type(other) in NTD_TYPES:
             try:
                 same = other.data is self.data or bool(other.data == self.data)
             except Exception:
@@ -557,6 +558,11 @@ class NonTensorData:
 
     __hash__ = None  # type: ignore[assignment]
 
+
+# The classes of non-tensor leaves that hold one value for the whole batch: NonTensorData and
+# its subclasses (MetaData and each MetaData[T], _core/metadata.py, which add themselves). The
+# tree's checks read ``type(value) in NTD_TYPES`` (one hash lookup, as cheap as ``is``).
+NTD_TYPES: set[type] = {NonTensorData}
 
 _NUMBER_KEY = _native.NUMBER_KEY  # serde_json (arbitrary_precision): a number's text
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .. import _native
-from .nodes import NonTensorData, _json_text
+from .nodes import NTD_TYPES, NonTensorData, _json_text
 from .shared_value import SharedValue
 
 _BASIC = (int, slice, type(None), type(Ellipsis))
@@ -362,7 +362,7 @@ class NonTensorStack:
         """
         shape = list_shape(non_tensors)
         flat = flatten_list(non_tensors, len(shape))
-        flat = [v.data if type(v) is NonTensorData else v for v in flat]
+        flat = [v.data if type(v) in NTD_TYPES else v for v in flat]
         return cls.from_values(flat, shape, device)
 
     @classmethod
@@ -873,7 +873,7 @@ class NonTensorStack:
                     f"cannot compare stacks of batch sizes {self.batch_size} and {other.batch_size}"
                 )
             theirs = other.values_flat()
-        elif type(other) is NonTensorData:
+        elif type(other) in NTD_TYPES:
             theirs = [other.data] * len(mine)
         else:
             flat = flatten_list(other, self._pos.ndim) if isinstance(other, list) else None
@@ -943,7 +943,7 @@ def _rebuild(
 def _as_member(value: Any) -> NonTensorStack:
     if isinstance(value, NonTensorStack):
         return value
-    if type(value) is NonTensorData:
+    if type(value) in NTD_TYPES:
         batch = tuple(value.batch_size)
         n = int(np.prod(batch, dtype=np.int64))
         return NonTensorStack._from_parts(
@@ -987,7 +987,7 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 def _scalar_value(value: Any) -> Any:
-    if type(value) is NonTensorData:
+    if type(value) in NTD_TYPES:
         return value.data
     if isinstance(value, NonTensorStack):
         if value.numel() != 1:
@@ -1013,7 +1013,7 @@ def _broadcast_values(value: Any, shape: tuple[int, ...]) -> list[Any]:
                 f"{torch.Size(shape)} elements"
             ) from None
         return value._cells.get(pos.ravel())
-    if type(value) is NonTensorData:
+    if type(value) in NTD_TYPES:
         value = value.data
     return [value] * n
 
@@ -1143,7 +1143,7 @@ def _NO_STACK() -> None:
 
 def is_non_tensor(value: Any) -> bool:
     """True for a non-tensor entry: ``NonTensorData`` or ``NonTensorStack``."""
-    return type(value) is NonTensorData or isinstance(value, NonTensorStack)
+    return type(value) in NTD_TYPES or isinstance(value, NonTensorStack)
 
 
 def share_entries(td: Any) -> None:
@@ -1166,7 +1166,7 @@ def share_entries(td: Any) -> None:
         for key, value in node._tensordict.items():
             name = ".".join((*path, key))
             try:
-                if type(value) is NonTensorData:
+                if type(value) in NTD_TYPES:
                     if value._shared is None:
                         found.append((value, _json_text(value.data, name).encode("utf-8")))
                 elif type(value) is NonTensorStack:
@@ -1175,7 +1175,7 @@ def share_entries(td: Any) -> None:
             except _native.InvalidTreeError:
                 # not JSON: stays a value of this process (sent by value), written in place
                 # nowhere (tensordict refuses that too)
-                if type(value) is NonTensorData:
+                if type(value) in NTD_TYPES:
                     value._local = name
                 continue
             if isinstance(getattr(value, "_tensordict", None), dict):  # a tree
@@ -1186,7 +1186,7 @@ def share_entries(td: Any) -> None:
         return
     cells = SharedValue.create_many([text for _, text in found])
     for (owner, _), cell in zip(found, cells, strict=True):
-        if type(owner) is NonTensorData:
+        if type(owner) in NTD_TYPES:
             owner._shared = cell
         else:
             owner.shared = cell

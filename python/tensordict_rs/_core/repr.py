@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from .nodes import NonTensorData, TreeNode
+from .nodes import NTD_TYPES, TreeNode
 from .render import Node, render, short_name, sort_entries
 from .unbatched import UnbatchedTensor
 
@@ -21,9 +21,7 @@ def _entry(td: TreeNode, key: str) -> Node:
     info = td._leaf_info(key)
     if info is None:
         value = td._tensordict[key]
-        return (
-            type(value).__name__ if type(value) is not NonTensorData else type(value.data).__name__
-        )
+        return type(value).__name__ if type(value) not in NTD_TYPES else type(value.data).__name__
     shape, dtype, device = info
     own = shape if type(value) is UnbatchedTensor else shape[td.batch_dims :]
     token = f"{short_name(dtype)}[{','.join(map(str, own))}]"

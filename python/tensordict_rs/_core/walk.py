@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from . import nested as _nested
-from .nodes import TD, NonTensorData, TreeNode
+from .nodes import NTD_TYPES, TD, TreeNode
 from .nontensor import NonTensorStack
 from .unbatched import UnbatchedTensor, with_batch_size
 
@@ -181,14 +181,14 @@ def _map(
                 sub_names,
                 unbatched,
             )
-        elif type(value) is NonTensorData or type(value) is NonTensorStack:
+        elif type(value) in NTD_TYPES or type(value) is NonTensorStack:
             if non_tensor is None:
                 data = value.clone(recurse=False)
             else:
-                if type(value) is NonTensorData:
+                if type(value) in NTD_TYPES:
                     value.batch_size, value.device = td._batch_size, td._device
                 for o, r in zip(others, rest, strict=True):
-                    if type(r) is NonTensorData and isinstance(o, TreeNode):
+                    if type(r) in NTD_TYPES and isinstance(o, TreeNode):
                         r.batch_size, r.device = o._batch_size, o._device
                 data = non_tensor(value, *rest)
             if data is not None:
@@ -226,7 +226,7 @@ def _moved(fn: LeafFn) -> LeafFn:
     def move(value: Any, *_: Any) -> Any:
         if type(value) is NonTensorStack:
             return value.apply_positions(fn)
-        return NonTensorData(value.data)
+        return type(value)(value.data)  # a MetaData stays one
 
     return move
 
@@ -305,7 +305,7 @@ def walk_items(
                 yield from walk_items(value, nested, leaves_only, materialize, (*prefix, key))
             if not leaves_only:
                 yield full, value
-        elif type(value) is NonTensorData:
+        elif type(value) in NTD_TYPES:
             if not leaves_only:
                 value.batch_size, value.device = td._batch_size, td._device
                 yield full, value
@@ -333,7 +333,7 @@ def _copy(td: TD, keep: Callable[[tuple[str, ...]], bool] | None, prefix: tuple[
         if isinstance(value, TreeNode):
             items[key] = _copy(value, keep, path)
         elif keep is None or keep(path):
-            items[key] = NonTensorData(value.data) if type(value) is NonTensorData else value
+            items[key] = type(value)(value.data) if type(value) in NTD_TYPES else value
     return out
 
 

@@ -20,7 +20,7 @@ from .. import _native
 from .._core import classes as _classes
 from .._core import nested as _nested
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
-from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused, _json_text
+from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode, _gc_paused, _json_text
 from .._core.nontensor import NonTensorStack
 from .._core.unbatched import UnbatchedTensor
 from .._core.walk import refuse_unbatched
@@ -167,7 +167,7 @@ class _Plan:
                     same = self._same_file(value, path / (_native.encode_key(key) + ".memmap"))
                 dtype, shape, device = value.dtype, value.shape, "cpu"
                 nbytes = value.buffer.nbytes
-            elif cls is NonTensorData:
+            elif cls in NTD_TYPES:
                 entries.append((NON_TENSOR, key, _json_text(value.data, key)))
                 continue
             elif cls is torch.Tensor and not like:
@@ -223,7 +223,7 @@ class _Plan:
         for key in sorted(items):
             value = items[key]
             cls = type(value)
-            if cls is NonTensorData or cls is NonTensorStack:
+            if cls in NTD_TYPES or cls is NonTensorStack:
                 continue
             if cls is UnbatchedTensor:
                 # share_memory_: the payload goes to torch's shared memory, the entry stays
@@ -292,9 +292,7 @@ def _mark(td: TreeNode, prefix: Path | None) -> None:
     for key, value in td._tensordict.items():
         if isinstance(value, TreeNode):
             _mark(value, None if prefix is None else prefix / _native.encode_key(key))
-        elif (type(value) is NonTensorStack or type(value) is NonTensorData) and (
-            prefix is not None
-        ):
+        elif (type(value) is NonTensorStack or type(value) in NTD_TYPES) and (prefix is not None):
             value._bind_saved(prefix, key)
 
 

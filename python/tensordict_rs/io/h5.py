@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
 from .._core.walk import walk_items
 
 
@@ -143,7 +143,7 @@ def to_h5(td: TD, filename: str | os.PathLike[str], **kwargs: Any) -> TD:
             name = "/".join(key) if isinstance(key, tuple) else key
             if isinstance(value, TreeNode):
                 handle.require_group(name)
-            elif type(value) is NonTensorData:
+            elif type(value) in NTD_TYPES:
                 handle.create_dataset(name, data=value.data)
             else:
                 array = value.detach().cpu().as_subclass(torch.Tensor).numpy()

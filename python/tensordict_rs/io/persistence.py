@@ -132,7 +132,7 @@ class MemoryMapped(TreeNode):
             if isinstance(value, MemoryMapped):
                 out._tensordict[key] = value._structure()
             elif isinstance(value, NonTensorData):
-                out._tensordict[key] = NonTensorData(value.data)
+                out._tensordict[key] = type(value)(value.data)
             else:
                 # a lazy leaf is shared as it is: the save reads its buffer, no tensor is made
                 out._tensordict[key] = value

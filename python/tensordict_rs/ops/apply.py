@@ -14,7 +14,7 @@ import torch
 
 from .._core import dirty as _dirty
 from .._core.locking import refuse_read_only
-from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nodes import NTD_TYPES, TD, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.unbatched import UnbatchedTensor
 from .devices import _normalize_device
@@ -230,7 +230,7 @@ class _ApplyWalk:
                 if sub._tensordict or not self.filter_empty:
                     out._tensordict[key] = sub
                 continue
-            if type(value) is NonTensorData or type(value) is NonTensorStack:
+            if type(value) in NTD_TYPES or type(value) is NonTensorStack:
                 out._tensordict[key] = value.clone(recurse=False)
                 continue
             if type(value) is UnbatchedTensor and batch != td._batch_size:
@@ -258,7 +258,7 @@ class _ApplyWalk:
             if isinstance(value, TreeNode) and not self.call_on_nested:
                 self.into(value, tuple(rest), target._get_str(key), path)
                 continue
-            if type(value) is NonTensorData or type(value) is NonTensorStack:
+            if type(value) in NTD_TYPES or type(value) is NonTensorStack:
                 continue
             result = self._call(path, value, rest)
             if result is None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nodes import NTD_TYPES, TD, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.walk import map_leaves
 from .pointwise import _documented
@@ -60,7 +60,7 @@ def _cast_filtered(
         value = td._get_str(key)
         if isinstance(value, TreeNode):
             out._tensordict[key] = _cast_filtered(value, dtype, keep, (*prefix, key), method)  # type: ignore[arg-type]
-        elif type(value) is NonTensorData or type(value) is NonTensorStack:
+        elif type(value) in NTD_TYPES or type(value) is NonTensorStack:
             out._tensordict[key] = value.clone(recurse=False)
         else:
             keep_it = keep((*prefix, key), value)

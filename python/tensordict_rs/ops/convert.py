@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
 from .._core.walk import leaves, map_leaves
 from . import as_classmethod
 from .keys import _max_batch
@@ -78,7 +78,7 @@ def numpy(td: TreeNode) -> dict[str, Any]:
         value = td._get_str(key)
         if isinstance(value, TreeNode):
             out[key] = numpy(value)  # type: ignore[arg-type]
-        elif type(value) is NonTensorData:
+        elif type(value) in NTD_TYPES:
             out[key] = value.data
         else:
             out[key] = value.as_subclass(torch.Tensor).numpy()
@@ -134,7 +134,7 @@ def _element_dict(td: TreeNode, convert_tensors: bool | str, tolist_first: bool)
                 out[key] = tolist(value, convert_tensors=convert_tensors)  # type: ignore[arg-type]
             else:
                 out[key] = _element_dict(value, convert_tensors, tolist_first)  # type: ignore[arg-type]
-        elif type(value) is NonTensorData:
+        elif type(value) in NTD_TYPES:
             out[key] = value.data
         elif convert_tensors == "numpy":
             out[key] = value.as_subclass(torch.Tensor).numpy()
@@ -165,7 +165,7 @@ def to_namedtuple(td: TreeNode, dest_cls: type | None = None) -> Any:
             fields = tuple(value._tensordict)
             nested_cls = dest_cls if dest_cls is not None and _takes(dest_cls, fields) else None
             values[key] = to_namedtuple(value, nested_cls)  # type: ignore[arg-type]
-        elif type(value) is NonTensorData:
+        elif type(value) in NTD_TYPES:
             values[key] = value.data
         else:
             values[key] = value
@@ -324,7 +324,7 @@ def to_struct_array(td: TreeNode) -> np.ndarray:
             sub = to_struct_array(value)  # type: ignore[arg-type]
             fields.append((key, sub.dtype, sub.shape[len(batch) :]))
             arrays[key] = sub
-        elif type(value) is NonTensorData:
+        elif type(value) in NTD_TYPES:
             raise TypeError(f"to_struct_array: the non-tensor entry {key!r} has no NumPy dtype")
         else:
             array = value.detach().cpu().as_subclass(torch.Tensor).numpy()
@@ -519,7 +519,7 @@ def to_pytree(td: TreeNode) -> Any:
     [tensor([0., 0.]), tensor([1., 1.])]
     """
     marker = td._tensordict.get(_PYTREE_TYPE)
-    if type(marker) is not NonTensorData:
+    if not isinstance(marker, NonTensorData):
         return td
     kind = marker.data
     entries = {}
@@ -529,14 +529,14 @@ def to_pytree(td: TreeNode) -> Any:
         value = td._get_str(key)
         if isinstance(value, TreeNode):
             value = to_pytree(value)  # type: ignore[arg-type]
-        elif type(value) is NonTensorData:
+        elif type(value) in NTD_TYPES:
             value = value.data
         entries[key] = value
     if issubclass(kind, Mapping):
         out = {}
         for key, value in entries.items():
             stored = td._tensordict.get(key + "_key")
-            out[stored.data if type(stored) is NonTensorData else key] = value
+            out[stored.data if isinstance(stored, NonTensorData) else key] = value
         return (
             kind(out) if kind is not collections.defaultdict else collections.defaultdict(None, out)
         )

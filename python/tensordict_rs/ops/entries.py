@@ -14,7 +14,7 @@ from typing import Any, Self
 import torch
 
 from .._core.locking import locked_error
-from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nodes import NTD_TYPES, TD, TreeNode
 from .._core.walk import copy_tree, leaves, map_leaves
 from ..memmap import _LazyLeaf
 from .keys import _max_batch
@@ -63,7 +63,7 @@ def popitem(td: TreeNode) -> tuple[str, Any]:
     key = next(reversed(td._tensordict))
     value = td._get_str(key)
     del td._tensordict[key]
-    if type(value) is NonTensorData:
+    if type(value) in NTD_TYPES:
         return key, value.data
     return key, value
 
@@ -139,7 +139,7 @@ def get_at(td: TreeNode, key: Any, *args: Any, **kwargs: Any) -> Any:
         if default is _NO_DEFAULT:
             raise KeyError(f'key "{key}" not found in TensorDict with keys {sorted(td.keys())}')
         return default
-    if type(value) is NonTensorData:
+    if type(value) in NTD_TYPES:
         return value.data
     return value[index]
 
@@ -158,7 +158,7 @@ def get_item_shape(td: TreeNode, key: Any) -> torch.Size:
     if path[-1] not in node._tensordict:
         raise KeyError(f'key "{key}" not found in TensorDict with keys {sorted(node._tensordict)}')
     value = node._tensordict[path[-1]]
-    if type(value) is NonTensorData:
+    if type(value) in NTD_TYPES:
         return node.batch_size
     shape = node._entry_shape(path[-1])
     return node.batch_size if shape is None else torch.Size(shape)
@@ -329,7 +329,7 @@ def _leaf_paths(td: TreeNode, prefix: tuple[str, ...] = ()) -> list[tuple[str, .
         value = td._tensordict[key]
         if isinstance(value, TreeNode):
             paths.extend(_leaf_paths(value, (*prefix, key)))  # type: ignore[arg-type]
-        elif type(value) is not NonTensorData:
+        elif type(value) not in NTD_TYPES:
             paths.append((*prefix, key))
     return paths
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .. import _native
-from .._core.nodes import TD, NonTensorData
+from .._core.nodes import NTD_TYPES, TD, NonTensorData
 from .._core.nontensor import NonTensorStack
 from .._core.unbatched import UnbatchedTensor
 from ..memmap import _LazyLeaf
@@ -137,7 +137,7 @@ class _Plan:
         entries: list[tuple[str, int, Any]] = []
         self.entries.append(entries)
         for key, value in items.items():
-            if type(value) is NonTensorData:
+            if type(value) in NTD_TYPES:
                 entries.append((key, _VALUE, value))
                 continue
             if type(value) is NonTensorStack:
@@ -251,7 +251,7 @@ class _Plan:
                 elif kind == _WHOLE:
                     items[key] = x  # the whole batch's (its batch size is set when read)
                 else:
-                    items[key] = NonTensorData(x.data)
+                    items[key] = type(x)(x.data)
             made[i] = out
         return made[0]
 

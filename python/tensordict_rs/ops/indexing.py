@@ -14,7 +14,7 @@ import torch
 from .._core import dirty as _dirty
 from .._core import index as _items
 from .._core.locking import locked_error, mark_read_only, refuse_read_only
-from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.unbatched import UnbatchedTensor
 from .._core.walk import is_tree, map_leaves, zip_leaves
@@ -136,7 +136,7 @@ def _write_rows(td: TreeNode, items: tuple[Any, ...], value: Any) -> None:
             target = td._get_str(key)
             if is_tree(target):
                 target[items] = sub_value
-            elif type(target) is NonTensorData:
+            elif type(target) in NTD_TYPES:
                 _set_non_tensor_rows(td, key, target, items, sub_value)
             elif type(target) is NonTensorStack:
                 target[_stack_index(items)] = sub_value
@@ -164,7 +164,7 @@ def _set_non_tensor_rows(
     keeps it; another value turns the entry into a stack (one value per row), as tensordict
     does, also in a locked tree (writing rows is in place there); a shared or memory-mapped
     entry refuses that change (its value is one cell in shared memory or one meta.json)."""
-    if type(value) is NonTensorData:
+    if type(value) in NTD_TYPES:
         data: Any = value.data
     elif type(value) is NonTensorStack:
         data = value
@@ -198,7 +198,7 @@ def preallocate(td: TD, key: str, value: Any, items: tuple[Any, ...]) -> None:
         return
     leaf = _keys.leaf_value(value)
     if isinstance(leaf, NonTensorData):
-        td._tensordict[key] = NonTensorData(leaf.data)
+        td._tensordict[key] = type(leaf)(leaf.data)
         return
     if isinstance(leaf, NonTensorStack):
         # the rows' values, written by the caller; the other rows hold None until written

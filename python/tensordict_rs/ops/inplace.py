@@ -16,7 +16,7 @@ import torch
 
 from .._core import dirty as _dirty
 from .._core.locking import locked_error, refuse_read_only
-from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.walk import is_tree, leaves, map_leaves, zip_leaves
 from .indexing import pairs
@@ -124,7 +124,7 @@ def update_at_(
     for key, value in _flat_items(input_dict_or_td, (), non_tensor=True):
         if wanted is not None and not any(key[: len(w)] == w for w in wanted):
             continue
-        if type(value) is NonTensorData or type(value) is NonTensorStack:
+        if type(value) in NTD_TYPES or type(value) is NonTensorStack:
             # the rows of a non-tensor entry, as ``td[idx] = {key: value}`` writes them (a value
             # that differs turns a NonTensorData into a stack, as in tensordict)
             td.get(key)  # KeyError for a missing entry, as for tensors
@@ -174,7 +174,7 @@ def _flat_items(
         path = (*prefix, *_key_tuple(key))
         if isinstance(value, (TreeNode, Mapping)):
             out.extend(_flat_items(value, path, non_tensor))
-        elif non_tensor or (type(value) is not NonTensorData and type(value) is not NonTensorStack):
+        elif non_tensor or (type(value) not in NTD_TYPES and type(value) is not NonTensorStack):
             out.append((path, value))
     return out
 
@@ -420,7 +420,7 @@ def _update_(
                 path = (*prefix, first)
                 _update_(target, value, False, non_blocking, below, {}, skipped, path)
                 continue
-            if len(k) == 1 and type(target) is NonTensorData and target._local is not None:
+            if len(k) == 1 and isinstance(target, NonTensorData) and target._local is not None:
                 skipped.append((*prefix, first) if prefix else first)
                 continue
             td.set_(k if len(k) > 1 else first, value, non_blocking=non_blocking)

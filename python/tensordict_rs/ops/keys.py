@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .._core.locking import locked_error
-from .._core.nodes import TD, Key, NonTensorData
+from .._core.nodes import NTD_TYPES, TD, Key, NonTensorData
 from .._core.nontensor import NonTensorStack
 from .._core.nontensor_options import list_to_stack
 from .._core.unbatched import UnbatchedTensor
@@ -50,7 +50,7 @@ def _prune(td: TD, wanted: dict[str, Any], strict: bool) -> TD:
 
 
 def _share(value: Any) -> Any:
-    return NonTensorData(value.data) if type(value) is NonTensorData else value
+    return type(value)(value.data) if type(value) in NTD_TYPES else value
 
 
 def _key_tree(keys: Iterable[Any]) -> dict[str, Any]:
@@ -213,7 +213,7 @@ def to_dict(td: TD, *, retain_none: bool = True, convert_tensors: bool = False) 
         value = td._get_str(key)
         if is_tree(value):
             out[key] = to_dict(value, retain_none=retain_none, convert_tensors=convert_tensors)
-        elif type(value) is NonTensorData:
+        elif type(value) in NTD_TYPES:
             if value.data is not None or retain_none:
                 out[key] = value.data
         elif type(value) is NonTensorStack:
@@ -230,7 +230,7 @@ def _max_batch(td: TD, batch_dims: int | None) -> None:
         if is_tree(value):
             _max_batch(value, batch_dims)
             shapes.append(tuple(value.batch_size))
-        elif type(value) is not NonTensorData and type(value) is not UnbatchedTensor:
+        elif type(value) not in NTD_TYPES and type(value) is not UnbatchedTensor:
             shapes.append(tuple(value.shape))
     if not shapes:
         return
@@ -311,7 +311,7 @@ def empty(td: TD, recurse: bool = False, *, batch_size: Any = None, device: Any 
         for key, value in td._tensordict.items():
             if is_tree(value):
                 out._tensordict[key] = empty(value, True)
-            elif type(value) is NonTensorData or type(value) is NonTensorStack:
+            elif type(value) in NTD_TYPES or type(value) is NonTensorStack:
                 out._tensordict[key] = value.clone(recurse=False)
     return out
 
@@ -377,7 +377,7 @@ def set_non_tensor(td: TD, key: Any, value: Any) -> TD:
     """
     if isinstance(value, NonTensorStack):
         return td.set(key, value)
-    data = value.data if type(value) is NonTensorData else value
+    data = value.data if type(value) in NTD_TYPES else value
     return td.set(key, NonTensorData(data))
 
 
@@ -396,7 +396,7 @@ def get_non_tensor(td: TD, key: Any, default: Any = _MISSING) -> Any:
         value = td.get(key, _MISSING)
         if value is _MISSING:
             return default
-    if type(value) is NonTensorData:
+    if type(value) in NTD_TYPES:
         return value.data
     if type(value) is NonTensorStack:
         return value.tolist(as_linked_list=True)
@@ -413,7 +413,7 @@ def non_tensor_items(td: TD, include_nested: bool = False) -> list[tuple[Any, An
     return [
         (key, value)
         for key, value in td.items(include_nested=include_nested)
-        if type(value) is NonTensorData or type(value) is NonTensorStack
+        if type(value) in NTD_TYPES or type(value) is NonTensorStack
     ]
 
 
@@ -429,7 +429,7 @@ def is_non_tensor(td: TD, key: Any) -> bool:
     (True, False)
     """
     value = td.get(key)
-    return type(value) is NonTensorData or isinstance(value, NonTensorStack)
+    return type(value) in NTD_TYPES or isinstance(value, NonTensorStack)
 
 
 def filter_non_tensor_data(td: TD) -> TD:
@@ -447,4 +447,4 @@ def _is_non_tensor_at(td: Any, path: tuple[str, ...]) -> bool:
     for part in path[:-1]:
         td = td._tensordict[part]
     value = td._tensordict[path[-1]]
-    return type(value) is NonTensorData or type(value) is NonTensorStack
+    return type(value) in NTD_TYPES or type(value) is NonTensorStack

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nodes import NTD_TYPES, TD, TreeNode
 from . import as_classmethod
 
 _NO_DEFAULT: Any = object()
@@ -260,7 +260,7 @@ def _swap(
                 non_blocking,
                 memo,  # type: ignore[arg-type]
             )
-        elif type(value) is NonTensorData:
+        elif type(value) in NTD_TYPES:
             continue
         else:
             swapped[key] = _swap_leaf(
@@ -412,7 +412,7 @@ def state_dict(
             else:
                 destination[prefix + key] = state_dict(value, keep_vars=keep_vars, flatten=False)  # type: ignore[arg-type]
             continue
-        if type(value) is NonTensorData:
+        if type(value) in NTD_TYPES:
             value = value.data
         elif not keep_vars:
             value = value.detach()

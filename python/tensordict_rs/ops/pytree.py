@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree
 
-from .._core.nodes import NonTensorData, TreeNode
+from .._core.nodes import NTD_TYPES, NonTensorData, TreeNode
 from .._core.unbatched import UnbatchedTensor
 
 
@@ -27,7 +27,7 @@ def _flatten(td: Any) -> tuple[list[Any], Any]:
     fixed: dict[str, Any] = {}
     for key in list(td._tensordict):
         value = td._get_str(key)
-        if type(value) is NonTensorData:  # not a leaf of the transform: kept in the context
+        if type(value) in NTD_TYPES:  # not a leaf of the transform: kept in the context
             fixed[key] = value.data
             continue
         keys.append(key)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .._core.locking import LOCK_ERROR
-from .._core.nodes import TD, NonTensorData
+from .._core.nodes import NTD_TYPES, TD
 from .._core.walk import KEEP, map_leaves
 
 _SCALAR = torch.zeros((), dtype=torch.uint8)
@@ -75,7 +75,7 @@ def _stacking(leaf_fn: Any) -> Any:
     """The non-tensor map of a shape operation that makes stacks of ``NonTensorData``."""
 
     def move(value: Any, *_: Any) -> Any:
-        if type(value) is NonTensorData:
+        if type(value) in NTD_TYPES:
             return value.stacked(leaf_fn)
         return value.apply_positions(leaf_fn)
 

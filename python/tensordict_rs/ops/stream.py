@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .. import _native
-from .._core.nodes import NonTensorData, TreeNode
+from .._core.nodes import NTD_TYPES, TreeNode
 from ..memmap import _LazyLeaf
 
 CHUNK_BYTES = 64 << 20  # two of them: <= 128 MiB of host staging (the issue allows 512 MiB)
@@ -43,7 +43,7 @@ def _collect(td: Any, out: list[tuple[Any, str, Any]]) -> bool:
         if isinstance(value, TreeNode):
             if not _collect(value, out):
                 return False
-        elif type(value) is NonTensorData:
+        elif type(value) in NTD_TYPES:
             continue
         elif _leaf_source(value) is None:
             return False
@@ -146,8 +146,8 @@ def _rebuild(td: Any, dest: torch.Tensor, offsets: dict[tuple[int, str], int], d
     for key, value in td._tensordict.items():
         if isinstance(value, TreeNode):
             items[key] = _rebuild(value, dest, offsets, device)
-        elif type(value) is NonTensorData:
-            items[key] = NonTensorData(value.data, value.batch_size, device)
+        elif type(value) in NTD_TYPES:
+            items[key] = type(value)(value.data, value.batch_size, device)
         else:
             shape = tuple(value.shape)
             at = offsets.get((id(td), key))

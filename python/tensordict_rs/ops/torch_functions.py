@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .._core import dirty as _dirty
-from .._core.nodes import TD, NonTensorData
+from .._core.nodes import NTD_TYPES, TD, NonTensorData
 from .._core.nontensor import NonTensorStack
 from .._core.nontensor_options import capture_non_tensor_stack
 from .._core.unbatched import UnbatchedTensor
@@ -47,8 +47,14 @@ def _stack_non_tensor(dim: int) -> Callable[..., Any]:
     gives (equal values too: they are one value per element once stacked)."""
 
     def join(*values: Any) -> Any:
-        if capture_non_tensor_stack() and all(type(v) is NonTensorData for v in values):
-            first = values[0]
+        first = values[0]
+        kind = type(first)
+        if kind is not NonTensorData and kind in NTD_TYPES:
+            # MetaData: one MetaData when every entry holds the very same object, as in
+            # tensordict (identity, not equality); else a stack
+            if all(type(v) is kind and v.data is first.data for v in values):
+                return kind(first.data)
+        elif capture_non_tensor_stack() and all(type(v) in NTD_TYPES for v in values):
             try:
                 same = all(v.data is first.data or bool(v.data == first.data) for v in values)
             except Exception:
@@ -66,13 +72,13 @@ def _cat_non_tensor(dim: int) -> Callable[..., Any]:
 
     def join(*values: Any) -> Any:
         first = values[0]
-        if all(type(v) is NonTensorData for v in values):
+        if all(type(v) in NTD_TYPES for v in values):
             try:
                 same = all(v.data is first.data or bool(v.data == first.data) for v in values)
             except Exception:
                 same = False
             if same:
-                return NonTensorData(first.data)
+                return type(first)(first.data)
         return NonTensorStack.concatenate(values, dim)
 
     return join
@@ -379,11 +385,11 @@ def _where_non_tensor(condition: torch.Tensor, mine: Any, theirs: Any, td: TD, o
     if mine is None or theirs is None:
         present = mine if mine is not None else theirs
         return present.clone(recurse=False)
-    if type(mine) is NonTensorData:
+    if type(mine) in NTD_TYPES:
         mine.batch_size, mine.device = td.batch_size, td.device
-    if type(theirs) is NonTensorData:
+    if type(theirs) in NTD_TYPES:
         theirs.batch_size, theirs.device = other.batch_size, other.device
-    if type(mine) is NonTensorData and type(theirs) is NonTensorData:
+    if type(mine) in NTD_TYPES and type(theirs) in NTD_TYPES:
         try:
             if mine.data is theirs.data or bool(mine.data == theirs.data):
                 return NonTensorData(mine.data)

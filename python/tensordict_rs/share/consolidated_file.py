@@ -21,7 +21,7 @@ import torch
 
 from .. import _native
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE
-from .._core.nodes import TD, NonTensorData, TreeNode
+from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
 from . import packed as _packed
 
 _RESERVED = ("cls", "non_tensors", "leaves", "cls_metadata", "size")
@@ -37,7 +37,7 @@ def _metadata(td: Any, offsets: dict[tuple[int, str], tuple[int, int]]) -> dict[
                 "layout (tensordict's)"
             )
         value = td._tensordict[key]
-        if type(value) is NonTensorData:
+        if type(value) in NTD_TYPES:
             device = None if td.device is None else str(td.device)
             node["non_tensors"][key] = [value.data, list(td.batch_size), device]
         elif isinstance(value, TreeNode):

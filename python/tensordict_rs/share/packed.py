@@ -43,7 +43,7 @@ import torch
 from .. import _native
 from .._core import nested as _nested
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
-from .._core.nodes import TD, NonTensorData, _gc_paused, _json_text
+from .._core.nodes import NTD_TYPES, TD, NonTensorData, _gc_paused, _json_text
 from .._core.nontensor import NonTensorStack
 from ..memmap import MemoryMappedTensor, _LazyLeaf, value_nbytes
 
@@ -196,7 +196,7 @@ class Plan:
                     self._groups.append(_nested_parts(value, (*path, key)))
                     continue
                 leaves.append((td if path else None, key, value))
-            elif type(value) is not NonTensorData and type(value) is not NonTensorStack:
+            elif type(value) not in NTD_TYPES and type(value) is not NonTensorStack:
                 self._walk(value, nodes, (*path, key), leaves)
 
     @property
@@ -626,12 +626,12 @@ def _spec(td: TD, path: tuple[str, ...], base: int = 0) -> tuple[Any, ...]:
             device = None if value.device is None else str(value.device)
             entries.append((STACK, key, value.stack_dim, device, data, shape))
             continue
-        if level + 2 > JSON_DEPTH and kind is not NonTensorData:
+        if level + 2 > JSON_DEPTH and kind not in NTD_TYPES:
             raise _too_deep(path, key)  # a leaf (object and shape list) or a deeper node
         if kind is _LazyLeaf:
             name = names.get(value.dtype) or dtype_to_str(value.dtype)
             entries.append((LEAF, key, name, value.shape, "cpu"))
-        elif kind is NonTensorData:
+        elif kind in NTD_TYPES:
             text = _json_text(value.data, key)
             if level + 1 + _json_depth(value.data, JSON_DEPTH - level - 1) > JSON_DEPTH:
                 raise _too_deep(path, key)
@@ -873,7 +873,7 @@ def _is_node(value: Any) -> bool:
     return (
         value is not None
         and type(value) is not _LazyLeaf
-        and type(value) is not NonTensorData
+        and type(value) not in NTD_TYPES
         and type(value) is not NonTensorStack
         and not isinstance(value, torch.Tensor)
     )

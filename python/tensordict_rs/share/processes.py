@@ -32,7 +32,8 @@ import torch
 from .. import _native
 from .._core import nested as _nested
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE
-from .._core.nodes import TD, NonTensorData, TreeNode, _gc_paused
+from .._core.metadata import kind_of, of_kind
+from .._core.nodes import NTD_TYPES, TD, TreeNode, _gc_paused
 from .._core.nontensor import NonTensorStack, _Cells, share_entries
 from .._core.shared_value import SharedValue
 from .._core.unbatched import UnbatchedTensor
@@ -176,12 +177,13 @@ def _describe(td: Any, msg: _Message) -> tuple[Any, ...]:
             entry = (NESTED, key, holder, table, jagged)
         elif isinstance(value, torch.Tensor):
             entry = msg.tensor_entry(key, value, entries)
-        elif cls is NonTensorData:
+        elif cls in NTD_TYPES:
             if value._shared is not None:  # the receiver maps the same cell
                 buffers.append(value._shared.buffer)
-                entry = (SHARED_NON_TENSOR, key, len(buffers) - 1, tuple(value.batch_size))
+                batch = tuple(value.batch_size)
+                entry = (SHARED_NON_TENSOR, key, len(buffers) - 1, batch, kind_of(value))
             else:
-                entry = (NON_TENSOR, key, value.data)
+                entry = (NON_TENSOR, key, value.data, kind_of(value))
         elif cls is NonTensorStack:
             shared = value._cells.shared
             if shared is not None:
@@ -251,11 +253,11 @@ def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = 
         elif tag == NODE:
             items[key] = _build(entry[2], buffers, storages)
         elif tag == NON_TENSOR:
-            items[key] = value = NonTensorData(entry[2])
+            items[key] = value = of_kind(entry[3], entry[2])
             if flags & SHARED:  # a value of a shared tree that JSON cannot hold (its own)
                 value._local = key
         elif tag == SHARED_NON_TENSOR:
-            items[key] = shared_value = NonTensorData(None, batch_size=entry[3])
+            items[key] = shared_value = of_kind(entry[4], None, entry[3])
             shared_value._shared = SharedValue(buffers[entry[2]])
         elif tag == SHARED_STACK:
             items[key] = _shared_stack(buffers[entry[2]], *entry[3])
@@ -280,7 +282,7 @@ def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = 
     if td._is_memmap and prefix is not None:
         # values written here in place rewrite the saved files, as in the sender
         for key, value in items.items():
-            if type(value) is NonTensorData or type(value) is NonTensorStack:
+            if type(value) in NTD_TYPES or type(value) is NonTensorStack:
                 value._bind_saved(td._memmap_prefix, key)
     return td
 
