@@ -309,6 +309,38 @@ def reported_mib() -> float | None:
         return None
 
 
+def _available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def refill_free_memory(nbytes: int) -> float:
+    """Untimed, before a big call: touches and frees ``nbytes`` of anonymous memory (at most
+    the available memory less 1 GiB), so that the pages the call allocates next are ones the
+    guest holds rather than ones it reported to its host earlier in a long run (at 8 GiB a
+    run frees far more than the held knobs keep: each ext4 case's page cache is freed when its
+    file is deleted, and memory freed more than ``min_free_ms`` ago is reported all the same).
+    Freshly freed pages are taken first by the next allocations, and with the knobs held they
+    stay unreported. Does nothing without page reporting or where the knobs are not held.
+    Returns the MiB touched."""
+    before = reported_mib()
+    if before is None or PAGE_STATE.get("held") is None:
+        return 0.0
+    size = min(int(nbytes), _available_bytes() - (1 << 30)) & ~0xFFFFF
+    if size <= 0:
+        return 0.0
+    t0 = time.perf_counter()
+    block = np.empty(size, dtype=np.uint8)  # not touched: np.empty maps fresh zero pages
+    block[::4096] = 1  # one write per page faults every page in
+    del block
+    PAGE_STATE.setdefault("refill_s", 0.0)
+    PAGE_STATE["refill_s"] += time.perf_counter() - t0
+    return size / 2**20
+
+
 @contextmanager
 def held_free_pages() -> Iterator[dict[str, Any]]:
     """Holds freed memory in the guest while the block runs (see above); records in

@@ -244,7 +244,7 @@ def render(data: dict[str, Any]) -> str:
         else:
             cells = _timed_row(wl, entry)
         title = wl.title
-        if machine.get("scale", 1) != 1:
+        if machine.get("scale", 1) != 1 or entry.get("resized"):
             title += f" [this run: {_size(wl, entry)}]"
         lines.append("| " + " | ".join([title, *cells]) + " |")
     lines.append("")
@@ -286,6 +286,11 @@ def render(data: dict[str, Any]) -> str:
             text += f"; CPU seconds per call (medians, all threads): {cpu}"
         if counters:
             text += f"; Dirty/Writeback MiB before the calls (medians): {counters}"
+        reported = entry.get("reported", {})
+        if reported:
+            text += "; MiB reported to the host during a call (most of the rounds): " + ", ".join(
+                f"{case} {m}" for case, m in sorted(reported.items())
+            )
         if load:
             text += f"; load average {load[0]:.1f}-{load[2]:.1f} (median {load[1]:.1f})"
         lines.append(text + ".")
@@ -299,7 +304,8 @@ def render(data: dict[str, Any]) -> str:
 
 
 def _size(wl: Workload, entry: dict[str, Any]) -> str:
-    """The shrunk size of a workload (for runs with TDRS_BENCH_SCALE != 1)."""
+    """The size of a workload in a run that shrank or grew it (TDRS_BENCH_SCALE != 1, or a
+    workload's own size variable such as TDRS_BENCH_BIG_GIB)."""
     amount = entry["amount"]
     if wl.unit == "GB/s":
         return f"{amount / 2**20:,.0f} MiB"
