@@ -83,3 +83,27 @@ def test_a_page_without_markers_is_left_alone(saved_run: Path, tmp_path: Path) -
     assert out.returncode == 1 and "exactly once" in out.stderr
     assert page.read_text() == "# Performance\n\nno markers here\n"
     assert sorted(tmp_path.iterdir()) == sorted([saved_run, page])  # no file left beside it
+
+
+def test_a_resized_row_says_its_size(tmp_path: Path) -> None:
+    """A workload run at another size than its title (TDRS_BENCH_BIG_GIB=8) says so in its
+    row, and the MiB reported to the host per case are printed under the table."""
+    run = json.loads(json.dumps(RUN))
+    entry = run["tdrs_bench"]["results"].pop("w1_save_shm")
+    entry.update(
+        amount=8 * 2**30,
+        resized=True,
+        plain={"write1": 2.0},
+        reported={"tensordict_rs": 888, "write1": 1392},
+    )
+    run["tdrs_bench"]["results"]["big1_save_tmp"] = entry
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    done = report("--json", path)
+    assert done.returncode == 0, done.stderr
+    row = next(
+        line for line in done.stdout.splitlines() if line.startswith("| memmap_(prefix) one")
+    )
+    assert "[this run: 8,192 MiB]" in row
+    assert "MiB reported to the host during a call" in done.stdout
+    assert "tensordict_rs 888, write1 1392" in done.stdout
