@@ -317,28 +317,21 @@ def _available_bytes() -> int:
     return 0
 
 
-def refill_free_memory(nbytes: int) -> float:
+def refill_free_memory(nbytes: int) -> None:
     """Untimed, before a big call: touches and frees ``nbytes`` of anonymous memory (at most
     the available memory less 1 GiB), so that the pages the call allocates next are ones the
     guest holds rather than ones it reported to its host earlier in a long run (at 8 GiB a
     run frees far more than the held knobs keep: each ext4 case's page cache is freed when its
     file is deleted, and memory freed more than ``min_free_ms`` ago is reported all the same).
     Freshly freed pages are taken first by the next allocations, and with the knobs held they
-    stay unreported. Does nothing without page reporting or where the knobs are not held.
-    Returns the MiB touched."""
-    before = reported_mib()
-    if before is None or PAGE_STATE.get("held") is None:
-        return 0.0
+    stay unreported. Does nothing where the knobs are not held."""
+    if PAGE_STATE.get("held") is None:
+        return
     size = min(int(nbytes), _available_bytes() - (1 << 30)) & ~0xFFFFF
-    if size <= 0:
-        return 0.0
-    t0 = time.perf_counter()
-    block = np.empty(size, dtype=np.uint8)  # not touched: np.empty maps fresh zero pages
-    block[::4096] = 1  # one write per page faults every page in
-    del block
-    PAGE_STATE.setdefault("refill_s", 0.0)
-    PAGE_STATE["refill_s"] += time.perf_counter() - t0
-    return size / 2**20
+    if size > 0:
+        block = np.empty(size, dtype=np.uint8)  # mapped, not yet backed by pages
+        block[::4096] = 1  # one write per page faults every page in
+        del block
 
 
 @contextmanager
