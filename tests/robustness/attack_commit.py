@@ -92,19 +92,27 @@ def check(td: Any) -> tuple[dict[str, int], list[str]]:
     return notes, problems
 
 
+# The paths named by the FileExistsError of the last refused child (``kill_child``).
+REFUSED: list[str] = []
+
+
 def kill_child(fn: Any, *, step: int | None, delay: float | None) -> str:
+    read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
+        os.close(read)
         code = 0
         try:
             if step is not None:
                 os.environ[STEP] = str(step)
             fn()
-        except FileExistsError:
+        except FileExistsError as err:
             code = 4  # something the tree does not own is in the way (obstacles, orphans)
+            os.write(write, os.fsencode(err.filename or ""))
         except BaseException:
             code = 3
         os._exit(code)
+    os.close(write)
     if delay is not None:
         time.sleep(delay)
         try:
@@ -112,6 +120,9 @@ def kill_child(fn: Any, *, step: int | None, delay: float | None) -> str:
         except ProcessLookupError:
             pass
     _, status = os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as pipe:
+        named = os.fsdecode(pipe.read())
+    REFUSED[:] = [named] if named else []
     if os.WIFSIGNALED(status):
         return "killed"
     return {0: "ok", 4: "refused"}.get(os.WEXITSTATUS(status), "failed")
@@ -136,6 +147,7 @@ def sequential(root: Path, seconds: float, rng: random.Random, summary: dict[str
     build(tensordict_rs, version, (), keys).memmap(prefix)
     expect = {"P": 1, "s": 1, "d": 1}  # what each level must show at least (no rollback)
     obstacles: dict[Path, str] = {}
+    orphans: set[Path] = set()  # files tensordict left that a save of ours refused to replace
     counts: dict[str, int] = {}
     torn_by_reference = False  # a failed save of tensordict left the tree mixed
     violations: list[str] = summary["violations"]
@@ -170,6 +182,18 @@ def sequential(root: Path, seconds: float, rng: random.Random, summary: dict[str
             if outcome == "ok" and not levels:
                 torn_by_reference = False
             bump(f"{action}-{outcome}{'-in-commit' if journal else ''}")
+            if outcome == "refused":
+                # what the FileExistsError named: a planted obstacle, or a file a save of
+                # tensordict's left behind when it dropped a key (listed in no meta.json),
+                # which the user moves away as the message says (at the next "unplant")
+                named = Path(REFUSED[0]) if REFUSED else None
+                if named is not None and named in obstacles:
+                    bump("refused-for-an-obstacle")
+                elif named is not None and named.name.endswith(".memmap"):
+                    orphans.add(named)
+                    bump("refused-for-tensordict's-orphan")
+                else:
+                    bump(f"refused-for-{named}")
             if outcome == "ok" or journal:
                 for name in ("P", "s", "d")[len(levels) :]:
                     expect[name] = version
@@ -234,6 +258,18 @@ def sequential(root: Path, seconds: float, rng: random.Random, summary: dict[str
                 else:
                     at.unlink()
                 obstacles.pop(at)
+            # and the files a refusal named, once no commit is pending (a file still listed
+            # by its meta.json is the tree's again: kept)
+            if not any(prefix.rglob(".tdrs%journal")):
+                for at in orphans:
+                    meta = at.parent / "meta.json"
+                    listed = meta.exists() and at.name[: -len(".memmap")] in json.loads(
+                        meta.read_text()
+                    )
+                    if at.exists() and not listed:
+                        at.unlink()
+                        bump("orphan-moved-away")
+                orphans.clear()
             continue
 
         # the check after each action
