@@ -7,10 +7,10 @@ by the reference under /dev/shm and loaded by each library, read in random 256-r
 (``DataLoader(td, batch_size=256, sampler=RandomSampler, collate_fn=identity)``) with spawn
 workers and torch at 1 thread: rows of 4 KiB (64 x [16]) and of 12 KiB (64 x [48]). With
 workers, the batches come back through each worker's ring of shared slabs
-(``share/ring.py``); the reference sends one descriptor per leaf. Each loader is made once
-with ``persistent_workers=True`` and warmed by one untimed epoch; a timed round is one epoch
-of ``--batches`` batches that touches every leaf of every batch. The cases run in
-alternated rounds; the figures are medians. The copy limit beside them is one thread's
+(``share/ring.py``, ``share/ring_receive.py``); the reference sends one descriptor per leaf.
+Each loader is made once with ``persistent_workers=True`` and warmed by one untimed epoch; a
+timed round is one epoch of ``--batches`` batches that touches every leaf of every batch. The
+cases run in alternated rounds; the figures are medians. The copy limit beside them is one thread's
 ``torch.index_select`` of the same rows into preallocated tensors (what a batch must cost at
 least on one core).
 

@@ -17,6 +17,7 @@ import tensordict_rs as rs
 import torch
 from tensordict_rs import _native
 from tensordict_rs.share import ring as _ring
+from tensordict_rs.share import ring_receive
 from torch.utils.data import DataLoader
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="the ring needs memfds")
@@ -56,8 +57,8 @@ def _check(batch: Any, rows: torch.Tensor) -> None:
 
 def _kinds() -> int:
     """Kinds of flat batches the main process has had described by the rings it maps."""
-    with _ring._rings_lock:
-        return sum(len(r.batches) for r in _ring._rings.values())
+    with ring_receive._rings_lock:
+        return sum(len(r.batches) for r in ring_receive._rings.values())
 
 
 def _order(seed: int, rows: int = ROWS) -> list[int]:
@@ -72,7 +73,7 @@ def _loader(td: Any, order: list[int], batch: int, **kwargs: Any) -> DataLoader:
 def _ring_batch(batch: Any) -> bool:
     """Whether ``batch`` views a worker's ring slab (mapped by this process)."""
     leaf = batch["a"]
-    return leaf.untyped_storage().data_ptr() in _ring._by_address
+    return leaf.untyped_storage().data_ptr() in ring_receive._by_address
 
 
 def _wait_for(condition: Any, what: str, timeout: float = 20.0) -> None:
@@ -137,7 +138,7 @@ def test_slots_are_reused() -> None:
 
 def test_persistent_workers_across_epochs_and_two_loaders_at_once() -> None:
     """With the default start method (``make test-forkserver`` runs it under forkserver)."""
-    _wait_for(lambda: _ring.mapped_rings() == 0, "the rings of earlier loaders")
+    _wait_for(lambda: ring_receive.mapped_rings() == 0, "the rings of earlier loaders")
     td = _dataset()
     other = _dataset(300)
     first = _loader(td, _order(3), 50, persistent_workers=True)
@@ -147,9 +148,9 @@ def test_persistent_workers_across_epochs_and_two_loaders_at_once() -> None:
             _check(x, torch.tensor(_order(3)[i * 50 : (i + 1) * 50]))
             _check(y, torch.tensor(_order(4, 300)[i * 7 : (i + 1) * 7]))
             assert _ring_batch(x) and _ring_batch(y)
-    assert _ring.mapped_rings() == 4  # one ring per worker, kept across epochs
+    assert ring_receive.mapped_rings() == 4  # one ring per worker, kept across epochs
     del first, second, x, y
-    _wait_for(lambda: _ring.mapped_rings() == 0, "the rings of the exited workers")
+    _wait_for(lambda: ring_receive.mapped_rings() == 0, "the rings of the exited workers")
 
 
 @pytest.mark.parametrize("flat", [False, True], ids=["nested", "flat"])
@@ -184,7 +185,7 @@ def test_pin_memory_loader() -> None:
 def test_flat_batches_cross_as_a_slot_and_a_kind() -> None:
     """A flat batch's description crosses once per worker and kind (the last, smaller batch
     of an epoch is a second kind); a nested batch's never."""
-    _wait_for(lambda: _ring.mapped_rings() == 0, "the rings of earlier loaders")
+    _wait_for(lambda: ring_receive.mapped_rings() == 0, "the rings of earlier loaders")
     order = _order(9)
     loader = _loader(_dataset(flat=True), order, 64, persistent_workers=True)
     for _epoch in range(2):
@@ -194,7 +195,7 @@ def test_flat_batches_cross_as_a_slot_and_a_kind() -> None:
     # two workers; 1000 rows in batches of 64: full batches and one of 40 rows (one worker)
     assert _kinds() == 3
     del loader, b
-    _wait_for(lambda: _ring.mapped_rings() == 0, "the rings of the exited workers")
+    _wait_for(lambda: ring_receive.mapped_rings() == 0, "the rings of the exited workers")
     for _ in _loader(_dataset(), order, 64):
         pass
     assert _kinds() == 0
@@ -350,7 +351,7 @@ def test_10000_batches_keep_descriptors_and_memory_flat() -> None:
 
 @pytest.mark.parametrize("flat", [False, True], ids=["nested", "flat"])
 def test_a_killed_worker_raises_and_leaves_nothing_mapped(flat: bool) -> None:
-    _wait_for(lambda: _ring.mapped_rings() == 0, "the rings of earlier loaders")
+    _wait_for(lambda: ring_receive.mapped_rings() == 0, "the rings of earlier loaders")
     gc.collect()
     regions = _native.shared_regions()
     td = _dataset(flat=flat)
@@ -368,7 +369,7 @@ def test_a_killed_worker_raises_and_leaves_nothing_mapped(flat: bool) -> None:
     for i, b in enumerate(got[:4]):  # batches received before the death are intact
         _check(b, torch.tensor(_order(8)[i * 10 : (i + 1) * 10]))
     del got, b, it, loader
-    _wait_for(lambda: _ring.mapped_rings() == 0, "the dead worker's ring to be forgotten")
+    _wait_for(lambda: ring_receive.mapped_rings() == 0, "the dead worker's ring to be forgotten")
     _wait_for(lambda: _native.shared_regions() <= base, "every slab to be unmapped")
     del td
     gc.collect()
@@ -414,13 +415,13 @@ def test_a_descriptor_lost_with_its_killed_worker_is_torchs_worker_error() -> No
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         with pytest.raises(ConnectionResetError):
-            _ring._detach(_LostHandle(), child.pid, wait=0.2)
+            ring_receive._detach(_LostHandle(), child.pid, wait=0.2)
         child.kill()  # not reaped yet: a zombie
         with pytest.raises(RuntimeError, match=f"worker \\(pid {child.pid}\\) exited unexpectedly"):
-            _ring._detach(_LostHandle(), child.pid, wait=10.0)
+            ring_receive._detach(_LostHandle(), child.pid, wait=10.0)
         child.wait()  # reaped: the pid is gone
         with pytest.raises(RuntimeError, match="exited unexpectedly"):
-            _ring._detach(_LostHandle(), child.pid, wait=10.0)
+            ring_receive._detach(_LostHandle(), child.pid, wait=10.0)
     finally:
         child.kill()
         child.wait()

@@ -41,6 +41,7 @@ from .._core.walk import leaves
 from ..io import directory
 from ..memmap import MemoryMappedTensor, _LazyLeaf, _source_bytes, _wrap
 from . import ring as _ring
+from . import ring_layout, ring_receive
 
 BUFFER, NODE, NON_TENSOR, TENSOR, NESTED, STACK, RING, SHARED_NON_TENSOR, SHARED_STACK = range(9)
 LOCKED, MEMMAP, SHARED = 1, 2, 4
@@ -239,7 +240,7 @@ def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = 
     if storages:
         # the leaves that view a ring slot, made together (a few torch calls for many leaves)
         specs = [(storages[e[2]], dtypes[e[3]], e[4], e[5], e[6]) for e in entries if e[0] == RING]
-        ring_leaves = iter(_ring.views(specs))
+        ring_leaves = iter(ring_layout.views(specs))
     for entry in entries:
         tag, key = entry[0], entry[1]
         if tag == BUFFER:
@@ -339,7 +340,7 @@ def _rebuild_td(
 ) -> Any:
     # The layout is unpickled here, with the collector paused: a 10,000-leaf tree is tens of
     # thousands of tuples, which would trigger full collections while they are made.
-    storages = [_ring.receive(message) for message in rings]
+    storages = [ring_receive.receive(message) for message in rings]
     node, count = pickle.loads(layout)
     td = _build(node, _receive(handles, files, count), storages)
     _relock(td, node)
@@ -554,7 +555,7 @@ class Shareable(TreeNode):
         True
         """
         del num_threads
-        if _ring.pin_slabs(self):
+        if ring_receive.pin_slabs(self):
             return self  # a DataLoader ring batch: its slabs are pinned once, in place
         if not inplace:
             return self.apply(lambda t: t.pin_memory())
