@@ -37,13 +37,14 @@ def refused_first_contacts(T: Any, rank: int, world: int, tmp: Path) -> None:
     messages left over from the failed one."""
     from tensordict_rs import NonTensorData, TensorDictError
     from tensordict_rs.share import packed as _packed
+    from tensordict_rs.share import packed_description
 
     _packed.DESCRIPTION_LIMIT = LIMIT
     group = dist.new_group(timeout=SHORT)
     long = T.TensorDict({"a": torch.ones(3), "text": NonTensorData("x" * 2 * LIMIT)}, [])
     reserved = T.TensorDict({"shape": torch.ones(3), "a": torch.zeros(2)}, [])
     deep = T.TensorDict({"x": torch.ones(2)}, [])
-    for _ in range(_packed.JSON_DEPTH):  # deeper than a receiver parses
+    for _ in range(packed_description.JSON_DEPTH):  # deeper than a receiver parses
         deep = T.TensorDict({"n": deep}, [])
     # point to point: too long, a reserved key, too deep, then a good tree
     for bad in (long, reserved, deep):

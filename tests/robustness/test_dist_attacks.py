@@ -13,6 +13,7 @@ import pytest
 import torch
 from tensordict_rs import TensorDict
 from tensordict_rs.share import packed as _packed
+from tensordict_rs.share import packed_description
 from torch import distributed as dist
 
 from ..share.test_distributed import run_job
@@ -88,13 +89,13 @@ def test_a_tree_too_deep_for_a_receiver_is_refused_by_its_sender() -> None:
     # refuses a deeper tree itself, instead of sending it to a rank that cannot read it.
     from tensordict_rs import InvalidTreeError, NonTensorData
 
-    deepest = _nested(_packed.JSON_DEPTH - 3, torch.ones(2))  # its shape list: level 127
+    deepest = _nested(packed_description.JSON_DEPTH - 3, torch.ones(2))  # its shape list: level 127
     plan = _packed.plan(deepest)
     built, whole = _packed.build(TensorDict, _packed.describe(deepest), plan.total)
     whole.copy_(plan.pack())
-    assert built[("n",) * (_packed.JSON_DEPTH - 3) + ("x",)].tolist() == [1.0, 1.0]
+    assert built[("n",) * (packed_description.JSON_DEPTH - 3) + ("x",)].tolist() == [1.0, 1.0]
     with pytest.raises(InvalidTreeError, match="nested too deep"):
-        _packed.describe(_nested(_packed.JSON_DEPTH - 2, torch.ones(2)))
+        _packed.describe(_nested(packed_description.JSON_DEPTH - 2, torch.ones(2)))
     # a non-tensor value's own lists count too: [[1]] at level 3 of a 120-deep tree
     value = _nested(120, NonTensorData([[1]]))
     text = _packed.describe(value)

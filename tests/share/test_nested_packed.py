@@ -19,6 +19,7 @@ import tensordict_rs
 import torch
 from tensordict_rs import TensorDict
 from tensordict_rs.share import packed as _packed
+from tensordict_rs.share.packed_description import NESTED_MARK
 
 from . import _dist_nested_jobs as jobs
 from .test_distributed import run_job
@@ -142,10 +143,10 @@ def _received(td: Any, edit_index: Any = None, edit_data: Any = None) -> Any:
     plan = _packed.plan(td)
     text = plan.description()
     if edit_index is not None:
-        head, _, rest = text[len(_packed.NESTED_MARK) :].partition(b"\n")
+        head, _, rest = text[len(NESTED_MARK) :].partition(b"\n")
         index = json.loads(head)
         edit_index(index)
-        text = _packed.NESTED_MARK + json.dumps(index).encode() + b"\n" + rest
+        text = NESTED_MARK + json.dumps(index).encode() + b"\n" + rest
     built, whole = _packed.build(TensorDict, text, plan.total)
     whole.copy_(plan.pack())
     if edit_data is not None:
@@ -223,12 +224,12 @@ def test_hostile_nested_description_is_refused_naming_the_key(name: str) -> None
 def test_a_broken_list_of_nested_leaves_is_refused() -> None:
     td = jobs.nested_tree(tensordict_rs, 1)
     text = _packed.plan(td).description()
-    for bad in (_packed.NESTED_MARK + b"{}\n", _packed.NESTED_MARK + b'[{"key": []}]\n'):
+    for bad in (NESTED_MARK + b"{}\n", NESTED_MARK + b'[{"key": []}]\n'):
         with pytest.raises(tensordict_rs.InvalidTreeError, match="nested leaves"):
             _packed.build(TensorDict, bad + text.partition(b"\n")[2].partition(b"\n")[2], 0)
     # a description without its mark (a receiver that predates it): the Rust parser refuses
     with pytest.raises(tensordict_rs.InvalidTreeError, match="not valid JSON"):
-        _packed.build(TensorDict, text[len(_packed.NESTED_MARK) :], _packed.plan(td).total)
+        _packed.build(TensorDict, text[len(NESTED_MARK) :], _packed.plan(td).total)
 
 
 def test_torch_distributed_carries_nested_leaves(tmp_path: Path, monkeypatch: Any) -> None:

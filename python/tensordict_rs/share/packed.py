@@ -25,7 +25,7 @@ parses it (``_native.describe_tree``, ``_native.parse_description``) and maps th
 tree's one buffer; each leaf is a lazy slice of it.
 
 A nested-tensor leaf travels as dense parts (``_nested.packed_parts``) ahead of the dense
-leaves, described behind ``NESTED_MARK`` (``_nested_description``); a receiver puts it in once
+leaves, described behind ``NESTED_MARK`` (``packed_description``); a receiver puts it in once
 the data has arrived (``settle``), after checking the parts.
 """
 
@@ -42,23 +42,17 @@ import torch
 
 from .. import _native
 from .._core import nested as _nested
-from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
-from .._core.nodes import NTD_TYPES, TD, NonTensorData, _gc_paused, _json_text
+from .._core.dtypes import STR_TO_DTYPE
+from .._core.nodes import NTD_TYPES, TD, NonTensorData, _gc_paused
 from .._core.nontensor import NonTensorStack
 from ..memmap import MemoryMappedTensor, _LazyLeaf, value_nbytes
+from . import packed_description as _desc
 
 ALIGN = _native.ALIGN  # every leaf of a packed tree (and of an arena) starts at a multiple
 DESCRIPTION_LIMIT = _native.DESCRIPTION_LIMIT  # the meta.json limit of the loader
-# the meta.json keys of a node, and the key serde_json (arbitrary_precision) gives a number's
-# text: a receiver's parser would refuse a tree with it after the sender had sent it
-RESERVED = (*_native.RESERVED_KEYS, _native.NUMBER_KEY)
 _CPU = torch.device("cpu")
 _STRIDED = torch.strided
 _DATA_PTR = torch.Tensor.data_ptr
-# The first bytes of the description of a tree with nested leaves (``_nested_description``).
-NESTED_MARK = b"tdrs-nested 1\n"
-# entry tags of describe_tree
-LEAF, NODE, VALUE, STACK = _native.LEAF, _native.NODE, _native.NON_TENSOR, _native.STACK
 
 
 def _aligned(n: int) -> int:
@@ -71,49 +65,6 @@ def _aligned(n: int) -> int:
 # the tree dies)
 Leaf = tuple[Any, str, Any]
 Node = tuple[dict[str, Any], tuple[str, ...], tuple[Any, ...]]  # (dict, keys, values)
-
-
-class _Parts:
-    """The parts of one nested leaf, held as a node holds its leaves (``_get_str``), so that a
-    plan's ``(node, key, value)`` leaves name them."""
-
-    __slots__ = ("_tensordict",)
-
-    def __init__(self, parts: dict[str, torch.Tensor]) -> None:
-        self._tensordict = parts
-
-    def _get_str(self, key: str) -> torch.Tensor:
-        return self._tensordict[key]
-
-
-# The parts of the nested leaves ``settle`` made from one buffer, by id of the leaf: a strided
-# nested tensor keeps its own copy of its table of shapes, so the table's view of the buffer
-# is found here (and a consolidated tree's plan finds every part where the buffer has it).
-_BUFFER_PARTS: dict[int, tuple[weakref.ref[Any], dict[str, Any], dict[str, torch.Tensor]]] = {}
-
-
-def _nested_parts(
-    value: torch.Tensor, path: tuple[str, ...]
-) -> tuple[tuple[str, ...], dict[str, Any], dict[str, torch.Tensor]]:
-    entry = _BUFFER_PARTS.get(id(value))
-    if entry is not None and entry[0]() is value:
-        return path, entry[1], entry[2]
-    try:
-        meta, parts = _nested.packed_parts(value)
-    except NotImplementedError as e:
-        raise _native.InvalidTreeError(
-            f"key {'.'.join(path)!r} holds a nested tensor one message cannot carry: {e}"
-        ) from None
-    return path, meta, parts
-
-
-def _remember_parts(value: torch.Tensor, meta: dict[str, Any], parts: dict[str, Any]) -> None:
-    key = id(value)
-
-    def forget(_: Any, key: int = key, table: dict[int, Any] = _BUFFER_PARTS) -> None:
-        table.pop(key, None)
-
-    _BUFFER_PARTS[key] = (weakref.ref(value, forget), meta, parts)
 
 
 class Plan:
@@ -138,7 +89,7 @@ class Plan:
         self._description: bytes | None = None
         self._leaves: list[Leaf] | None = None
         # The nested leaves, in packed order: (path to the key, description, parts by name).
-        # Their parts lead the packed layout (see ``NESTED_MARK``).
+        # Their parts lead the packed layout (see ``packed_description.NESTED_MARK``).
         self._groups: list[tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]] = []
         # A tree ``build`` made whose nested leaves wait for the data (see ``settle``).
         self.pending: Callable[[], None] | None = None
@@ -180,7 +131,7 @@ class Plan:
             return
         leaves: list[Leaf] = []
         for _, _, parts in self._groups:
-            holder = _Parts(parts)
+            holder = _desc.Parts(parts)
             leaves.extend((holder, name, parts[name]) for name in sorted(parts))
         leaves.extend(dense)
         self._leaves = leaves
@@ -193,7 +144,7 @@ class Plan:
             value = items[key]
             if type(value) is _LazyLeaf or isinstance(value, torch.Tensor):
                 if isinstance(value, torch.Tensor) and value.is_nested:
-                    self._groups.append(_nested_parts(value, (*path, key)))
+                    self._groups.append(_desc.nested_parts(value, (*path, key)))
                     continue
                 leaves.append((td if path else None, key, value))
             elif type(value) not in NTD_TYPES and type(value) is not NonTensorStack:
@@ -445,7 +396,7 @@ class Plan:
             out = list(out)
             leaves = self.materialized()
             for i in self._staged:
-                out[i] = _real(leaves[i].resolve_conj().resolve_neg().contiguous())
+                out[i] = _desc.real(leaves[i].resolve_conj().resolve_neg().contiguous())
         return out
 
     def receivers(self) -> tuple[list[torch.Tensor], Callable[[], None] | None]:
@@ -465,7 +416,7 @@ class Plan:
             leaf = leaves[i]
             buffer = torch.empty(leaf.shape, dtype=leaf.dtype, device=leaf.device)
             staged[i] = (leaf, buffer)
-            out[i] = _real(buffer)
+            out[i] = _desc.real(buffer)
 
         def finish() -> None:
             if nested:
@@ -525,7 +476,7 @@ class Plan:
                     not t.is_contiguous() or t.is_conj() or (t._is_view() and t.is_neg())
                 ):
                     self._staged.append(i)
-                wire.append(t if self._staged and self._staged[-1] == i else _real(t))
+                wire.append(t if self._staged and self._staged[-1] == i else _desc.real(t))
             self._tensors = wire
         return self._tensors
 
@@ -537,115 +488,10 @@ class Plan:
                 raise ReferenceError("the tree of this plan is gone")
             groups = self.groups
             if not groups:
-                self._description = _native.describe_tree(_spec(root, ()))
+                self._description = _native.describe_tree(_desc.spec(root, ()))
             else:
-                self._description = _nested_description(root, groups)
+                self._description = _desc.nested_description(root, groups)
         return self._description
-
-
-# The JSON nesting a receiver parses (serde_json's limit: 128 levels of objects and arrays,
-# the root object being one). A node ``k`` levels below the root lies at level ``k + 1``,
-# its leaves' objects at ``k + 2`` and their shape lists at ``k + 3``.
-JSON_DEPTH = _native.JSON_DEPTH
-
-
-def _json_depth(data: Any, limit: int) -> int:
-    """Levels of lists and dicts in a JSON value (counted up to just past ``limit``)."""
-    if limit < 0 or not isinstance(data, (list, tuple, dict)):
-        return 0
-    items = data.values() if isinstance(data, dict) else data
-    return 1 + max((_json_depth(v, limit - 1) for v in items), default=0)
-
-
-def _too_deep(path: tuple[str, ...], key: str) -> _native.InvalidTreeError:
-    return _native.InvalidTreeError(
-        f"key {'.'.join((*path, key))!r} is nested too deep for a tree description "
-        f"({JSON_DEPTH} levels of JSON, a nested TensorDict one each, a leaf three): "
-        "no rank could parse it"
-    )
-
-
-def _real(t: torch.Tensor) -> torch.Tensor:
-    return torch.view_as_real(t) if t.is_complex() else t
-
-
-def _nested_description(
-    root: TD, groups: list[tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]]
-) -> bytes:
-    """The description of a tree with nested leaves: ``NESTED_MARK``, the JSON list of its
-    nested leaves (key path, layout, ragged dim) and a line break, then the description of a
-    wrapper tree (batch size ``[]``) whose node ``n`` holds the parts of nested leaf ``i``
-    under node ``f"{i:09d}"`` and whose node ``t`` is the tree without its nested leaves.
-
-    The parts are dense leaves, so the Rust parser checks their dtypes, shapes and sizes as
-    any other's, and they lead the packed layout (``n`` sorts before ``t``); the mark makes
-    the text no JSON, so that a receiver that predates it refuses it rather than build the
-    wrapper."""
-    device = None if root.device is None else str(root.device)
-    names = DTYPE_TO_STR
-    index: list[dict[str, Any]] = []
-    holders: list[tuple[Any, ...]] = []
-    for i, (path, meta, parts) in enumerate(groups):
-        index.append({"key": list(path), **meta})
-        entries: list[tuple[Any, ...]] = []
-        for name in sorted(parts):
-            t = parts[name]
-            dtype = names.get(t.dtype) or dtype_to_str(t.dtype)
-            entries.append((LEAF, name, dtype, t.shape, "cpu" if t.is_cpu else str(t.device)))
-        holders.append((NODE, f"{i:09d}", ([], device, entries)))
-    wrapper: tuple[Any, ...] = (
-        [],
-        device,
-        [(NODE, "n", ([], device, holders)), (NODE, "t", _spec(root, (), 1))],
-    )
-    text = json.dumps(index, ensure_ascii=False, separators=(",", ":")).encode()
-    return NESTED_MARK + text + b"\n" + _native.describe_tree(wrapper)
-
-
-def _spec(td: TD, path: tuple[str, ...], base: int = 0) -> tuple[Any, ...]:
-    """The ``describe_tree`` form of ``td``: entries in sorted-key order.
-
-    Refuses a tree nested deeper than a receiver parses (``JSON_DEPTH``), so that the sender
-    raises rather than a receiver after the whole message came."""
-    entries: list[tuple[Any, ...]] = []
-    level = len(path) + 1 + base  # of this node's JSON object (``base``: levels above the root)
-    items = td._tensordict
-    names = DTYPE_TO_STR
-    for key in sorted(items):
-        if key in RESERVED:
-            raise _native.InvalidTreeError(
-                f"key {'.'.join((*path, key))!r} is reserved by the meta.json format and "
-                "cannot be sent with its description"
-            )
-        value = items[key]
-        kind = type(value)
-        if kind is NonTensorStack:
-            data, shape = value.json_data(key)
-            if level + 1 + _json_depth(value.tolist(), JSON_DEPTH - level - 1) > JSON_DEPTH:
-                raise _too_deep(path, key)
-            device = None if value.device is None else str(value.device)
-            entries.append((STACK, key, value.stack_dim, device, data, shape))
-            continue
-        if level + 2 > JSON_DEPTH and kind not in NTD_TYPES:
-            raise _too_deep(path, key)  # a leaf (object and shape list) or a deeper node
-        if kind is _LazyLeaf:
-            name = names.get(value.dtype) or dtype_to_str(value.dtype)
-            entries.append((LEAF, key, name, value.shape, "cpu"))
-        elif kind in NTD_TYPES:
-            text = _json_text(value.data, key)
-            if level + 1 + _json_depth(value.data, JSON_DEPTH - level - 1) > JSON_DEPTH:
-                raise _too_deep(path, key)
-            entries.append((VALUE, key, text))
-        elif isinstance(value, torch.Tensor):
-            if value.is_nested:  # described apart (``_nested_description``)
-                continue
-            dtype = value.dtype
-            device = "cpu" if value.is_cpu else str(value.device)
-            name = names.get(dtype) or dtype_to_str(dtype)
-            entries.append((LEAF, key, name, value.shape, device))
-        else:
-            entries.append((NODE, key, _spec(value, (*path, key), base)))
-    return list(td.batch_size), None if td.device is None else str(td.device), entries
 
 
 _PLANS: dict[int, tuple[weakref.ref[Any], Plan]] = {}
@@ -735,8 +581,8 @@ def build(
     them in. Every caller calls it (a no-op for other trees).
     """
     index = None
-    if text.startswith(NESTED_MARK):
-        index, text = _nested_index(text)
+    if text.startswith(_desc.NESTED_MARK):
+        index, text = _desc.nested_index(text)
     target = None if device is None or device == _CPU else device
     device_buffer: list[torch.Tensor] = []  # the device case: made once ``capacity`` is known
     if views_of is not None:
@@ -788,7 +634,7 @@ def build(
         untrack_leaves=True,  # _LazyLeaf: a buffer, a dtype, a tuple of ints (no cycles)
     )
     if end != total:
-        raise _bad(f"the leaves hold {end} bytes, but the message holds {total}")
+        raise _desc.bad(f"the leaves hold {end} bytes, but the message holds {total}")
     if device_buffer:
         early.append(device_buffer[0])
         if on_buffer is not None:
@@ -799,84 +645,10 @@ def build(
         whole = torch.empty(0, dtype=torch.uint8)
     built = Plan(td, whole=whole[:total], built=(nodes, None, total))
     if index is not None:
-        td, built.pending = _unwrap(td, index)
+        td, built.pending = _desc.unwrap(td, index)
         built.root = weakref.ref(td)
     _remember(td, built)
     return td, whole
-
-
-def _nested_index(text: bytes) -> tuple[list[dict[str, Any]], bytes]:
-    """The list of nested leaves of a ``_nested_description`` and the wrapper's description."""
-    head, sep, rest = text[len(NESTED_MARK) :].partition(b"\n")
-    try:
-        index = json.loads(head) if sep else None
-    except ValueError:
-        index = None
-    if type(index) is not list or not all(
-        type(e) is dict
-        and type(e.get("key")) is list
-        and e["key"]
-        and all(type(k) is str for k in e["key"])
-        for e in index
-    ):
-        raise _bad("the list of nested leaves is not a JSON list of {key: [str, ...], ...}")
-    return index, rest
-
-
-def _unwrap(wrapper: Any, index: list[dict[str, Any]]) -> tuple[Any, Callable[[], None]]:
-    """The tree inside a ``_nested_description``'s wrapper, and what puts its nested leaves in
-    (checked, see ``_nested.from_packed_parts``) once the data has arrived."""
-    items = wrapper._tensordict
-    holders = items.get("n")
-    td = items.get("t")
-    if sorted(items) != ["n", "t"] or not _is_node(holders) or not _is_node(td):
-        raise _bad("a tree with nested leaves is a wrapper of nodes 'n' and 't'")
-    names = [f"{i:09d}" for i in range(len(index))]
-    if sorted(holders._tensordict) != names:
-        raise _bad(f"the nested leaves' parts are not {len(index)} nodes 0..{len(index) - 1}")
-    places = []
-    seen = set()
-    for entry, name in zip(index, names, strict=True):
-        path = tuple(entry["key"])
-        key = ".".join(path)
-        node = td
-        for step in path[:-1]:
-            node = node._tensordict.get(step)
-            if not _is_node(node):
-                raise _bad(f"nested leaf {key!r}: {step!r} is no node of the tree")
-        if path[-1] in node._tensordict or path[-1] in RESERVED or path in seen:
-            raise _bad(f"nested leaf {key!r}: the key is taken or reserved")
-        seen.add(path)
-        holder = holders._tensordict[name]
-        parts = holder._tensordict
-        if not all(type(v) is _LazyLeaf or isinstance(v, torch.Tensor) for v in parts.values()):
-            raise _bad(f"nested leaf {key!r}: its parts are not all tensors")
-        meta = {k: v for k, v in entry.items() if k != "key"}
-        if tuple(sorted(parts)) not in _nested.part_names(meta):
-            raise _bad(f"nested leaf {key!r}: parts {sorted(parts)} do not match {meta}")
-        places.append((node, path[-1], key, meta, holder))
-
-    def settle() -> None:
-        for node, name, key, meta, holder in places:
-            parts = {k: holder._get_str(k) for k in holder._tensordict}
-            try:
-                value = _nested.from_packed_parts(meta, parts, tuple(node.batch_size), key)
-            except ValueError as e:
-                raise _bad(str(e)) from None
-            node._tensordict[name] = value
-            _remember_parts(value, meta, parts)
-
-    return td, settle
-
-
-def _is_node(value: Any) -> bool:
-    return (
-        value is not None
-        and type(value) is not _LazyLeaf
-        and type(value) not in NTD_TYPES
-        and type(value) is not NonTensorStack
-        and not isinstance(value, torch.Tensor)
-    )
 
 
 def settle(td: Any) -> Any:
@@ -910,7 +682,3 @@ def arena(total: int) -> tuple[_native.Buffer, torch.Tensor]:
     if not total:
         return buffer, torch.empty(0, dtype=torch.uint8)
     return buffer, torch.frombuffer(buffer, dtype=torch.uint8)
-
-
-def _bad(why: str) -> _native.InvalidTreeError:
-    return _native.InvalidTreeError(f"received tree description: {why}")
