@@ -140,13 +140,17 @@ def pad_sequence(
     for td in tds[1:]:
         if set(td.keys(include_nested=True, leaves_only=True)) != set(keys):
             raise KeyError("the tensordicts of pad_sequence must have the same keys")
-    longest = 0
+    # each key is padded to its own longest (as tensordict, through torch's pad_sequence per
+    # key); the batch dim, when ``pad_dim`` is one, to the longest of all
+    longest_of = dict.fromkeys(keys, 0)
     for td in tds:
         for key in keys:
             shape = td.get(key).shape
             if not shape:
                 raise RuntimeError("Cannot pad scalars")
-            longest = max(longest, shape[pad_dim if pad_dim >= 0 else len(shape) + pad_dim])
+            length = shape[pad_dim if pad_dim >= 0 else len(shape) + pad_dim]
+            longest_of[key] = max(longest_of[key], length)
+    longest = max(longest_of.values(), default=0)
     padded = []
     for td in tds:
         entries: dict[Any, Any] = {}
@@ -155,7 +159,7 @@ def pad_sequence(
         for key in keys:
             t = td.get(key)
             dim = pad_dim if pad_dim >= 0 else t.dim() + pad_dim
-            missing = longest - t.shape[dim]
+            missing = longest_of[key] - t.shape[dim]
             pads = [0, 0] * (t.dim() - dim - 1) + (
                 [0, missing] if padding_side == "right" else [missing, 0]
             )

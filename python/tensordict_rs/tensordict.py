@@ -19,6 +19,7 @@ from ._core.nontensor import NonTensorStack
 from ._core.repr import compact_repr
 from ._core.unbatched import UnbatchedTensor, with_batch_size
 from ._core.walk import KeyList, map_leaves, walk_items
+from ._core.walk import sorted_items as _sorted
 from .io import checkpoint as _checkpoint
 from .io import growth as _growth
 from .io import safetensors as _safetensors
@@ -437,38 +438,61 @@ class TensorDict(
         del self[key]
         return value
 
-    def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Key]:
+    def keys(
+        self,
+        include_nested: bool = False,
+        leaves_only: bool = False,
+        is_leaf: Callable[[type], bool] | None = None,
+        *,
+        sort: bool = False,
+    ) -> list[Key]:
         """Entry keys in insertion order; nested keys are tuples with ``include_nested``.
+        ``is_leaf(type)`` marks nested trees or non-tensor entries to take whole as leaves;
+        ``sort`` orders the keys by their ``"."``-joined names (as tensordict).
 
         >>> import torch; from tensordict_rs import TensorDict
-        >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
-        >>> td.keys(), td.keys(include_nested=True, leaves_only=True)
-        (['a', 'b'], ['a', ('b', 'c')])
+        >>> td = TensorDict({"b": {"c": torch.ones(2)}, "a": torch.zeros(2)}, [2])
+        >>> td.keys(), td.keys(include_nested=True, leaves_only=True, sort=True)
+        (['b', 'a'], ['a', ('b', 'c')])
         """
-        keys = (k for k, _ in walk_items(self, include_nested, leaves_only, materialize=False))
-        return KeyList(keys)
+        items = walk_items(self, include_nested, leaves_only, False, is_leaf=is_leaf)
+        return KeyList(k for k, _ in _sorted(items, sort))
 
-    def values(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
-        """Entry values, in the order of ``keys``.
+    def values(
+        self,
+        include_nested: bool = False,
+        leaves_only: bool = False,
+        is_leaf: Callable[[type], bool] | None = None,
+        *,
+        sort: bool = False,
+    ) -> list[Any]:
+        """Entry values, in the order of ``keys`` (the same arguments).
 
         >>> import torch; from tensordict_rs import TensorDict
         >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
         >>> td.values(include_nested=True, leaves_only=True)
         [tensor([0., 0.]), tensor([1., 1.])]
         """
-        return [public(v) for _, v in walk_items(self, include_nested, leaves_only)]
+        items = walk_items(self, include_nested, leaves_only, is_leaf=is_leaf)
+        return [public(v) for _, v in _sorted(items, sort)]
 
     def items(
-        self, include_nested: bool = False, leaves_only: bool = False
+        self,
+        include_nested: bool = False,
+        leaves_only: bool = False,
+        is_leaf: Callable[[type], bool] | None = None,
+        *,
+        sort: bool = False,
     ) -> list[tuple[Key, Any]]:
-        """``(key, value)`` pairs, in the order of ``keys``.
+        """``(key, value)`` pairs, in the order of ``keys`` (the same arguments).
 
         >>> import torch; from tensordict_rs import TensorDict
         >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
         >>> [(key, value.tolist()) for key, value in td.items(True, leaves_only=True)]
         [('a', [0.0, 0.0]), (('b', 'c'), [1.0, 1.0])]
         """
-        return [(k, public(v)) for k, v in walk_items(self, include_nested, leaves_only)]
+        items = walk_items(self, include_nested, leaves_only, is_leaf=is_leaf)
+        return [(k, public(v)) for k, v in _sorted(items, sort)]
 
     def __contains__(self, key: object) -> bool:
         if isinstance(key, str):

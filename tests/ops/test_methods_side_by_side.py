@@ -414,6 +414,28 @@ SHAPE_CASES: dict[str, Callable[[Any], Any]] = {
     )(mixed(P).set_non_tensor("s", "text")),
     "is_non_tensor_missing": lambda P: mixed(P).is_non_tensor("nope"),
     "densify": lambda P: (lambda td: td.densify() is td)(mixed(P)),
+    # expand_as a TensorDict: each leaf as the other's leaf of its key (found by the
+    # reference's test_generic.py::test_expand_as: the leaves' own dims were left unexpanded)
+    "expand_as_tree": lambda P: P.TensorDict(
+        {"a": torch.ones(3, 1, 4), "b": {"c": torch.arange(3.0).view(3, 1, 1, 1)}}, [3]
+    ).expand_as(
+        P.TensorDict({"a": torch.zeros(2, 3, 5, 4), "b": {"c": torch.zeros(2, 3, 2, 6, 4)}}, [2, 3])
+    ),
+    "expand_as_tensor": lambda P: mixed(P).expand_as(torch.zeros(2, 3, 4)),
+    # pad_sequence pads each key to its own longest (test_pad_sequence_pad_dim1)
+    "pad_sequence_per_key": lambda P: P.pad_sequence(
+        [
+            P.TensorDict({"a": torch.ones(6, 3, 8), ("b", "c"): torch.ones(6, 3)}, [6]),
+            P.TensorDict({"a": torch.full((6, 5, 8), 2), ("b", "c"): torch.full((6, 7), 2)}, [6]),
+        ],
+        pad_dim=1,
+        return_mask=True,
+    ),
+    "pad_sequence_per_key_left": lambda P: P.pad_sequence(
+        [P.TensorDict({"a": torch.ones(n, 2), "b": torch.ones(n + 1)}, []) for n in (1, 3)],
+        return_mask=True,
+        padding_side="left",
+    ),
 }
 
 
@@ -520,6 +542,49 @@ ENTRY_CASES: dict[str, Callable[[Any], Any]] = {
         P.TensorDict().depth,
     ),
     "numel_after_clear": _seq(lambda td: td.clear().numel()),
+    # a joined key never overwrites an entry (test_generic.py::test_flatten_keys_collision:
+    # one of the two values was silently dropped), in either order; joined keys merge into a
+    # sub-tree that exists and new sub-trees come last
+    "unflatten_collision": lambda P: P.TensorDict(
+        {"a.b": torch.zeros(3), "a": {"b": torch.ones(3)}}, []
+    ).unflatten_keys("."),
+    "unflatten_collision_after": lambda P: P.TensorDict(
+        {"a": {"b": torch.ones(3)}, "a.b": torch.zeros(3)}, []
+    ).unflatten_keys("."),
+    "unflatten_collision_deep": lambda P: P.TensorDict(
+        {"a/b/c": torch.zeros(3), "a": {"b": {"c": torch.ones(3), "d": torch.ones(3)}}}, []
+    ).unflatten_keys("/"),
+    "unflatten_merge": lambda P: (lambda td: (list(td.keys(True, True)), td))(
+        P.TensorDict(
+            {
+                "a": {"x": torch.ones(1)},
+                "c": torch.ones(1),
+                "a.y": torch.zeros(1),
+                "q.r": torch.ones(2),
+            },
+            [],
+        ).unflatten_keys(".")
+    ),
+    # keys/values/items(sort=, is_leaf=) (test_generic.py::test_sorted_keys)
+    "keys_sorted": lambda P: (
+        lambda td: (
+            list(td.keys(sort=True)),
+            list(td.keys(True, sort=True)),
+            list(td.keys(True, True, sort=True)),
+            [k for k, _ in td.items(True, True, sort=True)],
+            list(td.values(True, True, sort=True)),
+        )
+    )(P.TensorDict({"e": {"g": {"i": 5, "h": 4}, "f": 3}, "d": 2, "a": {"c": 1, "b": 0}})),
+    "keys_non_tensor_as_leaves": lambda P: (
+        lambda td: (
+            list(
+                td.keys(
+                    True, True, is_leaf=lambda c: issubclass(c, (torch.Tensor, P.NonTensorData))
+                )
+            ),
+            list(td.keys(True, False, is_leaf=lambda c: issubclass(c, P.NonTensorData), sort=True)),
+        )
+    )(mixed(P).set_non_tensor(("n", "s"), "text")),
 }
 
 

@@ -13,7 +13,7 @@ depth.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -285,24 +285,41 @@ class KeyList(list[Any]):
         return list.__contains__(self, key)
 
 
+def sorted_items(items: Iterable[tuple[Any, Any]], sort: bool) -> Iterable[tuple[Any, Any]]:
+    """``items`` as they come, or with ``sort`` ordered by key, a nested key by its
+    ``"."``-joined name (tensordict's ``sort=`` of ``keys``, ``values`` and ``items``)."""
+    if not sort:
+        return items
+    return sorted(items, key=lambda kv: ".".join(kv[0]) if isinstance(kv[0], tuple) else kv[0])
+
+
 def walk_items(
     td: TreeNode,
     nested: bool,
     leaves_only: bool,
     materialize: bool = True,
     prefix: tuple[str, ...] = (),
+    is_leaf: Callable[[type], bool] | None = None,
 ) -> Iterator[tuple[Any, Any]]:
     """``(key, value)`` pairs in tensordict's order: a nested tree comes after its own entries.
 
     Keys are str at the top level and tuples below. As in tensordict, a non-tensor entry is
-    not a leaf (``leaves_only`` leaves it out) and comes as its ``NonTensorData``.
+    not a leaf (``leaves_only`` leaves it out) and comes as its ``NonTensorData``. With
+    ``is_leaf``, a nested tree or non-tensor entry whose type it accepts is a leaf: yielded
+    whole (with ``leaves_only`` too), never entered (tensordict's ``is_leaf=`` of ``keys``).
     """
     for key in list(td._tensordict):
         value = td._get_str(key) if materialize else td._tensordict[key]
         full: Any = (*prefix, key) if prefix else key
-        if isinstance(value, TreeNode):
+        if is_leaf is not None and not isinstance(value, torch.Tensor) and is_leaf(type(value)):
+            if type(value) in NTD_TYPES:
+                value.batch_size, value.device = td._batch_size, td._device
+            yield full, value
+        elif isinstance(value, TreeNode):
             if nested:
-                yield from walk_items(value, nested, leaves_only, materialize, (*prefix, key))
+                yield from walk_items(
+                    value, nested, leaves_only, materialize, (*prefix, key), is_leaf
+                )
             if not leaves_only:
                 yield full, value
         elif type(value) in NTD_TYPES:

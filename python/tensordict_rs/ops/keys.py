@@ -186,9 +186,22 @@ def unflatten_keys(td: TD, separator: str = ".", inplace: bool = False) -> TD:
     tensor([1., 1.])
     """
     out = type(td)._new_unchecked(td.batch_size, td.device)
+    items = out._tensordict
+    dotted = []
+    # as tensordict: the other keys stay where they are, each joined key then moves to its
+    # path (into a sub-tree that exists, or a new one at the end) and never over an entry
     for key, value in td._tensordict.items():
-        parts = tuple(key.split(separator)) if separator in key else (key,)
+        if separator in key:
+            dotted.append((tuple(key.split(separator)), value))
+        else:
+            items[key] = copy_tree(value) if is_tree(value) else _share(value)
+    for parts, value in dotted:
         node = out._sub(parts[:-1], create=True)
+        if parts[-1] in node._tensordict:
+            raise KeyError(
+                "Unflattening key(s) in tensordict will override an existing for unflattened "
+                f"key {parts}."
+            )
         node._tensordict[parts[-1]] = copy_tree(value) if is_tree(value) else _share(value)
     if not inplace:
         return out

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .._core.classes import is_tensor_collection
 from .._core.locking import LOCK_ERROR
 from .._core.nodes import NTD_TYPES, TD
 from .._core.walk import KEEP, map_leaves
@@ -121,14 +122,20 @@ def expand(td: TD, *args: Any, **kwargs: Any) -> TD:
 
 
 def expand_as(td: TD, other: Any) -> TD:
-    """``expand(other.shape)`` (``other`` a tensor or a TensorDict).
+    """``expand(other.shape)`` for a tensor; for a TensorDict (or tensorclass), each leaf
+    expanded as ``other``'s leaf of the same key, with ``other``'s batch size (as tensordict).
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
     >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
     >>> td.expand_as(torch.zeros(5, 2)).batch_size
     torch.Size([5, 2])
+    >>> other = TensorDict({"a": torch.zeros(4, 2, 3), "b": {"c": torch.zeros(4, 2)}}, [4, 2])
+    >>> td.expand_as(other)["a"].shape
+    torch.Size([4, 2, 3])
     """
+    if is_tensor_collection(other):
+        return td.apply(torch.Tensor.expand_as, other, batch_size=other.batch_size)
     return expand(td, other.shape)
 
 
