@@ -13,6 +13,8 @@ from ._core import dirty as _dirty
 from ._core import index as _index
 from ._core import nested as _nested
 from ._core.classes import TensorDictBase, public
+from ._core.index import is_key
+from ._core.index import key_path as _as_key
 from ._core.locking import Lockable, locked_error, refuse_read_only
 from ._core.nodes import NTD_TYPES, TD, Key, NonTensorData, TreeNode
 from ._core.nontensor import NonTensorStack
@@ -53,14 +55,6 @@ _Tensor = torch.Tensor
 
 PathLike = str | os.PathLike[str]
 P = ParamSpec("P")
-
-
-def _as_key(key: Key) -> tuple[str, ...]:
-    if isinstance(key, str):
-        return (key,)
-    if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
-        return key
-    raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
 
 
 class _classmethod(Generic[P]):
@@ -113,7 +107,12 @@ class TensorDict(
         """Builds a TensorDict from a mapping and/or keyword entries (``TensorDict(a=x,
         batch_size=[3])``); nested mappings become nested TensorDicts, tuple keys nested
         entries; lists of numbers and NumPy arrays become tensors."""
-        batch = torch.Size([] if batch_size is None else batch_size)
+        if batch_size is None:
+            batch = torch.Size([])
+        elif isinstance(batch_size, int):  # ``batch_size=n``, as tensordict takes it
+            batch = torch.Size([batch_size])
+        else:
+            batch = torch.Size(batch_size)
         self._init(batch, _normalize_device(device))
         for key, value in _keys.entry_pairs(source, entries):
             if isinstance(key, str):
@@ -497,7 +496,7 @@ class TensorDict(
     def __contains__(self, key: object) -> bool:
         if isinstance(key, str):
             return key in self._tensordict
-        if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
+        if isinstance(key, tuple) and is_key(key):
             try:
                 self.get(key)
             except KeyError:

@@ -565,6 +565,25 @@ ENTRY_CASES: dict[str, Callable[[Any], Any]] = {
             [],
         ).unflatten_keys(".")
     ),
+    # nested tuple keys are unravelled everywhere a key is taken (test_generic.py's
+    # test_pad_sequence masks and test_split_keys: one helper, _core/index.key_path)
+    "nested_tuple_keys": lambda P: (
+        lambda td: (
+            td[("m", "n"), "a"],
+            td.get((("m",), ("n", "a"))),
+            td.set((("m", "n"), "b"), torch.zeros(1))["m", "n", "b"],
+            td.split_keys([(("m",), "n")]),
+            (("m", "n"), "a") in td.keys(True),
+        )
+    )(P.TensorDict({"m": {"n": {"a": torch.ones(1)}}, "c": torch.zeros(1)}, [])),
+    # the constructor: batch_size as an int; a mapping and keyword entries, not both
+    # (test_generic.py::test_set_list_* and test_construct_from_kwargs)
+    "batch_size_int": lambda P: (
+        P.TensorDict(a=torch.ones(2), batch_size=2),
+        P.TensorDict({"a": torch.ones(2, 3)}, 2),
+        P.TensorDict(a=["x", "y"], batch_size=2)[1]["a"],
+    ),
+    "source_and_kwargs": lambda P: P.TensorDict({"b": torch.ones(1)}, [], a=torch.ones(1)),
     # keys/values/items(sort=, is_leaf=) (test_generic.py::test_sorted_keys)
     "keys_sorted": lambda P: (
         lambda td: (

@@ -18,13 +18,33 @@ def _consumed(item: Any) -> int:
     return 1
 
 
+def is_key(item: Any) -> bool:
+    """A str, or a non-empty tuple of keys (nested tuples as tensordict's ``unravel_key``)."""
+    if isinstance(item, str):
+        return True
+    return isinstance(item, tuple) and bool(item) and all(map(is_key, item))
+
+
 def is_batch_index(index: Any) -> bool:
     """True for indices over batch dims (as opposed to string or tuple-of-string keys)."""
     if isinstance(index, str):
         return False
     if isinstance(index, tuple):
-        return not (index and all(isinstance(i, str) for i in index))
+        return not is_key(index)
     return True
+
+
+def key_path(key: Any) -> tuple[str, ...]:
+    """A key as its path of str: ``"a"`` is ``("a",)``, a tuple of str is itself, and nested
+    tuples are flattened as tensordict's ``unravel_key`` does (``(("a", "b"), "c")`` is
+    ``("a", "b", "c")``). Anything else is a ``TypeError`` naming it."""
+    if isinstance(key, str):
+        return (key,)
+    if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
+        return key
+    if is_key(key):
+        return tuple(part for k in key for part in key_path(k))
+    raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
 
 
 def normalize(index: Any, batch_dims: int) -> tuple[Any, ...]:

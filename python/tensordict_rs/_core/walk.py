@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from . import nested as _nested
+from .index import is_key, key_path
 from .nodes import NTD_TYPES, TD, TreeNode
 from .nontensor import NonTensorStack
 from .unbatched import UnbatchedTensor, with_batch_size
@@ -273,8 +274,9 @@ class KeyList(list[Any]):
 
     def __contains__(self, key: object) -> bool:
         if isinstance(key, tuple):
-            if not all(isinstance(k, str) for k in key):
+            if not is_key(key):
                 raise TypeError("TensorDict keys are always strings.")
+            key = key_path(key)  # nested tuples unravelled, as tensordict's unravel_key
             if len(key) == 1:
                 key = key[0]
         elif not isinstance(key, str):

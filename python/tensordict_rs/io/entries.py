@@ -18,19 +18,12 @@ from typing import Any, cast
 import torch
 
 from .. import _native
+from .._core.index import key_path as _path
 from .._core.nodes import TreeNode
 from .._core.walk import leaves as _walk_leaves
 from ..memmap import MemoryMappedTensor
 from ..ops import as_classmethod
 from . import h5 as _h5
-
-
-def _path(key: Any) -> tuple[str, ...]:
-    if isinstance(key, str):
-        return (key,)
-    if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
-        return key
-    raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
 
 
 def _target(td: TreeNode, key: Any, robust_key: bool | None) -> tuple[tuple[str, ...], Path]:

@@ -13,6 +13,7 @@ from typing import Any, Self
 
 import torch
 
+from .._core.index import key_path as _path
 from .._core.locking import locked_error
 from .._core.nodes import NTD_TYPES, TD, TreeNode
 from .._core.walk import copy_tree, leaves, map_leaves
@@ -20,14 +21,6 @@ from ..memmap import _LazyLeaf
 from .keys import _max_batch
 
 _NO_DEFAULT: Any = object()
-
-
-def _path(key: Any) -> tuple[str, ...]:
-    if isinstance(key, str):
-        return (key,)
-    if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
-        return key
-    raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
 
 
 def _flat(key: tuple[str, ...]) -> Any:

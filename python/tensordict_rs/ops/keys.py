@@ -11,20 +11,13 @@ from typing import Any
 
 import torch
 
+from .._core.index import key_path as _path
 from .._core.locking import locked_error
 from .._core.nodes import NTD_TYPES, TD, Key, NonTensorData
 from .._core.nontensor import NonTensorStack
 from .._core.nontensor_options import list_to_stack
 from .._core.unbatched import UnbatchedTensor
 from .._core.walk import KEEP, copy_tree, is_tree
-
-
-def _path(key: Any) -> tuple[str, ...]:
-    if isinstance(key, str):
-        return (key,)
-    if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
-        return key
-    raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
 
 
 def _missing(td: TD, key: str) -> KeyError:
@@ -345,10 +338,11 @@ def is_empty(td: TD) -> bool:
 
 
 def entry_pairs(source: Mapping[Any, Any] | None, kwargs: dict[str, Any]) -> list[tuple[Any, Any]]:
-    """The entries a TensorDict is built from: a mapping, then keyword entries; tuple (nested)
-    keys after the others, in tensordict's order."""
-    pairs = list(source.items()) if source is not None else []
-    pairs.extend(kwargs.items())
+    """The entries a TensorDict is built from: a mapping or keyword entries (not both, as in
+    tensordict); tuple (nested) keys after the others, in tensordict's order."""
+    if source is not None and kwargs:
+        raise ValueError("Either a dictionary or a sequence of kwargs must be provided, not both.")
+    pairs = list(source.items()) if source is not None else list(kwargs.items())
     return [p for p in pairs if not isinstance(p[0], tuple)] + [
         p for p in pairs if isinstance(p[0], tuple)
     ]
