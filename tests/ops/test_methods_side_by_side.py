@@ -62,6 +62,18 @@ def ints(pkg: Any) -> Any:
     )
 
 
+def _texts(pkg: Any) -> Any:
+    """A stack of strings and a non-tensor value beside a tensor, batch [3]."""
+    return pkg.TensorDict(
+        {
+            "x": torch.arange(3).unsqueeze(-1),
+            "s": pkg.NonTensorStack("a", "b", "c"),
+            "n": {"d": pkg.NonTensorData("m", batch_size=[3])},
+        },
+        batch_size=[3],
+    )
+
+
 def with_nan(pkg: Any) -> Any:
     x = torch.arange(24, dtype=torch.float32).view(3, 4, 2)
     x[0, 1, 0] = float("nan")
@@ -403,6 +415,25 @@ SHAPE_CASES: dict[str, Callable[[Any], Any]] = {
     "pad_value": lambda P: mixed(P).pad([0, 1], value=-1.0),
     "pad_odd": lambda P: mixed(P).pad([1]),
     "pad_too_long": lambda P: mixed(P).pad([0, 0, 0, 0, 1, 1]),
+    # non-tensor entries are padded with None (test_generic.py::test_pad_nontensor*: the
+    # stack kept its 3 rows in a batch of 5)
+    "pad_non_tensor": lambda P: [
+        (p.batch_size, p.get("s").tolist(), p.get(("n", "d")).tolist(), p["x"])
+        for p in (_texts(P).pad([0, 2]), _texts(P).pad([1, 1]), _texts(P).pad([-1, 1]))
+    ],
+    "pad_non_tensor_negative": lambda P: _texts(P).pad([-4, 0]),
+    "pad_non_tensor_2d": lambda P: (
+        P.TensorDict(
+            {
+                "s": P.NonTensorStack.from_list([[f"{i}{j}" for j in range(2)] for i in range(3)]),
+                "x": torch.ones(3, 2),
+            },
+            batch_size=[3, 2],
+        )
+        .pad([0, 1, 1, 0])
+        .get("s")
+        .tolist()
+    ),
     "pad_inplace": lambda P: (lambda td: (td.pad([0, 1], inplace=True) is td, td))(mixed(P)),
     "pad_inplace_locked": lambda P: mixed(P).lock_().pad([0, 1], inplace=True),
     "stack_classmethod": lambda P: P.TensorDict.stack([mixed(P), mixed(P)], 1),

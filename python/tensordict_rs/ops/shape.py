@@ -8,6 +8,7 @@ locked TensorDict is locked; indexing, ``unbind`` and iteration give unlocked Te
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 from .._core.classes import is_tensor_collection
 from .._core.locking import LOCK_ERROR
 from .._core.nodes import NTD_TYPES, TD
+from .._core.nontensor import NonTensorStack
 from .._core.walk import KEEP, map_leaves
 
 _SCALAR = torch.zeros((), dtype=torch.uint8)
@@ -426,6 +428,8 @@ def pad(
     dim (non-tensor entries are kept). With ``inplace`` the TensorDict takes the padded leaves
     and is returned. Every leaf is padded before any is replaced, so a failure leaves the
     TensorDict as it was (``safe`` is accepted for tensordict's signature: this is always so).
+    A non-tensor entry becomes a ``NonTensorStack`` padded with ``None`` (a negative pad crops),
+    as in tensordict.
 
     >>> import torch; from tensordict_rs import TensorDict
     >>> td = TensorDict({"a": torch.zeros(3, 4)}, batch_size=[3, 4])
@@ -442,14 +446,36 @@ def pad(
     batch = list(td.batch_size)
     for i, size in enumerate(pad_size):
         batch[i // 2] += size
+    for d, size in enumerate(batch):
+        if size < 0:
+            raise RuntimeError(
+                f"Pad {tuple(pad_size[2 * d : 2 * d + 2])} on batch dim {d} (size "
+                f"{td.batch_size[d]}) would produce a negative output size."
+            )
+
+    def pads_of(ndim: int) -> list[int]:
+        pads: list[int] = []
+        for d in reversed(range(ndim)):
+            pads += [pad_size[2 * d], pad_size[2 * d + 1]] if 2 * d < len(pad_size) else [0, 0]
+        return pads
 
     def leaf(t: torch.Tensor) -> torch.Tensor:
-        pads: list[int] = []
-        for d in reversed(range(t.dim())):
-            pads += [pad_size[2 * d], pad_size[2 * d + 1]] if 2 * d < len(pad_size) else [0, 0]
-        return torch.nn.functional.pad(t, pads, value=value)
+        return torch.nn.functional.pad(t, pads_of(t.dim()), value=value)
 
-    result = map_leaves(td, leaf, batch_size=batch)
+    def non_tensor(entry: Any, *_: Any) -> Any:
+        # the element ids padded with -1 (torch's pad: negative pads crop, and a negative
+        # size raises as for a tensor), then the values at them, None at -1
+        shape = tuple(entry.batch_size)
+        if type(entry) in NTD_TYPES:
+            values = [entry.data] * math.prod(shape)
+        else:
+            values = list(entry._cells.get(entry._pos.ravel()))
+        ids = torch.arange(len(values)).view(shape)
+        padded = torch.nn.functional.pad(ids, pads_of(len(shape)), value=-1)
+        flat = [values[i] if i >= 0 else None for i in padded.ravel().tolist()]
+        return NonTensorStack.from_values(flat, padded.shape, entry.device)
+
+    result = map_leaves(td, leaf, batch_size=batch, non_tensor=non_tensor)
     if not inplace:
         return result
     if td.is_locked:
