@@ -422,6 +422,9 @@ SHAPE_CASES: dict[str, Callable[[Any], Any]] = {
         for p in (_texts(P).pad([0, 2]), _texts(P).pad([1, 1]), _texts(P).pad([-1, 1]))
     ],
     "pad_non_tensor_negative": lambda P: _texts(P).pad([-4, 0]),
+    "pad_non_tensor_inplace": lambda P: (
+        lambda td, s: (td.pad([0, 2], inplace=True) is td, td.get("s") is s, s.tolist(), td)
+    )(*(lambda td: (td, td.get("s")))(_texts(P))),
     "pad_non_tensor_2d": lambda P: (
         P.TensorDict(
             {

@@ -17,7 +17,7 @@ import torch
 
 from .._core.classes import is_tensor_collection
 from .._core.locking import LOCK_ERROR
-from .._core.nodes import NTD_TYPES, TD
+from .._core.nodes import NTD_TYPES, TD, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.walk import KEEP, map_leaves
 
@@ -480,6 +480,19 @@ def pad(
         return result
     if td.is_locked:
         raise RuntimeError(LOCK_ERROR)
+    _keep_stacks(td, result)
     td._tensordict = result._tensordict
     td._batch_size = result._batch_size
     return td
+
+
+def _keep_stacks(old: TD, new: TD) -> None:
+    """The padded stacks of ``new`` put into ``old``'s stack objects (``pad(inplace=True)``
+    keeps a stack's identity, as tensordict's does), at every depth."""
+    for key, value in new._tensordict.items():
+        before = old._tensordict.get(key)
+        if type(value) is NonTensorStack and type(before) is NonTensorStack:
+            before._cells, before._pos = value._cells, value._pos
+            new._tensordict[key] = before
+        elif isinstance(value, TreeNode) and isinstance(before, TreeNode):
+            _keep_stacks(before, value)
