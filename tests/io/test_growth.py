@@ -296,6 +296,31 @@ def test_between_growths_nothing_keeps_a_map_alive(tmp_path: Path) -> None:
     check_rows(tensordict.TensorDict.load_memmap(tmp_path / "new"), 3)
 
 
+def test_a_first_file_made_by_another_growth_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leaf saved with no rows has no file until its first growth, which makes it without
+    the lock: a growth that finds it made meanwhile by another (another thread's tree of the
+    same directory, another process) reserves that file and goes on (it raised
+    FileExistsError, seen once in a full run of the threads test below)."""
+    prefix = tmp_path / "buf"
+    TensorDict({"i": torch.zeros(0, 2, dtype=torch.int64)}, [0]).memmap(prefix)
+    first, second = TensorDict.load_memmap(prefix), TensorDict.load_memmap(prefix)
+    first.extend_(TensorDict({"i": torch.full((3, 2), 1)}, [3]))
+    assert (prefix / "i.memmap").exists()
+    import tensordict_rs.io.growth as growth
+
+    real = growth.os.path.lexists
+    # the second growth looked before the first made the file
+    monkeypatch.setattr(
+        growth.os.path, "lexists", lambda p: False if str(p).endswith("i.memmap") else real(p)
+    )
+    second.extend_(TensorDict({"i": torch.full((2, 2), 2)}, [2]))
+    monkeypatch.undo()
+    rows = TensorDict.load_memmap(prefix)["i"]
+    assert rows[:, 0].tolist() == [1, 1, 1, 2, 2]
+
+
 def test_growths_from_several_threads_each_with_its_tree(tmp_path: Path) -> None:
     """Threads each growing their own tree of one directory take turns at its lock; each
     growth after another's finds its kept state stale, reloads and appends after the rows

@@ -143,7 +143,10 @@ class _Leaf:
             return
         name = os.path.join(self.prefix, self.name)
         if not os.path.lexists(name):  # a leaf saved with no rows has no file yet
-            _native.write_file(name, 0, nbytes, existsok=False)
+            try:
+                _native.write_file(name, 0, nbytes, existsok=False)
+            except FileExistsError:
+                pass  # another growth of this directory made it meanwhile: reserved below
         length = _native.reserve_file(name, nbytes)
         self._set_buffer(_native.open_file(name, length // self.row_bytes * self.row_bytes))
 
