@@ -425,11 +425,11 @@ def pad(
 ) -> TD:
     """The TensorDict padded along its batch dims with ``value``: ``pad_size`` is
     ``[before_0, after_0, before_1, after_1, ...]`` in batch-dim order, up to two per batch
-    dim (non-tensor entries are kept). With ``inplace`` the TensorDict takes the padded leaves
-    and is returned. Every leaf is padded before any is replaced, so a failure leaves the
-    TensorDict as it was (``safe`` is accepted for tensordict's signature: this is always so).
-    A non-tensor entry becomes a ``NonTensorStack`` padded with ``None`` (a negative pad crops),
-    as in tensordict.
+    dim; a negative pad crops. A non-tensor entry becomes a ``NonTensorStack`` padded with
+    ``None``, as in tensordict. With ``inplace`` the TensorDict takes the padded leaves (its
+    stacks padded in place) and is returned. Every leaf is padded before any is replaced, so a
+    failure leaves the TensorDict as it was (``safe`` is accepted for tensordict's signature:
+    this is always so).
 
     >>> import torch; from tensordict_rs import TensorDict
     >>> td = TensorDict({"a": torch.zeros(3, 4)}, batch_size=[3, 4])
