@@ -37,7 +37,7 @@ from .ops import pointwise as _pointwise
 from .ops import pytree as _pytree
 from .ops import shape as _shape
 from .ops import torch_functions as _torch
-from .ops.batch import BatchShape
+from .ops.batch import BatchShape, as_batch_size
 from .ops.devices import DeviceMoves, _normalize_device
 from .ops.pointwise_types import _PointwiseTypes
 from .share import pickling as _pickling
@@ -107,13 +107,7 @@ class TensorDict(
         """Builds a TensorDict from a mapping and/or keyword entries (``TensorDict(a=x,
         batch_size=[3])``); nested mappings become nested TensorDicts, tuple keys nested
         entries; lists of numbers and NumPy arrays become tensors."""
-        if batch_size is None:
-            batch = torch.Size([])
-        elif isinstance(batch_size, int):  # ``batch_size=n``, as tensordict takes it
-            batch = torch.Size([batch_size])
-        else:
-            batch = torch.Size(batch_size)
-        self._init(batch, _normalize_device(device))
+        self._init(as_batch_size(batch_size), _normalize_device(device))
         for key, value in _keys.entry_pairs(source, entries):
             if isinstance(key, str):
                 self._set_str(key, value, validate=True, non_blocking=non_blocking)

@@ -17,6 +17,16 @@ _DEVICE_SET_ERROR = (
 )
 
 
+def as_batch_size(value: Any) -> torch.Size:
+    """A batch size as tensordict takes one: ``None`` (no batch dims), an int (one dim) or a
+    sequence of ints."""
+    if value is None:
+        return torch.Size([])
+    if isinstance(value, int):
+        return torch.Size([value])
+    return torch.Size(value)
+
+
 class BatchShape(TreeNode):
     """``batch_size``, ``shape``, ``batch_dims``, ``ndim``, ``dim``, ``numel``, ``device``,
     ``is_cuda``, ``is_cpu`` (a mixin of TensorDict, first among its bases)."""
