@@ -655,6 +655,10 @@ def _node_class(cls: type) -> type[TensorDict]:
 
 
 def _reserved(name: str) -> bool:
+    # a field named "data" (as NonTensorData's) or "fields" replaces the member, as in
+    # tensordict 0.15.3; any other member's name needs ``shadow=True``
+    if name in ("data", "fields"):
+        return False
     return hasattr(TensorDict, name) or name in _OWN
 
 

@@ -267,6 +267,26 @@ def test_options() -> None:
     check(options)
 
 
+def member_named_fields(pkg: Any) -> list[Any]:
+    """Fields named ``data`` and ``fields`` replace those members without ``shadow=True``, as
+    in tensordict 0.15.3 (found by its test_tensorclass.py: refused here before); any other
+    member's name is refused."""
+    Holder = define(pkg, "Holder", {"data": torch.Tensor, "fields": (Any, None)})
+    h = Holder(data=torch.arange(6.0).view(3, 2), fields="f", batch_size=[3])
+    h.data = h.data + 1
+    rows = h[1:]
+    stacked = torch.stack([h, h])
+    return [
+        h.data, h.fields, rows.data, stacked.data.shape, sorted(h.to_tensordict().keys()),
+        error(lambda: define(pkg, "Bad", {"apply": torch.Tensor})),
+        error(lambda: define(pkg, "BadToo", {"batch_size": torch.Tensor})),
+    ]  # fmt: skip
+
+
+def test_fields_named_data_and_fields() -> None:
+    check(member_named_fields)
+
+
 # ---------------------------------------------------------------------------------- data loading
 
 
