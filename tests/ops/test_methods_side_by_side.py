@@ -350,6 +350,15 @@ def test_cumulative(name: str, kwargs: dict[str, Any]) -> None:
 
 
 REDUCTION_MISC: dict[str, Callable[[Any], Any]] = {
+    # all/any along a batch dim (test_tensorclass.py::test_all_any: dim= was refused)
+    "all_dim": lambda P: [(mixed(P) > 3).all(dim=d) for d in (0, 1, -1, -2)],
+    "any_dim": lambda P: [(mixed(P) > 3).any(dim=d) for d in (0, 1, -1, -2)],
+    "all_dim_out_of_range": lambda P: mixed(P).all(dim=2),
+    "any_dim_nested_extra_dims": lambda P: P.TensorDict(
+        a=torch.tensor([[True, False], [True, True]]),
+        n=P.TensorDict(b=torch.arange(12).view(2, 2, 3) % 2 == 0, batch_size=[2, 2, 3]),
+        batch_size=[2, 2],
+    ).any(dim=1),
     "norm": lambda P: floats(P).norm(),
     "norm_dtype": lambda P: floats(P).norm(dtype=torch.float64),
     "norm_keys": lambda P: floats(P).norm(key_transform=lambda k: f"{k}_norm"),

@@ -475,25 +475,48 @@ def no_bool(td: TD) -> bool:
     )
 
 
-def all_true(td: TD) -> bool:
-    """True when every element of every leaf is true.
+def _along(td: TD, dim: int, name: str) -> Any:
+    """``td.all(dim)`` / ``td.any(dim)``: each leaf's reduction along batch dim ``dim``, in a
+    tree without that dim (as tensordict)."""
+    n = td.batch_dims
+    if not -n <= dim < n:
+        raise RuntimeError(
+            "dim must be greater than or equal to -tensordict.batch_dims and "
+            "smaller than tensordict.batch_dims"
+        )
+    dim %= n
+    return map_leaves(
+        td,
+        lambda t: getattr(t, name)(dim=dim),
+        node_batch=lambda batch: [b for i, b in enumerate(batch) if i != dim],
+    )
+
+
+def all_true(td: TD, dim: int | None = None) -> Any:
+    """True when every element of every leaf is true; with ``dim``, a tree of each leaf's
+    ``all`` along that batch dim.
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
     >>> td = TensorDict({"a": torch.tensor([True, False]), "b": {"c": torch.ones(2)}}, [2])
-    >>> td.all(), td.select("b").all()
-    (False, True)
+    >>> td.all(), td.select("b").all(), td.all(dim=0)["a"]
+    (False, True, tensor(False))
     """
+    if dim is not None:
+        return _along(td, dim, "all")
     return all(bool(leaf.all()) for _, _, leaf in leaves(td))
 
 
-def any_true(td: TD) -> bool:
-    """True when some element of some leaf is true.
+def any_true(td: TD, dim: int | None = None) -> Any:
+    """True when some element of some leaf is true; with ``dim``, a tree of each leaf's
+    ``any`` along that batch dim.
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
     >>> td = TensorDict({"a": torch.tensor([True, False]), "b": {"c": torch.zeros(2)}}, [2])
-    >>> td.any(), td.select("b").any()
-    (True, False)
+    >>> td.any(), td.select("b").any(), td.any(dim=0)["a"]
+    (True, False, tensor(True))
     """
+    if dim is not None:
+        return _along(td, dim, "any")
     return any(bool(leaf.any()) for _, _, leaf in leaves(td))
