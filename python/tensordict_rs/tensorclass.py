@@ -448,6 +448,10 @@ def _len(self: Any) -> int:
     return len(self.__dict__["_tensordict"])
 
 
+def _bool(self: Any) -> bool:
+    raise RuntimeError("Converting a tensorclass to boolean value is not permitted. ")
+
+
 def _iter(self: Any) -> Iterator[Any]:
     for i in range(len(self)):
         yield self[i]
@@ -474,7 +478,9 @@ def _torch_function(
     kwargs: dict[str, Any] | None = None,
 ) -> Any:
     kwargs = kwargs or {}
-    first = _first_tensorclass(args) or _first_tensorclass(tuple(kwargs.values()))
+    first = _first_tensorclass(args)
+    if first is None:  # (not ``or``: a tensorclass with no batch dims may be falsy)
+        first = _first_tensorclass(tuple(kwargs.values()))
     out = kwargs.get("out")
     result = func(*_unwrap(list(args)), **{k: _unwrap(v) for k, v in kwargs.items()})
     if out is not None and getattr(type(out), "_is_tensorclass", False):
@@ -719,6 +725,7 @@ def _process(cls: type, flags: dict[str, Any]) -> type:
         "__eq__": _eq,
         "__ne__": _ne,
         "__len__": _len,
+        "__bool__": _bool,  # as tensordict: not the truth of its length
         "__iter__": _iter,
         "__getstate__": _getstate,
         "__setstate__": _setstate,

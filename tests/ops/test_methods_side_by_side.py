@@ -870,6 +870,34 @@ def test_consolidate_filename(tmp_path: Any) -> None:
     side_by_side(case)
 
 
+@pytest.mark.parametrize(("writer", "reader"), [("rs", "ref"), ("ref", "rs"), ("rs", "rs")])
+def test_consolidate_filename_non_tensor_stacks(tmp_path: Any, writer: str, reader: str) -> None:
+    """NonTensorStacks (1-D and 2-D, string and list values, nested) in the single-file layout,
+    both ways with tensordict 0.15.3 (the writer raised a KeyError here; found by tensordict's
+    test_pickle_consolidate)."""
+
+    def tree(P: Any) -> Any:
+        return P.TensorDict(
+            s=P.NonTensorStack.from_list([["a", "b"], ["c", "d"], ["e", "f"]]),
+            x=torch.arange(6.0).view(3, 2),
+            batch_size=[3, 2],
+        )
+
+    W, R = PKGS[writer], PKGS[reader]
+    path = tmp_path / "t.bin"
+    written = tree(W).consolidate(filename=path)
+    back = R.TensorDict.from_consolidated(path)
+    assert back["s"] == [["a", "b"], ["c", "d"], ["e", "f"]]
+    assert written["s"] == [["a", "b"], ["c", "d"], ["e", "f"]]
+    assert torch.equal(back["x"], torch.arange(6.0).view(3, 2))
+    lists = W.TensorDict(
+        n=W.TensorDict(v=W.NonTensorStack([1, 2], [3], ["x"]), batch_size=[3]), batch_size=[3]
+    )
+    lists.consolidate(filename=tmp_path / "l.bin")
+    again = R.TensorDict.from_consolidated(tmp_path / "l.bin")
+    assert again["n", "v"] == [[1, 2], [3], ["x"]] and again["n"].batch_size == (3,)
+
+
 def test_to_non_blocking_pin() -> None:
     """``non_blocking_pin`` pins before an asynchronous copy to an accelerator. Without one,
     the reference fails in ``pin_memory`` even for a CPU target; here a CPU target needs no

@@ -129,3 +129,71 @@ def test_a_tree_whose_plan_is_cached_is_freed(send: str) -> None:
     gc.collect()
     assert tree() is None
     assert key not in packed._PLANS
+
+
+@tensordict_rs.tensorclass
+class _Step:
+    """A tensorclass at module level (picklable by name), for the tests below."""
+
+    obs: torch.Tensor
+    text: str
+
+
+@tensordict.tensorclass
+class _RefStep:
+    obs: torch.Tensor
+    text: str
+
+
+def _with_tensorclasses(lib: object, cls: type) -> object:
+    step = cls(obs=torch.arange(3.0), text="a", batch_size=[])
+    return lib.TensorDict(  # type: ignore[attr-defined]
+        steps=torch.stack([step, step.clone()]),
+        n={"m": torch.stack([step, step])},
+        batch_size=[2],
+    )
+
+
+def _view(td: object) -> list[object]:
+    return [
+        type(td["steps"]).__name__.lstrip("_").replace("RefStep", "Step"),  # type: ignore[index]
+        type(td["n", "m"]).__name__.lstrip("_").replace("RefStep", "Step"),  # type: ignore[index]
+        td["steps"].obs.tolist(),  # type: ignore[index]
+        list(td["n", "m"].text),  # type: ignore[index]
+    ]
+
+
+@pytest.mark.parametrize("how", ["consolidate", "pickle5", "clone_consolidated", "file"])
+def test_tensorclasses_inside_keep_their_class(tmp_path: object, how: str) -> None:
+    """A tensorclass inside a tree is a node of its own class, which the packed description
+    does not carry: consolidate, protocol-5 pickles (Ray) and the copy of a consolidated tree
+    gave a plain TensorDict there (found by tensordict's test_pickle_consolidate); they keep the
+    class now, as tensordict 0.15.3."""
+    import pickle
+
+    def run(lib: object, cls: type) -> list[object]:
+        td = _with_tensorclasses(lib, cls)
+        if how == "consolidate":
+            out = td.consolidate()  # type: ignore[attr-defined]
+        elif how == "pickle5":
+            out = pickle.loads(pickle.dumps(td.consolidate(), protocol=5))  # type: ignore[attr-defined]
+        elif how == "clone_consolidated":
+            out = td.consolidate().clone()  # type: ignore[attr-defined]
+        else:
+            out = td.consolidate(filename=f"{tmp_path}/{lib.__name__}.bin")  # type: ignore[attr-defined]
+        return _view(out)
+
+    assert run(tensordict_rs, _Step) == run(tensordict, _RefStep)
+
+
+def test_stack_of_tensorclasses_without_batch_dims() -> None:
+    """``torch.stack`` of tensorclasses with no batch dims gave the inner TensorDict (the first
+    tensorclass was looked up with ``or``, and such a tensorclass was falsy); ``bool()`` of a
+    tensorclass now raises, as in tensordict."""
+    for cls in (_Step, _RefStep):
+        step = cls(obs=torch.arange(3.0), text="a", batch_size=[])
+        stacked = torch.stack([step, step])
+        assert type(stacked) is cls and stacked.batch_size == (2,)
+        assert type(stacked.consolidate()) is cls
+        with pytest.raises(RuntimeError, match="boolean value is not permitted"):
+            bool(step)

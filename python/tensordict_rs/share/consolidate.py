@@ -21,6 +21,7 @@ from .._core.walk import refuse_unbatched
 from ..ops import as_classmethod
 from . import consolidated_file as _file
 from . import packed as _packed
+from . import packed_description as _desc
 
 _CPU = torch.device("cpu")
 
@@ -103,6 +104,9 @@ class Consolidation(TreeNode):
                 whole[: plan.total].copy_(plan.pack(fresh=True), non_blocking=non_blocking)
         _packed.settle(td)
         if not inplace:
+            classes = _desc.node_classes(self)
+            if classes is not None:  # tensorclasses inside keep their class
+                _desc.retype(td, classes)
             return td.lock_()
         if self.is_locked:
             self.unlock_()

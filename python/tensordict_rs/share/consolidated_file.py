@@ -4,7 +4,9 @@ the reference's single-file layout.
 The file is ``[leaves][JSON][8-byte little-endian JSON length]``. The JSON is tensordict's:
 per node ``{"cls", "non_tensors": {key: [value, batch_size, device]}, "leaves": {key: [dtype,
 shape, start, stop, pad]}, "cls_metadata": {"device", "names", "batch_size", "is_locked"}}``
-with each nested node under its key. The leaves are written in this package's packed layout
+with each nested node under its key; a ``NonTensorStack`` is a node ``{"cls":
+"NonTensorStack", "non_tensors": {"0": [value, [], device], ...}}`` (one more such node per
+element for each dim past the first). The leaves are written in this package's packed layout
 (depth-first, sorted keys, 64-byte aligned offsets) by the Rust core, straight into the mapped
 file, so the tree made from the file is consolidated (one buffer, sent without a copy). Files
 written by tensordict (insertion order, 8-byte alignment) are read too.
@@ -22,7 +24,9 @@ import torch
 from .. import _native
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE
 from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
+from .._core.nontensor import NonTensorStack
 from . import packed as _packed
+from . import packed_description as _desc
 
 _RESERVED = ("cls", "non_tensors", "leaves", "cls_metadata", "size")
 
@@ -40,6 +44,10 @@ def _metadata(td: Any, offsets: dict[tuple[int, str], tuple[int, int]]) -> dict[
         if type(value) in NTD_TYPES:
             device = None if td.device is None else str(td.device)
             node["non_tensors"][key] = [value.data, list(td.batch_size), device]
+        elif type(value) is NonTensorStack:
+            device = None if value.device is None else str(value.device)
+            nested[key] = _stack_node(value.tolist(), len(value.batch_size), device)
+            nested[key]["cls_metadata"]["stack_dim"] = value.stack_dim
         elif isinstance(value, TreeNode):
             nested[key] = _metadata(value, offsets)
         else:
@@ -89,8 +97,48 @@ def consolidate_to_file(td: TD, filename: str | os.PathLike[str]) -> TD:
         torch.frombuffer(bytearray(len(blob).to_bytes(8, "little")), dtype=torch.uint8)
     )
     out, _ = _packed.build(type(td), plan.description(), total, None, into=(buffer, whole[:total]))
+    classes = _desc.node_classes(td)
+    if classes is not None:  # tensorclasses inside keep their class (in this process)
+        _desc.retype(out, classes)
     out._set_device_tree(torch.device("cpu"))  # the leaves are in (file-backed) CPU memory
     return out.lock_()  # type: ignore[no-any-return]
+
+
+def _stack_node(values: list[Any], dims: int, device: str | None) -> dict[str, Any]:
+    """tensordict's node of a ``NonTensorStack`` of ``dims`` dims holding ``values``."""
+    node: dict[str, Any] = {
+        "cls": "NonTensorStack",
+        "non_tensors": {},
+        "leaves": {},
+        "cls_metadata": {"stack_dim": 0, "stack_dim_name": None, "is_locked": False},
+    }
+    for i, value in enumerate(values):
+        if dims > 1:
+            node[str(i)] = _stack_node(value, dims - 1, device)
+        else:
+            node["non_tensors"][str(i)] = [value, [], device]
+    return node
+
+
+def _stack_values(meta: dict[str, Any], path: str) -> tuple[list[Any], list[int]]:
+    """The values (flat) and shape of a ``NonTensorStack`` node of the file."""
+    values = meta.get("non_tensors") or {}
+    subs = {k: v for k, v in meta.items() if k not in _RESERVED}
+    n = len(subs) if subs else len(values)
+    names = [str(i) for i in range(n)]
+    if (subs and values) or sorted(subs or values) != sorted(names):
+        raise ValueError(f"{path}: a NonTensorStack node is not elements '0'..'{n - 1}'")
+    if not subs:
+        return [values[name][0] for name in names], [n]
+    flat: list[Any] = []
+    shapes = []
+    for name in names:
+        part, shape = _stack_values(subs[name], path)
+        flat += part
+        shapes.append(shape)
+    if any(shape != shapes[0] for shape in shapes):
+        raise ValueError(f"{path}: the elements of a NonTensorStack node differ in shape")
+    return flat, [n, *(shapes[0] if shapes else [])]
 
 
 def from_consolidated(cls: type[TD], filename: str | os.PathLike[str]) -> TD:
@@ -154,7 +202,14 @@ def _build(cls: type[TreeNode], meta: dict[str, Any], storage: torch.Tensor, pat
             raise ValueError(f"{path}: key {key!r} needs {nbytes} bytes, has {stop - start}")
         entries[key] = storage[start : start + nbytes].view(dtype).view(shape)
     for key, sub in meta.items():
-        entries[key] = _build(cls, sub, storage, path)
+        if isinstance(sub, dict) and sub.get("cls") == "NonTensorStack":
+            flat, shape = _stack_values(sub, path)
+            stack = NonTensorStack.from_values(flat, shape, td.device)
+            stack_dim = sub.get("cls_metadata", {}).get("stack_dim", 0)
+            stack.stack_dim = stack_dim if type(stack_dim) is int else 0
+            entries[key] = stack
+        else:
+            entries[key] = _build(cls, sub, storage, path)
     if info.get("is_locked"):
         td.lock_()
     return td

@@ -23,7 +23,7 @@ import torch
 from .. import _native
 from .._core import nested as _nested
 from .._core.dtypes import DTYPE_TO_STR, dtype_to_str
-from .._core.nodes import NTD_TYPES, TD, _json_text
+from .._core.nodes import NTD_TYPES, TD, TreeNode, _json_text
 from .._core.nontensor import NonTensorStack
 from ..memmap import _LazyLeaf
 
@@ -182,6 +182,47 @@ def spec(td: TD, path: tuple[str, ...], base: int = 0) -> tuple[Any, ...]:
         else:
             entries.append((NODE, key, spec(value, (*path, key), base)))
     return list(td.batch_size), None if td.device is None else str(td.device), entries
+
+
+def node_classes(td: TD) -> list[type] | None:
+    """The class of every node of ``td``, depth first with keys sorted (the order ``build``
+    makes them in); None when every node is of the root's class, as ``build`` makes them. A
+    tensorclass inside a TensorDict is a node of its own class, which the description does not
+    carry: ``retype`` gives it back to the built tree."""
+    out: list[type] = []
+
+    def walk(node: TreeNode) -> None:
+        out.append(type(node))
+        items = node._tensordict
+        for key in sorted(items):
+            value = items[key]
+            if isinstance(value, TreeNode):
+                walk(value)
+
+    walk(td)
+    return None if all(c is out[0] for c in out) else out
+
+
+def retype(td: TreeNode, classes: list[type]) -> None:
+    """Gives the nodes of a tree ``build`` made the classes ``node_classes`` listed (the same
+    node objects and dicts, so the tree's copy plan stays valid)."""
+    at = iter(classes)
+
+    def walk(node: TreeNode) -> None:
+        cls = next(at, None)
+        if not (isinstance(cls, type) and issubclass(cls, TreeNode)):
+            raise bad("the node classes do not fit the tree")
+        if type(node) is not cls:
+            node.__class__ = cls
+        items = node._tensordict
+        for key in sorted(items):
+            value = items[key]
+            if isinstance(value, TreeNode):
+                walk(value)
+
+    walk(td)
+    if next(at, None) is not None:
+        raise bad("the node classes do not fit the tree")
 
 
 def nested_index(text: bytes) -> tuple[list[dict[str, Any]], bytes]:

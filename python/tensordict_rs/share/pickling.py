@@ -46,6 +46,7 @@ from .._core.locking import mark_read_only
 from .._core.nodes import TD, TreeNode, _gc_paused
 from ..memmap import MemoryMappedTensor, _LazyLeaf, _tensor_from_buffer
 from . import packed as _packed
+from . import packed_description as _desc
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer as BufferProtocol
@@ -137,7 +138,8 @@ def reduce_ex(td: TD, protocol: int) -> Any:
         # the buffer protocol of a pyo3 class is invisible to type checkers on 3.11
         data = pickle.PickleBuffer(cast("BufferProtocol", buffer))
     flags = LOCKED if td._is_locked else 0
-    return (_rebuild, (type(td), text, total, data, flags, _orders(td)))
+    classes = _desc.node_classes(td)  # tensorclasses inside: their classes, pickled by name
+    return (_rebuild, (type(td), text, total, data, flags, _orders(td), classes))
 
 
 def _orders(td: TreeNode) -> list[list[int] | None] | None:
@@ -203,6 +205,7 @@ def _rebuild(
     data: Any,
     flags: int,
     orders: list[list[int] | None] | None = None,
+    classes: list[type] | None = None,
 ) -> Any:
     """A tree from its description, its leaves views of ``data`` (any buffer: a PickleBuffer,
     bytes, an object store's read-only memory), which they keep alive."""
@@ -236,6 +239,8 @@ def _rebuild(
         if read_only:
             mark_read_only(td)
             _packed.plan(td).writable = False
+    if classes is not None:
+        _desc.retype(td, classes)
     if orders is not None:
         _reorder(td, orders)
     if flags & LOCKED:
@@ -267,6 +272,9 @@ def clone_whole(td: TD) -> TD | None:
     copy = torch.empty(plan.total, dtype=torch.uint8)
     copy.copy_(whole[: plan.total])
     out, _ = _packed.build(type(td), plan.description(), plan.total, views_of=copy)
+    classes = _desc.node_classes(td)
+    if classes is not None:
+        _desc.retype(out, classes)
     return _packed.settle(out)  # type: ignore[no-any-return]
 
 
