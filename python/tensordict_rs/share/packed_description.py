@@ -193,14 +193,16 @@ def node_classes(td: TD) -> list[type] | None:
 
     def walk(node: TreeNode) -> None:
         out.append(type(node))
-        items = node._tensordict
-        for key in sorted(items):
-            value = items[key]
-            if isinstance(value, TreeNode):
-                walk(value)
+        children = [(k, v) for k, v in node._tensordict.items() if isinstance(v, TreeNode)]
+        for _, child in sorted(children, key=_first):
+            walk(child)
 
     walk(td)
     return None if all(c is out[0] for c in out) else out
+
+
+def _first(pair: tuple[str, Any]) -> str:
+    return pair[0]
 
 
 def retype(td: TreeNode, classes: list[type]) -> None:
