@@ -43,6 +43,7 @@ from ._core.nontensor import NonTensorStack
 from ._core.shared_value import unshared
 from .memmap import _LazyLeaf
 from .ops.devices import _normalize_device
+from .ops.keys import leaf_value
 from .tensordict import TensorDict
 
 __all__ = ["MetaData", "TensorClass", "from_dataclass", "tensorclass"]
@@ -282,6 +283,8 @@ def _set_field(obj: Any, key: str, value: Any, *, inplace: bool = False) -> None
             value = NonTensorData(value)
         else:
             value = torch.as_tensor(value)
+    elif not cls._nocast and type(value) is list and value:
+        value = leaf_value(value)  # as a TensorDict takes it: a tensor or a stack of rows
     else:
         value = NonTensorData(value)
     td.set(key, value, inplace=inplace)

@@ -287,6 +287,34 @@ def test_fields_named_data_and_fields() -> None:
     check(member_named_fields)
 
 
+def list_fields(pkg: Any) -> list[Any]:
+    """A list given to a field is taken as a TensorDict takes it (tensordict 0.15.3, its
+    test_set_list_in_constructor): strings per row a stack, numbers a tensor, tensors their
+    stack, a length that is not the batch size an error (a NonTensorData of the list here
+    before)."""
+    Row = define(pkg, "ListRow", {"a": str, "z": list, "n": (Any, None)})
+    out: list[Any] = []
+    for kwargs, batch in [
+        ({"a": ["x", "y"], "z": ["p", "q"]}, [2]),
+        ({"a": ["x"], "z": ["p", "q", "r"]}, []),
+        ({"a": "s", "z": [1, 2], "n": [torch.ones(2), torch.zeros(2)]}, [2]),
+        ({"a": "s", "z": ["p", "q", "r"]}, [2]),
+    ]:
+        try:
+            row = Row(**kwargs, batch_size=batch)
+        except Exception as err:
+            out.append(type(err).__name__)
+            continue
+        # (each package's LinkedList as a plain list: they do not compare equal across packages)
+        values = [row.a, row.z, row.n, row[0].a if batch else None]
+        out.append([list(v) if isinstance(v, list) else v for v in values])
+    return out
+
+
+def test_list_fields() -> None:
+    check(list_fields)
+
+
 # ---------------------------------------------------------------------------------- data loading
 
 

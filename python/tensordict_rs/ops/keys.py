@@ -350,8 +350,9 @@ def entry_pairs(source: Mapping[Any, Any] | None, kwargs: dict[str, Any]) -> lis
 
 def leaf_value(value: Any) -> Any:
     """A new entry as tensordict stores it: Python and NumPy scalars, NumPy arrays and lists
-    of numbers become tensors (a 0-dim tensor for a scalar); other lists a NonTensorStack (one
-    value per row, nested lists of equal lengths as dims); other values NonTensorData."""
+    of numbers become tensors (a 0-dim tensor for a scalar), lists of tensors of one shape
+    their stack; other lists a NonTensorStack (one value per row, nested lists of equal
+    lengths as dims); other values NonTensorData."""
     if isinstance(value, (torch.Tensor, NonTensorData, NonTensorStack)):
         return value
     if isinstance(value, (bool, int, float, complex)):
@@ -360,6 +361,8 @@ def leaf_value(value: Any) -> Any:
         return torch.as_tensor(value)
     if isinstance(value, (list, tuple)) and value:
         try:
+            if all(isinstance(v, torch.Tensor) for v in value):
+                return torch.stack(list(value))  # a list of tensors, as tensordict stacks it
             return torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError):
             if type(value) is list and list_to_stack():
