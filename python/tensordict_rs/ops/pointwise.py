@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -475,7 +475,7 @@ def no_bool(td: TD) -> bool:
     )
 
 
-def _along(td: TD, dim: int, name: str) -> Any:
+def _along(td: TD, dim: int, name: str) -> TD:
     """``td.all(dim)`` / ``td.any(dim)``: each leaf's reduction along batch dim ``dim``, in a
     tree without that dim (as tensordict)."""
     n = td.batch_dims
@@ -492,7 +492,11 @@ def _along(td: TD, dim: int, name: str) -> Any:
     )
 
 
-def all_true(td: TD, dim: int | None = None) -> Any:
+@overload
+def all_true(td: TD, dim: None = None) -> bool: ...
+@overload
+def all_true(td: TD, dim: int) -> TD: ...
+def all_true(td: TD, dim: int | None = None) -> bool | TD:
     """True when every element of every leaf is true; with ``dim``, a tree of each leaf's
     ``all`` along that batch dim.
 
@@ -507,7 +511,11 @@ def all_true(td: TD, dim: int | None = None) -> Any:
     return all(bool(leaf.all()) for _, _, leaf in leaves(td))
 
 
-def any_true(td: TD, dim: int | None = None) -> Any:
+@overload
+def any_true(td: TD, dim: None = None) -> bool: ...
+@overload
+def any_true(td: TD, dim: int) -> TD: ...
+def any_true(td: TD, dim: int | None = None) -> bool | TD:
     """True when some element of some leaf is true; with ``dim``, a tree of each leaf's
     ``any`` along that batch dim.
 
