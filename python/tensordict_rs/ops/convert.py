@@ -259,7 +259,10 @@ def from_dataclass(
     """
     if as_tensorclass:
         raise NotImplementedError(
-            "from_dataclass(as_tensorclass=True) needs tensorclasses (tensordict_rs.tensorclass)."
+            "TensorDict.from_dataclass(as_tensorclass=True): use the function "
+            "tensordict_rs.from_dataclass(obj, dest_cls=None), which returns the tensorclass "
+            "(TensorDict's own methods build TensorDicts only: the TensorDict layer does not "
+            "import tensorclasses)."
         )
     del dest_cls
     items = [(f.name, getattr(dataclass, f.name)) for f in dataclasses.fields(dataclass)]
