@@ -750,6 +750,17 @@ CONVERSIONS: dict[str, Callable[[Any], Any]] = {
     "numpy": lambda P: mixed(P).numpy(),
     "tolist": lambda P: mixed(P).tolist(),
     "tolist_0d": lambda P: mixed(P)[0, 0].tolist(),
+    # a LinkedList whose item writes reach the tree's rows (refused here before)
+    "tolist_linked": lambda P: (
+        lambda td: (
+            lambda values: (
+                type(values).__name__,
+                values.__setitem__(1, P.TensorDict(a=torch.tensor(9.0))),
+                td["a"],
+                list(values)[1],
+            )
+        )(td.tolist(as_linked_list=True))
+    )(P.TensorDict(a=torch.arange(3.0), batch_size=[3])),
     "tolist_convert_tensors": lambda P: mixed(P)[:2, :2].tolist(convert_tensors=True),
     "tolist_no_nodes": lambda P: mixed(P)[:2, :2].tolist(convert_nodes=False).__class__.__name__,
     "to_namedtuple": lambda P: tuple(mixed(P).to_namedtuple()),

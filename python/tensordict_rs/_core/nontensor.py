@@ -1052,7 +1052,8 @@ def _nest(flat: list[Any], shape: tuple[int, ...]) -> Any:
 
 
 class LinkedList(list):  # type: ignore[type-arg]
-    """The values of a stack (``td[key]``): a list whose item writes go into the stack.
+    """The values of a stack (``td[key]``): a list whose item writes go into the stack (or
+    the rows of a TensorDict, ``td.tolist(as_linked_list=True)``).
 
     ``_td()`` is the stack (a weak reference); a change of the list's length (``append``,
     ``extend``...) unbinds it: the stack keeps its size, the list is then a plain list.
@@ -1066,7 +1067,7 @@ class LinkedList(list):  # type: ignore[type-arg]
 
     __slots__ = ("_td",)
 
-    def __init__(self, *args: Any, td: NonTensorStack | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, td: Any = None, **kwargs: Any) -> None:
         # ``type(values)(iterable)``, as code that rebuilds a sequence calls it, is not linked
         super().__init__(*args, **kwargs)
         self._td: Any = _NO_STACK if td is None else weakref.ref(td)

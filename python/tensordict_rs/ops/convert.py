@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
+from .._core.nontensor import LinkedList
 from .._core.walk import leaves, map_leaves
 from . import as_classmethod
 from .keys import _max_batch
@@ -94,18 +95,14 @@ def tolist(
     as_linked_list: bool = False,
 ) -> Any:
     """The elements of the batch as nested lists (one level per batch dim), each element a
-    dict (``to_dict``) or, with ``convert_nodes=False``, a TensorDict.
+    dict (``to_dict``) or, with ``convert_nodes=False``, a TensorDict; ``as_linked_list``
+    gives a ``LinkedList`` whose item writes (``values[i] = row``) go into the tree.
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
     >>> TensorDict({"a": torch.arange(2)}, [2]).tolist()
     [{'a': tensor(0)}, {'a': tensor(1)}]
     """
-    if as_linked_list:
-        raise NotImplementedError(
-            "tolist(as_linked_list=True) returns the reference's LinkedList view, which "
-            "tensordict_rs does not have; index the TensorDict to write elements."
-        )
     if not convert_nodes and convert_tensors:
         raise TypeError("convert_tensors requires convert_nodes=True.")
 
@@ -122,6 +119,8 @@ def tolist(
             return element(item)
         return [nest(sub) for sub in item.unbind(0)]
 
+    if as_linked_list:  # a list whose item writes go into the tree's rows, as tensordict's
+        return LinkedList(nest(td), td=td)
     return nest(td)
 
 
