@@ -482,7 +482,7 @@ def _torch_function(
 ) -> Any:
     kwargs = kwargs or {}
     first = _first_tensorclass(args)
-    if first is None:  # (not ``or``: a tensorclass with no batch dims may be falsy)
+    if first is None:  # (not ``or``: ``bool()`` of a tensorclass raises, as in tensordict)
         first = _first_tensorclass(tuple(kwargs.values()))
     out = kwargs.get("out")
     result = func(*_unwrap(list(args)), **{k: _unwrap(v) for k, v in kwargs.items()})
