@@ -263,12 +263,70 @@ BINARY_CASES: dict[str, Callable[[Any], Any]] = {
     ),
     "locked_addcmul": lambda P: floats(P, locked=True).addcmul(floats(P), floats(P)),
     "mismatched_keys": lambda P: floats(P).addcmul(floats(P).exclude("b"), floats(P)),
+    # tensordict's default= of the arithmetic methods: None requires the same keys both ways
+    "add_other_lacks_key": lambda P: floats(P).add(floats(P).exclude("b")),
+    "add_other_has_extra_key": lambda P: floats(P).exclude("b").add(floats(P)),
+    "operator_extra_key": lambda P: floats(P).exclude(("n", "c")) * floats(P),
+    "inplace_ignores_extra_key": lambda P: floats(P).exclude("b").add_(floats(P)),
+    "default_str_unknown": lambda P: floats(P).add(floats(P), default="union"),
+    "clamp_min_positional_default": lambda P: floats(P)
+    .exclude("a")
+    .clamp_min(floats(P).exclude("b") * 0 + 0.5, torch.tensor(0.3)),
+    "add_default_non_tensor": lambda P: P.TensorDict(a=1, b=1, s="x").add(
+        P.TensorDict(b=2, c=2, s="x"), default=torch.zeros(())
+    ),
 }
+# every method with tensordict's default=: a value for the leaf one side lacks, or the
+# intersection of the keys (a locked source keeps the result locked where tensordict's does)
+for _name in (
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "clamp_min", "clamp_max", "rsub",
+):  # fmt: skip
+    for _default in ("tensor", "intersection"):
+        # a locked source with a tensor default: tensordict raises (its result, locked, is
+        # then updated with the other side's keys); here the locked result: test below
+        for _locked in (False, True) if _default == "intersection" else (False,):
+            BINARY_CASES[f"{_name}_default_{_default}{'_locked' if _locked else ''}"] = (
+                lambda P, n=_name, d=_default, lk=_locked: getattr(
+                    floats(P).exclude("b").lock_() if lk else floats(P).exclude("b"), n
+                )(floats(P).exclude("a") + 1, default=torch.tensor(0.5) if d == "tensor" else d)
+            )
+for _name in ("bitwise_and", "logical_and"):
+    BINARY_CASES[f"{_name}_default"] = lambda P, n=_name: getattr(ints(P).exclude("i"), n)(
+        ints(P), default=torch.tensor(3)
+    )
+# a tensor or a tree of another batch size broadcasts with the batch size as torch's shapes do
+for _shape in ((4,), (1, 4), (2, 3, 4), (3, 1)):
+    BINARY_CASES[f"mul_tensor_{_shape}"] = lambda P, s=_shape: floats(P) * torch.full(s, 2.0)
+    BINARY_CASES[f"add_tree_{_shape}"] = lambda P, s=_shape: floats(P) + floats(P).new_ones(s)
+    BINARY_CASES[f"clamp_max_tensor_{_shape}"] = lambda P, s=_shape: floats(P).clamp_max(
+        torch.full(s, 0.5)
+    )
+    BINARY_CASES[f"lerp_tensor_{_shape}"] = lambda P, s=_shape: floats(P).lerp(
+        torch.zeros(s), torch.full(s, 0.25)
+    )
+    BINARY_CASES[f"add_inplace_tensor_{_shape}"] = lambda P, s=_shape: floats(P).add_(
+        torch.full(s, 1.0)
+    )
+BINARY_CASES["mul_tensor_not_broadcastable"] = lambda P: floats(P) * torch.ones(3)
 
 
 @pytest.mark.parametrize("name", list(BINARY_CASES))
 def test_binary(name: str) -> None:
     side_by_side(BINARY_CASES[name])
+
+
+@pytest.mark.parametrize("name", ["add", "mul", "clamp_min", "rsub"])
+def test_default_value_on_locked_tree(name: str) -> None:
+    """tensordict raises "Cannot modify locked TensorDict" for a locked source with a tensor
+    as default (a listed difference); here the result is the unlocked source's, locked."""
+    other = floats(rs).exclude("a") + 1
+    unlocked = getattr(floats(rs).exclude("b"), name)(other, default=torch.tensor(0.5))
+    locked = getattr(floats(rs).exclude("b").lock_(), name)(other, default=torch.tensor(0.5))
+    assert locked.is_locked and not unlocked.is_locked
+    assert set(locked.keys(True, True)) == {"a", "b", ("n", "c")}
+    assert (locked == unlocked).all()
+    expected = getattr(torch, name)(torch.tensor(0.5), other["b"])
+    assert torch.equal(locked["b"], expected)
 
 
 CASTS = [

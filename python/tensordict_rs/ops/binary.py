@@ -19,7 +19,7 @@ from .._core.walk import map_leaves, zip_leaves
 from . import apply as _apply
 from .casts import type_
 from .inplace import copy_at_
-from .pointwise import _BatchTensor, _documented, against, operand
+from .pointwise import _documented, against, grown, keyed, operand
 
 
 def _in_place_with(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -88,6 +88,7 @@ def addcmul(td: TD, other1: Any, other2: Any, *, value: float = 1) -> TD:
     >>> td.addcmul(td * 2, td * 3, value=0.5)["a"]
     tensor([4., 4.])
     """
+    td = grown(td, other1, other2)
     return map_leaves(
         td,
         lambda t, a, b: torch.addcmul(t, against(a, t), against(b, t), value=value),
@@ -106,6 +107,7 @@ def addcdiv(td: TD, other1: Any, other2: Any, value: float = 1) -> TD:
     >>> td.addcdiv(td * 3, td * 2, value=2)["a"]
     tensor([4., 4.])
     """
+    td = grown(td, other1, other2)
     return map_leaves(
         td,
         lambda t, a, b: torch.addcdiv(t, against(a, t), against(b, t), value=value),
@@ -151,22 +153,13 @@ def rsub(td: TD, other: Any, *, alpha: float | None = None, default: Any = None)
     >>> TensorDict({"a": torch.ones(2)}, [2]).rsub(5.0, alpha=2)["a"]
     tensor([3., 3.])
     """
-    del default
     kwargs = {} if alpha is None else {"alpha": alpha}
-    return map_leaves(
-        td,
-        lambda t, o: torch.rsub(t, against(o, t), **kwargs),
-        operand(td, other),
-        lock=True,
-    )
+    return keyed(td, other, lambda t, o: torch.rsub(t, o, **kwargs), default)
 
 
 def _binary_torch(name: str, fn: Callable[..., Any], doc: str) -> Callable[..., TreeNode]:
     def method(td: TreeNode, other: Any, *, default: Any = None) -> TreeNode:
-        del default  # entries missing in ``other`` raise KeyError, as without a default
-        other = operand(td, other)
-        keep = type(other) is not _BatchTensor
-        return map_leaves(td, lambda t, o: fn(t, against(o, t)), other, lock=keep)
+        return keyed(td, other, fn, default)
 
     return _documented(method, name, doc)
 

@@ -24,21 +24,43 @@ from .._core import dirty as _dirty
 from .._core.locking import refuse_read_only
 from .._core.nodes import TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
-from .._core.walk import leaves, map_leaves, zip_leaves
+from .._core.walk import copy_tree, leaves, map_leaves, walk_items, zip_leaves
 
 # ---------------------------------------------------------------------------- operands
 
 
 def operand(td: TD, other: Any) -> Any:
-    """``other`` ready for the walker: a tree, a dict, a scalar, or a batch-broadcast tensor."""
+    """``other`` ready for the walker: a tree, a dict, a scalar, or a batch-broadcast tensor.
+
+    A tensor with dims, and a tree of another batch size, broadcast to ``td``'s batch size
+    as torch broadcasts shapes (from the right; ``RuntimeError`` as tensordict's when they
+    cannot): ``grown`` first gives ``td`` the batch size they broadcast to together.
+    """
     if isinstance(other, TreeNode):
+        if other.batch_dims and other.batch_size != td.batch_size:
+            return other.expand(td.batch_size)
         return other
     if isinstance(other, Mapping):
         return dict(other)
     if isinstance(other, torch.Tensor) and other.ndim:
-        torch.broadcast_shapes(other.shape, td.batch_size)  # RuntimeError as tensordict's
+        if other.shape != td.batch_size:
+            other = other.expand(torch.broadcast_shapes(other.shape, td.batch_size))
         return _BatchTensor(other)
     return other
+
+
+def grown(td: TD, *others: Any) -> TD:
+    """``td`` expanded to the batch size it and ``others`` broadcast to (tensordict's rule for
+    the out-of-place operations: ``td * torch.ones(2, *td.batch_size)`` has two more rows)."""
+    shapes = [
+        o.shape if isinstance(o, torch.Tensor) else o.batch_size
+        for o in others
+        if (isinstance(o, torch.Tensor) and o.ndim) or (isinstance(o, TreeNode) and o.batch_dims)
+    ]
+    if not shapes:
+        return td
+    shape = torch.broadcast_shapes(td.batch_size, *shapes)
+    return td if shape == td.batch_size else td.expand(shape)
 
 
 class _BatchTensor:
@@ -67,16 +89,89 @@ def against(value: Any, leaf: torch.Tensor) -> Any:
 
 
 def _binary(fn: Callable[[Any, Any], Any], lock: bool = True) -> Callable[..., Any]:
-    def method(td: TD, other: Any) -> TD:
-        other = operand(td, other)
-        keep = lock and type(other) is not _BatchTensor
-        return map_leaves(td, lambda t, o: fn(t, against(o, t)), other, lock=keep)
+    if lock:  # arithmetic: the trees paired key by key, tensordict's ``default=`` rule
 
-    return method
+        def method(td: TD, other: Any, *, default: Any = None) -> TD:
+            return keyed(td, other, fn, default)
+
+        return method
+
+    def unlocked(td: TD, other: Any) -> TD:  # comparisons, | and ^: as tensordict's __eq__
+        td = grown(td, other)
+        other = operand(td, other)
+        return map_leaves(td, lambda t, o: fn(t, against(o, t)), other)
+
+    return unlocked
+
+
+def keyed(
+    td: TD, other: Any, fn: Callable[[Any, Any], Any], default: Any = None, lock: bool = True
+) -> TD:
+    """``fn(leaf, other_leaf)`` for every leaf, ``other`` paired key by key when it is a tree.
+
+    tensordict's ``default=`` rule of its arithmetic methods (``add``, ``mul``, ``clamp_min``,
+    ...): with ``None`` both trees must hold the same leaves (``KeyError`` naming the keys
+    each lacks); ``"intersection"`` keeps the leaves both hold; any other value stands in for
+    the entry the other side lacks, and the result holds the leaves of both. Non-tensor entries
+    are kept as they are (``td``'s first).
+    """
+    td = grown(td, other)
+    other = operand(td, other)
+    keep = lock and type(other) is not _BatchTensor
+    if not isinstance(other, TreeNode):
+        return map_leaves(td, lambda t, o: fn(t, against(o, t)), other, lock=keep)
+    ours, theirs = _leaf_paths(td), _leaf_paths(other)
+    missing = [k for k in ours if k not in theirs]
+    extra = [k for k in theirs if k not in ours]
+    if default is None:
+        if missing or extra:
+            raise KeyError(
+                "the two TensorDicts hold different keys: "
+                f"{_named(missing)} missing in the other, {_named(extra)} missing in this one "
+                "(default='intersection' keeps the keys both hold; a tensor as default stands "
+                "in for the missing entries)"
+            )
+        return map_leaves(td, lambda t, o: fn(t, against(o, t)), other, lock=keep)
+    if isinstance(default, str) and default == "intersection":
+        common = set(ours) & set(theirs)
+        kept = copy_tree(td, keep=lambda path: path in common)
+        out = map_leaves(kept, lambda t, o: fn(t, against(o, t)), other)
+    else:
+        out = map_leaves(td, fn, _filled(td, other, default))
+        for path in extra:
+            value = other.get(path)
+            out.set(path, fn(default, value) if isinstance(value, torch.Tensor) else value)
+    if keep and td._is_locked:
+        out._lock_tree()
+    return out
+
+
+def _leaf_paths(td: TreeNode) -> dict[tuple[str, ...], None]:
+    """The paths of ``td``'s leaves and non-tensor entries, in order (a dict as ordered set)."""
+    items = walk_items(td, True, True, False, is_leaf=lambda cls: not issubclass(cls, TreeNode))
+    return {(key,) if isinstance(key, str) else key: None for key, _ in items}
+
+
+def _named(paths: list[tuple[str, ...]]) -> str:
+    return "[" + ", ".join(repr(p[0] if len(p) == 1 else p) for p in paths) + "]"
+
+
+def _filled(td: TreeNode, other: TreeNode | None, default: Any) -> dict[str, Any]:
+    """``other`` as a nested dict shaped as ``td``: its entry at each of ``td``'s keys, or
+    ``default`` where it has none."""
+    out: dict[str, Any] = {}
+    for key, value in td._tensordict.items():
+        theirs = other._get_str(key) if other is not None and key in other._tensordict else None
+        if isinstance(value, TreeNode):
+            out[key] = _filled(value, theirs if isinstance(theirs, TreeNode) else None, default)
+        else:
+            out[key] = default if theirs is None or isinstance(theirs, TreeNode) else theirs
+    return out
 
 
 def _reflected(fn: Callable[[Any, Any], Any]) -> Callable[[TD, Any], TD]:
     def method(td: TD, other: Any) -> TD:
+        td = grown(td, other)
         other = operand(td, other)
         keep = type(other) is not _BatchTensor
         return map_leaves(td, lambda t, o: fn(against(o, t), t), other, lock=keep)
@@ -124,7 +219,7 @@ def _documented(fn: Callable[..., Any], name: str, doc: str) -> Callable[..., An
 # ---------------------------------------------------------------------------- arithmetic
 
 
-def add(td: TD, other: Any, *, alpha: float | None = None) -> TD:
+def add(td: TD, other: Any, *, alpha: float | None = None, default: Any = None) -> TD:
     """``td + alpha * other`` per leaf (a new TensorDict).
 
     >>> import torch
@@ -134,11 +229,11 @@ def add(td: TD, other: Any, *, alpha: float | None = None) -> TD:
     tensor([0., 3., 6.])
     """
     if alpha is None:
-        return _binary(operator.add)(td, other)
-    return _binary(lambda t, o: torch.add(t, o, alpha=alpha))(td, other)
+        return keyed(td, other, operator.add, default)
+    return keyed(td, other, lambda t, o: torch.add(t, o, alpha=alpha), default)
 
 
-def sub(td: TD, other: Any, *, alpha: float | None = None) -> TD:
+def sub(td: TD, other: Any, *, alpha: float | None = None, default: Any = None) -> TD:
     """``td - alpha * other`` per leaf (a new TensorDict).
 
     >>> import torch
@@ -148,8 +243,8 @@ def sub(td: TD, other: Any, *, alpha: float | None = None) -> TD:
     0.0
     """
     if alpha is None:
-        return _binary(operator.sub)(td, other)
-    return _binary(lambda t, o: torch.sub(t, o, alpha=alpha))(td, other)
+        return keyed(td, other, operator.sub, default)
+    return keyed(td, other, lambda t, o: torch.sub(t, o, alpha=alpha), default)
 
 
 def add_(td: TD, other: Any, *, alpha: float | None = None) -> TD:
@@ -333,6 +428,7 @@ def clamp(td: TD, min: Any = None, max: Any = None) -> TD:
     >>> td.clamp(1, 4)["a"][0]
     tensor([1., 1., 2.])
     """
+    td = grown(td, min, max)
     return map_leaves(
         td,
         lambda t, lo, hi: torch.clamp(t, against(lo, t), against(hi, t)),
@@ -341,7 +437,7 @@ def clamp(td: TD, min: Any = None, max: Any = None) -> TD:
     )
 
 
-def clamp_min(td: TD, min: Any) -> TD:
+def clamp_min(td: TD, other: Any, default: Any = None) -> TD:
     """Every leaf clamped from below.
 
     >>> import torch
@@ -350,10 +446,10 @@ def clamp_min(td: TD, min: Any) -> TD:
     >>> td.clamp_min(2)["a"][0]
     tensor([2., 2., 2.])
     """
-    return clamp(td, min=min)
+    return keyed(td, other, torch.clamp_min, default)
 
 
-def clamp_max(td: TD, max: Any) -> TD:
+def clamp_max(td: TD, other: Any, *, default: Any = None) -> TD:
     """Every leaf clamped from above.
 
     >>> import torch
@@ -362,7 +458,7 @@ def clamp_max(td: TD, max: Any) -> TD:
     >>> td.clamp_max(1)["a"][1]
     tensor([1., 1., 1.])
     """
-    return clamp(td, max=max)
+    return keyed(td, other, torch.clamp_max, default)
 
 
 def lerp(td: TD, end: Any, weight: Any) -> TD:
@@ -374,6 +470,7 @@ def lerp(td: TD, end: Any, weight: Any) -> TD:
     >>> td.lerp(td * 3, 0.5)["a"][0]
     tensor([0., 2., 4.])
     """
+    td = grown(td, end, weight)
     return map_leaves(
         td,
         lambda t, e, w: torch.lerp(t, against(e, t), against(w, t)),
