@@ -27,6 +27,7 @@ __all__ = [
     "cat",
     "dense_stack_tds",
     "lazy_stack",
+    "make_tensordict",
     "merge_tensordicts",
     "pad",
     "pad_sequence",
@@ -216,3 +217,27 @@ def merge_tensordicts(
                 value = callback(*values)
             out.set(key, value.data if isinstance(value, NonTensorData) else value)
     return _rewrap(tensordicts[0], out)
+
+
+def make_tensordict(
+    input_dict: Mapping[str, Any] | None = None,
+    batch_size: Sequence[int] | torch.Size | int | None = None,
+    device: Any = None,
+    auto_batch_size: bool | None = None,
+    **kwargs: Any,
+) -> TensorDict:
+    """A TensorDict from a mapping and keyword entries (the mapping's win on a shared key), as
+    ``TensorDict.from_dict``: nested mappings become nested TensorDicts; with
+    ``auto_batch_size=True`` each gets the longest leading shape its entries share.
+
+    >>> import torch; from tensordict_rs import make_tensordict
+    >>> td = make_tensordict({"a": torch.zeros(3), "b": {"c": torch.zeros(3, 4)}},
+    ...                      auto_batch_size=True)
+    >>> td.batch_size, td["b"].batch_size
+    (torch.Size([3]), torch.Size([3, 4]))
+    """
+    if input_dict is not None:
+        kwargs.update(input_dict)
+    return TensorDict.from_dict(
+        kwargs, batch_size=batch_size, device=device, auto_batch_size=auto_batch_size
+    )

@@ -569,6 +569,13 @@ FACTORY_CASES: dict[str, Callable[[Any], Any]] = {
     "new_tensor": lambda P: mixed(P).new_tensor([0, 1, 2, 3, 4]),  # a tensor: torch warns
     "new_tensor_td": lambda P: mixed(P).new_tensor(mixed(P) * 2),
     "new_zeros_requires_grad": lambda P: floats(P).new_zeros(2, requires_grad=True),
+    "make_tensordict": lambda P: P.make_tensordict(
+        {"a": torch.zeros(3), "b": {"c": torch.zeros(3, 4)}}, a=torch.ones(2), d=torch.ones(3)
+    ),
+    "make_tensordict_auto": lambda P: P.make_tensordict(
+        {"a": torch.zeros(3), "b": {"c": torch.zeros(3, 4)}}, auto_batch_size=True
+    ),
+    "make_tensordict_batch": lambda P: P.make_tensordict(a=torch.zeros(3, 2), batch_size=[3]),
     "from_schema": lambda P: P.TensorDict.from_schema(
         {"a": ([3], torch.float32), ("n", "b"): ([2, 2], torch.int64)}, batch_size=[4]
     ),

@@ -8,8 +8,8 @@ give a locked result for a locked TensorDict (with its exceptions, noted below).
 ones (``zero_``, ``add_``, ``+=``, ``masked_fill_``, ``copy_``, ...) write into the existing
 leaves, so they work on locked and memory-mapped TensorDicts and reach the files. The other
 operand may be a TensorDict (leaves at the same keys), a mapping, a scalar, or a tensor, which
-broadcasts against the batch dims the way tensordict does (left-aligned, then to the right
-over each leaf's own dims).
+broadcasts with the batch size as torch broadcasts shapes (the result may have more batch
+dims), then over each leaf's own dims, the way tensordict does.
 """
 
 from __future__ import annotations
