@@ -610,7 +610,38 @@ def _seq(*steps: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return case
 
 
+def _emptied_depth(P: Any) -> Any:
+    td = P.TensorDict({"a": {"b": {"c": {"d": 0}, "e": 0}, "f": 0}, "g": 0})
+    depths = [td.depth]
+    del td["a", "b", "c", "d"]  # an empty tree left at a.b.c: no level
+    depths.append(td.depth)
+    del td["a", "b", "e"]
+    return [*depths, td.depth, P.TensorDict({"a": {"s": "x"}}).depth]
+
+
+def _set_empty(P: Any) -> Any:
+    td = P.TensorDict()
+    td["l"] = []  # (an empty tuple is a float64 tensor in both, with a FutureWarning there)
+    return td
+
+
+def _pad_inplace_keeps_nested(P: Any) -> Any:
+    td = P.TensorDict(
+        {"a": torch.ones(3, 4), "n": {"c": torch.ones(3, 4, 2), "d": {"e": torch.ones(3, 4)}}},
+        [3, 4],
+    )
+    nested, deeper = td["n"], td["n", "d"]
+    td.pad([0, 1, 0, 2], inplace=True)
+    return [td["n"] is nested, td["n", "d"] is deeper, nested.batch_size, deeper["e"].shape]
+
+
 ENTRY_CASES: dict[str, Callable[[Any], Any]] = {
+    "depth_counts_levels_to_leaves": _emptied_depth,
+    "set_empty_list": _set_empty,
+    "pad_inplace_keeps_nested_trees": _pad_inplace_keeps_nested,
+    "unflatten_keys_joined_key_under_a_leaf": lambda P: P.TensorDict(
+        {"a.b.c.d": torch.zeros(3), "a": {"b": {"c": torch.zeros(3)}}}
+    ).unflatten_keys("."),
     "clear": _seq(lambda td: td.clear() is td),
     "clear_locked": _seq(lambda td: td.lock_().clear()),
     "popitem": _seq(lambda td: td.popitem(), lambda td: td.popitem()),

@@ -16,7 +16,7 @@ import torch
 from .._core.index import key_path as _path
 from .._core.locking import locked_error
 from .._core.nodes import NTD_TYPES, TD, TreeNode
-from .._core.walk import copy_tree, leaves, map_leaves
+from .._core.walk import copy_tree, leaves, map_leaves, walk_items
 from ..memmap import _LazyLeaf
 from .keys import _max_batch
 
@@ -198,7 +198,8 @@ def filter_empty_(td: TD) -> TD:
 
 
 def depth(td: TreeNode) -> int:
-    """The number of levels of nested TensorDicts below this one (0 for a flat one).
+    """The number of levels of nested TensorDicts above the deepest leaf (0 for a flat one;
+    empty nested TensorDicts count for nothing, as in tensordict).
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
@@ -206,9 +207,11 @@ def depth(td: TreeNode) -> int:
     2
     """
     deepest = 0
-    for value in td._tensordict.values():
-        if isinstance(value, TreeNode):
-            deepest = max(deepest, 1 + depth(value))  # type: ignore[arg-type]
+    for key, _ in walk_items(
+        td, True, True, False, is_leaf=lambda cls: not issubclass(cls, TreeNode)
+    ):
+        if isinstance(key, tuple):  # levels down to a leaf: an empty nested tree adds none
+            deepest = max(deepest, len(key) - 1)
     return deepest
 
 

@@ -189,8 +189,11 @@ def unflatten_keys(td: TD, separator: str = ".", inplace: bool = False) -> TD:
         else:
             items[key] = copy_tree(value) if is_tree(value) else _share(value)
     for parts, value in dotted:
-        node = out._sub(parts[:-1], create=True)
-        if parts[-1] in node._tensordict:
+        try:
+            node = out._sub(parts[:-1], create=True)
+        except KeyError:  # a leaf where the joined key needs a sub-tree
+            node = None
+        if node is None or parts[-1] in node._tensordict:
             raise KeyError(
                 "Unflattening key(s) in tensordict will override an existing for unflattened "
                 f"key {parts}."
@@ -350,7 +353,7 @@ def entry_pairs(source: Mapping[Any, Any] | None, kwargs: dict[str, Any]) -> lis
 
 def leaf_value(value: Any) -> Any:
     """A new entry as tensordict stores it: Python and NumPy scalars, NumPy arrays and lists
-    of numbers become tensors (a 0-dim tensor for a scalar), lists of tensors of one shape
+    of numbers (empty ones too) become tensors (a 0-dim tensor for a scalar), lists of tensors of one shape
     their stack; other lists a NonTensorStack (one value per row, nested lists of equal
     lengths as dims); other values NonTensorData."""
     if isinstance(value, (torch.Tensor, NonTensorData, NonTensorStack)):
@@ -359,7 +362,10 @@ def leaf_value(value: Any) -> Any:
         return torch.tensor(value)
     if type(value).__module__ == "numpy" and hasattr(value, "dtype"):
         return torch.as_tensor(value)
-    if isinstance(value, (list, tuple)) and value:
+    if isinstance(value, (list, tuple)) and not value:
+        # an empty 1-d tensor, as tensordict's (float64 for a tuple, which it reads via NumPy)
+        return torch.tensor([], dtype=torch.float64 if type(value) is tuple else None)
+    if isinstance(value, (list, tuple)):
         try:
             if all(isinstance(v, torch.Tensor) for v in value):
                 return torch.stack(list(value))  # a list of tensors, as tensordict stacks it

@@ -367,7 +367,8 @@ def split(td: TD, split_size: int | Sequence[int], dim: int = 0) -> tuple[TD, ..
             raise TypeError("split(): argument 'split_size' must be int or list of ints") from None
         if sum(sizes) != total or any(s < 0 for s in sizes):
             raise RuntimeError(
-                f"Split sizes {sizes} do not add up to the size {total} of dim {dim}."
+                f"Split method expects split_size to sum exactly to {total} (the size of dim "
+                f"{dim}), but got sum({sizes}) = {sum(sizes)}"
                 if sizes
                 else "Insufficient number of elements in split_size."
             )
@@ -487,12 +488,15 @@ def pad(
 
 
 def _keep_stacks(old: TD, new: TD) -> None:
-    """The padded stacks of ``new`` put into ``old``'s stack objects (``pad(inplace=True)``
-    keeps a stack's identity, as tensordict's does), at every depth."""
+    """The padded stacks and nested trees of ``new`` put into ``old``'s objects
+    (``pad(inplace=True)`` keeps their identity, as tensordict's does), at every depth."""
     for key, value in new._tensordict.items():
         before = old._tensordict.get(key)
         if type(value) is NonTensorStack and type(before) is NonTensorStack:
             before._cells, before._pos = value._cells, value._pos
             new._tensordict[key] = before
-        elif isinstance(value, TreeNode) and isinstance(before, TreeNode):
+        elif isinstance(value, TreeNode) and type(before) is type(value):
             _keep_stacks(before, value)
+            before._tensordict, before._batch_size = value._tensordict, value._batch_size
+            before._names = value._names
+            new._tensordict[key] = before
