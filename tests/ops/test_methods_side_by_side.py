@@ -269,9 +269,9 @@ BINARY_CASES: dict[str, Callable[[Any], Any]] = {
     "operator_extra_key": lambda P: floats(P).exclude(("n", "c")) * floats(P),
     "inplace_ignores_extra_key": lambda P: floats(P).exclude("b").add_(floats(P)),
     "default_str_unknown": lambda P: floats(P).add(floats(P), default="union"),
-    "clamp_min_positional_default": lambda P: floats(P)
-    .exclude("a")
-    .clamp_min(floats(P).exclude("b") * 0 + 0.5, torch.tensor(0.3)),
+    "clamp_min_positional_default": lambda P: (
+        floats(P).exclude("a").clamp_min(floats(P).exclude("b") * 0 + 0.5, torch.tensor(0.3))
+    ),
     "add_default_non_tensor": lambda P: P.TensorDict(a=1, b=1, s="x").add(
         P.TensorDict(b=2, c=2, s="x"), default=torch.zeros(())
     ),

@@ -253,6 +253,44 @@ def test_load_state_dict_cross_package() -> None:
     assert (ours["a"] == 1).all()
 
 
+def _with_strings(P: Any, fill: float, word: str) -> Any:
+    with P.set_list_to_stack(True):
+        return P.TensorDict(
+            {"a": torch.full((2,), fill), "s": word, "n": {"b": torch.ones(2), "t": word}},
+            [2],
+        )
+
+
+@pytest.mark.parametrize("flatten", [True, False])
+def test_state_dict_non_tensor_entries(flatten: bool) -> None:
+    """As tensordict: a non-tensor entry is no state dict key (torch modules take tensors) but
+    a record in the ``_metadata`` of its level, and ``load_state_dict`` sets it back, within
+    each package and across them. (Here they were plain values among the tensors, and
+    loading them back raised AttributeError.)"""
+    sds = {P: _with_strings(P, 1.0, "x").state_dict(flatten=flatten) for P in PKGS}
+    assert list(sds[rs]) == list(sds[ref])
+    assert dict(sds[rs]._metadata) == dict(sds[ref]._metadata)
+    if not flatten:
+        assert dict(sds[rs]["s"]._metadata) == dict(sds[ref]["s"]._metadata)
+    for writer in PKGS:
+        for reader in PKGS:
+            dst = _with_strings(reader, 0.0, "q")
+            dst.load_state_dict(_with_strings(writer, 1.0, "x").state_dict(flatten=flatten))
+            assert (dst["a"] == 1).all(), (writer, reader)
+            assert dst["s"] == "x" and dst["n", "t"] == "x", (writer, reader)
+
+
+def test_state_dict_non_tensor_stack_round_trip() -> None:
+    """A ``NonTensorStack``'s values go into its record too, and come back here (tensordict
+    records and restores none: its loader keeps the old values)."""
+    with rs.set_list_to_stack(True):
+        src = rs.TensorDict({"a": torch.ones(2), "s": ["x", "y"]}, [2])
+        dst = rs.TensorDict({"a": torch.zeros(2), "s": ["p", "q"]}, [2])
+    assert "s" not in src.state_dict()
+    dst.load_state_dict(src.state_dict())
+    assert dst["s"] == ["x", "y"] and (dst["a"] == 1).all()
+
+
 def test_module_state_dict_into_tensordict() -> None:
     """torchrl's pattern: a module's state_dict loads into a tensordict of its parameters."""
     model = small_model()

@@ -353,9 +353,9 @@ def entry_pairs(source: Mapping[Any, Any] | None, kwargs: dict[str, Any]) -> lis
 
 def leaf_value(value: Any) -> Any:
     """A new entry as tensordict stores it: Python and NumPy scalars, NumPy arrays and lists
-    of numbers (empty ones too) become tensors (a 0-dim tensor for a scalar), lists of tensors of one shape
-    their stack; other lists a NonTensorStack (one value per row, nested lists of equal
-    lengths as dims); other values NonTensorData."""
+    of numbers (empty ones too) become tensors (a 0-dim tensor for a scalar), lists of
+    tensors of one shape their stack; other lists a NonTensorStack (one value per row,
+    nested lists of equal lengths as dims); other values NonTensorData."""
     if isinstance(value, (torch.Tensor, NonTensorData, NonTensorStack)):
         return value
     if isinstance(value, (bool, int, float, complex)):

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._core.nodes import NTD_TYPES, TD, TreeNode
+from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
+from .._core.nontensor import NonTensorStack
 from . import as_classmethod
 
 _NO_DEFAULT: Any = object()
@@ -403,18 +404,36 @@ def state_dict(
     elif not hasattr(destination, "_metadata"):
         destination._metadata = collections.OrderedDict()
     level = prefix[:-1] if prefix.endswith(".") else prefix
-    destination._metadata[level] = {"batch_size": td.batch_size, "device": td.device}
+    record: dict[str, Any] = {"batch_size": td.batch_size, "device": td.device}
+    destination._metadata[level] = record
+    fields = _tensorclass_fields(td)
+    if fields is not None:
+        # a tensorclass: its class name and non-tensor fields (None ones too) in its record
+        record["_type"] = type(td)._tensorclass.__qualname__
+        record["_non_tensor"] = dict.fromkeys(f for f in fields if f not in td._tensordict)
     for key in list(td._tensordict):
         value = td._get_str(key)
+        if fields is not None and _is_non_tensor(value):
+            record["_non_tensor"][key] = value.data if type(value) in NTD_TYPES else value.tolist()
+            continue
         if isinstance(value, TreeNode):
             if flatten:
                 state_dict(value, destination, prefix + key + ".", keep_vars, True)  # type: ignore[arg-type]
             else:
                 destination[prefix + key] = state_dict(value, keep_vars=keep_vars, flatten=False)  # type: ignore[arg-type]
             continue
-        if type(value) in NTD_TYPES:
-            value = value.data
-        elif not keep_vars:
+        if _is_non_tensor(value):
+            # as tensordict: not a state dict entry (torch modules take tensors), its value in
+            # the ``_metadata`` of its level, which ``load_state_dict`` reads back
+            entry = {"batch_size": td.batch_size, "device": td.device, **_non_tensor(value)}
+            if flatten:
+                destination._metadata[prefix + key] = entry
+            else:
+                holder: collections.OrderedDict[str, Any] = collections.OrderedDict()
+                holder._metadata = collections.OrderedDict({"": entry})  # type: ignore[attr-defined]
+                destination[prefix + key] = holder
+            continue
+        if not keep_vars:
             value = value.detach()
         full = prefix + key
         if flatten and full in destination:
@@ -424,6 +443,41 @@ def state_dict(
             )
         destination[full] = value
     return destination  # type: ignore[no-any-return]
+
+
+def _is_non_tensor(value: Any) -> bool:
+    return type(value) in NTD_TYPES or type(value) is NonTensorStack
+
+
+def _tensorclass_fields(td: TreeNode) -> list[str] | None:
+    """The field names of the tensorclass whose TensorDict ``td`` is, or None."""
+    cls = type(td)._tensorclass
+    return None if cls is None else list(cls.__dataclass_fields__)
+
+
+def _non_tensor(value: Any) -> dict[str, Any]:
+    """The ``_metadata`` record of a non-tensor entry: tensordict's for a ``NonTensorData``;
+    a ``NonTensorStack``'s values as a list (tensordict records none, and loads none back)."""
+    if type(value) is NonTensorStack:
+        values = list(value._cells.get(value._pos.ravel()))  # row-major, as from_values reads
+        return {"_type": "NonTensorStack", "_non_tensor": {"data": values}}
+    return {
+        "_type": "NonTensorData",
+        "_non_tensor": {"data": value.data, "_metadata": None, "_is_non_tensor": True},
+    }
+
+
+def _non_tensor_entry(value: Any, batch_size: torch.Size) -> Any:
+    """The non-tensor entry a nested state dict level stands for, or None for a tree level."""
+    record = (getattr(value, "_metadata", None) or {}).get("", {})
+    if not isinstance(record, Mapping) or "_non_tensor" not in record or value:
+        return None
+    if record.get("_type") not in ("NonTensorData", "NonTensorStack"):
+        return None  # a tensorclass level
+    data = record["_non_tensor"].get("data")
+    if record.get("_type") == "NonTensorStack":
+        return NonTensorStack.from_values(data, batch_size)
+    return NonTensorData(data)
 
 
 def _unflatten(state: Mapping[str, Any]) -> collections.OrderedDict[str, Any]:
@@ -484,8 +538,19 @@ def load_state_dict(
         return load_state_dict(td, _unflatten(state_dict), strict, assign, from_flatten=False)
     metadata = getattr(state_dict, "_metadata", None)
     state = dict(state_dict)
+    fields = _tensorclass_fields(td)
+    if fields is not None and "_tensordict" in state and "_non_tensordict" in state:
+        # the state dict of tensorclasses of tensordict before 0.11
+        load_state_dict(td, state["_tensordict"], strict, assign, from_flatten=False)
+        _load_fields(td, fields, state["_non_tensordict"], assign)
+        return td
     if metadata is not None:
         local = metadata.get("", {})
+        if fields is not None:
+            _load_fields(td, fields, local.get("_non_tensor", {}), assign)
+            unexpected = [k for k in state if k not in td._tensordict]
+            if strict and unexpected:
+                raise KeyError(f"Key '{unexpected[0]}' wasn't expected in the state-dict.")
         batch_size = local.get("batch_size", td.batch_size)
         device = local.get("device")
     elif "__batch_size" in state:
@@ -493,9 +558,12 @@ def load_state_dict(
         device = state.pop("__device", None)
     else:
         batch_size, device = td.batch_size, td.device
-    if strict and set(state) != set(td._tensordict):
-        extra_td = set(td._tensordict) - set(state)
-        extra_sd = set(state) - set(td._tensordict)
+    keys = set(td._tensordict)
+    if fields is not None:  # a tensorclass's non-tensor fields are in its record, loaded above
+        keys = {k for k, v in td._tensordict.items() if not _is_non_tensor(v)}
+    if strict and set(state) != keys:
+        extra_td = keys - set(state)
+        extra_sd = set(state) - keys
         if not all(
             isinstance(td._tensordict[k], TreeNode) and not td._tensordict[k]._tensordict
             for k in extra_td
@@ -509,6 +577,12 @@ def load_state_dict(
             f"the state dict was saved on device {device}, the tensordict is on {td.device}"
         )
     for key, value in state.items():
+        entry = _non_tensor_entry(value, torch.Size(batch_size))
+        if entry is not None:
+            if assign:
+                td._tensordict.pop(key, None)
+            td.set(key, entry, inplace=key in td._tensordict)
+            continue
         if isinstance(value, Mapping):
             current = td._tensordict.get(key)
             if not isinstance(current, TreeNode):
@@ -521,6 +595,20 @@ def load_state_dict(
             td._get_str(key).copy_(value)
     td._batch_size = torch.Size(batch_size)
     return td
+
+
+def _load_fields(td: TreeNode, fields: list[str], values: Mapping[str, Any], assign: bool) -> None:
+    """The non-tensor fields of a tensorclass's state dict record set back (None: no entry)."""
+    for key, value in values.items():
+        if key not in fields:
+            raise KeyError(f"Key '{key}' wasn't expected in the state-dict.")
+        if value is None:
+            if key in td._tensordict and not isinstance(td._tensordict[key], torch.Tensor):
+                del td._tensordict[key]
+            continue
+        if assign:
+            td._tensordict.pop(key, None)
+        td.set(key, NonTensorData(value), inplace=key in td._tensordict)
 
 
 class ModuleWeights(TreeNode):

@@ -495,7 +495,7 @@ def _keep_stacks(old: TD, new: TD) -> None:
         if type(value) is NonTensorStack and type(before) is NonTensorStack:
             before._cells, before._pos = value._cells, value._pos
             new._tensordict[key] = before
-        elif isinstance(value, TreeNode) and type(before) is type(value):
+        elif isinstance(value, TreeNode) and isinstance(before, type(value)):
             _keep_stacks(before, value)
             before._tensordict, before._batch_size = value._tensordict, value._batch_size
             before._names = value._names
