@@ -44,7 +44,7 @@ from ._core.shared_value import unshared
 from .memmap import _LazyLeaf
 from .ops.devices import _normalize_device
 from .ops.keys import leaf_value
-from .tensordict import TensorDict
+from .tensordict import TensorDict, _classmethod
 
 __all__ = ["MetaData", "TensorClass", "from_dataclass", "tensorclass"]
 
@@ -94,6 +94,7 @@ _OWN = frozenset(
         "__ne__",
         "get",
         "set",
+        "select",
         "to_tensordict",
         "memmap",
         "memmap_",
@@ -180,7 +181,32 @@ def _forwarded() -> dict[str, Any]:
             out[name] = _property(name, member)
         elif inspect.isfunction(member):
             out[name] = _forwarder(name)
+        elif isinstance(member, (classmethod, _classmethod)) and name not in _OWN_CLASSMETHODS:
+            out[name] = _class_forwarder(name)
     return out
+
+
+# the tensorclass's own versions of these are among the members set by ``_process``
+_OWN_CLASSMETHODS = frozenset({"from_dict", "load", "load_memmap"})
+
+
+def _class_forwarder(name: str) -> classmethod:  # type: ignore[type-arg]
+    """A classmethod of TensorDict (``from_list``, ``fromkeys``, ``stack``, ...) called on the
+    class's TensorDict class; a TensorDict result comes back as the tensorclass."""
+    source = getattr(TensorDict, name)
+
+    def method(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        result = getattr(cls._TensorDict, name)(
+            *[_unwrap(a) for a in args], **{k: _unwrap(v) for k, v in kwargs.items()}
+        )
+        return cls._from_tensordict(result, {}) if isinstance(result, TensorDict) else result
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = (
+        f"``TensorDict.{name}`` for the tensorclass: a TensorDict result comes back as an "
+        "instance of the class.\n\n" + (inspect.getdoc(source) or "")
+    )
+    return classmethod(method)
 
 
 # ------------------------------------------------------------------------------ field access
@@ -343,7 +369,7 @@ def _init_wrapper(init: Callable[..., None]) -> Callable[..., None]:
             init(self, *args, **kwargs)
         finally:
             state["_initialized"] = True
-        if lock:
+        if lock or cls._frozen:  # a frozen tensorclass is locked, as tensordict's
             td.lock_()
 
     return __init__
@@ -539,6 +565,27 @@ def _set(self: Any, key: Any, value: Any, inplace: bool = False, non_blocking: b
     return self
 
 
+def _select(
+    self: Any, *keys: Any, inplace: bool = False, strict: bool = True, as_tensordict: bool = False
+) -> Any:
+    """The tensorclass with only the fields of ``keys`` (the others None; ``inplace``: this
+    one, changed), or with ``as_tensordict`` those entries in a plain TensorDict.
+
+    >>> import torch; from tensordict_rs import TensorClass
+    >>> class Foo(TensorClass):
+    ...     x: torch.Tensor
+    ...     y: torch.Tensor
+    >>> foo = Foo(x=torch.zeros(3), y=torch.ones(3), batch_size=[3])
+    >>> foo.select("x").y is None, type(foo.select("x", as_tensordict=True)).__name__
+    (True, 'TensorDict')
+    """
+    td = self.__dict__["_tensordict"]
+    result = td.select(*keys, inplace=inplace, strict=strict)
+    if as_tensordict:
+        return _retyped(result, TensorDict)
+    return _wrap(self, result, td)
+
+
 def _to_tensordict(self: Any, *, retain_none: bool | None = None) -> TensorDict:
     copy = self.__dict__["_tensordict"].to_tensordict()
     return _retyped(copy, TensorDict)
@@ -694,6 +741,9 @@ def _process(cls: type, flags: dict[str, Any]) -> type:
     cls._autocast = bool(flags.get("autocast"))  # type: ignore[attr-defined]
     cls._nocast = bool(flags.get("nocast"))  # type: ignore[attr-defined]
     cls._frozen = bool(flags.get("frozen"))  # type: ignore[attr-defined]
+    if not _user_hash(cls):
+        # as a dataclass with eq: unhashable unless frozen (== gives a tree of bools)
+        cls.__hash__ = object.__hash__ if flags.get("frozen") else None  # type: ignore[assignment]
     cls._tensor_only = bool(flags.get("tensor_only"))  # type: ignore[attr-defined]
     cls._shadow = bool(flags.get("shadow"))  # type: ignore[attr-defined]
     cls._skip_post_init_on_rebuild = bool(flags.get("skip_post_init_on_rebuild"))  # type: ignore[attr-defined]
@@ -736,6 +786,7 @@ def _process(cls: type, flags: dict[str, Any]) -> type:
         "get": _get,
         "set": _set,
         "to_tensordict": _to_tensordict,
+        "select": _select,
         "_as_node": _as_node,
         "_from_tensordict": classmethod(_from_tensordict),
         "from_tensordict": classmethod(_from_tensordict_public),
@@ -772,6 +823,17 @@ def _check_tensor_only(cls: type) -> None:
     for name in (field.name for field in dataclasses.fields(cls)):  # type: ignore[arg-type]
         if name in hints and not _tensor_only_type(hints[name]):
             raise TypeError("tensor_only requires types to be Tensor, Tensor-subtypes or None.")
+
+
+def _user_hash(cls: type) -> bool:
+    """True when the class or a base that is not a tensorclass defines ``__hash__``."""
+    return "__hash__" in cls.__dict__ or any(
+        "__hash__" in base.__dict__
+        for base in cls.__mro__[1:]
+        if base is not object
+        and base is not TensorClass
+        and not getattr(base, "_is_tensorclass", False)
+    )
 
 
 def _inherited_from_user(cls: type, name: str) -> bool:

@@ -476,3 +476,84 @@ def test_state_dict_legacy_format() -> None:
         )
     )
     assert tc.name == "new" and torch.equal(tc.x, torch.arange(3.0))
+
+
+def test_frozen_is_locked_and_hashable() -> None:
+    """As tensordict's: a frozen tensorclass is locked from its construction and hashable; an
+    other one is unhashable (a dataclass with ``==``). (Ours was neither locked nor unhashable.)"""
+
+    def scenario(pkg: Any) -> Any:
+        frozen = define(pkg, "Frozen", {"y": torch.Tensor}, frozen=True, autocast=True)
+        plain = define(pkg, "Plain", {"y": torch.Tensor}, autocast=True)
+        x = frozen(y=1)
+        try:
+            x.set("y", torch.tensor(2))
+            refused: Any = None
+        except RuntimeError as err:  # LockedError here, a RuntimeError subclass
+            refused = isinstance(err, RuntimeError)
+        out = [x.is_locked, {x: 0}[x], refused]
+        out.append(error(lambda: hash(plain(y=1))))
+        out.append(error(lambda: hash(define(pkg, "Based", {"y": torch.Tensor}, base=True)(y=1))))
+        return out
+
+    assert check(scenario)[0] is True
+
+
+def test_classmethods_return_the_class() -> None:
+    """TensorDict's classmethods called on a tensorclass (and a subclass) give an instance of
+    it, as tensordict's (they were missing)."""
+
+    def scenario(pkg: Any) -> Any:
+        cls = define(pkg, "Mc", {"foo": Any, "bar": Any}, base=True)
+        child = type("McChild", (cls,), {"__module__": "tc_shared", "__qualname__": "McChild"})
+        mc = cls(foo=torch.zeros(3), bar=torch.ones(3), batch_size=[3])
+        made = [
+            cls.from_list([{"foo": 1, "bar": 2}, {"foo": 3, "bar": 4}]),
+            child.from_list([{"foo": 1, "bar": 2}]),
+            cls.fromkeys(["foo", "bar"], 0),
+            *(getattr(cls, name)([mc, mc]) for name in ("stack", "cat", "maybe_dense_stack")),
+        ]
+        return [[type(m).__qualname__, tuple(m.batch_size), m.foo] for m in made]
+
+    check(scenario)
+
+
+def test_select_as_tensordict() -> None:
+    def scenario(pkg: Any) -> Any:
+        cls = define(pkg, "Sel", {"obs": torch.Tensor, "action": torch.Tensor, "label": str})
+        t = cls(obs=torch.zeros(2), action=torch.ones(2), label="cat", batch_size=[2])
+        kept = t.select("obs", "action")
+        plain = t.select("obs", "action", as_tensordict=True)
+        return [
+            type(kept).__qualname__,
+            kept.label,
+            type(plain).__name__,
+            sorted(plain.keys()),
+            t.select("obs", inplace=True) is t,
+            t.action,
+        ]
+
+    check(scenario)
+
+
+def test_tensordict_operand_of_tensorclass() -> None:
+    """``td == tc`` (and arithmetic) pairs the tensorclass's entries with the TensorDict's, as
+    ``tc == td`` does (each leaf was compared with the whole tensorclass)."""
+
+    def scenario(pkg: Any) -> Any:
+        cls = define(pkg, "Eq", {"x": torch.Tensor, "z": str, "y": (Any, None)})
+        a = cls(
+            torch.zeros(3), "z0", cls(torch.ones(3), "z1", None, batch_size=[3]), batch_size=[3]
+        )
+        c = pkg.TensorDict(
+            {"x": torch.zeros(3), "z": "z0", "y": {"x": torch.ones(3), "z": "z1"}}, batch_size=[3]
+        )
+        return [
+            bool((c == a).all()),
+            bool((c[:2] == a[:2]).all()),
+            bool((c != a).any()),
+            (c + a)["y", "x"],
+            type(c == a).__name__,
+        ]
+
+    check(scenario)

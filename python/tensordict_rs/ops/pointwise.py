@@ -36,6 +36,7 @@ def operand(td: TD, other: Any) -> Any:
     as torch broadcasts shapes (from the right; ``RuntimeError`` as tensordict's when they
     cannot): ``grown`` first gives ``td`` the batch size they broadcast to together.
     """
+    other = _untyped(other)
     if isinstance(other, TreeNode):
         if other.batch_dims and other.batch_size != td.batch_size:
             return other.expand(td.batch_size)
@@ -49,9 +50,22 @@ def operand(td: TD, other: Any) -> Any:
     return other
 
 
+_COMPARISONS = (operator.lt, operator.le, operator.gt, operator.ge)
+
+
+def _is_tensorclass(other: Any) -> bool:
+    return getattr(type(other), "_is_tensorclass", False) and "_tensordict" in vars(other)
+
+
+def _untyped(other: Any) -> Any:
+    """A tensorclass operand as its TensorDict (``td == tc`` pairs their entries)."""
+    return vars(other)["_tensordict"] if _is_tensorclass(other) else other
+
+
 def grown(td: TD, *others: Any) -> TD:
     """``td`` expanded to the batch size it and ``others`` broadcast to (tensordict's rule for
     the out-of-place operations: ``td * torch.ones(2, *td.batch_size)`` has two more rows)."""
+    others = tuple(_untyped(o) for o in others)
     shapes = [
         o.shape if isinstance(o, torch.Tensor) else o.batch_size
         for o in others
@@ -97,6 +111,8 @@ def _binary(fn: Callable[[Any, Any], Any], lock: bool = True) -> Callable[..., A
         return method
 
     def unlocked(td: TD, other: Any) -> TD:  # comparisons, | and ^: as tensordict's __eq__
+        if fn in _COMPARISONS and _is_tensorclass(other):
+            return NotImplemented  # Python asks the tensorclass
         td = grown(td, other)
         other = operand(td, other)
         return map_leaves(td, lambda t, o: fn(t, against(o, t)), other)
@@ -543,6 +559,9 @@ def to_tensordict(td: TD, *, retain_none: bool | None = None) -> TD:
 
 
 def _compare(td: TD, other: Any, op: Callable[[Any, Any], torch.Tensor]) -> TD:
+    if _is_tensorclass(other):
+        # as tensordict's: ``td == tc`` is the tensorclass's ``tc == td`` (a tensorclass)
+        return NotImplemented
     batch = td.batch_size
 
     def non_tensor(value: Any, other_value: Any) -> torch.Tensor:
