@@ -29,6 +29,7 @@ from .io.persistence import MemoryMapped
 from .memmap import MemoryMappedTensor, _LazyLeaf
 from .ops import apply as _apply
 from .ops import casts as _casts
+from .ops import contexts as _contexts
 from .ops import indexing as _indexing
 from .ops import inplace as _inplace
 from .ops import keys as _keys
@@ -517,13 +518,24 @@ class TensorDict(
     expand = _shape.expand
     expand_as = _shape.expand_as
     reshape = _shape.reshape
-    view = _shape.view
-    squeeze = _shape.squeeze
-    unsqueeze = _shape.unsqueeze
-    permute = _shape.permute
-    transpose = swapaxes = swapdims = _shape.transpose
-    flatten = _shape.flatten
-    unflatten = _shape.unflatten
+    # these, as tensordict's, also work as a context: ``with td.view(-1) as v:`` writes
+    # ``v``'s entries back into ``td`` on exit (ops/contexts.py)
+    view = _contexts.view
+    squeeze = _contexts.squeeze
+    unsqueeze = _contexts.unsqueeze
+    permute = _contexts.permute
+    transpose = swapaxes = swapdims = _contexts.transpose
+    flatten = _contexts.flatten
+    unflatten = _contexts.unflatten
+    movedim = moveaxis = _contexts.movedim
+    flip = _contexts.flip
+    fliplr = _contexts.fliplr
+    flipud = _contexts.flipud
+    roll = _contexts.roll
+    rot90 = _contexts.rot90
+    atleast_1d = _contexts.atleast_1d
+    atleast_2d = _contexts.atleast_2d
+    atleast_3d = _contexts.atleast_3d
     split = _shape.split
     chunk = _shape.chunk
     unbind = _shape.unbind
@@ -547,8 +559,8 @@ class TensorDict(
     select = _keys.select
     exclude = _keys.exclude
     rename_key_ = _keys.rename_key_
-    flatten_keys = _keys.flatten_keys
-    unflatten_keys = _keys.unflatten_keys
+    flatten_keys = _contexts.flatten_keys
+    unflatten_keys = _contexts.unflatten_keys
     to_dict = _keys.to_dict
     set_non_tensor = _keys.set_non_tensor
     get_non_tensor = _keys.get_non_tensor

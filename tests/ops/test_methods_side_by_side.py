@@ -1117,3 +1117,66 @@ def test_state_dict_matches_module_convention() -> None:
         collections.OrderedDict(mixed(rs).state_dict()),
         collections.OrderedDict(mixed(ref).state_dict()),
     )
+
+
+def _contexts(P: Any) -> Any:
+    """Shape operations used as a context write their result's entries back on exit."""
+    td = P.TensorDict({"x": torch.ones(3, 4, 5)}, [3, 4])
+    with td.view(-1) as v:
+        v["y"] = torch.zeros(12, 2)
+        v["x"] *= 0
+    with td.permute(1, 0) as v:
+        v["p"] = torch.arange(12.0).view(4, 3)
+    with td.unsqueeze(0) as v:
+        v["z"] = torch.zeros(1, 3, 4)
+    with td.flatten(0, 1) as v:
+        v["f"] = torch.arange(12)
+    sub = td[:, :1]
+    with sub.squeeze(1) as v:
+        v["s"] = torch.ones(3)
+    with td.transpose(0, 1) as v:
+        v["t"] = torch.zeros(4, 3)
+    with td.unflatten(1, (2, 2)) as v:
+        v["u"] = torch.zeros(3, 2, 2)
+    with td.movedim(0, 1) as v:
+        v["m"] = torch.arange(12).view(4, 3)
+    with td.flip(0) as v:
+        v["fl"] = torch.arange(3).expand(4, 3).T.contiguous()
+    with td.roll(1, 0) as v:
+        v["r"] = torch.arange(3).repeat_interleave(4).view(3, 4)
+    with td.atleast_3d() as v:
+        v["a3"] = torch.zeros(1, 3, 4)
+    with td.flatten_keys() as v:
+        v["n.a"] = torch.zeros(3, 4)
+    locked = td.clone().lock_()
+    with locked.view(-1) as v:
+        v["x"] += 1  # a locked source takes the values in place
+    try:
+        with td.view(-1) as v:
+            v["err"] = torch.zeros(12)
+            raise ValueError
+    except ValueError:
+        pass
+    return [td, sub, locked]
+
+
+def test_shape_operations_as_context() -> None:
+    """(The result's new entries were never written back.)"""
+    side_by_side(_contexts)
+
+
+def test_context_write_back_makes_no_cycle() -> None:
+    """A view never used as a context holds no reference to itself: freed without the
+    garbage collector, as before."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        td = rs.TensorDict({"x": torch.ones(3, 4)}, [3, 4])
+        v = td.view(-1)
+        ref = weakref.ref(v)
+        del v
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
-from typing import Self
+from collections.abc import Callable, Iterator
+from typing import Any, Self
 
 from .._native import LockedError
 from .nodes import TreeNode
@@ -138,9 +138,43 @@ class Lockable(TreeNode):
     def __exit__(self, *exc: object) -> None:
         if self._lock_ops:
             op = self._lock_ops.pop()
-            if callable(op):  # the undo of an operation used as a context (to_module)
+            if type(op) is WriteBack:  # a shape operation used as a context
+                if exc[0] is None:  # an error in the block writes nothing back, as there
+                    op.write(self)
+            elif callable(op):  # the undo of an operation used as a context (to_module)
                 op()
             elif op is True:
                 self._unlock_tree()
             elif op is False:
                 self._lock_tree()
+
+
+class WriteBack:
+    """What ``with td.view(-1) as v:`` (and the other shape operations used as a context)
+    does on exit, as tensordict: ``v``'s entries, new ones too, written back into ``td``
+    through the inverse operation (in place when ``td`` is locked). It holds ``td`` weakly and
+    is given ``v`` at exit, so that a result never used as a context makes no reference cycle.
+    """
+
+    __slots__ = ("inverse", "source")
+
+    def __init__(self, source: TreeNode, inverse: Callable[[Any], Any]) -> None:
+        self.source = weakref.ref(source)
+        self.inverse = inverse
+
+    @staticmethod
+    def record(result: Any, source: TreeNode, inverse: Callable[[Any], Any]) -> Any:
+        """``result`` (of an operation on ``source``) with its write-back recorded."""
+        if result is not source and isinstance(result, TreeNode):
+            result._lock_ops.append(WriteBack(source, inverse))
+        return result
+
+    def write(self, result: Any) -> None:
+        source = self.source()
+        if source is None:
+            return
+        back = self.inverse(result)
+        if source._is_locked:
+            source.update_(back)
+        else:
+            source.update(back, inplace=False)
