@@ -26,12 +26,30 @@ from .tensordict import TensorDict
 __all__ = [
     "cat",
     "dense_stack_tds",
+    "from_any",
+    "from_consolidated",
+    "from_dict",
+    "from_h5",
+    "from_module",
+    "from_modules",
+    "from_namedtuple",
+    "from_pytree",
+    "from_safetensors",
+    "from_struct_array",
+    "from_tuple",
+    "fromkeys",
     "lazy_stack",
+    "load",
+    "load_memmap",
     "make_tensordict",
+    "maybe_dense_stack",
+    "memmap",
     "merge_tensordicts",
     "pad",
     "pad_sequence",
+    "save",
     "stack",
+    "to_safetensors",
 ]
 
 
@@ -241,3 +259,96 @@ def make_tensordict(
     return TensorDict.from_dict(
         kwargs, batch_size=batch_size, device=device, auto_batch_size=auto_batch_size
     )
+
+
+# ------------------------------------------------------------------------ module-level forms
+# tensordict's functions of the package namespace (``from tensordict import from_module``):
+# each calls the TensorDict method of the same name.
+
+
+def _forward(name: str, doc: str) -> Callable[..., Any]:
+    def function(*args: Any, **kwargs: Any) -> Any:
+        return getattr(TensorDict, name)(*args, **kwargs)
+
+    function.__name__ = function.__qualname__ = name
+    function.__doc__ = f"``TensorDict.{name}(...)``: {doc}"
+    return function
+
+
+from_any = _forward("from_any", "a TensorDict from a dict, tuple, dataclass, list, ...")
+from_tuple = _forward("from_tuple", "a TensorDict of a tuple's items, keyed '0', '1', ...")
+from_namedtuple = _forward("from_namedtuple", "a TensorDict of a named tuple's fields.")
+from_struct_array = _forward("from_struct_array", "a TensorDict of a NumPy structured array.")
+from_dict = _forward("from_dict", "a TensorDict from a (nested) mapping.")
+from_h5 = _forward("from_h5", "a TensorDict of an HDF5 file's datasets (needs h5py).")
+
+
+def from_module(
+    module: Any,
+    as_module: bool = False,
+    lock: bool = True,
+    use_state_dict: bool = False,
+    filter_empty: bool = True,
+) -> Any:
+    """``TensorDict.from_module``, locked by default (as tensordict's function of the package;
+    the method's default is unlocked).
+
+    >>> import torch; from tensordict_rs import from_module
+    >>> from_module(torch.nn.Linear(2, 3)).is_locked
+    True
+    """
+    return TensorDict.from_module(
+        module, as_module=as_module, lock=lock, use_state_dict=use_state_dict,
+        filter_empty=filter_empty,
+    )  # fmt: skip
+
+
+def from_modules(
+    *modules: Any,
+    as_module: bool = False,
+    lock: bool = True,
+    use_state_dict: bool = False,
+    lazy_stack: bool = False,
+    expand_identical: bool = False,
+) -> Any:
+    """``TensorDict.from_modules``, locked by default (as tensordict's function)."""
+    return TensorDict.from_modules(
+        *modules, as_module=as_module, lock=lock, use_state_dict=use_state_dict,
+        lazy_stack=lazy_stack, expand_identical=expand_identical,
+    )  # fmt: skip
+
+
+from_pytree = _forward("from_pytree", "a TensorDict of a pytree's leaves.")
+fromkeys = _forward("fromkeys", "a TensorDict with the given keys, each holding one value.")
+from_consolidated = _forward("from_consolidated", "a TensorDict over a consolidated file.")
+load_memmap = _forward("load_memmap", "a memory-mapped TensorDict loaded from a directory.")
+load = _forward("load", "a memory-mapped TensorDict loaded from a directory or archive.")
+maybe_dense_stack = _forward("maybe_dense_stack", "the trees stacked (dense here).")
+
+
+def memmap(data: Any, prefix: Any = None, copy_existing: bool = False, **kwargs: Any) -> Any:
+    """``data.memmap(prefix, ...)``: a memory-mapped copy of ``data`` saved at ``prefix``.
+
+    >>> import torch, tempfile; from tensordict_rs import TensorDict, memmap, load_memmap
+    >>> path = tempfile.mkdtemp()
+    >>> _ = memmap(TensorDict(a=torch.ones(2)), path)
+    >>> load_memmap(path)["a"]
+    MemoryMappedTensor([1., 1.])
+    """
+    return data.memmap(prefix, copy_existing, **kwargs)
+
+
+def save(data: Any, prefix: Any = None, copy_existing: bool = False, **kwargs: Any) -> Any:
+    """``data.save(prefix, ...)``: ``data`` saved at ``prefix`` (as ``memmap``)."""
+    return data.save(prefix, copy_existing, **kwargs)
+
+
+def to_safetensors(data: Any, path: Any, **kwargs: Any) -> None:
+    """``data.to_safetensors(path)``: the leaves in one safetensors file, with the structure."""
+    _tree(data).to_safetensors(path, **kwargs)
+
+
+def from_safetensors(path: Any, *, device: Any = None, **kwargs: Any) -> TensorDict:
+    """A TensorDict of a safetensors file (``TensorDict.from_safetensors``), on ``device``."""
+    td = TensorDict.from_safetensors(path, **kwargs)
+    return td if device is None else td.to(device)

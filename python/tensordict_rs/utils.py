@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, TypeAlias
+
+import torch
 
 from ._core.classes import is_tensor_collection, is_tensorclass
 from ._core.nodes import TreeNode
 from ._core.unbatched import is_unbatched
 
 __all__ = [
+    "KEY_SEPARATOR",
+    "NestedKey",
+    "assert_allclose_td",
+    "assert_close",
+    "is_bool",
+    "is_floating",
+    "is_inexact",
+    "is_integer",
     "is_non_tensor",
     "is_tensor_collection",
     "is_tensorclass",
@@ -25,7 +35,13 @@ __all__ = [
     "strtobool",
     "unravel_key",
     "unravel_key_list",
+    "unravel_key_to_tuple",
 ]
+
+#: A key of a TensorDict: a str, or a tuple of keys for a nested entry.
+NestedKey: TypeAlias = str | tuple[Any, ...]
+#: The separator of nested keys in flat names (``flatten_keys``, ``state_dict``).
+KEY_SEPARATOR: str = "."
 
 logger = logging.getLogger("tensordict_rs")
 
@@ -173,3 +189,119 @@ def _check_node(td: TreeNode, path: tuple[str, ...]) -> None:
         elif hasattr(value, "shape") and not is_non_tensor(value):
             if tuple(value.shape[: len(batch)]) != batch:
                 raise AssertionError(f"{where}: shape {tuple(value.shape)} under batch {batch}")
+
+
+def unravel_key_to_tuple(key: Any) -> tuple[str, ...]:
+    """A nested key as a flat tuple of str (a str gives a 1-tuple); ``()`` for anything that
+    is no key.
+
+    >>> unravel_key_to_tuple(("a", ("b", ("c",)))), unravel_key_to_tuple(("a", 1))
+    (('a', 'b', 'c'), ())
+    """
+    try:
+        flat = unravel_key(key)
+    except ValueError:
+        return ()
+    return (flat,) if isinstance(flat, str) else flat
+
+
+def _last_dtype(args: tuple[Any, ...]) -> torch.dtype:
+    return args[-1].dtype  # type: ignore[no-any-return]
+
+
+def is_inexact(*args: Any) -> bool:
+    """Whether the last argument is a floating-point or complex tensor (``fn(value)`` or
+    ``fn(key, value)``, as a ``cast_filter``).
+
+    >>> import torch
+    >>> is_inexact(torch.zeros(3)), is_inexact("a", torch.zeros(3, dtype=torch.long))
+    (True, False)
+    """
+    dtype = _last_dtype(args)
+    return dtype.is_floating_point or dtype.is_complex
+
+
+def is_floating(*args: Any) -> bool:
+    """Whether the last argument is a floating-point tensor.
+
+    >>> import torch
+    >>> is_floating(torch.zeros(3)), is_floating(torch.zeros(3, dtype=torch.complex64))
+    (True, False)
+    """
+    return _last_dtype(args).is_floating_point
+
+
+def is_integer(*args: Any) -> bool:
+    """Whether the last argument is an integer tensor (bool excluded).
+
+    >>> import torch
+    >>> is_integer(torch.zeros(3, dtype=torch.int8)), is_integer(torch.zeros(3, dtype=torch.bool))
+    (True, False)
+    """
+    dtype = _last_dtype(args)
+    return not dtype.is_floating_point and not dtype.is_complex and dtype is not torch.bool
+
+
+def is_bool(*args: Any) -> bool:
+    """Whether the last argument is a bool tensor.
+
+    >>> import torch
+    >>> is_bool(torch.zeros(3, dtype=torch.bool)), is_bool(torch.zeros(3))
+    (True, False)
+    """
+    return _last_dtype(args) is torch.bool
+
+
+def assert_close(
+    actual: Any,
+    expected: Any,
+    rtol: float | None = None,
+    atol: float | None = None,
+    equal_nan: bool = True,
+    intersection: bool = False,
+    msg: str = "",
+    prefix: Any = (),
+) -> bool:
+    """Asserts that two trees (TensorDicts or tensorclasses) hold the same keys and close
+    tensors (``torch.testing.assert_close`` per leaf: dtypes, shapes and devices too);
+    non-tensor entries are not compared. ``intersection`` compares the keys both hold.
+
+    >>> import torch; from tensordict_rs import TensorDict
+    >>> a = TensorDict(x=torch.zeros(3), y=torch.ones(3))
+    >>> assert_close(a, a.clone())
+    True
+    """
+    trees = []
+    for value in (actual, expected):
+        if is_tensorclass(value):
+            value = value._tensordict
+        if not isinstance(value, TreeNode):
+            raise TypeError(
+                "assert_allclose inputs must be of TensorDict type, got "
+                f"{type(actual)} and {type(expected)}"
+            )
+        trees.append(value)
+    mine, theirs = ({k: v for k, v in t.items(True, True)} for t in trees)
+    if not intersection and set(mine) != set(theirs):
+        raise KeyError(
+            f"actual and expected tensordict keys mismatch, got {sorted(map(str, mine))} and "
+            f"{sorted(map(str, theirs))}."
+        )
+    base = unravel_key_to_tuple(prefix)
+    for key in (k for k in mine if k in theirs):
+        a, b = mine[key], theirs[key]
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+            continue
+        full = (*base, *unravel_key_to_tuple(key))
+        try:
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan)
+        except AssertionError as err:
+            mse = (a.double() - b.double()).pow(2).mean().sqrt().item()
+            raise AssertionError(
+                f"key {full} does not match, got mse = {mse:.4f}\n{err}\n{msg}".rstrip()
+            ) from None
+    return True
+
+
+#: tensordict's other name of ``assert_close``.
+assert_allclose_td = assert_close

@@ -569,6 +569,35 @@ FACTORY_CASES: dict[str, Callable[[Any], Any]] = {
     "new_tensor": lambda P: mixed(P).new_tensor([0, 1, 2, 3, 4]),  # a tensor: torch warns
     "new_tensor_td": lambda P: mixed(P).new_tensor(mixed(P) * 2),
     "new_zeros_requires_grad": lambda P: floats(P).new_zeros(2, requires_grad=True),
+    # the package's module-level forms of the TensorDict constructors
+    "module_from_any_list": lambda P: P.from_any([[1.0, 2.0], [3.0, 4.0]]),
+    "module_from_any_ragged": lambda P: P.from_any([[1, 2], [3]]).tolist(),
+    "module_from_any_dict": lambda P: P.from_any({"a": torch.zeros(3), "b": (torch.ones(3),)}),
+    "module_from_dict": lambda P: P.from_dict({"a": torch.zeros(3, 2)}, auto_batch_size=True),
+    "module_from_tuple": lambda P: P.from_tuple((torch.zeros(3), torch.ones(3))),
+    "module_fromkeys": lambda P: P.fromkeys(["a", ("b", "c")], 0),
+    "module_from_module": lambda P: P.from_module(torch.nn.Linear(2, 3, bias=False)).data.zero_(),
+    "module_maybe_dense_stack": lambda P: P.maybe_dense_stack([mixed(P), mixed(P)]),
+    "module_unravel_key_to_tuple": lambda P: [
+        P.unravel_key_to_tuple(("a", ("b", ("c",)))),
+        P.unravel_key_to_tuple(("a", 1)),
+        P.unravel_key_to_tuple(1),
+    ],
+    "module_dtype_predicates": lambda P: [
+        f(t)
+        for f in (P.is_bool, P.is_floating, P.is_integer, P.is_inexact)
+        for t in (
+            torch.zeros(1),
+            torch.zeros(1, dtype=torch.bool),
+            torch.zeros(1, dtype=torch.int8),
+        )
+    ],
+    "module_assert_close": lambda P: P.assert_close(floats(P), floats(P).clone()),
+    "module_assert_close_fails": lambda P: P.assert_allclose_td(floats(P), floats(P) + 1),
+    "module_assert_close_keys": lambda P: P.assert_close(floats(P), floats(P).exclude("a")),
+    "module_assert_close_intersection": lambda P: P.assert_close(
+        floats(P), floats(P).exclude("a"), intersection=True
+    ),
     "make_tensordict": lambda P: P.make_tensordict(
         {"a": torch.zeros(3), "b": {"c": torch.zeros(3, 4)}}, a=torch.ones(2), d=torch.ones(3)
     ),
@@ -1180,3 +1209,21 @@ def test_context_write_back_makes_no_cycle() -> None:
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_module_level_save_and_load(tmp_path: Any) -> None:
+    """``save``/``load_memmap``/``load`` (and ``functional.memmap``: the package's ``memmap`` is
+    its module, as tensordict's) and the safetensors pair, as functions of the package; each
+    package reads what the other's functions wrote."""
+    for writer in (rs, ref):
+        path = tmp_path / writer.__name__
+        if writer is rs:
+            rs.functional.memmap(floats(rs), path)
+        else:
+            floats(ref).memmap(path)
+        compare(rs.load_memmap(path), ref.load_memmap(path))
+        writer.save(floats(writer), path / "again")
+        compare(rs.load(path / "again"), ref.load(path / "again"))
+    rs.to_safetensors(floats(rs), tmp_path / "t.safetensors")
+    loaded = rs.from_safetensors(tmp_path / "t.safetensors", device="cpu")
+    assert (loaded == floats(rs)).all()

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
-from .._core.nontensor import LinkedList
+from .._core.nontensor import LinkedList, NonTensorStack
 from .._core.walk import leaves, map_leaves
 from . import as_classmethod
 from .keys import _max_batch
@@ -351,7 +351,8 @@ def from_any(
     batch_size: Any = None,
 ) -> Any:
     """A TensorDict from a dict, named tuple, tuple, dataclass or structured array, converted
-    recursively (tensors and other values are returned as they are, numbers as tensors).
+    recursively (tensors and other values are returned as they are, numbers as tensors, a
+    list as a tensor when ``torch.tensor`` takes it and a ``NonTensorStack`` otherwise).
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
@@ -386,6 +387,11 @@ def from_any(
         return torch.from_numpy(obj)
     if isinstance(obj, (bool, int, float, complex)):
         return torch.as_tensor(obj)
+    if type(obj) is list:  # a tensor where torch.tensor takes it, else one value per row
+        try:
+            return torch.tensor(obj)
+        except (TypeError, ValueError, RuntimeError):
+            return NonTensorStack.from_list(obj)
     return obj
 
 
