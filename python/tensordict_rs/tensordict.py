@@ -177,6 +177,11 @@ class TensorDict(
                 value = value.to(self._device, non_blocking=non_blocking)
             if self._names is not None and value.names[: len(self._names)] != self._names:
                 value._set_names([*self._names, *value.names[len(self._names) :]])
+            elif self._names is None and value._names is not None and self._batch_size:
+                # as tensordict: an unnamed tree takes the names of a named sub-tree's dims
+                own = value._names[: len(self._batch_size)]
+                if any(n is not None for n in own):
+                    self._set_names(list(own))
             return value
         if isinstance(value, Mapping):
             nested = TensorDict(value, self._batch_size, self._device, non_blocking=non_blocking)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import tempfile
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -1100,7 +1101,37 @@ def test_h5_contiguous_datasets_are_file_views(tmp_path: Any) -> None:
 
 # ---------------------------------------------------------------------------- names
 
+_SCRATCH = tempfile.TemporaryDirectory()  # removed at exit: the saves of the NAMES cases
+
+
+def _scratch() -> str:
+    return tempfile.mkdtemp(dir=_SCRATCH.name)
+
+
+def _named4(P: Any) -> Any:
+    return P.TensorDict(
+        {"x": torch.zeros(3, 4, 1, 6), "n": {"y": torch.zeros(3, 4, 1, 6, 2)}},
+        batch_size=[3, 4, 1, 6],
+        names=["a", "b", "c", "d"],
+    )
+
+
+def _adopts_names(P: Any) -> Any:
+    td = P.TensorDict({"x": torch.zeros(3)}, [3])
+    td["a"] = P.TensorDict({}, [3, 4], names=["a", "b"])
+    return [td.names, td["a"].names]
+
+
 NAMES: dict[str, Callable[[Any], Any]] = {
+    # names carried by flatten/unflatten (the merged or split dims unnamed), select, all/any(dim),
+    # the memory-mapped copies, and taken from a named sub-tree (they were all dropped)
+    "flatten_names": lambda P: [_named4(P).flatten(1, 3).names, _named4(P).flatten(0, 1).names],
+    "unflatten_names": lambda P: _named4(P).flatten(1, 3).unflatten(1, (4, 1, 6)).names,
+    "select_names": lambda P: [_named4(P).select("x").names, _named4(P).select("n")["n"].names],
+    "all_any_dim_names": lambda P: [_named4(P).all(2).names, _named4(P).any(0).names],
+    "memmap_like_names": lambda P: _named4(P).memmap_like(_scratch()).names,
+    "memmap_names": lambda P: _named4(P).memmap(_scratch())["n"].names,
+    "adopts_sub_tree_names": _adopts_names,
     "names_default": lambda P: mixed(P).names,
     "construct_names": lambda P: (
         P.TensorDict({"a": torch.zeros(3, 4)}, [3, 4], names=["x", "y"]).names

@@ -127,6 +127,7 @@ class MemoryMapped(TreeNode):
 
     def _structure(self) -> Self:
         out = self._new_unchecked(self._batch_size, self._device)
+        out._names = self._names  # kept in memory (meta.json records no names, as tensordict's)
         for key in list(self._tensordict):
             value = self._tensordict[key]
             if isinstance(value, MemoryMapped):

@@ -27,6 +27,7 @@ def _missing(td: TD, key: str) -> KeyError:
 def _prune(td: TD, wanted: dict[str, Any], strict: bool) -> TD:
     """A tree of the entries of ``td`` named by the nested ``wanted`` ({key: sub-wanted|None})."""
     out = type(td)._new_unchecked(td.batch_size, td.device)
+    out._names = td._names
     for key, sub in wanted.items():
         if key not in td._tensordict:
             if strict:

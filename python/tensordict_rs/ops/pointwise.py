@@ -601,10 +601,12 @@ def _along(td: TD, dim: int, name: str) -> TD:
             "smaller than tensordict.batch_dims"
         )
     dim %= n
+    names = None if td._names is None else [x for i, x in enumerate(td._names) if i != dim]
     return map_leaves(
         td,
         lambda t: getattr(t, name)(dim=dim),
         node_batch=lambda batch: [b for i, b in enumerate(batch) if i != dim],
+        names=names,
     )
 
 

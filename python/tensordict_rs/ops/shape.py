@@ -312,7 +312,8 @@ def flatten(
     if start == end:
         return td
     batch = _probe(td).flatten(start, end).shape
-    out = _with_batch(td, lambda t: t.flatten(start, end), batch, names=None)
+    order = [*range(start), None, *range(end + 1, td.batch_dims)]  # the merged dim unnamed
+    out = _with_batch(td, lambda t: t.flatten(start, end), batch, names=_named(td, order))
     return _in_place(td, out, inplace)
 
 
@@ -328,7 +329,8 @@ def unflatten(td: TD, dim: int, unflattened_size: Sequence[int], *, inplace: boo
     dim = dim_of(td, dim)
     sizes = [operator.index(s) for s in unflattened_size]
     batch = _probe(td).unflatten(dim, sizes).shape
-    out = _with_batch(td, lambda t: t.unflatten(dim, sizes), batch, names=None)
+    order = [*range(dim), *[None] * len(sizes), *range(dim + 1, td.batch_dims)]
+    out = _with_batch(td, lambda t: t.unflatten(dim, sizes), batch, names=_named(td, order))
     return _in_place(td, out, inplace)
 
 
