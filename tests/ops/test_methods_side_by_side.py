@@ -665,7 +665,30 @@ def _pad_inplace_keeps_nested(P: Any) -> Any:
     return [td["n"] is nested, td["n", "d"] is deeper, nested.batch_size, deeper["e"].shape]
 
 
+def _copy_at_non_tensor(P: Any, fast: bool) -> Any:
+    td = P.TensorDict({"val": P.NonTensorData(data=0, batch_size=[10])}, [10])
+    rows = P.TensorDict({"val": P.NonTensorData(data=1, batch_size=[5])}, [5])
+    td.copy_at_(rows, slice(1, None, 2), fast=fast)
+    return td.get("val").tolist()
+
+
+def _copy_at_mixed(P: Any) -> Any:
+    td = P.TensorDict({"val": P.NonTensorData(data=0, batch_size=[4]), "x": torch.zeros(4)}, [4])
+    rows = P.TensorDict({"val": P.NonTensorData(data=1, batch_size=[2]), "x": torch.ones(2)}, [2])
+    with pytest.warns(FutureWarning, match="skipped its non-tensor entries"):
+        td.copy_at_(rows, slice(0, 2))
+    return [td.get("val").tolist(), td["x"]]
+
+
 ENTRY_CASES: dict[str, Callable[[Any], Any]] = {
+    # copy_at_ with non-tensor entries: fast=False writes them (it wrote nothing), fast=True
+    # refuses a source of non-tensors only and warns for a mixed one
+    "copy_at_non_tensor_slow": lambda P: _copy_at_non_tensor(P, False),
+    "copy_at_non_tensor_fast": lambda P: _copy_at_non_tensor(P, True),
+    "copy_at_mixed_fast": _copy_at_mixed,
+    "copy_at_fast_none": lambda P: P.TensorDict({"a": torch.zeros(2)}, [2]).copy_at_(
+        P.TensorDict({"a": torch.ones(1)}, [1]), slice(0, 1), fast=None
+    ),
     "depth_counts_levels_to_leaves": _emptied_depth,
     "set_empty_list": _set_empty,
     "pad_inplace_keeps_nested_trees": _pad_inplace_keeps_nested,

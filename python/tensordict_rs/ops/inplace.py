@@ -141,7 +141,10 @@ def copy_at_(
     td: TD, tensordict: Any, idx: Any, non_blocking: bool = False, *, fast: bool = True
 ) -> TD:
     """Copies the leaves of ``tensordict`` into rows ``idx`` of the matching leaves (which must
-    exist); returns ``td``. ``fast`` is accepted for tensordict's signature.
+    exist); returns ``td``. As tensordict's: ``fast=False`` is ``update_at_`` (non-tensor
+    entries written too); with ``fast=True`` a source of non-tensor entries only raises
+    ``RuntimeError``, and the non-tensor entries of a mixed one are skipped with a
+    ``FutureWarning``.
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
@@ -149,8 +152,32 @@ def copy_at_(
     >>> td.copy_at_(TensorDict({"a": torch.ones(2)}, []), 1)["a"][1]
     tensor([1., 1.])
     """
-    del fast
-    for key, value in _flat_items(tensordict, ()):
+    if fast is None:
+        raise TypeError(
+            "copy_at_(..., fast=None) is no longer supported. Pass fast=True to require the "
+            "optimized tensor-only copy path, or fast=False for the general update_at_ "
+            "semantics."
+        )
+    if not fast:
+        return update_at_(td, tensordict, idx, non_blocking=non_blocking)
+    entries = _flat_items(tensordict, (), non_tensor=True)
+    tensors = _flat_items(tensordict, ())
+    if len(tensors) < len(entries):
+        if not tensors:
+            raise RuntimeError(
+                "copy_at_(..., fast=True) requires the optimized tensor-only copy path, but the "
+                "source holds non-tensor entries only. Use fast=False or update_at_ for the "
+                "general update semantics."
+            )
+        warnings.warn(
+            "copy_at_(..., fast=True) copied the tensors of the source and skipped its "
+            "non-tensor entries. Starting with TensorDict 0.17, the default will change to "
+            "raising a RuntimeError, as for a source with only non-tensor entries. Use "
+            "fast=False or update_at_ to write the non-tensor entries.",
+            FutureWarning,
+            stacklevel=2,
+        )
+    for key, value in tensors:
         if key not in td:
             raise KeyError(f"copy_at_: key {key!r} is not in the destination tensordict")
         set_at_(td, key, value, idx, non_blocking=non_blocking)
