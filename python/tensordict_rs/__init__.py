@@ -42,8 +42,10 @@ if TYPE_CHECKING:
     from ._core.nontensor import LinkedList, NonTensorStack, is_non_tensor
     from ._core.nontensor_options import (
         capture_non_tensor_stack,
+        get_defaults_to_none,
         list_to_stack,
         set_capture_non_tensor_stack,
+        set_get_defaults_to_none,
         set_list_to_stack,
     )
     from ._core.unbatched import UnbatchedTensor
@@ -139,6 +141,7 @@ __all__ = [
     "from_struct_array",
     "from_tuple",
     "fromkeys",
+    "get_defaults_to_none",
     "is_bool",
     "is_floating",
     "is_inexact",
@@ -160,6 +163,7 @@ __all__ = [
     "refresh_archive_checksums",
     "save",
     "set_capture_non_tensor_stack",
+    "set_get_defaults_to_none",
     "set_list_to_stack",
     "stack",
     "tensorclass",
@@ -227,6 +231,8 @@ _LAZY = {
     "list_to_stack": "._core.nontensor_options",
     "set_capture_non_tensor_stack": "._core.nontensor_options",
     "set_list_to_stack": "._core.nontensor_options",
+    "get_defaults_to_none": "._core.nontensor_options",
+    "set_get_defaults_to_none": "._core.nontensor_options",
     "TensorDict": ".tensordict",
     "UnbatchedTensor": "._core.unbatched",
     "TensorDictFuture": ".io.saving",

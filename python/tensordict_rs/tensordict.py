@@ -18,6 +18,7 @@ from ._core.index import key_path as _as_key
 from ._core.locking import Lockable, locked_error, refuse_read_only
 from ._core.nodes import NTD_TYPES, TD, Key, NonTensorData, TreeNode
 from ._core.nontensor import NonTensorStack
+from ._core.nontensor_options import get_returns_none
 from ._core.repr import compact_repr
 from ._core.unbatched import UnbatchedTensor, with_batch_size
 from ._core.walk import KeyList, map_leaves, walk_items
@@ -232,13 +233,21 @@ class TensorDict(
 
     def get(self, key: Key, default: Any = _NO_DEFAULT) -> Any:
         """The entry at ``key`` (a str or a tuple of str for nested entries); a non-tensor entry
-        comes as its ``NonTensorData`` (``td[key]`` gives the value itself).
+        comes as its ``NonTensorData`` (``td[key]`` gives the value itself). A missing key gives
+        ``default``, or ``None`` without one, as in tensordict (``td[key]`` raises ``KeyError``;
+        so does ``get`` after ``set_get_defaults_to_none(False)``).
 
         >>> import torch; from tensordict_rs import TensorDict
         >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
-        >>> td.get(("b", "c")), td.get("missing", "default")
-        (tensor([1., 1.]), 'default')
+        >>> td.get(("b", "c")), td.get("missing", "default"), td.get("missing")
+        (tensor([1., 1.]), 'default', None)
         """
+        if default is _NO_DEFAULT and get_returns_none():
+            default = None
+        return self._entry(key, default)
+
+    def _entry(self, key: Key, default: Any = _NO_DEFAULT) -> Any:
+        """``get``, raising ``KeyError`` for a missing key unless ``default`` is given."""
         path = _as_key(key)
         try:
             td = self._sub(path[:-1], create=False)
@@ -384,7 +393,7 @@ class TensorDict(
         if isinstance(index, str) or (
             isinstance(index, tuple) and not _index.is_batch_index(index)
         ):
-            value = self.get(index)
+            value = self._entry(index)
             if type(value) in NTD_TYPES:
                 return value.data
             if type(value) is NonTensorStack:
@@ -429,7 +438,7 @@ class TensorDict(
         (tensor([1., 1.]), None, ['a'])
         """
         try:
-            value = self.get(key)
+            value = self._entry(key)
         except KeyError:
             if default is _NO_DEFAULT:
                 raise
@@ -498,7 +507,7 @@ class TensorDict(
             return key in self._tensordict
         if isinstance(key, tuple) and is_key(key):
             try:
-                self.get(key)
+                self._entry(key)
             except KeyError:
                 return False
             return True

@@ -33,7 +33,32 @@ def test_get_default() -> None:
     assert td.get(("n", "missing"), 7) == 7
     assert td.get(("missing", "x"), "d") == "d"
     with pytest.raises(KeyError):
-        td.get("missing")
+        td["missing"]
+
+
+def test_get_missing_gives_none_as_tensordict() -> None:
+    """tensordict 0.15.3's ``get`` without a default gives None for a missing key (it raised
+    here); ``set_get_defaults_to_none(False)`` (deprecated there and here) makes it raise."""
+    import tensordict as ref
+    import tensordict_rs as rs
+    from tensordict_rs._core import nontensor_options
+
+    for pkg in (rs, ref):
+        td = pkg.TensorDict({"a": torch.zeros(2), "n": {"x": torch.ones(2)}}, [2])
+        assert td.get("missing") is None and td.get(("n", "missing")) is None
+        assert td.get(("missing", "x")) is None
+        with pytest.warns(DeprecationWarning):
+            pkg.set_get_defaults_to_none(False)
+        try:
+            with pytest.raises(KeyError):
+                td.get("missing")
+            assert td.get("missing", 3) == 3
+        finally:
+            with pytest.warns(DeprecationWarning):
+                pkg.set_get_defaults_to_none(True)
+        with pytest.warns(DeprecationWarning):
+            assert pkg.get_defaults_to_none() is True
+    assert nontensor_options.get_returns_none()
 
 
 def test_keys_values_items() -> None:

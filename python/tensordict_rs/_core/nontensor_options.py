@@ -1,8 +1,9 @@
-"""The two process-wide non-tensor options of tensordict 0.15: whether stacking identical
-non-tensor values captures them in one ``NonTensorData`` (``set_capture_non_tensor_stack``) and
-whether a list set into a tree becomes a ``NonTensorStack`` (``set_list_to_stack``); each a
-context manager, a decorator, or ``.set()`` for the rest of the program, kept in step with its
-environment variable so that child processes see the same mode."""
+"""The process-wide options of tensordict 0.15: whether stacking identical non-tensor values
+captures them in one ``NonTensorData`` (``set_capture_non_tensor_stack``) and whether a list set
+into a tree becomes a ``NonTensorStack`` (``set_list_to_stack``), each a context manager, a
+decorator, or ``.set()`` for the rest of the program, kept in step with its environment
+variable so that child processes see the same mode; and whether ``td.get(key)`` without a
+default gives ``None`` for a missing key (``set_get_defaults_to_none``, a plain function)."""
 
 from __future__ import annotations
 
@@ -149,3 +150,54 @@ def list_to_stack(allow_none: bool = False) -> bool | None:
 
 
 # ---------------------------------------------------------------------- shared values
+
+
+_GET_DEFAULTS_TO_NONE = _Option("TD_GET_DEFAULTS_TO_NONE", True)
+_GET_REPLACEMENT = "td[key] to raise a KeyError for a missing key"
+
+
+def set_get_defaults_to_none(set_to_none: bool = True) -> None:
+    """Sets whether ``td.get(key)`` without a default returns ``None`` for a missing key (the
+    default, as in tensordict since 0.7) or raises ``KeyError``. Deprecated in tensordict 0.15
+    (and warns here too): ``td[key]`` raises for a missing key.
+
+    >>> import warnings; from tensordict_rs import TensorDict
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     set_get_defaults_to_none(True)
+    >>> TensorDict().get("missing") is None
+    True
+    """
+    warnings.warn(
+        "set_get_defaults_to_none() is deprecated and will be removed in TensorDict 0.17 (as in "
+        f"tensordict 0.15); use {_GET_REPLACEMENT} instead.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    _GET_DEFAULTS_TO_NONE.value = bool(set_to_none)
+    os.environ[_GET_DEFAULTS_TO_NONE.env] = str(bool(set_to_none))
+
+
+def get_defaults_to_none(set_to_none: bool = True) -> bool:
+    """Whether ``td.get(key)`` returns ``None`` for a missing key (``set_to_none`` is ignored,
+    as in tensordict). Deprecated in tensordict 0.15, and warns here too.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     get_defaults_to_none()
+    True
+    """
+    del set_to_none
+    warnings.warn(
+        "get_defaults_to_none() is deprecated and will be removed in TensorDict 0.17 (as in "
+        f"tensordict 0.15); use {_GET_REPLACEMENT} instead.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return bool(_GET_DEFAULTS_TO_NONE.get(False))
+
+
+def get_returns_none() -> bool:
+    """The option ``TensorDict.get`` reads (no warning)."""
+    return bool(_GET_DEFAULTS_TO_NONE.get(False))

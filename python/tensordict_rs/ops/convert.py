@@ -560,7 +560,7 @@ def to_pytree(td: TreeNode) -> Any:
 
 
 def _join(td: TD, keys: tuple[Any, ...], out_key: Any, dim: int, keep: bool, op: Any) -> TD:
-    values = [td.get(k) for k in keys]
+    values = [td._entry(k) for k in keys]
     joined = op(values, dim)
     if not keep:
         for key in keys:

@@ -72,7 +72,7 @@ def setdefault(td: TreeNode, key: Any, default: Any, inplace: bool = False) -> A
     """
     if key not in td:
         td.set(key, default, inplace=inplace)
-    return td.get(key)
+    return td._entry(key)
 
 
 def del_(td: TD, key: Any) -> TD:

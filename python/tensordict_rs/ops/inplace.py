@@ -49,7 +49,7 @@ def fill_(td: TD, key: Any, value: float | bool) -> TD:
     """
     refuse_read_only(td)
     _dirty.mark(td)
-    entry = td.get(key)
+    entry = td._entry(key)
     if isinstance(entry, TreeNode):
         for _, _, leaf in list(leaves(entry)):
             leaf.fill_(value)
@@ -89,7 +89,7 @@ def set_at_(td: TD, key: Any, value: Any, index: Any, *, non_blocking: bool = Fa
     tensor([9., 9., 9.])
     """
     refuse_read_only(td)
-    entry = td.get(key)
+    entry = td._entry(key)
     token = _dirty.mark(td, index)
     if isinstance(entry, TreeNode):
         entry[index] = value
@@ -127,7 +127,7 @@ def update_at_(
         if type(value) in NTD_TYPES or type(value) is NonTensorStack:
             # the rows of a non-tensor entry, as ``td[idx] = {key: value}`` writes them (a value
             # that differs turns a NonTensorData into a stack, as in tensordict)
-            td.get(key)  # KeyError for a missing entry, as for tensors
+            td._entry(key)  # KeyError for a missing entry, as for tensors
             node = td._sub(key[:-1], create=False) if len(key) > 1 else td
             node[idx] = {key[-1]: value}
             continue

@@ -408,7 +408,7 @@ def get_non_tensor(td: TD, key: Any, default: Any = _MISSING) -> Any:
     ('hello', LinkedList(['a', 'b']), None)
     """
     if default is _MISSING:
-        value = td.get(key)
+        value = td._entry(key)
     else:
         value = td.get(key, _MISSING)
         if value is _MISSING:
@@ -445,7 +445,7 @@ def is_non_tensor(td: TD, key: Any) -> bool:
     >>> td.is_non_tensor("label"), td.is_non_tensor("obs")
     (True, False)
     """
-    value = td.get(key)
+    value = td._entry(key)
     return type(value) in NTD_TYPES or isinstance(value, NonTensorStack)
 
 

@@ -413,11 +413,11 @@ def _pairs_of_leaves(a: TD, b: Any) -> list[tuple[Any, Any]] | None:
         return None
     pairs = []
     for key, value in walk_items(a, True, True):
-        theirs = b._get_str(key) if isinstance(key, str) else b.get(key)
+        theirs = b._get_str(key) if isinstance(key, str) else b._entry(key)
         pairs.append((value, theirs))
     for key, value in walk_items(a, True, False):
         if isinstance(value, NonTensorData):
-            pairs.append((value.data, b.get(key).data))
+            pairs.append((value.data, b._entry(key).data))
     return pairs
 
 
