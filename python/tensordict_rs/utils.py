@@ -23,10 +23,12 @@ __all__ = [
     "NestedKey",
     "assert_allclose_td",
     "assert_close",
+    "default_is_leaf",
     "is_bool",
     "is_floating",
     "is_inexact",
     "is_integer",
+    "is_leaf_nontensor",
     "is_non_tensor",
     "is_tensor_collection",
     "is_tensorclass",
@@ -305,3 +307,27 @@ def assert_close(
 
 #: tensordict's other name of ``assert_close``.
 assert_allclose_td = assert_close
+
+
+def default_is_leaf(cls: type) -> bool:
+    """The default ``is_leaf`` of the walks: anything but a TensorDict, a tensorclass or
+    non-tensor data (``leaves_only`` then skips the non-tensor entries).
+
+    >>> import torch; from tensordict_rs import TensorDict, NonTensorData
+    >>> default_is_leaf(torch.Tensor), default_is_leaf(NonTensorData), default_is_leaf(TensorDict)
+    (True, False, False)
+    """
+    return not is_tensor_collection(cls)
+
+
+def is_leaf_nontensor(cls: type) -> bool:
+    """An ``is_leaf`` that takes non-tensor data (``NonTensorData``, ``NonTensorStack``) as
+    leaves beside the tensors; other trees are not leaves.
+
+    >>> import torch; from tensordict_rs import TensorDict, NonTensorData
+    >>> is_leaf_nontensor(torch.Tensor), is_leaf_nontensor(NonTensorData)
+    (True, True)
+    >>> is_leaf_nontensor(TensorDict)
+    False
+    """
+    return not is_tensor_collection(cls) or bool(getattr(cls, "_is_non_tensor", False))

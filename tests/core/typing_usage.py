@@ -48,7 +48,7 @@ def build() -> TensorDict:
     assert_type(td.clone(), TensorDict)
     assert_type(td.to("cpu"), TensorDict)
     assert_type(td.cpu(), TensorDict)
-    assert_type(td.apply(lambda t: t * 2), TensorDict)
+    assert_type(td.apply(lambda t: t * 2), TensorDict | None)  # None: every result None
     assert_type(td.index_select(0, torch.arange(4)), TensorDict)
     assert_type(td.reshape(2, 4), TensorDict)
     assert_type(td.unsqueeze(0), TensorDict)
@@ -80,7 +80,7 @@ def ops(td: TensorDict) -> None:
     assert_type(td.exclude("label"), TensorDict)
     assert_type(td.flatten_keys("."), TensorDict)
     assert_type(td.update({"extra": torch.zeros(8)}), TensorDict)
-    assert_type(td.named_apply(lambda key, t: t), TensorDict)
+    assert_type(td.named_apply(lambda key, t: t), TensorDict | None)
     assert isinstance(td.to_dict(), dict)
     assert_type(td.is_shared(), bool)
     assert_type(td.clone().share_memory_(), TensorDict)

@@ -1281,3 +1281,28 @@ def test_module_level_save_and_load(tmp_path: Any) -> None:
     rs.to_safetensors(floats(rs), tmp_path / "t.safetensors")
     loaded = rs.from_safetensors(tmp_path / "t.safetensors", device="cpu")
     assert (loaded == floats(rs)).all()
+
+
+def _apply_cases(P: Any) -> Any:
+    td = P.TensorDict({"a": torch.zeros(2), "s": "x", "n": {"b": torch.ones(2)}, "e": {}}, [2])
+    plain = P.TensorDict({"a": torch.zeros(2), "n": {"b": torch.ones(2)}}, [2])
+    with_text = P.TensorDict({"a": torch.zeros(2), "s": "x", "n": {"b": torch.ones(2)}}, [2])
+    return [
+        P.TensorDict({"e": {}, "b": torch.zeros(2)}, [2]).apply(lambda x: None),  # e: kept
+        plain.apply(lambda x: None),  # every call None: None, as tensordict
+        plain.apply(lambda x: None, filter_empty=False),
+        P.TensorDict(batch_size=[3]).apply(lambda x: x),  # fn never called: the empty tree
+        with_text.apply(lambda x: None, filter_empty=True, is_leaf=P.is_leaf_nontensor),
+        td.apply(lambda x: x, is_leaf=P.is_leaf_nontensor),
+        td.apply(lambda x: x * 2),
+        td.named_apply(lambda k, x: x + len(k), nested_keys=True),
+        td._fast_apply(lambda x: x * 2, num_threads=2, checked=False),
+        [P.is_leaf_nontensor(c) for c in (torch.Tensor, P.NonTensorData, P.TensorDict)],
+        [P.default_is_leaf(c) for c in (torch.Tensor, P.NonTensorData, P.TensorDict)],
+    ]
+
+
+def test_apply_options() -> None:
+    """``is_leaf``, ``_fast_apply(num_threads=)`` (refused before) and the None result of
+    tensordict's ``apply`` (an empty tree was returned)."""
+    side_by_side(_apply_cases)

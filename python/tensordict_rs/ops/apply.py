@@ -8,7 +8,7 @@ walk of their own; the plain cases are ``map_leaves``'.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -35,8 +35,9 @@ def apply(
     propagate_lock: bool = False,
     call_on_nested: bool = False,
     out: TD | None = None,
+    is_leaf: Callable[[type], bool] | None = None,
     **constructor_kwargs: Any,
-) -> TD:
+) -> TD | None:
     """Calls ``fn(leaf, *other_leaves)`` on every tensor leaf; ``None`` results are left out.
 
     As tensordict's ``apply``: ``others`` are TensorDicts walked with ``td`` (``default``
@@ -55,6 +56,7 @@ def apply(
     return _apply(
         td, fn, others, batch_size, device, names, inplace, default, filter_empty,
         propagate_lock, call_on_nested, out, constructor_kwargs, named=False, nested_keys=False,
+        is_leaf=is_leaf,
     )  # fmt: skip
 
 
@@ -67,14 +69,17 @@ def fast_apply(
     is_leaf: Any = None,
     checked: bool = False,
     **kwargs: Any,
-) -> TreeNode:
+) -> TreeNode | None:
     """tensordict's private ``_fast_apply`` (used by code written against its internals):
-    ``apply`` / ``named_apply`` with its extra keywords (``is_leaf`` and ``checked`` change
-    nothing here: every TensorDict leaf is a tensor or non-tensor data, always checked)."""
-    del is_leaf, checked
+    ``apply`` / ``named_apply`` with its extra keywords (``checked`` changes nothing here:
+    results are always checked; ``num_threads`` neither: see below)."""
+    # ``num_threads``: tensordict's hint to call ``fn`` from a thread pool; here the calls run
+    # in order in this thread, with the same results (torch's kernels have their own threads)
+    del checked
+    kwargs.pop("num_threads", None)
     if named:
-        return named_apply(td, fn, *others, nested_keys=nested_keys, **kwargs)
-    return apply(td, fn, *others, **kwargs)
+        return named_apply(td, fn, *others, nested_keys=nested_keys, is_leaf=is_leaf, **kwargs)
+    return apply(td, fn, *others, is_leaf=is_leaf, **kwargs)
 
 
 def named_apply(
@@ -91,8 +96,9 @@ def named_apply(
     propagate_lock: bool = False,
     call_on_nested: bool = False,
     out: TD | None = None,
+    is_leaf: Callable[[type], bool] | None = None,
     **constructor_kwargs: Any,
-) -> TD:
+) -> TD | None:
     """``apply`` with the key first: ``fn(key, leaf, *other_leaves)``.
 
     The key is the entry's own name, or with ``nested_keys`` its full key (a str at the top
@@ -107,7 +113,7 @@ def named_apply(
     return _apply(
         td, fn, others, batch_size, device, names, inplace, default, filter_empty,
         propagate_lock, call_on_nested, out, constructor_kwargs, named=True,
-        nested_keys=nested_keys,
+        nested_keys=nested_keys, is_leaf=is_leaf,
     )  # fmt: skip
 
 
@@ -120,7 +126,7 @@ def apply_(td: TD, fn: Callable[..., Any], *others: Any, **kwargs: Any) -> TD:
     >>> td.apply_(lambda t: t + 1)["b", "c"]
     tensor([2., 2.])
     """
-    return apply(td, fn, *others, inplace=True, **kwargs)
+    return cast(TD, apply(td, fn, *others, inplace=True, **kwargs))  # in place: td itself
 
 
 def _apply(
@@ -140,11 +146,14 @@ def _apply(
     *,
     named: bool,
     nested_keys: bool,
-) -> TD:
+    is_leaf: Callable[[type], bool] | None = None,
+) -> TD | None:
     lock = bool(constructor_kwargs.pop("lock", False))
     if constructor_kwargs:
         raise TypeError(f"apply() got unexpected keyword arguments {sorted(constructor_kwargs)}")
-    walk = _ApplyWalk(fn, default, filter_empty is not False, call_on_nested, named, nested_keys)
+    walk = _ApplyWalk(
+        fn, default, filter_empty is not False, call_on_nested, named, nested_keys, is_leaf
+    )
     if inplace or out is not None:
         target = out if out is not None and not inplace else td
         refuse_read_only(target)
@@ -160,7 +169,7 @@ def _apply(
             result._set_names(None if names is None else list(names))
         elif td._names is not None and len(batch) == td.batch_dims:
             result._set_names(list(td._names))
-    if lock or (propagate_lock and td._is_locked):
+    if result is not None and (lock or (propagate_lock and td._is_locked)):
         result._lock_tree()
     return result
 
@@ -176,8 +185,11 @@ class _ApplyWalk:
         call_on_nested: bool,
         named: bool,
         nested_keys: bool,
+        is_leaf: Callable[[type], bool] | None = None,
     ) -> None:
         self.fn = fn
+        self.is_leaf = is_leaf
+        self.calls = 0  # calls of fn so far: a node whose calls all gave None is filtered
         self.default = default
         self.filter_empty = filter_empty
         self.call_on_nested = call_on_nested
@@ -201,7 +213,16 @@ class _ApplyWalk:
                 rest.append(other)
         return rest
 
+    def _whole(self, value: Any) -> bool:
+        """True for a nested tree or non-tensor entry that ``is_leaf`` hands to ``fn`` whole."""
+        return (
+            self.is_leaf is not None
+            and not isinstance(value, torch.Tensor)
+            and bool(self.is_leaf(type(value)))
+        )
+
     def _call(self, path: tuple[str, ...], value: Any, rest: list[Any]) -> Any:
+        self.calls += 1
         if not self.named:
             return self.fn(value, *rest)
         key: Any = path[-1]
@@ -216,29 +237,56 @@ class _ApplyWalk:
         batch: torch.Size,
         device: torch.device | None,
         prefix: tuple[str, ...],
-    ) -> TD:
+    ) -> TD | None:
+        """The new tree, or None when ``filter_empty`` and every call of ``fn`` under it gave
+        None (a tree where ``fn`` was never called stays, empty: tensordict's rule)."""
+        calls = self.calls
+        out, kept = self._new(td, others, batch, device, prefix)
+        return None if self.filter_empty and not kept and self.calls > calls else out
+
+    def _new(
+        self,
+        td: TD,
+        others: tuple[Any, ...],
+        batch: torch.Size,
+        device: torch.device | None,
+        prefix: tuple[str, ...],
+    ) -> tuple[TD, int]:
+        """The new tree and how many of its entries hold results (empty trees where ``fn`` was
+        never called are kept but count for nothing)."""
         out = type(td)._new_unchecked(batch, device)
         dims = td.batch_dims
+        kept = 0
         for key in list(td._tensordict):
             value = td._get_str(key)
             rest = self._others(others, key)
             path = (*prefix, key)
-            if isinstance(value, TreeNode) and not self.call_on_nested:
+            whole = self._whole(value)
+            if isinstance(value, TreeNode) and not self.call_on_nested and not whole:
                 sub_batch = torch.Size([*batch, *value._batch_size[dims:]])
                 sub_td: Any = value
-                sub = self.new(sub_td, tuple(rest), sub_batch, device, path)
-                if sub._tensordict or not self.filter_empty:
+                calls = self.calls
+                sub, sub_kept = self._new(sub_td, tuple(rest), sub_batch, device, path)
+                if sub_kept or not self.filter_empty or self.calls == calls:
                     out._tensordict[key] = sub
+                    # as tensordict: an empty tree where fn was never called is kept, and
+                    # keeps its parent from being filtered
+                    kept += bool(sub_kept) or self.calls == calls
                 continue
-            if type(value) in NTD_TYPES or type(value) is NonTensorStack:
+            if (type(value) in NTD_TYPES or type(value) is NonTensorStack) and not whole:
                 out._tensordict[key] = value.clone(recurse=False)
+                kept += 1
                 continue
+            if type(value) in NTD_TYPES:
+                value.batch_size, value.device = td._batch_size, td._device
             if type(value) is UnbatchedTensor and batch != td._batch_size:
                 out._tensordict[key] = value  # a new batch size: the payload stays whole
+                kept += 1
                 continue
             result = self._call(path, value, rest)
             if result is None:
                 continue
+            kept += 1
             if isinstance(result, torch.Tensor) and device is not None and result.device != device:
                 result = result.to(device)
             if type(result) is UnbatchedTensor:
@@ -248,17 +296,18 @@ class _ApplyWalk:
                 key, result.shape if isinstance(result, torch.Tensor) else result.batch_size
             )
             out._tensordict[key] = result
-        return out
+        return out, kept
 
     def into(self, td: TD, others: tuple[Any, ...], target: Any, prefix: tuple[str, ...]) -> None:
         for key in list(td._tensordict):
             value = td._get_str(key)
             rest = self._others(others, key)
             path = (*prefix, key)
-            if isinstance(value, TreeNode) and not self.call_on_nested:
+            whole = self._whole(value)
+            if isinstance(value, TreeNode) and not self.call_on_nested and not whole:
                 self.into(value, tuple(rest), target._get_str(key), path)
                 continue
-            if type(value) in NTD_TYPES or type(value) is NonTensorStack:
+            if (type(value) in NTD_TYPES or type(value) is NonTensorStack) and not whole:
                 continue
             result = self._call(path, value, rest)
             if result is None:

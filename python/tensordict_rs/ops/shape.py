@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -137,7 +137,7 @@ def expand_as(td: TD, other: Any) -> TD:
     torch.Size([4, 2, 3])
     """
     if is_tensor_collection(other):
-        return td.apply(torch.Tensor.expand_as, other, batch_size=other.batch_size)
+        return cast(TD, td.apply(torch.Tensor.expand_as, other, batch_size=other.batch_size))
     return expand(td, other.shape)
 
 
