@@ -1306,3 +1306,23 @@ def test_apply_options() -> None:
     """``is_leaf``, ``_fast_apply(num_threads=)`` (refused before) and the None result of
     tensordict's ``apply`` (an empty tree was returned)."""
     side_by_side(_apply_cases)
+
+
+def _comparisons_with_text(P: Any) -> Any:
+    td = P.TensorDict(
+        {"a": torch.zeros(2), "data": {"s": P.NonTensorData("x", batch_size=[2])}}, [2]
+    )
+    return [
+        (td == 0).all(),  # the non-tensor entry against a number: passed over (it was False)
+        (td != 1).all(),
+        (td == torch.zeros(())).all(),
+        td == "z",  # not a number, tensor, mapping or tree: False, and True for !=
+        td != "z",
+        td == None,  # noqa: E711
+        (td == td.clone()).all(),
+        td == {"a": torch.zeros(2), "data": {"s": "x"}},
+    ]
+
+
+def test_comparisons_with_non_tensor_entries() -> None:
+    side_by_side(_comparisons_with_text)

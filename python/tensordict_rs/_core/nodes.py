@@ -237,7 +237,11 @@ class NonTensorData:
     _is_tensorclass = True  # tensordict's NonTensorData is a tensorclass (is_tensorclass)
     _is_non_tensor = True
 
-    def __init__(self, data: Any, batch_size: Any = None, device: Any = None) -> None:
+    def __init__(
+        self, data: Any, batch_size: Any = None, device: Any = None, names: Any = None
+    ) -> None:
+        # ``names``: tensordict's keyword; an entry's dims are its tree's, which names them
+        del names
         if type(data) in NTD_TYPES:
             data = data.data
         self._value: Any = data

@@ -36,6 +36,11 @@ class Names(TreeNode):
     def names(self, value: Any) -> None:
         self._set_names(None if value is None else list(value))
 
+    def _has_names(self) -> bool:
+        """Whether any batch dim is named (tensordict's internal check, which code written
+        against it calls)."""
+        return self._names is not None and any(n is not None for n in self._names)
+
     def _set_names(self, value: list[str | None] | None) -> None:
         """Sets the names of the batch dims here and on the leading dims of nested trees."""
         if value is not None:

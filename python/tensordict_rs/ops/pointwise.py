@@ -14,6 +14,7 @@ dims), then over each leaf's own dims, the way tensordict does.
 
 from __future__ import annotations
 
+import numbers
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any, overload
@@ -558,30 +559,39 @@ def to_tensordict(td: TD, *, retain_none: bool | None = None) -> TD:
 # ---------------------------------------------------------------------------- comparisons
 
 
-def _compare(td: TD, other: Any, op: Callable[[Any, Any], torch.Tensor]) -> TD:
+def _compare(
+    td: TD, other: Any, op: Callable[[Any, Any], torch.Tensor], default: bool
+) -> TD | bool:
     if _is_tensorclass(other):
         # as tensordict's: ``td == tc`` is the tensorclass's ``tc == td`` (a tensorclass)
         return NotImplemented
-    batch = td.batch_size
+    if not isinstance(other, (numbers.Number, torch.Tensor, Mapping, TreeNode)):
+        return default  # as tensordict's: ``td == "z"`` is False, ``td != None`` True
 
-    def non_tensor(value: Any, other_value: Any) -> torch.Tensor:
+    def non_tensor(value: Any, other_value: Any) -> Any:
+        if isinstance(other_value, (numbers.Number, torch.Tensor)):
+            # as tensordict's: a non-tensor entry against a number or a tensor gives an
+            # empty tree (which ``all()`` and ``any()`` pass over)
+            return type(td)._new_unchecked(value.batch_size, value.device)
         if type(value) is NonTensorStack or type(other_value) is NonTensorStack:
             return op(value, other_value)  # element by element, of the stack's batch size
         data = other_value.data if isinstance(other_value, NonTensorData) else other_value
-        return torch.tensor(op(value.data, data)).expand(batch)
+        return torch.tensor(op(value.data, data)).expand(value.batch_size)
 
     other = operand(td, other)  # a tensor broadcasts over the batch dims
     return map_leaves(td, lambda t, o: op(t, against(o, t)), other, non_tensor=non_tensor)
 
 
-def eq(td: TD, other: object) -> TD:
-    """Element-wise ``==``: a TensorDict of boolean leaves (``other`` as for ``add``)."""
-    return _compare(td, other, lambda a, b: a == b)
+def eq(td: TD, other: object) -> TD | bool:
+    """Element-wise ``==``: a TensorDict of boolean leaves (``other`` as for ``add``), or
+    ``False`` for an operand that is no number, tensor, mapping or tree."""
+    return _compare(td, other, lambda a, b: a == b, False)
 
 
-def ne(td: TD, other: object) -> TD:
-    """Element-wise ``!=``: a TensorDict of boolean leaves (``other`` as for ``add``)."""
-    return _compare(td, other, lambda a, b: a != b)
+def ne(td: TD, other: object) -> TD | bool:
+    """Element-wise ``!=``: a TensorDict of boolean leaves (``other`` as for ``add``), or
+    ``True`` for an operand that is no number, tensor, mapping or tree."""
+    return _compare(td, other, lambda a, b: a != b, True)
 
 
 def no_bool(td: TD) -> bool:
