@@ -329,10 +329,13 @@ maybe_dense_stack = _forward("maybe_dense_stack", "the trees stacked (dense here
 def memmap(data: Any, prefix: Any = None, copy_existing: bool = False, **kwargs: Any) -> Any:
     """``data.memmap(prefix, ...)``: a memory-mapped copy of ``data`` saved at ``prefix``.
 
-    >>> import torch, tempfile; from tensordict_rs import TensorDict, memmap, load_memmap
+    (``tensordict_rs.memmap`` is the module of ``MemoryMappedTensor``, as in tensordict: this
+    function is ``tensordict_rs.functional.memmap``.)
+
+    >>> import torch, tempfile; from tensordict_rs import TensorDict, functional
     >>> path = tempfile.mkdtemp()
-    >>> _ = memmap(TensorDict(a=torch.ones(2)), path)
-    >>> load_memmap(path)["a"]
+    >>> _ = functional.memmap(TensorDict(a=torch.ones(2)), path)
+    >>> functional.load_memmap(path)["a"]
     MemoryMappedTensor([1., 1.])
     """
     return data.memmap(prefix, copy_existing, **kwargs)
