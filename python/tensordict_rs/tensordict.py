@@ -317,6 +317,8 @@ class TensorDict(
         elif isinstance(current, NonTensorStack):
             current[...] = value
         else:
+            if type(value).__module__ == "numpy" and hasattr(value, "shape"):
+                value = torch.as_tensor(value)  # an array is written as the tensor it holds
             if isinstance(value, torch.Tensor):
                 self._check_batch(key, value.shape)
             current.copy_(value, non_blocking=non_blocking) if isinstance(
@@ -583,6 +585,15 @@ class TensorDict(
     filter_non_tensor_data = _keys.filter_non_tensor_data
     empty = _keys.empty
     is_empty = _keys.is_empty
+
+    @property
+    def _has_non_tensor(self) -> bool:
+        """Whether a non-tensor entry is held at any depth (tensordict's internal flag, which
+        code written against it reads)."""
+        return any(
+            type(v) in NTD_TYPES or type(v) is NonTensorStack
+            for _, v in walk_items(self, True, False, materialize=False)
+        )
 
     @property
     def sorted_keys(self) -> list[str]:

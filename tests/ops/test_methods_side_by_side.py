@@ -1326,3 +1326,24 @@ def _comparisons_with_text(P: Any) -> Any:
 
 def test_comparisons_with_non_tensor_entries() -> None:
     side_by_side(_comparisons_with_text)
+
+
+def _small_gaps(P: Any) -> Any:
+    td = P.TensorDict({"a": torch.zeros(4, 3)}, [4, 3])
+    td.set("k", np.ones((4, 3, 2)))
+    td.set_("k", np.zeros((4, 3, 2)))  # an array written in place (fill_ refused it)
+    flat = P.TensorDict({"a": torch.zeros(3)}, [])
+    wide = P.TensorDict({"a": torch.zeros(2, 3)}, [2])
+    return [
+        td["k"],
+        td.reshape(size=td.shape),  # torch's keyword (refused)
+        td.view(size=(12,)),
+        flat == wide,  # batch sizes broadcast (expand raised)
+        P.TensorDict({"a": torch.zeros(4, 3), "s": "x"}, [4, 3])._has_non_tensor,
+        td._has_non_tensor,
+    ]
+
+
+def test_small_gaps_of_test_methods() -> None:
+    """Found by tensordict's ``test/tensordict/test_methods.py`` through the alias."""
+    side_by_side(_small_gaps)

@@ -578,6 +578,7 @@ def _compare(
         data = other_value.data if isinstance(other_value, NonTensorData) else other_value
         return torch.tensor(op(value.data, data)).expand(value.batch_size)
 
+    td = grown(td, other)  # batch sizes broadcast together, as for the arithmetic
     other = operand(td, other)  # a tensor broadcasts over the batch dims
     return map_leaves(td, lambda t, o: op(t, against(o, t)), other, non_tensor=non_tensor)
 

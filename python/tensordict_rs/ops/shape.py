@@ -30,7 +30,10 @@ def _probe(td: TD) -> torch.Tensor:
 
 
 def _shape_args(args: tuple[Any, ...], kwargs: dict[str, Any], name: str = "shape") -> list[int]:
-    """``f(2, 3)``, ``f((2, 3))``, ``f(torch.Size([2, 3]))`` or ``f(shape=...)`` as a list."""
+    """``f(2, 3)``, ``f((2, 3))``, ``f(torch.Size([2, 3]))`` or ``f(shape=...)`` as a list
+    (``size=`` too, torch's other name, which tensordict's ``reshape`` and ``view`` take)."""
+    if name not in kwargs and "size" in kwargs:
+        kwargs[name] = kwargs.pop("size")
     if name in kwargs:
         if args:
             raise TypeError(f"{name} given both by position and by keyword")
