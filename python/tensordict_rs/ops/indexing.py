@@ -120,7 +120,18 @@ def set_rows(td: TreeNode, index: Any, value: Any) -> None:
     """``td[index] = value`` for a batch index (see ``TensorDict.__setitem__``)."""
     refuse_read_only(td)
     items = _items.normalize(index, td.batch_dims)
-    _items.indexed_batch_size(td._batch_size, items)  # out-of-range rows: IndexError
+    rows = _items.indexed_batch_size(td._batch_size, items)  # out-of-range rows: IndexError
+    if is_tree(value) and value.batch_size != rows:
+        try:
+            fits = torch.broadcast_shapes(value.batch_size, rows) == rows
+        except RuntimeError:
+            fits = False
+        if not fits:  # before any row is written (tensordict's message)
+            raise RuntimeError(
+                f"indexed destination TensorDict batch size is {torch.Size(rows)} (batch_size ="
+                f" {td._batch_size}, index={index}), which differs from the source batch size "
+                f"{value.batch_size}"
+            )
     token = _dirty.mark(td, items)
     try:
         _write_rows(td, items, value)
