@@ -1347,3 +1347,18 @@ def _small_gaps(P: Any) -> Any:
 def test_small_gaps_of_test_methods() -> None:
     """Found by tensordict's ``test/tensordict/test_methods.py`` through the alias."""
     side_by_side(_small_gaps)
+
+
+def _apply_out(P: Any) -> Any:
+    td = P.TensorDict({"c": torch.arange(3), "n": {"d": torch.arange(3)}}, [3])
+    c = td["c"]
+    out = td.apply(lambda x: x.float() + 0.5, out=td)  # out= takes the results as entries
+    kept = P.TensorDict({"c": torch.arange(3)}, [3])
+    before = kept["c"]
+    kept.apply_(lambda x: x.float() + 0.5)  # apply_ writes into the leaves (dtype kept)
+    return [out is td, td["c"], td["n", "d"], td["c"] is c, kept["c"], kept["c"] is before]
+
+
+def test_apply_out_sets_entries() -> None:
+    """(``out=`` copied into the existing leaves, so their dtype stayed.)"""
+    side_by_side(_apply_out)

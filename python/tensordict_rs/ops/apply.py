@@ -158,7 +158,7 @@ def _apply(
         target = out if out is not None and not inplace else td
         refuse_read_only(target)
         token = _dirty.mark(target)
-        walk.into(td, others, target, ())
+        walk.into(td, others, target, (), replace=not inplace)
         _dirty.confirm(target, _dirty.ALL, token)
         return target
     batch = td._batch_size if batch_size is None else torch.Size(batch_size)
@@ -298,14 +298,24 @@ class _ApplyWalk:
             out._tensordict[key] = result
         return out, kept
 
-    def into(self, td: TD, others: tuple[Any, ...], target: Any, prefix: tuple[str, ...]) -> None:
+    def into(
+        self,
+        td: TD,
+        others: tuple[Any, ...],
+        target: Any,
+        prefix: tuple[str, ...],
+        replace: bool = False,
+    ) -> None:
+        """The results written into ``target``: copied into its leaves (``inplace``), or with
+        ``replace`` (``out=``) set as its entries, as tensordict's, unless ``target`` is locked
+        (a memory-mapped ``out``: copied into its maps)."""
         for key in list(td._tensordict):
             value = td._get_str(key)
             rest = self._others(others, key)
             path = (*prefix, key)
             whole = self._whole(value)
             if isinstance(value, TreeNode) and not self.call_on_nested and not whole:
-                self.into(value, tuple(rest), target._get_str(key), path)
+                self.into(value, tuple(rest), target._get_str(key), path, replace)
                 continue
             if (type(value) in NTD_TYPES or type(value) is NonTensorStack) and not whole:
                 continue
@@ -313,7 +323,9 @@ class _ApplyWalk:
             if result is None:
                 continue
             current = target._get_str(key) if key in target._tensordict else None
-            if current is None:
+            if current is None or (
+                replace and not target._is_locked and isinstance(result, torch.Tensor)
+            ):
                 target._set_str(key, result)
             elif isinstance(current, TreeNode):
                 current.update_(result)
