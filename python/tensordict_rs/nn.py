@@ -115,6 +115,16 @@ class TensorDictParams(nn.Module):
     def __getitem__(self, index: Any) -> Any:
         return self._param_td[index]
 
+    # operators (Python looks them up on the class, never through __getattr__): those of the
+    # wrapped TensorDict, giving TensorDicts, as tensordict's TensorDictParams
+    __hash__ = nn.Module.__hash__  # a module: hashable by identity despite ``==``
+
+    def __eq__(self, other: object) -> Any:  # type: ignore[override]
+        return self._param_td == other
+
+    def __ne__(self, other: object) -> Any:  # type: ignore[override]
+        return self._param_td != other
+
     def __setitem__(self, key: Any, value: Any) -> None:
         self.set(key, value)
 
@@ -207,3 +217,20 @@ class TensorDictParams(nn.Module):
 
 
 register_module_class(TensorDictParams)
+
+
+def _operator(name: str) -> Any:
+    def method(self: TensorDictParams, *args: Any) -> Any:
+        return getattr(self._param_td, name)(*args)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"``{name}`` of the wrapped TensorDict (a TensorDict)."
+    return method
+
+
+for _name in (
+    "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+    "__rtruediv__", "__floordiv__", "__mod__", "__pow__", "__neg__", "__abs__", "__invert__",
+    "__and__", "__or__", "__xor__", "__lt__", "__le__", "__gt__", "__ge__",
+):  # fmt: skip
+    setattr(TensorDictParams, _name, _operator(_name))

@@ -346,3 +346,31 @@ def test_requires_grad_zero_grad_param_count() -> None:
         assert params.grad is not None
         params.zero_grad()
         assert model[0].weight.grad is None
+
+
+def test_tensordict_params_operators_side_by_side() -> None:
+    """TensorDictParams takes the TensorDict operators (``params + 1``, ``-params``,
+    ``params == td`` and ``td == params``), giving TensorDicts, and stays hashable as a module
+    (``params + 1`` raised TypeError, and ``td == params`` compared with the module object)."""
+    seen = []
+    for P in PKGS:
+        params = P.TensorDictParams(
+            P.TensorDict({"a": torch.ones(2), "n": {"b": torch.zeros(2)}}, [2])
+        )
+        td = P.TensorDict({"a": torch.ones(2), "n": {"b": torch.zeros(2)}}, [2])
+        model = nn.Module()
+        model.p = params
+        seen.append(
+            [
+                bool((td == params).all()),
+                bool((params == td).all()),
+                (params + 1)["a"].tolist(),
+                (2 * params)["a"].tolist(),
+                (-params)["n", "b"].tolist(),
+                bool((params != 0).any()),
+                type(params - 1).__name__,
+                {params: 1}[params],
+                len(list(model.named_modules())),
+            ]
+        )
+    assert seen[0] == seen[1]

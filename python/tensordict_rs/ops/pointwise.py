@@ -59,8 +59,12 @@ def _is_tensorclass(other: Any) -> bool:
 
 
 def _untyped(other: Any) -> Any:
-    """A tensorclass operand as its TensorDict (``td == tc`` pairs their entries)."""
-    return vars(other)["_tensordict"] if _is_tensorclass(other) else other
+    """A tensorclass operand as its TensorDict (``td == tc`` pairs their entries), and a
+    ``TensorDictParams`` as the TensorDict of its parameters."""
+    if _is_tensorclass(other):
+        return vars(other)["_tensordict"]
+    params = getattr(other, "__dict__", {}).get("_param_td")
+    return params if isinstance(params, TreeNode) else other
 
 
 def grown(td: TD, *others: Any) -> TD:
@@ -565,6 +569,7 @@ def _compare(
     if _is_tensorclass(other):
         # as tensordict's: ``td == tc`` is the tensorclass's ``tc == td`` (a tensorclass)
         return NotImplemented
+    other = _untyped(other)
     if not isinstance(other, (numbers.Number, torch.Tensor, Mapping, TreeNode)):
         return default  # as tensordict's: ``td == "z"`` is False, ``td != None`` True
 
