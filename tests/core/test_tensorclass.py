@@ -531,6 +531,7 @@ def test_select_as_tensordict() -> None:
             sorted(plain.keys()),
             t.select("obs", inplace=True) is t,
             t.action,
+            type(pkg.TensorDict(a=torch.zeros(3)).select("a", as_tensordict=True)).__name__,
         ]
 
     check(scenario)

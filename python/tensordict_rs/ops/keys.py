@@ -69,9 +69,12 @@ def _flat_keys(keys: tuple[Any, ...]) -> list[Any]:
     return list(keys)
 
 
-def select(td: TD, *keys: Key, inplace: bool = False, strict: bool = True) -> TD:
+def select(
+    td: TD, *keys: Key, inplace: bool = False, strict: bool = True, as_tensordict: bool = False
+) -> TD:
     """A TensorDict of only ``keys`` (nested keys keep their parents); ``strict``: KeyError for
-    a missing key. ``inplace`` drops the other entries from ``td`` itself.
+    a missing key. ``inplace`` drops the other entries from ``td`` itself. ``as_tensordict``
+    changes nothing for a TensorDict (a tensorclass then gives a plain TensorDict).
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
@@ -79,6 +82,7 @@ def select(td: TD, *keys: Key, inplace: bool = False, strict: bool = True) -> TD
     >>> td.select("a")
     TensorDict(batch_size=[2], fields={a: f32[3]})
     """
+    del as_tensordict  # already a TensorDict
     result = _prune(td, _key_tree(_flat_keys(keys)), strict)
     if not inplace:
         return result
