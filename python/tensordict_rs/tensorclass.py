@@ -311,7 +311,7 @@ def _set_field(obj: Any, key: str, value: Any, *, inplace: bool = False) -> None
             value = torch.as_tensor(value)
     elif not cls._nocast and type(value) is list and value:
         value = leaf_value(value)  # as a TensorDict takes it: a tensor or a stack of rows
-    else:
+    elif type(value) not in NTD_TYPES:  # a NonTensorData (or MetaData) is kept as it is
         value = NonTensorData(value)
     td.set(key, value, inplace=inplace)
 

@@ -558,3 +558,22 @@ def test_tensordict_operand_of_tensorclass() -> None:
         ]
 
     check(scenario)
+
+
+def test_metadata_field_kept() -> None:
+    """A ``MetaData`` field stays a ``MetaData`` (it was wrapped in a plain NonTensorData), so
+    stacking the tensorclass keeps one value, as tensordict's."""
+
+    def scenario(pkg: Any) -> Any:
+        cls = define(pkg, "WithMeta", {"custom_data": pkg.MetaData}, base=True)
+        tc = cls(custom_data=pkg.MetaData("abc"))
+        stacked = torch.stack([tc, tc], 0)
+        entry = stacked._tensordict._tensordict.get("custom_data")
+        return [
+            type(tc._tensordict._tensordict.get("custom_data")).__name__,
+            type(entry).__name__,
+            stacked.custom_data,
+            tuple(stacked.batch_size),
+        ]
+
+    check(scenario)
