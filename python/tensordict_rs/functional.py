@@ -20,6 +20,7 @@ import torch
 
 from ._core.classes import is_tensorclass
 from ._core.nodes import NonTensorData
+from ._core.nontensor import NonTensorStack
 from .ops import shape as _shape
 from .tensordict import TensorDict
 
@@ -119,6 +120,10 @@ def pad(tensordict: Any, pad_size: Sequence[int], value: float = 0.0, inplace: b
     >>> pad(TensorDict({"a": torch.ones(2)}, [2]), [1, 0])["a"]
     tensor([0., 1., 1.])
     """
+    if type(tensordict) is NonTensorStack:  # padded with None (in place: the same stack)
+        holder = TensorDict({"v": tensordict}, tensordict.batch_size, tensordict.device)
+        padded = _shape.pad(holder, pad_size, value, inplace).get("v")
+        return tensordict if inplace else padded
     td = _tree(tensordict)
     result = _shape.pad(td, pad_size, value, inplace)
     return tensordict if inplace else _rewrap(tensordict, result)
@@ -195,6 +200,17 @@ def pad_sequence(
         new = TensorDict({}, batch)
         for key, value in entries.items():
             new.set(key, value)
+        for key, value in _non_tensor_entries(td):
+            # as tensordict: kept, so that the stack gives one value per tensordict (rows that
+            # padding adds along a batch dim hold None)
+            if type(value) is NonTensorStack and pad_dim < td.batch_dims:
+                grown = list(td.batch_size)
+                grown[pad_dim] = longest
+                pads = [0, 0] * td.batch_dims
+                at = 2 * pad_dim + (1 if padding_side == "right" else 0)
+                pads[at] = longest - td.batch_size[pad_dim]
+                value = _shape.pad(TensorDict({"v": value}, td.batch_size), pads).get("v")
+            new.set(key, value.data if type(value) is NonTensorData else value)
         if return_mask:
             tree = TensorDict({}, batch)
             for key, value in masks.items():
@@ -205,6 +221,18 @@ def pad_sequence(
     if out is not None:
         return out
     return _rewrap(first, result)
+
+
+def _non_tensor_entries(td: TensorDict) -> list[tuple[Any, Any]]:
+    return [
+        (key, value)
+        for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=_non_tensor)
+        if type(value) is NonTensorData or type(value) is NonTensorStack
+    ]
+
+
+def _non_tensor(cls: type) -> bool:
+    return not issubclass(cls, TensorDict)
 
 
 def merge_tensordicts(

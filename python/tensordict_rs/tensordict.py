@@ -586,6 +586,31 @@ class TensorDict(
     empty = _keys.empty
     is_empty = _keys.is_empty
 
+    def _check_batch_size(self, *, raise_exception: bool = True) -> bool:
+        """Whether every entry's leading dims are the batch size, at every depth (tensordict's
+        internal consistency check, which code written against it calls); a mismatch raises
+        ``RuntimeError`` unless ``raise_exception=False``."""
+        batch = self._batch_size
+        for key, value in self._tensordict.items():
+            if isinstance(value, TensorDict):
+                if not value._check_batch_size(raise_exception=raise_exception):
+                    return False
+                shape: Any = value._batch_size
+            elif type(value) is UnbatchedTensor:
+                continue
+            elif isinstance(value, (NonTensorData, NonTensorStack)):
+                shape = value.batch_size if type(value) is NonTensorStack else batch
+            else:
+                shape = _nested.leaf_shape(value)
+            if tuple(shape[: len(batch)]) != tuple(batch):
+                if raise_exception:
+                    raise RuntimeError(
+                        f"batch_size are incongruent, got value with shape {shape} for key "
+                        f"{key!r}, -- expected {batch}"
+                    )
+                return False
+        return True
+
     @property
     def _has_non_tensor(self) -> bool:
         """Whether a non-tensor entry is held at any depth (tensordict's internal flag, which

@@ -1362,3 +1362,30 @@ def _apply_out(P: Any) -> Any:
 def test_apply_out_sets_entries() -> None:
     """(``out=`` copied into the existing leaves, so their dtype stayed.)"""
     side_by_side(_apply_out)
+
+
+def _pad_cases(P: Any) -> Any:
+    d1 = P.TensorDict({"a": torch.tensor([1, 1]), "b": "asd", "n": {"c": "x"}})
+    d2 = P.TensorDict({"a": torch.tensor([2]), "b": "efg", "n": {"c": "x"}})
+    e1 = P.TensorDict({"a": torch.ones(2), "s": P.NonTensorStack("p", "q")}, [2])
+    e2 = P.TensorDict({"a": torch.ones(3), "s": P.NonTensorStack("r", "s", "t")}, [3])
+    stack = P.NonTensorStack("a", "b")
+    padded = P.pad(stack, [1, 1])
+    same = P.pad(stack, [0, 1], inplace=True) is stack
+    td = P.TensorDict({"a": torch.arange(12.0).view(3, 4)}, [3, 4])
+    reshaped = td.reshape((12,), inplace=True)
+    return [
+        P.pad_sequence([d1, d2]),  # non-tensor entries kept (KeyError before)
+        list(P.pad_sequence([d1])["b"]),
+        P.pad_sequence([e1, e2]).get("s").tolist(),  # a stack padded with None (batch dim)
+        padded.tolist(),  # pad of a stack itself (refused)
+        same,
+        stack.tolist(),
+        reshaped is td,  # reshape(inplace=) (refused)
+        td["a"],
+        td._check_batch_size(),
+    ]
+
+
+def test_pad_and_reshape_gaps() -> None:
+    side_by_side(_pad_cases)

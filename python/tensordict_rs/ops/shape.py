@@ -144,8 +144,9 @@ def expand_as(td: TD, other: Any) -> TD:
     return expand(td, other.shape)
 
 
-def reshape(td: TD, *args: Any, **kwargs: Any) -> TD:
-    """The batch dims reshaped to ``shape`` (views when torch can, copies otherwise).
+def reshape(td: TD, *args: Any, inplace: bool = False, **kwargs: Any) -> TD:
+    """The batch dims reshaped to ``shape`` (views when torch can, copies otherwise);
+    ``inplace`` gives ``td`` itself the reshaped entries.
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
@@ -155,7 +156,8 @@ def reshape(td: TD, *args: Any, **kwargs: Any) -> TD:
     """
     batch = _probe(td).reshape(_shape_args(args, kwargs)).shape
     dims = td.batch_dims
-    return _with_batch(td, lambda t: t.reshape(*batch, *t.shape[dims:]), batch, names=None)
+    out = _with_batch(td, lambda t: t.reshape(*batch, *t.shape[dims:]), batch, names=None)
+    return _in_place(td, out, inplace)
 
 
 def view(td: TD, *args: Any, **kwargs: Any) -> TD:
