@@ -1389,3 +1389,31 @@ def _pad_cases(P: Any) -> Any:
 
 def test_pad_and_reshape_gaps() -> None:
     side_by_side(_pad_cases)
+
+
+def _struct_and_update(P: Any) -> Any:
+    x = np.array(
+        [("Rex", 9, 81.0), ("Fido", 3, 27.0)],
+        dtype=[("name", "U10"), ("age", "i4"), ("weight", "f4")],
+    )
+    td = P.TensorDict.from_struct_array(x)  # a string field (TypeError before)
+    back = td.to_struct_array()
+    data = P.TensorDict({"a": {"b": {"c": {}}}, "d": 1}, [])
+    data.load_state_dict(P.TensorDict({"d": 0}, []).state_dict(), strict=True)
+    target = P.TensorDict({"a": torch.zeros(3), "n": {"x": torch.zeros(3)}}, [3])
+    errors = []
+    for call in (
+        lambda: target.update_(b=torch.ones(3)),
+        lambda: target.update_({"n": {"y": torch.ones(3)}}),
+    ):
+        try:
+            call()
+        except KeyError as err:
+            errors.append(str(err))
+    return [back, back.dtype.descr, bool((back == x).all()), data["d"], errors]
+
+
+def test_struct_arrays_state_dicts_update_() -> None:
+    """String fields of structured arrays; strict ``load_state_dict`` past empty nested trees
+    (it raised for a tree holding only empty trees); ``update_``'s missing-key message."""
+    side_by_side(_struct_and_update)

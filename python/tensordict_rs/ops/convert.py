@@ -295,6 +295,8 @@ def from_struct_array(
         field = struct_array[name]
         if field.dtype.names:
             td._set_str(name, from_struct_array(cls, field), validate=True)
+        elif field.dtype.kind in "USOV":  # strings, objects: no tensor dtype (tensordict's)
+            td._set_str(name, NonTensorData(np.array(field)), validate=True)
         else:
             td._set_str(name, torch.from_numpy(np.ascontiguousarray(field)), validate=True)
     if batch_size is not None or auto_batch_size:
@@ -326,6 +328,10 @@ def to_struct_array(td: TreeNode) -> np.ndarray:
             sub = to_struct_array(value)  # type: ignore[arg-type]
             fields.append((key, sub.dtype, sub.shape[len(batch) :]))
             arrays[key] = sub
+        elif type(value) in NTD_TYPES and isinstance(value.data, np.ndarray):
+            array = value.data  # a string field of from_struct_array, as it was
+            fields.append((key, array.dtype, array.shape[len(batch) :]))
+            arrays[key] = array
         elif type(value) in NTD_TYPES:
             raise TypeError(f"to_struct_array: the non-tensor entry {key!r} has no NumPy dtype")
         else:

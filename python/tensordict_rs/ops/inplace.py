@@ -450,4 +450,10 @@ def _update_(
             if len(k) == 1 and isinstance(target, NonTensorData) and target._local is not None:
                 skipped.append((*prefix, first) if prefix else first)
                 continue
+            if (k if len(k) > 1 else first) not in td:
+                full = (*prefix, *k)
+                raise KeyError(
+                    f"The key {full[0] if len(full) == 1 else full} was not found in the dest "
+                    "tensordict."
+                )
             td.set_(k if len(k) > 1 else first, value, non_blocking=non_blocking)

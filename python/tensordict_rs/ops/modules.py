@@ -565,7 +565,7 @@ def load_state_dict(
         extra_td = keys - set(state)
         extra_sd = set(state) - keys
         if not all(
-            isinstance(td._tensordict[k], TreeNode) and not td._tensordict[k]._tensordict
+            isinstance(td._tensordict[k], TreeNode) and td._tensordict[k].is_empty()
             for k in extra_td
         ) or not all(_empty_mapping(state[k]) for k in extra_sd):
             raise RuntimeError(
