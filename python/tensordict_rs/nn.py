@@ -13,8 +13,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree
 
 from ._core.walk import leaves as _walk_leaves
+from .ops import pytree as _pytree_ops
 from .ops.modules import register_module_class
 from .tensordict import TensorDict
 
@@ -234,3 +236,23 @@ for _name in (
     "__and__", "__or__", "__xor__", "__lt__", "__le__", "__gt__", "__ge__",
 ):  # fmt: skip
     setattr(TensorDictParams, _name, _operator(_name))
+
+
+def _params_flatten(params: TensorDictParams) -> tuple[list[Any], Any]:
+    return _pytree_ops._flatten(params._param_td)
+
+
+def _params_flatten_with_keys(params: TensorDictParams) -> tuple[list[tuple[Any, Any]], Any]:
+    return _pytree_ops._flatten_with_keys(params._param_td)
+
+
+# a pytree node too, so that ``torch.vmap(fn, (0, None))(params, x)`` over
+# ``TensorDict.from_modules(..., as_module=True)`` sees the stacked leaves (the ensembling
+# recipe); inside the transform it is the TensorDict of those leaves
+_pytree.register_pytree_node(
+    TensorDictParams,
+    _params_flatten,
+    _pytree_ops._unflatten,
+    serialized_type_name=f"{TensorDictParams.__module__}.TensorDictParams",
+    flatten_with_keys_fn=_params_flatten_with_keys,
+)

@@ -374,3 +374,25 @@ def test_tensordict_params_operators_side_by_side() -> None:
             ]
         )
     assert seen[0] == seen[1]
+
+
+def test_from_modules_as_module_under_vmap() -> None:
+    """tensordict's ensembling recipe with ``as_module=True``: the TensorDictParams goes
+    through ``torch.vmap`` (a pytree node; vmap refused it) and gradients reach its
+    parameters; the outputs equal tensordict's."""
+    outs = []
+    for P in PKGS:
+        torch.manual_seed(0)
+        modules = [nn.Linear(3, 4) for _ in range(3)]
+        empty = nn.Linear(3, 4, device="meta")
+        params = P.TensorDict.from_modules(*modules, as_module=True)
+
+        def run(p: Any, x: torch.Tensor, empty: nn.Module = empty) -> torch.Tensor:
+            with p.to_module(empty, preserve_module_state=False):
+                return empty(x)
+
+        y = torch.vmap(run, (0, None))(params, torch.ones(3))
+        y.sum().backward()
+        assert all(p.grad is not None for p in params.parameters())
+        outs.append(y.detach())
+    torch.testing.assert_close(outs[0], outs[1])
