@@ -73,6 +73,7 @@ class _classmethod(Generic[P]):
 
 
 class TensorDict(
+    _contexts.ShapeContexts,
     BatchShape,
     MemoryMapped,
     DeviceMoves,
@@ -534,24 +535,6 @@ class TensorDict(
     expand = _shape.expand
     expand_as = _shape.expand_as
     reshape = _shape.reshape
-    # these, as tensordict's, also work as a context: ``with td.view(-1) as v:`` writes
-    # ``v``'s entries back into ``td`` on exit (ops/contexts.py)
-    view = _contexts.view
-    squeeze = _contexts.squeeze
-    unsqueeze = _contexts.unsqueeze
-    permute = _contexts.permute
-    transpose = swapaxes = swapdims = _contexts.transpose
-    flatten = _contexts.flatten
-    unflatten = _contexts.unflatten
-    movedim = moveaxis = _contexts.movedim
-    flip = _contexts.flip
-    fliplr = _contexts.fliplr
-    flipud = _contexts.flipud
-    roll = _contexts.roll
-    rot90 = _contexts.rot90
-    atleast_1d = _contexts.atleast_1d
-    atleast_2d = _contexts.atleast_2d
-    atleast_3d = _contexts.atleast_3d
     split = _shape.split
     chunk = _shape.chunk
     unbind = _shape.unbind
@@ -575,8 +558,6 @@ class TensorDict(
     select = _keys.select
     exclude = _keys.exclude
     rename_key_ = _keys.rename_key_
-    flatten_keys = _contexts.flatten_keys
-    unflatten_keys = _contexts.unflatten_keys
     to_dict = _keys.to_dict
     set_non_tensor = _keys.set_non_tensor
     get_non_tensor = _keys.get_non_tensor
@@ -586,39 +567,8 @@ class TensorDict(
     empty = _keys.empty
     is_empty = _keys.is_empty
 
-    def _check_batch_size(self, *, raise_exception: bool = True) -> bool:
-        """Whether every entry's leading dims are the batch size, at every depth (tensordict's
-        internal consistency check, which code written against it calls); a mismatch raises
-        ``RuntimeError`` unless ``raise_exception=False``."""
-        batch = self._batch_size
-        for key, value in self._tensordict.items():
-            if isinstance(value, TensorDict):
-                if not value._check_batch_size(raise_exception=raise_exception):
-                    return False
-                shape: Any = value._batch_size
-            elif type(value) is UnbatchedTensor:
-                continue
-            elif isinstance(value, (NonTensorData, NonTensorStack)):
-                shape = value.batch_size if type(value) is NonTensorStack else batch
-            else:
-                shape = _nested.leaf_shape(value)
-            if tuple(shape[: len(batch)]) != tuple(batch):
-                if raise_exception:
-                    raise RuntimeError(
-                        f"batch_size are incongruent, got value with shape {shape} for key "
-                        f"{key!r}, -- expected {batch}"
-                    )
-                return False
-        return True
-
-    @property
-    def _has_non_tensor(self) -> bool:
-        """Whether a non-tensor entry is held at any depth (tensordict's internal flag, which
-        code written against it reads)."""
-        return any(
-            type(v) in NTD_TYPES or type(v) is NonTensorStack
-            for _, v in walk_items(self, True, False, materialize=False)
-        )
+    _check_batch_size = _keys.check_batch_size
+    _has_non_tensor = property(_keys.has_non_tensor)
 
     @property
     def sorted_keys(self) -> list[str]:

@@ -111,3 +111,27 @@ flatten_keys = as_context(
 unflatten_keys = as_context(
     _keys.unflatten_keys, lambda r, shape, *a, **k: r.flatten_keys(_separator(a, k))
 )
+
+
+class ShapeContexts(TreeNode):
+    """The shape operations above as methods (a mixin of TensorDict, first among its bases so
+    that these forms, which also work as a context, are the ones its instances get)."""
+
+    view = view
+    squeeze = squeeze
+    unsqueeze = unsqueeze
+    permute = permute
+    transpose = swapaxes = swapdims = transpose
+    flatten = flatten
+    unflatten = unflatten
+    movedim = moveaxis = movedim
+    flip = flip
+    fliplr = fliplr
+    flipud = flipud
+    roll = roll
+    rot90 = rot90
+    atleast_1d = atleast_1d
+    atleast_2d = atleast_2d
+    atleast_3d = atleast_3d
+    flatten_keys = flatten_keys
+    unflatten_keys = unflatten_keys

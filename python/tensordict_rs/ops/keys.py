@@ -11,13 +11,14 @@ from typing import Any
 
 import torch
 
+from .._core import nested as _nested
 from .._core.index import key_path as _path
 from .._core.locking import locked_error
-from .._core.nodes import NTD_TYPES, TD, Key, NonTensorData
+from .._core.nodes import NTD_TYPES, TD, Key, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.nontensor_options import list_to_stack
 from .._core.unbatched import UnbatchedTensor
-from .._core.walk import KEEP, copy_tree, is_tree
+from .._core.walk import KEEP, copy_tree, is_tree, walk_items
 
 
 def _missing(td: TD, key: str) -> KeyError:
@@ -469,3 +470,50 @@ def _is_non_tensor_at(td: Any, path: tuple[str, ...]) -> bool:
         td = td._tensordict[part]
     value = td._tensordict[path[-1]]
     return type(value) in NTD_TYPES or type(value) is NonTensorStack
+
+
+def check_batch_size(td: TD, *, raise_exception: bool = True) -> bool:
+    """Whether every entry's leading dims are the batch size, at every depth (tensordict's
+    internal consistency check, which code written against it calls); a mismatch raises
+    ``RuntimeError`` unless ``raise_exception=False``.
+
+    >>> import torch; from tensordict_rs import TensorDict
+    >>> TensorDict({"a": torch.zeros(3, 2)}, [3])._check_batch_size()
+    True
+    """
+    batch = td._batch_size
+    for key, value in td._tensordict.items():
+        if isinstance(value, TreeNode):
+            if not check_batch_size(value, raise_exception=raise_exception):
+                return False
+            shape: Any = value._batch_size
+        elif type(value) is UnbatchedTensor:
+            continue
+        elif type(value) is NonTensorStack:
+            shape = value.batch_size
+        elif type(value) in NTD_TYPES:
+            shape = batch
+        else:
+            shape = _nested.leaf_shape(value)
+        if tuple(shape[: len(batch)]) != tuple(batch):
+            if raise_exception:
+                raise RuntimeError(
+                    f"batch_size are incongruent, got value with shape {shape} for key "
+                    f"{key!r}, -- expected {batch}"
+                )
+            return False
+    return True
+
+
+def has_non_tensor(td: TD) -> bool:
+    """Whether a non-tensor entry is held at any depth (tensordict's internal
+    ``_has_non_tensor``, which code written against it reads).
+
+    >>> from tensordict_rs import TensorDict
+    >>> TensorDict({"n": {"s": "x"}})._has_non_tensor
+    True
+    """
+    return any(
+        type(v) in NTD_TYPES or type(v) is NonTensorStack
+        for _, v in walk_items(td, True, False, materialize=False)
+    )

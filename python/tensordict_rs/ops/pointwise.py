@@ -588,12 +588,23 @@ def _compare(
     return map_leaves(td, lambda t, o: op(t, against(o, t)), other, non_tensor=non_tensor)
 
 
+_Operand = TreeNode | torch.Tensor | Mapping[Any, Any] | float | int | bool
+
+
+@overload
+def eq(td: TD, other: _Operand) -> TD: ...
+@overload
+def eq(td: TD, other: object) -> TD | bool: ...
 def eq(td: TD, other: object) -> TD | bool:
     """Element-wise ``==``: a TensorDict of boolean leaves (``other`` as for ``add``), or
     ``False`` for an operand that is no number, tensor, mapping or tree."""
     return _compare(td, other, lambda a, b: a == b, False)
 
 
+@overload
+def ne(td: TD, other: _Operand) -> TD: ...
+@overload
+def ne(td: TD, other: object) -> TD | bool: ...
 def ne(td: TD, other: object) -> TD | bool:
     """Element-wise ``!=``: a TensorDict of boolean leaves (``other`` as for ``add``), or
     ``True`` for an operand that is no number, tensor, mapping or tree."""
