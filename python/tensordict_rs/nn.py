@@ -112,7 +112,16 @@ class TensorDictParams(nn.Module):
         if td is None:
             raise AttributeError(name)
         attr = getattr(td, name)
-        return attr
+        if not callable(attr) or isinstance(attr, type):
+            return attr
+
+        def forwarded(*args: Any, **kwargs: Any) -> Any:
+            result = attr(*args, **kwargs)
+            return self if result is td else result  # in place: this module, as tensordict's
+
+        forwarded.__name__ = getattr(attr, "__name__", name)
+        forwarded.__doc__ = getattr(attr, "__doc__", None)
+        return forwarded
 
     def __getitem__(self, index: Any) -> Any:
         return self._param_td[index]

@@ -396,3 +396,14 @@ def test_from_modules_as_module_under_vmap() -> None:
         assert all(p.grad is not None for p in params.parameters())
         outs.append(y.detach())
     torch.testing.assert_close(outs[0], outs[1])
+
+
+def test_tensordict_params_in_place_methods_return_it() -> None:
+    """An in-place TensorDict method called on a TensorDictParams returns the module itself, as
+    tensordict's (the wrapped TensorDict came back)."""
+    for P in PKGS:
+        params = P.TensorDictParams(P.TensorDict({"a": torch.ones(2), "b": torch.ones(2)}, [2]))
+        assert params.select("a", inplace=True) is params
+        with torch.no_grad():
+            assert params.apply_(lambda t: t * 0) is params
+        assert sorted(params.keys()) == ["a"] and (params["a"] == 0).all()
