@@ -117,7 +117,10 @@ class TensorDictParams(nn.Module):
 
         def forwarded(*args: Any, **kwargs: Any) -> Any:
             result = attr(*args, **kwargs)
-            return self if result is td else result  # in place: this module, as tensordict's
+            if result is not td:
+                return result
+            self._reset_params()  # in place (keys may have changed): this module, as there
+            return self
 
         forwarded.__name__ = getattr(attr, "__name__", name)
         forwarded.__doc__ = getattr(attr, "__doc__", None)
@@ -136,8 +139,21 @@ class TensorDictParams(nn.Module):
     def __ne__(self, other: object) -> Any:  # type: ignore[override]
         return self._param_td != other
 
+    # ``with params.unlock_():`` (an in-place method returns this module): the TensorDict's
+    # context, which undoes the operation on exit
+    def __enter__(self) -> TensorDictParams:
+        self._param_td.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._param_td.__exit__(*exc)
+
     def __setitem__(self, key: Any, value: Any) -> None:
         self.set(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        del self._param_td[key]
+        self._reset_params()
 
     def set(self, key: Any, value: Any, **kwargs: Any) -> TensorDictParams:
         """Sets ``key`` (converted to a Parameter or a buffer) and registers it."""

@@ -407,3 +407,12 @@ def test_tensordict_params_in_place_methods_return_it() -> None:
         with torch.no_grad():
             assert params.apply_(lambda t: t * 0) is params
         assert sorted(params.keys()) == ["a"] and (params["a"] == 0).all()
+        params.lock_()
+        with params.unlock_():  # a context through the module, as through its TensorDict
+            assert not params.is_locked
+            params["c"] = torch.ones(2)
+            params["d"] = torch.ones(2)
+            assert params.del_("a") is params
+            del params["d"]
+        assert params.is_locked
+        assert sorted(name for name, _ in params.named_parameters()) == ["c"]
