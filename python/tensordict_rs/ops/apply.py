@@ -163,7 +163,12 @@ def _apply(
         return target
     batch = td._batch_size if batch_size is None else torch.Size(batch_size)
     new_device = td._device if device is NO_DEFAULT else _normalize_device(device)
-    result = walk.new(td, others, batch, new_device, ())
+    # None when ``filter_empty`` and every call of ``fn`` gave None (a tree where ``fn`` was
+    # never called stays, empty: tensordict's rule)
+    result: TD | None = None
+    out, kept = walk.new(td, others, batch, new_device, ())
+    if not (walk.filter_empty and not kept and walk.calls):
+        result = out
     if result is not None:
         if names is not NO_DEFAULT:
             result._set_names(None if names is None else list(names))
@@ -237,20 +242,6 @@ class _ApplyWalk:
         batch: torch.Size,
         device: torch.device | None,
         prefix: tuple[str, ...],
-    ) -> TD | None:
-        """The new tree, or None when ``filter_empty`` and every call of ``fn`` under it gave
-        None (a tree where ``fn`` was never called stays, empty: tensordict's rule)."""
-        calls = self.calls
-        out, kept = self._new(td, others, batch, device, prefix)
-        return None if self.filter_empty and not kept and self.calls > calls else out
-
-    def _new(
-        self,
-        td: TD,
-        others: tuple[Any, ...],
-        batch: torch.Size,
-        device: torch.device | None,
-        prefix: tuple[str, ...],
     ) -> tuple[TD, int]:
         """The new tree and how many of its entries hold results (empty trees where ``fn`` was
         never called are kept but count for nothing)."""
@@ -266,7 +257,7 @@ class _ApplyWalk:
                 sub_batch = torch.Size([*batch, *value._batch_size[dims:]])
                 sub_td: Any = value
                 calls = self.calls
-                sub, sub_kept = self._new(sub_td, tuple(rest), sub_batch, device, path)
+                sub, sub_kept = self.new(sub_td, tuple(rest), sub_batch, device, path)
                 if sub_kept or not self.filter_empty or self.calls == calls:
                     out._tensordict[key] = sub
                     # as tensordict: an empty tree where fn was never called is kept, and

@@ -161,7 +161,11 @@ def copy_at_(
     if not fast:
         return update_at_(td, tensordict, idx, non_blocking=non_blocking)
     entries = _flat_items(tensordict, (), non_tensor=True)
-    tensors = _flat_items(tensordict, ())
+    tensors = [
+        (key, value)
+        for key, value in entries
+        if type(value) not in NTD_TYPES and type(value) is not NonTensorStack
+    ]
     if len(tensors) < len(entries):
         if not tensors:
             raise RuntimeError(
