@@ -243,6 +243,11 @@ class TensorDict(
         >>> td.get(("b", "c")), td.get("missing", "default"), td.get("missing")
         (tensor([1., 1.]), 'default', None)
         """
+        if type(key) is str:  # the common case first: a plain leaf of this level
+            value = self._tensordict.get(key)
+            cls = type(value)
+            if cls is _Tensor or cls is MemoryMappedTensor:
+                return value
         if default is _NO_DEFAULT and get_returns_none():
             default = None
         return self._entry(key, default)
@@ -393,6 +398,11 @@ class TensorDict(
         >>> td["b", "c"], td[1:3]["a"], td[torch.tensor([3, 0])]["a"]
         (tensor([ 0, 10, 20, 30]), tensor([1, 2]), tensor([3, 0]))
         """
+        if type(index) is str:  # the common case first: a plain leaf of this level
+            value = self._tensordict.get(index)
+            cls = type(value)
+            if cls is _Tensor or cls is MemoryMappedTensor:
+                return value
         if isinstance(index, str) or (
             isinstance(index, tuple) and not _index.is_batch_index(index)
         ):
@@ -466,6 +476,8 @@ class TensorDict(
         >>> td.keys(), td.keys(include_nested=True, leaves_only=True, sort=True)
         (['b', 'a'], ['a', ('b', 'c')])
         """
+        if not (include_nested or leaves_only or sort):  # every key of this level
+            return KeyList(self._tensordict)
         items = walk_items(self, include_nested, leaves_only, False, is_leaf=is_leaf)
         return KeyList(k for k, _ in _sorted(items, sort))
 

@@ -24,6 +24,8 @@ from .nodes import NTD_TYPES, TD, TreeNode
 from .nontensor import NonTensorStack
 from .unbatched import UnbatchedTensor, with_batch_size
 
+_TENSOR = torch.Tensor
+
 KEEP: Any = object()  # "the source tree's" (device; names when the batch dims stay as many)
 LeafFn = Callable[..., Any]
 
@@ -310,8 +312,14 @@ def walk_items(
     ``is_leaf``, a nested tree or non-tensor entry whose type it accepts is a leaf: yielded
     whole (with ``leaves_only`` too), never entered (tensordict's ``is_leaf=`` of ``keys``).
     """
-    for key in list(td._tensordict):
-        value = td._get_str(key) if materialize else td._tensordict[key]
+    items = td._tensordict
+    for key in list(items):
+        value = items[key]
+        if type(value) is _TENSOR:  # the common leaf: nothing to check or make
+            yield ((*prefix, key) if prefix else key), value
+            continue
+        if materialize:
+            value = td._get_str(key)
         full: Any = (*prefix, key) if prefix else key
         if is_leaf is not None and not isinstance(value, torch.Tensor) and is_leaf(type(value)):
             if type(value) in NTD_TYPES:
