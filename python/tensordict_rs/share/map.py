@@ -335,6 +335,18 @@ def _tasks(
     return (one(p, i) for p, i in enumerate(indices))
 
 
+def _preload_seeding() -> None:
+    """Imports here, once, what ``_seed_worker`` imports in each worker (``numpy.random``
+    and torch's seed mixing), so that workers forked from this process start with them: a
+    first ``np.random.seed`` imports ``numpy.random``, ~10 ms of every worker's start, paid
+    again by every call's new pool."""
+    try:
+        import numpy.random  # noqa: F401
+        from torch.utils.data._utils import worker  # noqa: F401
+    except ImportError:  # pragma: no cover - numpy is optional
+        pass
+
+
 def _pool(
     num_workers: int | None,
     generator: torch.Generator | None,
@@ -365,6 +377,8 @@ def _pool(
         generator = torch.Generator()
     seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
     ctx = tmp.get_context(mp_start_method) if mp_start_method else tmp.get_context()
+    if ctx.get_start_method() == "fork":
+        _preload_seeding()
     counters = _Counters(ctx)
     held = None if trees is None else (*trees, counters)
     pool = ctx.Pool(
