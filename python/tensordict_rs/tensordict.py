@@ -174,7 +174,19 @@ class TensorDict(
         if as_node is not None:  # a tensorclass: stored as its TensorDict (of its subclass)
             value = as_node()
         if isinstance(value, TensorDict):
-            self._check_batch(key, value.batch_size)
+            if tuple(value._batch_size[: self.batch_dims]) != tuple(self._batch_size):
+                # as tensordict: a tree of other batch dims is taken as a shallow copy with
+                # this tree's batch size, when its entries allow it (the value is left as is)
+                copy = value.clone(recurse=False)
+                try:
+                    copy.batch_size = self._batch_size
+                except RuntimeError as err:
+                    raise RuntimeError(
+                        f"batch dimension mismatch, got self.batch_size={self._batch_size} and "
+                        f"a tree of batch size {value.batch_size} for key {key!r}, whose "
+                        f"entries do not take this batch size ({err})"
+                    ) from None
+                value = copy
             if self._device is not None and value.device != self._device:
                 value = value.to(self._device, non_blocking=non_blocking)
             if self._names is not None and value.names[: len(self._names)] != self._names:

@@ -1417,3 +1417,45 @@ def test_struct_arrays_state_dicts_update_() -> None:
     """String fields of structured arrays; strict ``load_state_dict`` past empty nested trees
     (it raised for a tree holding only empty trees); ``update_``'s missing-key message."""
     side_by_side(_struct_and_update)
+
+
+def _rebatching(P: Any) -> Any:
+    td = P.TensorDict({"a": torch.zeros(4, 3)}, [4, 3])
+    inner = torch.arange(12.0).view(4, 3, 1)
+    tdin = P.TensorDict({"inner": inner, "n": {"x": torch.zeros(4, 3)}}, [])
+    td["inner_td"] = tdin  # a tree of no batch dims: taken as a copy of td's batch size
+    out = [td, tdin.batch_size, tdin["n"].batch_size, td["inner_td"] is tdin]
+    try:
+        td["bad"] = P.TensorDict({"x": torch.zeros(5)}, [])
+    except RuntimeError:
+        out.append("bad refused")
+    out.append(sorted(td.keys()))
+    v = P.TensorDict({"n": {"x": torch.zeros(4, 3)}, "y": torch.zeros(4, 3)}, [])
+    v.batch_size = [4, 3]  # the nested tree of fewer dims takes the new ones too
+    out += [v, v["n"].batch_size]
+    w = P.TensorDict({"n": {"x": torch.zeros(4, 3)}, "y": torch.zeros(4)}, [])
+    try:
+        w.batch_size = [4, 3]
+    except RuntimeError:
+        out.append("w refused")
+    out.append(w.batch_size)
+    return out
+
+
+def test_trees_of_fewer_batch_dims_take_the_batch_size() -> None:
+    """``td[key] = tree`` of another batch size and ``batch_size = ...`` over nested trees of
+    fewer dims, as tensordict (both raised here)."""
+    side_by_side(_rebatching)
+
+
+def _numpy_writes(P: Any) -> Any:
+    td = P.TensorDict({"a": torch.zeros(4, 3)}, [4])
+    td.set("k", np.arange(20.0).reshape(4, 5))
+    td.set_at_("k", np.full((5,), 42.0), 2)  # a NumPy row (TypeError before)
+    td.set_at_("a", np.ones(3, dtype=np.float32), slice(0, 2))
+    td.set_("a", np.full((4, 3), 7.0, dtype=np.float32))
+    return td
+
+
+def test_numpy_values_in_place() -> None:
+    side_by_side(_numpy_writes)

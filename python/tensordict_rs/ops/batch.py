@@ -27,6 +27,24 @@ def as_batch_size(value: Any) -> torch.Size:
     return torch.Size(value)
 
 
+def _check_fits(td: Any, new: torch.Size) -> list[Any]:
+    """Raises ``RuntimeError`` naming the first entry of ``td`` whose shape does not start with
+    ``new``; returns the nested trees of fewer batch dims than ``new`` (tensordict sets theirs
+    to ``new`` too), checked all the way down first so that nothing changes on a failure."""
+    grown = []
+    for key, value in td._tensordict.items():
+        if isinstance(value, TreeNode) and len(value._batch_size) < len(new):
+            _check_fits(value, new)
+            grown.append(value)
+            continue
+        shape = td._entry_shape(key)
+        if shape is not None and tuple(shape[: len(new)]) != tuple(new):
+            raise RuntimeError(
+                f"the batch size {new} does not fit key {key!r} of shape {torch.Size(shape)}"
+            )
+    return grown
+
+
 class BatchShape(TreeNode):
     """``batch_size``, ``shape``, ``batch_dims``, ``ndim``, ``dim``, ``numel``, ``device``,
     ``is_cuda``, ``is_cpu`` (a mixin of TensorDict, first among its bases)."""
@@ -46,12 +64,9 @@ class BatchShape(TreeNode):
     @batch_size.setter
     def batch_size(self, value: Any) -> None:
         new = torch.Size(value)
-        for key in self._tensordict:
-            shape = self._entry_shape(key)
-            if shape is not None and tuple(shape[: len(new)]) != tuple(new):
-                raise RuntimeError(
-                    f"the batch size {new} does not fit key {key!r} of shape {torch.Size(shape)}"
-                )
+        grown = _check_fits(self, new)
+        for child in grown:  # as tensordict: a nested tree of fewer dims takes the new ones
+            child.batch_size = new
         names = self._names
         self._batch_size = new
         if names is not None:  # the names of the dims that stay; new dims unnamed

@@ -91,6 +91,8 @@ def set_at_(td: TD, key: Any, value: Any, index: Any, *, non_blocking: bool = Fa
     refuse_read_only(td)
     entry = td._entry(key)
     token = _dirty.mark(td, index)
+    if not isinstance(value, torch.Tensor) and hasattr(value, "__array__"):
+        value = torch.as_tensor(value)  # a NumPy array, as ``set`` takes it
     if isinstance(entry, TreeNode):
         entry[index] = value
     elif isinstance(value, torch.Tensor) and value.device != entry.device:
