@@ -82,6 +82,7 @@ if TYPE_CHECKING:
     from .nn import TensorDictParams
     from .tensorclass import TensorClass, from_dataclass, tensorclass
     from .tensordict import TensorDict
+    from .typed import TypedTensorDict
     from .utils import (
         KEY_SEPARATOR,
         NestedKey,
@@ -122,6 +123,7 @@ __all__ = [
     "TensorDictError",
     "TensorDictFuture",
     "TensorDictParams",
+    "TypedTensorDict",
     "UnbatchedTensor",
     "UnsupportedFormatError",
     "__version__",
@@ -226,6 +228,7 @@ _LAZY = {
     "TensorClass": ".tensorclass",
     "from_dataclass": ".tensorclass",
     "tensorclass": ".tensorclass",
+    "TypedTensorDict": ".typed",
     "utils": ".utils",
     "MemoryMappedTensor": ".memmap",
     "MetaData": "._core.metadata",
