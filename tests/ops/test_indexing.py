@@ -249,3 +249,34 @@ def test_index_select_out(tmp_prefix: Path) -> None:
     assert torch.equal(a, SOURCE_A[[3, 1]])
     assert torch.equal(y, torch.arange(60.0).reshape(4, 3, 5)[[3, 1]])
     assert torch.equal(out["n", "x"], torch.arange(12).reshape(4, 3)[[3, 1]])
+
+
+def test_names_after_advanced_indexing_as_the_reference() -> None:
+    """Names after index tensors follow torch's placement of their dims (in place when only
+    ints lie between them, else first): as tensordict 0.15.3, and one name per batch dim
+    always (two 1-d index tensors gave 4 names to a tree of 3 dims)."""
+    import tensordict
+    import tensordict_rs
+
+    x = torch.zeros(4, 3, 2, 1)
+    i2 = torch.tensor([[0, 1, 2], [1, 2, 0], [2, 0, 1]])
+    i1 = torch.tensor([0, 1])
+    m2 = torch.ones(4, 3, dtype=torch.bool)
+    m1 = torch.tensor([True, False, True])
+    cases = [
+        (slice(None), i2), (0, i2), (..., i2, slice(None), slice(None)), (m2,),
+        (slice(None), i1), (i1, i1), (i1, 0, i1), (slice(None), m1), (None, i1),
+        (i1, None, i1), (i1, i1, 0, 0),
+    ]  # fmt: skip
+    for idx in cases:
+        got = []
+        for P in (tensordict, tensordict_rs):
+            td = P.TensorDict({"x": x.clone()}, [4, 3, 2, 1], names=["a", "b", "c", "d"])
+            out = td[idx]
+            assert out.batch_size == x[idx].shape, idx
+            got.append(out.names)
+        assert got[0] == got[1], idx
+    # index tensors apart: their broadcast dims go first, unnamed (tensordict names the
+    # first of them after the first indexed dim, "a", which it no longer is)
+    td = TensorDict({"x": x}, [4, 3, 2, 1], names=["a", "b", "c", "d"])
+    assert td[i2[:2, :2], :, i1].names == [None, None, "b", "d"]

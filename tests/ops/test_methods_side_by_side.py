@@ -1459,3 +1459,41 @@ def _numpy_writes(P: Any) -> Any:
 
 def test_numpy_values_in_place() -> None:
     side_by_side(_numpy_writes)
+
+
+def _nested_tuple_keys_to_update(P: Any) -> Any:
+    t = lambda v: torch.full((2,), v)  # noqa: E731
+    td = P.TensorDict({"My": {"father": {"was": t(0.0), "a": t(0.0)}}}, [2])
+    other = P.TensorDict({"My": {"father": {"was": t(1.0), "a": t(1.0)}, "r": t(1.0)}}, [2])
+    td.update(other, keys_to_update=(("My", ("father",), "was"),))  # a nested tuple in a key
+    return td
+
+
+def test_keys_to_update_unravels_nested_tuples() -> None:
+    side_by_side(_nested_tuple_keys_to_update)
+
+
+def _reductions_into_out(P: Any) -> Any:
+    td = floats(P)
+    complete = td.logsumexp(dim=1)
+    leaves_before = [complete["a"], complete["n", "c"]]
+    got = td.logsumexp(dim=1, out=complete)
+    empty = td.logsumexp(dim=(0, 1), keepdim=True).empty()
+    got_empty = td.logsumexp(dim=(0, 1), keepdim=True, out=empty)
+    norms = td.norm()
+    norm_leaf = norms["b"]
+    td.norm(out=norms)
+    return [
+        got is complete,
+        got["a"] is leaves_before[0] and got["n", "c"] is leaves_before[1],
+        got,
+        got_empty is empty,
+        got_empty,
+        norms["b"] is norm_leaf,
+    ]
+
+
+def test_reductions_write_into_out() -> None:
+    """``out=`` of ``logsumexp`` writes into ``out``'s own tensors (they were replaced by new
+    ones); ``norm``'s replaces them, as tensordict's."""
+    side_by_side(_reductions_into_out)

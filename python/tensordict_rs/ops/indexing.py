@@ -60,7 +60,11 @@ def index(td: TD, index: Any) -> TD:
     items = _items.normalize(index, td.batch_dims)
     batch = _items.indexed_batch_size(td._batch_size, items)
     out = map_leaves(
-        td, lambda t: t[items], batch_size=batch, moves_rows=True, names=_index_names(td, items)
+        td,
+        lambda t: t[items],
+        batch_size=batch,
+        moves_rows=True,
+        names=_index_names(td, items, len(batch)),
     )
     if td._read_only:
         mark_read_only(out)  # views of the same read-only buffer
@@ -69,51 +73,75 @@ def index(td: TD, index: Any) -> TD:
     return out
 
 
-def _index_names(td: TreeNode, items: tuple[Any, ...]) -> list[Any] | None:
-    """The names of the batch dims left by a normalized index: an int drops its dim, a slice
-    or a 1-d index keeps it, ``None`` adds an unnamed one, a k-d boolean mask or a k-d index
-    tensor replaces its dims by unnamed ones."""
+def _index_names(td: TreeNode, items: tuple[Any, ...], ndim: int) -> list[Any] | None:
+    """The names of the ``ndim`` batch dims left by a normalized index, by torch's rules: an
+    int drops its dim, a slice keeps it, ``None`` adds an unnamed one; the index tensors (a
+    k-d boolean mask counts as one over its k dims) give the dims of their broadcast, in their
+    place when nothing but ints lies between them, else first. Those dims keep the name of the
+    indexed dim for a lone 1-d index (as tensordict), and are unnamed otherwise."""
     if td._names is None:
         return None
     names = list(td._names)
-    out: list[Any] = []
+    advanced: list[torch.Tensor] = []
+    pieces: list[Any] = []  # names of basic dims, and one marker where the advanced dims go
     at = 0
-    tensors = 0
-    for item in items:
-        if item is None:
-            out.append(None)
-        elif item is Ellipsis:
-            rest = (
-                len(names)
-                - at
-                - sum(
-                    1 if not isinstance(i, torch.Tensor) or i.dtype != torch.bool else i.ndim
-                    for i in items[items.index(item) + 1 :]
-                    if i is not None
-                )
-            )
-            out.extend(names[at : at + rest])
+    marker_at = None
+    broken = False  # a slice, None or Ellipsis between two index tensors
+    for position, item in enumerate(items):
+        if item is Ellipsis:
+            after = items[position + 1 :]
+            rest = len(names) - at - sum(_consumed(i) for i in after if i is not None)
+            pieces.extend(names[at : at + rest])
             at += rest
+            if advanced and rest:
+                broken = True
+        elif item is None:
+            pieces.append(None)
+            if advanced:
+                broken = True
         elif isinstance(item, (int, torch.SymInt)) or (
             isinstance(item, torch.Tensor) and item.ndim == 0 and item.dtype != torch.bool
         ):
             at += 1
         elif isinstance(item, slice):
-            out.append(names[at])
+            pieces.append(names[at])
             at += 1
-        elif isinstance(item, torch.Tensor) or isinstance(item, (list, range)):
-            tensors += 1
-            t = torch.as_tensor(item) if not isinstance(item, torch.Tensor) else item
-            used = t.ndim if t.dtype == torch.bool else 1
-            if t.ndim == 1 and tensors == 1:
-                out.append(names[at])
-            else:
-                out.extend([None] * (1 if t.dtype == torch.bool else t.ndim))
-            at += used
+            if advanced:
+                broken = True
+        elif isinstance(item, (torch.Tensor, list, range)):
+            t = item if isinstance(item, torch.Tensor) else torch.as_tensor(item)
+            if advanced and broken:
+                marker_at = 0  # index tensors apart: their dims go first, as torch's
+            if not advanced:
+                marker_at = len(pieces)
+                pieces.append(_ADVANCED)
+                lone_name = names[at]
+            advanced.append(t)
+            at += t.ndim if t.dtype == torch.bool else 1
         else:
             return None
-    out.extend(names[at:])
-    return out if any(n is not None for n in out) else None
+    pieces.extend(names[at:])
+    if advanced:
+        pieces.remove(_ADVANCED)
+        if len(advanced) == 1 and advanced[0].ndim == 1:
+            block = [lone_name]
+        else:
+            shapes = [(int(t.sum()),) if t.dtype == torch.bool else t.shape for t in advanced]
+            block = [None] * len(torch.broadcast_shapes(*shapes))
+        pieces[marker_at or 0 : marker_at or 0] = block
+    if len(pieces) != ndim:  # an index this rule does not foresee: no names, never wrong ones
+        return None
+    return pieces if any(n is not None for n in pieces) else None
+
+
+_ADVANCED = object()
+
+
+def _consumed(item: Any) -> int:
+    """The batch dims an item of a normalized index consumes."""
+    if isinstance(item, torch.Tensor) and item.dtype == torch.bool:
+        return item.ndim
+    return 1
 
 
 def set_rows(td: TreeNode, index: Any, value: Any) -> None:

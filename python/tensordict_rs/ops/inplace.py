@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .._core import dirty as _dirty
+from .._core.index import key_path
 from .._core.locking import locked_error, refuse_read_only
 from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
@@ -191,7 +192,11 @@ def copy_at_(
 
 
 def _key_tuple(key: Any) -> tuple[str, ...]:
-    return (key,) if isinstance(key, str) else tuple(key)
+    if isinstance(key, str):
+        return (key,)
+    if isinstance(key, tuple) and key and not all(isinstance(k, str) for k in key):
+        return key_path(key)  # ("a", ("b",), "c") is ("a", "b", "c"), as tensordict unravels
+    return tuple(key)
 
 
 def _flat_items(

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from .._core.nodes import TD, TreeNode
-from .._core.walk import leaves, map_leaves
+from .._core.walk import leaves, map_leaves, walk_items
 
 
 class _NoDefault:
@@ -518,8 +518,21 @@ def logsumexp(td: TreeNode, dim: Any = None, keepdim: bool = False, *, out: Any 
         td, lambda t: torch.logsumexp(t, dim=dims, keepdim=keepdim), node_batch=rule
     )
     if out is not None:
-        return out.update(result)
+        return write_out(out, result)
     return result
+
+
+def write_out(out: Any, result: TD) -> Any:
+    """``result`` written into ``out`` (tensordict's ``out=``): into the leaf of the same key and
+    shape in place (``out``'s tensors are the results, as torch's ``out=``), or set where
+    ``out`` lacks it; returns ``out``."""
+    for key, value in list(walk_items(result, True, True)):
+        target = out._entry(key, None)
+        if isinstance(target, torch.Tensor) and target.shape == value.shape:
+            target.copy_(value)
+        else:
+            out.set(key, value)
+    return out
 
 
 def norm(
@@ -544,7 +557,7 @@ def norm(
         node_batch=lambda batch: [],
         lock=True,
     )
-    if out is not None:
+    if out is not None:  # tensordict's norm sets new tensors into ``out`` (not in place)
         result = out.update(result)
     if key_transform is not None:
         result = transform_keys(result, key_transform)
