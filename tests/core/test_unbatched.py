@@ -457,3 +457,22 @@ def test_safetensors_damaged_unbatched_names_are_refused(tmp_path: Path, bad: st
     )
     with pytest.raises(ours.InvalidDirectoryError, match=r"tensordict_rs\.unbatched"):
         ours.TensorDict.from_safetensors(path)
+
+
+@pytest.mark.parametrize("name", ["min", "max", "cummin", "cummax"])
+def test_reductions_with_indices_leave_the_payload_out_of_the_indices(name: str) -> None:
+    """``min``/``max``/``cummax``... over a batch dim of a tree holding an UnbatchedTensor:
+    the values keep it, the indices have one entry per batched leaf (StopIteration before;
+    tensordict 0.15.3 files the payload's values in the indices under an empty key)."""
+    payload = torch.rand(7, 2)
+    td = ours.TensorDict(
+        {"a": torch.rand(4, 3), "n": {"b": torch.rand(4)}, "u": ours.UnbatchedTensor(payload)},
+        [4],
+    )
+    got = getattr(td, name)(dim=0)
+    assert set(got.indices.keys(include_nested=True, leaves_only=True)) == {"a", ("n", "b")}
+    for key in ("a", ("n", "b")):
+        want = getattr(torch, name)(td[key], dim=0)
+        assert torch.equal(got.values[key], want.values)
+        assert torch.equal(got.indices[key], want.indices)
+    assert torch.equal(got.values["u"], payload)

@@ -198,7 +198,9 @@ def _map(
                 items[key] = data
         elif type(value) is UnbatchedTensor:
             if unbatched is not None:
-                items[key] = with_batch_size(unbatched(value, *rest), batch)
+                got = unbatched(value, *rest)
+                if got is not None:  # None leaves the key out, as ``fn``'s
+                    items[key] = with_batch_size(got, batch)
                 continue
             if moves or node_batch is not None or batch != td._batch_size:
                 # a shape operation: the payload stays whole, the batch size is the result's

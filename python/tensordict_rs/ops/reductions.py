@@ -133,13 +133,14 @@ class _Pairs:
 
     def __init__(self, name: str, kwargs: dict[str, Any], with_indices: bool) -> None:
         self.name, self.kwargs, self.with_indices = name, kwargs, with_indices
-        self.second: list[torch.Tensor] = []
+        # id of a leaf's first result (kept alive in the result tree) -> its second
+        self.second: dict[int, torch.Tensor] = {}
 
     def __call__(self, value: torch.Tensor, node_dims: int | None = None) -> torch.Tensor:
         result = _call(self.name, value, self.kwargs)
         if isinstance(result, tuple):
             if self.with_indices:
-                self.second.append(result[1])
+                self.second[id(result[0])] = result[1]
             return result[0]
         return result  # type: ignore[no-any-return]
 
@@ -243,8 +244,11 @@ def reduce_leaves(
         pairs.kwargs = dict(kwargs)
         result = map_leaves(td, pairs, node_batch=lambda batch: [])
     if with_indices and pairs.second:
-        found = iter(pairs.second)
-        indices = map_leaves(result, lambda _: next(found))
+        # the indices of each leaf that has them (an UnbatchedTensor kept whole has none)
+        second = pairs.second
+        indices = map_leaves(
+            result, lambda v: second.get(id(v)), unbatched=lambda v, *_: second.get(id(v))
+        )
         result = getattr(torch.return_types, name)((result, indices))
     if key_transform is not None:
         result = transform_keys(result, key_transform)
