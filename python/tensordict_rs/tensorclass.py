@@ -46,7 +46,19 @@ from .ops.devices import _normalize_device
 from .ops.keys import leaf_value
 from .tensordict import TensorDict, _classmethod
 
-__all__ = ["MetaData", "TensorClass", "from_dataclass", "tensorclass"]
+__all__ = [
+    "MetaData",
+    "NonTensorData",
+    "NonTensorDataBase",
+    "NonTensorStack",
+    "TensorClass",
+    "from_dataclass",
+    "tensorclass",
+]
+
+#: tensordict's common base of ``NonTensorData`` and ``MetaData`` (``isinstance`` checks of
+#: non-tensor entries): here ``MetaData`` is a ``NonTensorData``, so that class is the base.
+NonTensorDataBase = NonTensorData
 
 T = TypeVar("T")
 # tensordict's name for reading a shared NonTensorData's cell (``entry._non_tensordict["data"]``)

@@ -577,3 +577,24 @@ def test_metadata_field_kept() -> None:
         ]
 
     check(scenario)
+
+
+def test_non_tensor_names_of_the_tensorclass_module() -> None:
+    """``from tensordict.tensorclass import NonTensorData, NonTensorDataBase, NonTensorStack``
+    (the reference's own tests import them so): the same isinstance answers as there."""
+    import importlib
+
+    answers = []
+    for name in ("tensordict_rs", "tensordict"):
+        P = importlib.import_module(name)
+        module = importlib.import_module(f"{name}.tensorclass")
+        td = P.TensorDict(
+            {"s": "x", "m": P.MetaData(3), "a": torch.zeros(2), "l": ["p", "q"]}, [2]
+        )
+        answers.append(
+            [
+                (k, isinstance(v, module.NonTensorDataBase), isinstance(v, module.NonTensorStack))
+                for k, v in td.items(True)
+            ]
+        )
+    assert answers[0] == answers[1]
