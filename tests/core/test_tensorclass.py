@@ -588,9 +588,7 @@ def test_non_tensor_names_of_the_tensorclass_module() -> None:
     for name in ("tensordict_rs", "tensordict"):
         P = importlib.import_module(name)
         module = importlib.import_module(f"{name}.tensorclass")
-        td = P.TensorDict(
-            {"s": "x", "m": P.MetaData(3), "a": torch.zeros(2), "l": ["p", "q"]}, [2]
-        )
+        td = P.TensorDict({"s": "x", "m": P.MetaData(3), "a": torch.zeros(2), "l": ["p", "q"]}, [2])
         answers.append(
             [
                 (k, isinstance(v, module.NonTensorDataBase), isinstance(v, module.NonTensorStack))
