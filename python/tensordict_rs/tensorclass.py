@@ -42,6 +42,7 @@ from ._core.nodes import NTD_TYPES, NonTensorData
 from ._core.nontensor import NonTensorStack
 from ._core.shared_value import unshared
 from .memmap import _LazyLeaf
+from .ops import collate as _collate
 from .ops.devices import _normalize_device
 from .ops.keys import leaf_value
 from .tensordict import TensorDict, _classmethod
@@ -342,7 +343,12 @@ def _cast(value: Any, hint: Any, batch_size: torch.Size) -> Any:
         return value if isinstance(value, torch.Tensor) else NonTensorData(value)
     if isinstance(hint, type) and issubclass(hint, torch.Tensor):
         return torch.as_tensor(value)
-    if isinstance(hint, type) and issubclass(hint, TensorDict) and isinstance(value, Mapping):
+    if (
+        isinstance(hint, type)
+        and issubclass(hint, TensorDict)
+        and isinstance(value, Mapping)
+        and not isinstance(value, TensorDict)  # a TensorDict is kept as it is
+    ):
         return TensorDict(dict(value), batch_size)
     if isinstance(hint, type) and issubclass(hint, np.ndarray):
         return NonTensorData(np.asarray(value))
@@ -816,6 +822,7 @@ def _process(cls: type, flags: dict[str, Any]) -> type:
     if flags.get("tensor_only"):
         _check_tensor_only(cls)
     _classes.register(cls)
+    _collate.register(cls)  # DataLoader's default collate stacks its instances
     return cls
 
 

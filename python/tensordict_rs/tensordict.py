@@ -30,6 +30,7 @@ from .io.persistence import MemoryMapped
 from .memmap import MemoryMappedTensor, _LazyLeaf
 from .ops import apply as _apply
 from .ops import casts as _casts
+from .ops import collate as _collate
 from .ops import contexts as _contexts
 from .ops import indexing as _indexing
 from .ops import inplace as _inplace
@@ -726,6 +727,7 @@ class TensorDict(
 register(TensorDict)
 TensorDictBase.register(TensorDict)
 _pytree.register(TensorDict)
+_collate.register(TensorDict)  # DataLoader's default collate stacks trees (tensordict's too)
 
 # Set after the class body so that the casts named float/int/bool do not shadow the builtins there.
 for _name, _method in {**_pointwise.methods(), **_casts.CASTS}.items():
