@@ -42,7 +42,6 @@ from ._core.nodes import NTD_TYPES, NonTensorData
 from ._core.nontensor import NonTensorStack
 from ._core.shared_value import unshared
 from .memmap import _LazyLeaf
-from .ops import collate as _collate
 from .ops.devices import _normalize_device
 from .ops.keys import leaf_value
 from .tensordict import TensorDict, _classmethod
@@ -822,7 +821,6 @@ def _process(cls: type, flags: dict[str, Any]) -> type:
     if flags.get("tensor_only"):
         _check_tensor_only(cls)
     _classes.register(cls)
-    _collate.register(cls)  # DataLoader's default collate stacks its instances
     return cls
 
 

@@ -727,7 +727,9 @@ class TensorDict(
 register(TensorDict)
 TensorDictBase.register(TensorDict)
 _pytree.register(TensorDict)
-_collate.register(TensorDict)  # DataLoader's default collate stacks trees (tensordict's too)
+# DataLoader's default collate stacks trees and tensorclasses (as tensordict's)
+_collate.register(TensorDict)
+_collate.register(_collate.AnyTensorClass)
 
 # Set after the class body so that the casts named float/int/bool do not shadow the builtins there.
 for _name, _method in {**_pointwise.methods(), **_casts.CASTS}.items():

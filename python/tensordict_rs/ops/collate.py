@@ -52,6 +52,16 @@ def collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
         ) from err
 
 
+class _AnyTensorClassMeta(type):
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return is_tensorclass(type(instance))
+
+
+class AnyTensorClass(metaclass=_AnyTensorClassMeta):
+    """A key of torch's collate map that every tensorclass instance is an instance of (one
+    entry for all of them: the map is global, classes made at run time do not pile up)."""
+
+
 def register(cls: type) -> None:
     """Makes torch's ``default_collate`` stack instances of ``cls`` with ``collate``."""
     default_collate_fn_map.setdefault(cls, collate)
