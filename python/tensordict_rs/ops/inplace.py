@@ -192,11 +192,9 @@ def copy_at_(
 
 
 def _key_tuple(key: Any) -> tuple[str, ...]:
-    if isinstance(key, str):
-        return (key,)
-    if isinstance(key, tuple) and key and not all(isinstance(k, str) for k in key):
+    if isinstance(key, str) or (isinstance(key, tuple) and key):
         return key_path(key)  # ("a", ("b",), "c") is ("a", "b", "c"), as tensordict unravels
-    return tuple(key)
+    return tuple(key)  # an empty key: the caller names it
 
 
 def _flat_items(
