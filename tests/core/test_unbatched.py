@@ -111,6 +111,11 @@ SHAPE_OPS: dict[str, Callable[[Any], Any]] = {
     "stack": lambda pkg: torch.stack([tree(pkg), tree(pkg)], 0),
     "stack_last": lambda pkg: torch.stack([wide(pkg)] * 3, -1),
     "cat": lambda pkg: torch.cat([tree(pkg), tree(pkg)], 0),
+    # one tree (the batch size stays: the payload is not concatenated with itself), along a
+    # later dim than the payload has (what ``map(dim=-1)`` joins its chunks with)
+    "cat_one": lambda pkg: torch.cat([tree(pkg)], 0),
+    "cat_one_last": lambda pkg: torch.cat([tree(pkg, (2, 1, 3, 1))], 3),
+    "cat_different_data": lambda pkg: torch.cat([tree(pkg), tree(pkg, data=torch.ones(5))], 0),
     "lazy_stack": lambda pkg: pkg.lazy_stack([tree(pkg), tree(pkg)], 0),
     "sum": lambda pkg: tree(pkg).sum(),
 }

@@ -233,6 +233,9 @@ def cat(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
         batch_size=result,
         device=_common_device(tds),
         non_tensor=_cat_non_tensor(dim),
+        # the first one's payload, as tensordict 0.15.3 (also when the batch size stays, as
+        # for one tree, where the default rule would concatenate the payloads along ``dim``)
+        unbatched=lambda value, *_: value,
     )
 
 
