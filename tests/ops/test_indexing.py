@@ -280,3 +280,30 @@ def test_names_after_advanced_indexing_as_the_reference() -> None:
     # first of them after the first indexed dim, "a", which it no longer is)
     td = TensorDict({"x": x}, [4, 3, 2, 1], names=["a", "b", "c", "d"])
     assert td[i2[:2, :2], :, i1].names == [None, None, "b", "d"]
+
+
+def test_first_class_dims_as_the_reference(tmp_prefix: Path) -> None:
+    """A first-class dimension (``functorch.dim``) takes its batch dim out, names included, as
+    tensordict 0.15.3 (the names were dropped); a memory-mapped tree takes it too, where
+    tensordict raises ``ValueError``."""
+    import tensordict
+    import tensordict_rs
+    from functorch import dim as ftdim
+
+    x = torch.randn(4, 3, 2, 1)
+    for pick in (
+        lambda d: (d[0],),
+        lambda d: (d[0], d[1]),
+        lambda d: (d[0], d[1], d[2]),
+        lambda d: (slice(None), d[0]),
+    ):
+        got = []
+        for P in (tensordict, tensordict_rs):
+            td = P.TensorDict({"x": x}, [4, 3, 2, 1], names=["a", "b", "c", "d"])
+            dims = ftdim.dims(3)
+            out = td[pick(dims)]
+            got.append((out.batch_size, out.names, out["x"].shape))
+        assert got[0] == got[1], got
+    memmap = TensorDict({"x": x}, [4, 3, 2, 1]).memmap_(tmp_prefix)
+    d0 = ftdim.dims(1)
+    assert torch.equal(memmap[d0]["x"].order(d0), x)

@@ -73,6 +73,12 @@ def index(td: TD, index: Any) -> TD:
     return out
 
 
+def _first_class_dim(item: Any) -> bool:
+    """Whether ``item`` is a first-class dimension (``functorch.dim``), told by its type's
+    module so that functorch is not imported here."""
+    return type(item).__module__ == "functorch.dim" and type(item).__name__ == "Dim"
+
+
 def _index_names(td: TreeNode, items: tuple[Any, ...], ndim: int) -> list[Any] | None:
     """The names of the ``ndim`` batch dims left by a normalized index, by torch's rules: an
     int drops its dim, a slice keeps it, ``None`` adds an unnamed one; the index tensors (a
@@ -99,8 +105,10 @@ def _index_names(td: TreeNode, items: tuple[Any, ...], ndim: int) -> list[Any] |
             pieces.append(None)
             if advanced:
                 broken = True
-        elif isinstance(item, (int, torch.SymInt)) or (
-            isinstance(item, torch.Tensor) and item.ndim == 0 and item.dtype != torch.bool
+        elif (
+            isinstance(item, (int, torch.SymInt))
+            or (isinstance(item, torch.Tensor) and item.ndim == 0 and item.dtype != torch.bool)
+            or _first_class_dim(item)  # its dim leaves the batch, as an int's
         ):
             at += 1
         elif isinstance(item, slice):
