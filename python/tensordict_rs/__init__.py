@@ -80,6 +80,7 @@ if TYPE_CHECKING:
     from .io.saving import TensorDictFuture
     from .memmap import MemoryMappedTensor
     from .nn import TensorDictParams
+    from .share.map import WorkerDiedError
     from .tensorclass import TensorClass, from_dataclass, tensorclass
     from .tensordict import TensorDict
     from .typed import TypedTensorDict
@@ -126,6 +127,7 @@ __all__ = [
     "TypedTensorDict",
     "UnbatchedTensor",
     "UnsupportedFormatError",
+    "WorkerDiedError",
     "__version__",
     "assert_allclose_td",
     "assert_close",
@@ -244,6 +246,7 @@ _LAZY = {
     "set_get_defaults_to_none": "._core.nontensor_options",
     "TensorDict": ".tensordict",
     "UnbatchedTensor": "._core.unbatched",
+    "WorkerDiedError": ".share.map",
     "TensorDictFuture": ".io.saving",
     "is_memmap_archive": ".io.archive",
     "pack_memmap": ".io.archive",

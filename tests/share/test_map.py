@@ -537,3 +537,64 @@ def test_map_returns_results_of_workers_that_max_tasks_per_child_ends(tmp_path: 
         [sys.executable, os.fspath(script)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]
+
+
+_KILLED_WORKER = """
+import multiprocessing as mp, os, signal, time, torch, tensordict_rs as rs
+def die_on_forty(td):
+    if int(td["x"][0]) == 40:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+    return td.empty().set("y", td["x"] * 2)
+def expect_death(call, what):
+    t0 = time.monotonic()
+    try:
+        call()
+    except RuntimeError as err:  # DataLoader's type for a worker that died
+        assert type(err) is rs.WorkerDiedError and isinstance(err, rs.TensorDictError), repr(err)
+        assert str(err).startswith(what + ": worker process "), err
+        assert "killed by signal SIGKILL" in str(err), err
+    else:
+        raise AssertionError(what + " returned")
+    assert time.monotonic() - t0 < 30, what
+if __name__ == "__main__":
+    n = 100
+    for method in METHODS:
+        data = rs.TensorDict({"x": torch.arange(n)}, [n]).memmap_()
+        out = die_on_forty(data[:1])[0].expand(n).memmap_like()
+        kw = dict(chunksize=10, generator=torch.Generator(), mp_start_method=method)
+        # the workers claim chunks and write into out / results through pool messages
+        expect_death(lambda: data.map(die_on_forty, 0, 2, out=out, **kw), "map")
+        expect_death(lambda: data.map(die_on_forty, 0, 2, **kw), "map")
+        expect_death(lambda: list(data.map_iter(die_on_forty, 0, 2, **kw)), "map_iter")
+        with mp.get_context(method).Pool(2) as pool:  # the caller's pool
+            expect_death(lambda: data.map(die_on_forty, 0, chunksize=10, pool=pool), "map")
+        # every pool made here was ended: no worker is left
+        deadline = time.monotonic() + 30
+        while mp.active_children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not mp.active_children(), mp.active_children()
+        # workers that max_tasks_per_child ends (exit 0) are not deaths
+        done = data.map(die_on_forty, 0, 2, num_chunks=4, max_tasks_per_child=1,
+                        generator=torch.Generator(), mp_start_method=method)
+        assert done is not None
+    print("done")
+"""
+
+
+@pytest.mark.parametrize("method", [FAST, "spawn"] if FAST != "spawn" else ["spawn"])
+def test_a_killed_worker_raises_instead_of_hanging(tmp_path: Path, method: str) -> None:
+    """A worker killed mid-chunk (SIGKILL, as the OOM killer) takes its chunk with it; the pool
+    starts another worker and would wait for that chunk forever (tensordict 0.15.3's ``map``
+    does): ``map`` and ``map_iter`` raise ``RuntimeError`` naming the worker and the signal,
+    with the workers claiming chunks, with results through pool messages, and with the
+    caller's pool, and end the pools they made. In a child process with a timeout, so a hang
+    fails."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "killed.py"
+    script.write_text(_KILLED_WORKER.replace("METHODS", repr([method])))
+    done = subprocess.run(
+        [sys.executable, os.fspath(script)], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-3000:]

@@ -15,15 +15,19 @@ With such an ``out`` and a pool made here, the chunks are not sent at all: each 
 message, and claims chunk after chunk from a counter shared with the others until none is left
 (``_Loop``), so no pipe round trip, pickle or parent thread stands between two chunks.
 
-An exception raised by ``fn`` reaches the caller with its type, and a note naming the chunk.
+An exception raised by ``fn`` reaches the caller with its type, and a note naming the chunk. A
+worker that dies (killed, or crashed in native code) raises ``WorkerDiedError`` in the caller
+instead of leaving it waiting for the lost chunk.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import pickle
+import signal
 import warnings
 from collections.abc import Callable, Iterator
+from multiprocessing import TimeoutError as _NotYet
 from typing import Any
 
 import torch
@@ -187,6 +191,70 @@ class _Loop:
                 raise
             done += 1
         return done
+
+
+# How often a wait on the pool looks at its workers: a worker that dies (the OOM killer, a
+# signal, a crash in native code) takes its chunk with it, and the pool, which starts a new
+# worker in its place, would wait for that chunk's result forever (tensordict's ``map`` does).
+_POLL_S = 0.2
+
+
+class WorkerDiedError(_native.TensorDictError, RuntimeError):
+    """A worker process of ``map``/``map_iter`` ended while the call waited on it (its chunk
+    is lost; a memory-mapped ``out`` holds the chunks the others wrote). A ``RuntimeError`` too,
+    as DataLoader's "worker exited unexpectedly"."""
+
+
+class _Watch:
+    """The workers of a pool, to tell that one ended abnormally while a call waits on it
+    (workers that a pool starts later, in place of ones that ended, are watched too)."""
+
+    __slots__ = ("pool", "seen", "what")
+
+    def __init__(self, pool: Any, what: str) -> None:
+        self.pool, self.what = pool, what
+        # only workers alive now: one that died before the call held none of its chunks
+        self.seen = {id(p): p for p in getattr(pool, "_pool", ()) if p.exitcode is None}
+
+    def check(self) -> None:
+        """Raises ``WorkerDiedError`` when a watched worker has ended other than by exit 0 (a
+        worker ended by ``max_tasks_per_child`` exits with 0)."""
+        for p in getattr(self.pool, "_pool", ()):
+            self.seen.setdefault(id(p), p)
+        for p in self.seen.values():
+            code = p.exitcode
+            if code is None or code == 0:
+                continue
+            if code < 0:
+                try:
+                    how = f"killed by signal {signal.Signals(-code).name}"
+                except ValueError:
+                    how = f"killed by signal {-code}"
+            else:
+                how = f"exit code {code}"
+            raise WorkerDiedError(
+                f"{self.what}: worker process {p.pid} exited unexpectedly ({how}); the chunk "
+                "it was working on is lost"
+            )
+
+
+def _watched(imap: Any, watch: _Watch) -> Iterator[Any]:
+    """The results of a pool's ``imap``, checking its workers while one is awaited. When one
+    died, the call's job leaves the pool's record first: the lost result would keep it there
+    for good, and CPython's ``Pool.terminate`` then fails ("Cannot have cache with
+    result_hander not alive") on a pool the caller may own (results still arriving for the
+    job are dropped by the pool's result thread)."""
+    while True:
+        try:
+            yield imap.next(_POLL_S)
+        except StopIteration:
+            return
+        except _NotYet:
+            try:
+                watch.check()
+            except WorkerDiedError:
+                getattr(watch.pool, "_cache", {}).pop(getattr(imap, "_job", None), None)
+                raise
 
 
 def _note(position: int, where: str, dim: int) -> str:
@@ -419,12 +487,18 @@ def _run(pool: Any, counters: _Counters, loop: _Loop) -> None:
     met one), after the others have stopped claiming chunks."""
     pending = [pool.apply_async(loop, (i,)) for i in range(pool._processes)]
     errors: list[tuple[int, BaseException]] = []
+    watch = _Watch(pool, "map")
     try:
         for one in pending:
-            try:
-                one.get()
-            except Exception as err:
-                errors.append((vars(err).pop("map_chunk", -1), err))
+            while True:
+                try:
+                    one.get(_POLL_S)
+                except _NotYet:
+                    watch.check()
+                    continue
+                except Exception as err:
+                    errors.append((vars(err).pop("map_chunk", -1), err))
+                break
     except BaseException:
         counters.stop()  # KeyboardInterrupt here: the workers finish the chunks they hold
         raise
@@ -444,6 +518,7 @@ def _results(
     shuffle: bool,
     pbar: bool,
     token: int = 0,
+    what: str = "map",
 ) -> tuple[Any, list[Any], bool]:
     if shuffle and not lazily:
         raise RuntimeError(
@@ -456,7 +531,9 @@ def _results(
     batch = _batch(len(indices), pool._processes)
     # a worker that ends after some tasks may be gone before its results' descriptors are fetched
     task = _Task(fn, dim, write, token, copy=getattr(pool, "_maxtasksperchild", None) is not None)
-    imap = (pool.imap_unordered if shuffle else pool.imap)(task, tasks, batch)
+    imap = _watched(
+        (pool.imap_unordered if shuffle else pool.imap)(task, tasks, batch), _Watch(pool, what)
+    )
     if pbar and importlib.util.find_spec("tqdm") is not None:
         from tqdm.auto import tqdm  # type: ignore[import-untyped,unused-ignore]
 
@@ -573,6 +650,7 @@ def map(
             num_workers, generator, max_tasks_per_child, worker_threads, mp_start_method, "map",
             token, (td, out if write else None) if token else None,
         )  # fmt: skip
+    died = False
     try:
         if own and token and write and not pbar:  # the workers claim the chunks themselves
             dim, indices = _split(td, dim, chunksize, num_chunks, pool._processes)
@@ -584,15 +662,26 @@ def map(
             results = _gather(td, fn, dim, pool, out, chunksize, num_chunks, index_with_generator,
                               pbar, token)  # fmt: skip
         done = True
+    except WorkerDiedError:
+        died = True
+        raise
     finally:
         if own:
             if not done:
                 counters.stop()
-            pool.close()
-            if done:
-                _join_later(pool)
-            else:
+            if died:
+                # the lost chunk's result never comes: a closed pool would wait for it in
+                # ``join`` (its worker thread runs while results are pending), so the pool's
+                # record of them goes and the other workers are ended
+                pool._cache.clear()
+                pool.terminate()
                 pool.join()
+            else:
+                pool.close()
+                if done:
+                    _join_later(pool)
+                else:
+                    pool.join()
     if out is not None:
         return out
     if not results:
@@ -642,7 +731,7 @@ def map_iter(
     try:
         imap, _, _ = _results(
             td, fn, dim, pool, None, chunksize, num_chunks, index_with_generator, shuffle, pbar,
-            token,
+            token, "map_iter",
         )  # fmt: skip
         yield from imap
     finally:
