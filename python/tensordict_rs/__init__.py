@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     from .io.saving import TensorDictFuture
     from .memmap import MemoryMappedTensor
     from .nn import TensorDictParams
-    from .share.map import WorkerDiedError
+    from .share.pool_watch import WorkerDiedError
     from .tensorclass import TensorClass, from_dataclass, tensorclass
     from .tensordict import TensorDict
     from .typed import TypedTensorDict
@@ -246,7 +246,7 @@ _LAZY = {
     "set_get_defaults_to_none": "._core.nontensor_options",
     "TensorDict": ".tensordict",
     "UnbatchedTensor": "._core.unbatched",
-    "WorkerDiedError": ".share.map",
+    "WorkerDiedError": ".share.pool_watch",
     "TensorDictFuture": ".io.saving",
     "is_memmap_archive": ".io.archive",
     "pack_memmap": ".io.archive",

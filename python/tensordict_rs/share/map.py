@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import importlib.util
 import pickle
-import signal
 import warnings
 from collections.abc import Callable, Iterator
-from multiprocessing import TimeoutError as _NotYet
 from typing import Any
 
 import torch
@@ -44,6 +42,7 @@ from ..ops.modules import ModuleWeights
 from ..ops.names import Names
 from ..ops.rearrange import Rearrange
 from ..ops.reductions import Reductions
+from .pool_watch import POLL_S, NotYet, Watch, WorkerDiedError, watched
 
 # The trees of the calls whose pool this process serves (set by ``_seed_worker``): a worker of
 # a pool that ``map`` made gets the source, ``out`` and the call's ``_Counters`` once, and its
@@ -191,70 +190,6 @@ class _Loop:
                 raise
             done += 1
         return done
-
-
-# How often a wait on the pool looks at its workers: a worker that dies (the OOM killer, a
-# signal, a crash in native code) takes its chunk with it, and the pool, which starts a new
-# worker in its place, would wait for that chunk's result forever (tensordict's ``map`` does).
-_POLL_S = 0.2
-
-
-class WorkerDiedError(_native.TensorDictError, RuntimeError):
-    """A worker process of ``map``/``map_iter`` ended while the call waited on it (its chunk
-    is lost; a memory-mapped ``out`` holds the chunks the others wrote). A ``RuntimeError`` too,
-    as DataLoader's "worker exited unexpectedly"."""
-
-
-class _Watch:
-    """The workers of a pool, to tell that one ended abnormally while a call waits on it
-    (workers that a pool starts later, in place of ones that ended, are watched too)."""
-
-    __slots__ = ("pool", "seen", "what")
-
-    def __init__(self, pool: Any, what: str) -> None:
-        self.pool, self.what = pool, what
-        # only workers alive now: one that died before the call held none of its chunks
-        self.seen = {id(p): p for p in getattr(pool, "_pool", ()) if p.exitcode is None}
-
-    def check(self) -> None:
-        """Raises ``WorkerDiedError`` when a watched worker has ended other than by exit 0 (a
-        worker ended by ``max_tasks_per_child`` exits with 0)."""
-        for p in getattr(self.pool, "_pool", ()):
-            self.seen.setdefault(id(p), p)
-        for p in self.seen.values():
-            code = p.exitcode
-            if code is None or code == 0:
-                continue
-            if code < 0:
-                try:
-                    how = f"killed by signal {signal.Signals(-code).name}"
-                except ValueError:
-                    how = f"killed by signal {-code}"
-            else:
-                how = f"exit code {code}"
-            raise WorkerDiedError(
-                f"{self.what}: worker process {p.pid} exited unexpectedly ({how}); the chunk "
-                "it was working on is lost"
-            )
-
-
-def _watched(imap: Any, watch: _Watch) -> Iterator[Any]:
-    """The results of a pool's ``imap``, checking its workers while one is awaited. When one
-    died, the call's job leaves the pool's record first: the lost result would keep it there
-    for good, and CPython's ``Pool.terminate`` then fails ("Cannot have cache with
-    result_hander not alive") on a pool the caller may own (results still arriving for the
-    job are dropped by the pool's result thread)."""
-    while True:
-        try:
-            yield imap.next(_POLL_S)
-        except StopIteration:
-            return
-        except _NotYet:
-            try:
-                watch.check()
-            except WorkerDiedError:
-                getattr(watch.pool, "_cache", {}).pop(getattr(imap, "_job", None), None)
-                raise
 
 
 def _note(position: int, where: str, dim: int) -> str:
@@ -487,13 +422,13 @@ def _run(pool: Any, counters: _Counters, loop: _Loop) -> None:
     met one), after the others have stopped claiming chunks."""
     pending = [pool.apply_async(loop, (i,)) for i in range(pool._processes)]
     errors: list[tuple[int, BaseException]] = []
-    watch = _Watch(pool, "map")
+    watch = Watch(pool, "map")
     try:
         for one in pending:
             while True:
                 try:
-                    one.get(_POLL_S)
-                except _NotYet:
+                    one.get(POLL_S)
+                except NotYet:
                     watch.check()
                     continue
                 except Exception as err:
@@ -531,8 +466,8 @@ def _results(
     batch = _batch(len(indices), pool._processes)
     # a worker that ends after some tasks may be gone before its results' descriptors are fetched
     task = _Task(fn, dim, write, token, copy=getattr(pool, "_maxtasksperchild", None) is not None)
-    imap = _watched(
-        (pool.imap_unordered if shuffle else pool.imap)(task, tasks, batch), _Watch(pool, what)
+    imap = watched(
+        (pool.imap_unordered if shuffle else pool.imap)(task, tasks, batch), Watch(pool, what)
     )
     if pbar and importlib.util.find_spec("tqdm") is not None:
         from tqdm.auto import tqdm  # type: ignore[import-untyped,unused-ignore]

@@ -1,0 +1,81 @@
+"""Waits on a ``multiprocessing`` pool that notice a dead worker (``map``, ``map_iter``).
+
+A pool worker that dies (the OOM killer, a signal, a crash in native code) takes the task it
+held with it; the pool starts a new worker in its place and the caller, waiting for that task's
+result, would wait forever. These waits look at the pool's workers while they wait and raise
+``WorkerDiedError`` instead.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from multiprocessing import TimeoutError as NotYet
+from typing import Any
+
+from .. import _native
+
+__all__ = ["POLL_S", "NotYet", "Watch", "WorkerDiedError", "watched"]
+
+# How often a wait on the pool looks at its workers: a worker that dies (the OOM killer, a
+# signal, a crash in native code) takes its chunk with it, and the pool, which starts a new
+# worker in its place, would wait for that chunk's result forever (tensordict's ``map`` does).
+POLL_S = 0.2
+
+
+class WorkerDiedError(_native.TensorDictError, RuntimeError):
+    """A worker process of ``map``/``map_iter`` ended while the call waited on it (its chunk
+    is lost; a memory-mapped ``out`` holds the chunks the others wrote). A ``RuntimeError`` too,
+    as DataLoader's "worker exited unexpectedly"."""
+
+
+class Watch:
+    """The workers of a pool, to tell that one ended abnormally while a call waits on it
+    (workers that a pool starts later, in place of ones that ended, are watched too)."""
+
+    __slots__ = ("pool", "seen", "what")
+
+    def __init__(self, pool: Any, what: str) -> None:
+        self.pool, self.what = pool, what
+        # only workers alive now: one that died before the call held none of its chunks
+        self.seen = {id(p): p for p in getattr(pool, "_pool", ()) if p.exitcode is None}
+
+    def check(self) -> None:
+        """Raises ``WorkerDiedError`` when a watched worker has ended other than by exit 0 (a
+        worker ended by ``max_tasks_per_child`` exits with 0)."""
+        for p in getattr(self.pool, "_pool", ()):
+            self.seen.setdefault(id(p), p)
+        for p in self.seen.values():
+            code = p.exitcode
+            if code is None or code == 0:
+                continue
+            if code < 0:
+                try:
+                    how = f"killed by signal {signal.Signals(-code).name}"
+                except ValueError:
+                    how = f"killed by signal {-code}"
+            else:
+                how = f"exit code {code}"
+            raise WorkerDiedError(
+                f"{self.what}: worker process {p.pid} exited unexpectedly ({how}); the chunk "
+                "it was working on is lost"
+            )
+
+
+def watched(imap: Any, watch: Watch) -> Iterator[Any]:
+    """The results of a pool's ``imap``, checking its workers while one is awaited. When one
+    died, the call's job leaves the pool's record first: the lost result would keep it there
+    for good, and CPython's ``Pool.terminate`` then fails ("Cannot have cache with
+    result_hander not alive") on a pool the caller may own (results still arriving for the
+    job are dropped by the pool's result thread)."""
+    while True:
+        try:
+            yield imap.next(POLL_S)
+        except StopIteration:
+            return
+        except NotYet:
+            try:
+                watch.check()
+            except WorkerDiedError:
+                getattr(watch.pool, "_cache", {}).pop(getattr(imap, "_job", None), None)
+                raise
