@@ -598,3 +598,18 @@ def test_a_killed_worker_raises_instead_of_hanging(tmp_path: Path, method: str) 
         [sys.executable, os.fspath(script)], capture_output=True, text=True, timeout=180
     )
     assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_map_and_map_iter_with_several_chunks_per_message(shuffle: bool) -> None:
+    """200 chunks of one element on 2 workers go 6 to a pool message: every result, in order
+    (``map_iter`` with ``shuffle``: every result once). (The pool's own batched ``imap`` is a
+    generator, which the worker watch could not wait on: map_iter raised AttributeError.)"""
+    td = make(rs, 200)
+    out = td.map(add_one, num_workers=2, chunksize=0, generator=gen())
+    assert out["a"].tolist() == list(range(1, 201))
+    got = [
+        int(r["a"])
+        for r in td.map_iter(add_one, num_workers=2, chunksize=0, shuffle=shuffle, generator=gen())
+    ]
+    assert (sorted(got) if shuffle else got) == list(range(1, 201))

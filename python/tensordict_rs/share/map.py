@@ -139,6 +139,27 @@ class _Task:
             raise
 
 
+class _Batch:
+    """Runs the tasks of one pool message (several chunks) in a worker; their results in
+    order (an exception of one fails the message, as the pool's own batches do)."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: _Task) -> None:
+        self.task = task
+
+    def __call__(self, tasks: list[tuple[Any, ...]]) -> list[Any]:
+        return [self.task(one) for one in tasks]
+
+
+def _batches(tasks: Iterator[tuple[Any, ...]], size: int) -> Iterator[list[tuple[Any, ...]]]:
+    """``tasks`` in lists of ``size`` (the last one shorter)."""
+    import itertools
+
+    while batch := list(itertools.islice(tasks, size)):
+        yield batch
+
+
 class _Copied:
     """A result that crosses back as a copy of its bytes (plain pickle), for a worker that may
     exit right after sending it (``max_tasks_per_child``): shared memory crosses as descriptors
@@ -466,9 +487,14 @@ def _results(
     batch = _batch(len(indices), pool._processes)
     # a worker that ends after some tasks may be gone before its results' descriptors are fetched
     task = _Task(fn, dim, write, token, copy=getattr(pool, "_maxtasksperchild", None) is not None)
-    imap = watched(
-        (pool.imap_unordered if shuffle else pool.imap)(task, tasks, batch), Watch(pool, what)
-    )
+    # several chunks per message, batched here rather than by the pool: its batched ``imap``
+    # is a plain generator, whose waits could not look at the workers
+    send = pool.imap_unordered if shuffle else pool.imap
+    if batch > 1:
+        messages = watched(send(_Batch(task), _batches(tasks, batch), 1), Watch(pool, what))
+        imap: Any = (result for results in messages for result in results)
+    else:
+        imap = watched(send(task, tasks, 1), Watch(pool, what))
     if pbar and importlib.util.find_spec("tqdm") is not None:
         from tqdm.auto import tqdm  # type: ignore[import-untyped,unused-ignore]
 
