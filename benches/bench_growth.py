@@ -6,7 +6,9 @@ the same bytes (``memmap`` of the whole tree at once), in the same interleaved r
 at most 1.3x). For context, the reference's way, ``torch.cat([old, new]).memmap(new_dir)`` per
 batch, rewrites everything each time (quadratic): it runs for the first ``REF_BATCHES`` batches
 only, and the table gives its measured time and the time extrapolated to the whole workload
-(sum over batches of the bytes rewritten, at the measured rate).
+(sum over batches of the bytes rewritten, at the measured rate). Also for context, the same
+rows appended in batches of 10,000 and 100,000 (``LARGER_BATCHES``): each ``extend_`` commits
+once, so the commit's fixed cost is shared by more rows.
 
 Checkpoint: a memory-mapped buffer of ``TDRS_BENCH_CKPT_GIB`` GiB (default 4; 4 KiB rows) is
 checkpointed once (which writes both generations), then 1% of its rows are written through
@@ -40,6 +42,7 @@ from _harness import ROUNDS, SCALE, Case, interleave
 
 ROWS = max(10_000, int(1_000_000 * SCALE))
 BATCH = 1_000
+LARGER_BATCHES = (10_000, 100_000)
 REF_BATCHES = int(os.environ.get("TDRS_BENCH_REF_BATCHES", "30"))
 CKPT_GIB = float(os.environ.get("TDRS_BENCH_CKPT_GIB", "4")) * min(1.0, SCALE)
 BASE = Path(tempfile.gettempdir()) / f"tdrs-bench-growth-{os.getpid()}"
@@ -99,12 +102,13 @@ def _fresh(name: str) -> Path:
     return path
 
 
-def _append(src: dict[str, torch.Tensor]) -> Path:
+def _append(src: dict[str, torch.Tensor], batch: int = BATCH) -> Path:
     path = _fresh("append")
     td = tensordict_rs.TensorDict({k: v[:0] for k, v in src.items()}, [0]).memmap(path)
-    for start in range(0, ROWS, BATCH):
+    for start in range(0, ROWS, batch):
+        stop = min(ROWS, start + batch)
         td.extend_(
-            tensordict_rs.TensorDict({k: v[start : start + BATCH] for k, v in src.items()}, [BATCH])
+            tensordict_rs.TensorDict({k: v[start:stop] for k, v in src.items()}, [stop - start])
         )
     assert td.batch_size[0] == ROWS
     return path
@@ -140,6 +144,11 @@ def test_append_vs_preallocated_write() -> None:
         "extend_": Case(lambda _: _append(src), cleanup=_gone),
         "one write": Case(lambda _: _prealloc(src), cleanup=_gone),
         "ref cat+memmap": Case(lambda _: _ref_cat(src), cleanup=_gone),
+        # context: the same rows in larger batches (the commit's fixed cost shared by more rows)
+        **{
+            f"extend_ x{n:,}": Case(lambda _, n=n: _append(src, n), cleanup=_gone)
+            for n in LARGER_BATCHES
+        },
     }
     loads = [_load()]
     out = interleave(cases)
@@ -158,7 +167,12 @@ def test_append_vs_preallocated_write() -> None:
         f"  extend_          {med['extend_']:.3f} s   ({ratio:.2f}x the one write)\n"
         f"  one write        {med['one write']:.3f} s\n"
         f"  ref cat+memmap   {med['ref cat+memmap']:.3f} s for its first {REF_BATCHES} batches, "
-        f"~{ref_extrapolated:.0f} s extrapolated to all {ROWS // BATCH} batches"
+        f"~{ref_extrapolated:.0f} s extrapolated to all {ROWS // BATCH} batches\n"
+        + "".join(
+            f"  extend_ in batches of {n:,}: {med[f'extend_ x{n:,}']:.3f} s   "
+            f"({med[f'extend_ x{n:,}'] / med['one write']:.2f}x the one write)\n"
+            for n in LARGER_BATCHES
+        )
     )
     shutil.rmtree(BASE, ignore_errors=True)
     assert ratio <= 1.3, f"extend_ costs {ratio:.2f}x one preallocated write (target 1.3x)"
