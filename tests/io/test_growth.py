@@ -281,6 +281,47 @@ def test_a_growth_after_the_tree_changed_in_this_process(tmp_path: Path) -> None
         assert torch.equal(loaded["extra"], torch.arange(10.0))
 
 
+def test_a_leaf_set_in_memory_after_a_load_is_refused_not_dropped(tmp_path: Path) -> None:
+    """A loaded tree is not locked: a leaf can be set to a tensor in ordinary memory. A
+    growth writes into the leaf's file and then shows the file's rows, so it would drop the
+    values set in memory: it refuses, naming the key, and writes nothing (found by an attack:
+    the values set were silently replaced by the file's). A leaf mapped from its own file by
+    another path (a relative one, then a chdir; a link to the directory) still grows."""
+    prefix = tmp_path / "buf"
+    rows(0, 4).memmap(prefix)
+    td = TensorDict.load_memmap(prefix)
+    mine = torch.full((4, 3), 7.0)
+    td["obs"] = mine
+    with pytest.raises(RuntimeError, match=r"extend_: key 'obs' is not memory-mapped in"):
+        td.extend_(rows(4, 6))
+    assert torch.equal(td["obs"], mine) and td.batch_size == torch.Size([4])
+    check_rows(TensorDict.load_memmap(prefix), 4)
+    check_rows(tensordict.TensorDict.load_memmap(prefix), 4)
+    # after memmap_() writes it there, the growth goes on from the values set
+    td.memmap_(prefix, existsok=True)
+    td.extend_(rows(4, 6))
+    assert torch.equal(td["obs"][:4], mine)
+    assert torch.equal(TensorDict.load_memmap(prefix)["obs"][4:], rows(4, 6)["obs"])
+    # a memory-mapped leaf from another directory is not the leaf's file either
+    other = TensorDict.load_memmap(prefix)
+    other["obs"] = rows(0, 6).memmap(tmp_path / "elsewhere")["obs"]
+    with pytest.raises(RuntimeError, match="key 'obs' is not memory-mapped"):
+        other.resize_(8)
+    # the same files by other paths
+    link = tmp_path / "link"
+    link.symlink_to(prefix)
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        by_relative = TensorDict.load_memmap("buf")
+    finally:
+        os.chdir(here)
+    by_relative.extend_(rows(6, 7).update({"obs": torch.zeros(1, 3)}))
+    by_link = TensorDict.load_memmap(link)
+    by_link.extend_(rows(7, 8).update({"obs": torch.zeros(1, 3)}))
+    assert TensorDict.load_memmap(prefix).batch_size == torch.Size([8])
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
 def test_between_growths_nothing_keeps_a_map_alive(tmp_path: Path) -> None:
     """What a growth keeps for the next one holds no map: once the tree shows another

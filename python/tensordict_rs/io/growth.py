@@ -65,8 +65,43 @@ def _growable(td: TreeNode, what: str) -> list[tuple[str, Any]]:
             )
         if isinstance(value, torch.Tensor) and value.is_nested:
             raise _native.UnsupportedFormatError(f"{what}: key {key!r} is a nested tensor")
+        if not _mapped_here(value, prefix, key):
+            where = f"in {os.fspath(prefix)!r}" if prefix is not None else "in anonymous memory"
+            raise RuntimeError(
+                f"{what}: key {key!r} is not memory-mapped {where} (a value set in memory "
+                "after the tree was loaded or saved): growing would replace its values with the "
+                "file's; call memmap_() first to write it there"
+            )
         out.append((key, value))
     return out
+
+
+def _mapped_here(value: Any, prefix: Any, key: str) -> bool:
+    """Whether the leaf ``value`` is the map of its own file (``prefix``'s file of ``key``,
+    or anonymous memory when ``prefix`` is None) from its first byte, which is what a growth
+    writes and then shows; a leaf without elements has nothing to lose either way."""
+    if type(value) is not _LazyLeaf and value.numel() == 0:
+        return True
+    buffer = _buffer(value)
+    if buffer is None:
+        return False
+    if type(value) is not _LazyLeaf and (
+        value.data_ptr() != buffer.address or not value.is_contiguous()
+    ):
+        return False
+    if prefix is None:
+        return buffer.filename is None
+    name = buffer.filename
+    if name is None:
+        return False
+    want = os.path.join(os.fspath(prefix), _native.encode_key(key) + ".memmap")
+    if os.path.abspath(name) == os.path.abspath(want):
+        return True
+    try:  # the same file by another path (a relative one, a link to the directory)
+        st = os.stat(want)
+    except OSError:
+        return False
+    return buffer.file_id == (st.st_dev, st.st_ino)
 
 
 def _buffer(value: Any) -> _native.Buffer | None:
