@@ -190,3 +190,73 @@ def test_layout_of_generations(tmp_path: Path) -> None:
     assert (tmp_path / "ckpt" / RECORD).is_file()
     assert (tmp_path / spare_name(tmp_path / "ckpt") / RECORD).is_file()
     assert TensorDict.load_memmap(tmp_path / "ckpt")["obs"].shape == (10, 64)
+
+
+def test_the_users_files_in_the_checkpoint_stay_in_sight(tmp_path: Path) -> None:
+    """Files the user puts into the checkpoint directory (notes, a folder of plots, a link)
+    stay there, visible, across checkpoints; changed, they show the change; removed, they stay
+    removed. The two generations are exchanged at every checkpoint, so such a file went into
+    the hidden spare at the next checkpoint and was deleted at the one after (found by an
+    attack)."""
+    td = make(50).memmap(tmp_path / "live")
+    dest = tmp_path / "ckpt"
+    td.checkpoint(dest)
+    (dest / "notes.txt").write_text("v1")
+    (dest / "plots").mkdir()
+    (dest / "plots" / "loss.csv").write_text("1,2,3")
+    (dest / "latest").symlink_to("notes.txt")
+    spare = tmp_path / spare_name(dest)
+    mine = {"notes.txt", "plots/loss.csv", "latest"}
+
+    def tree_only(files: dict[str, bytes]) -> dict[str, bytes]:
+        return {k: v for k, v in files.items() if k not in mine}
+
+    for step in range(4):
+        td[step] = make(1)[0]
+        td.checkpoint(dest)
+        assert (dest / "notes.txt").read_text() == ("v1" if step < 2 else "v2"), step
+        assert (dest / "plots" / "loss.csv").read_text() == "1,2,3"
+        assert os.readlink(dest / "latest") == "notes.txt"
+        full = tmp_path / f"full{step}"
+        td.memmap(full, copy_existing=True)
+        assert tree_only(tree_files(dest)) == tree_files(full)
+        assert tensordict.TensorDict.load_memmap(dest)["obs"].shape == (50, 64)
+        if step == 1:  # the user replaces the file (a new one renamed over it)
+            (dest / "notes.new").write_text("v2")
+            os.replace(dest / "notes.new", dest / "notes.txt")
+    (dest / "notes.txt").unlink()
+    for step in range(2):
+        td[step] = make(1)[0]
+        td.checkpoint(dest)
+        assert not (dest / "notes.txt").exists(), step
+        assert not (spare / "notes.txt").exists(), step
+        assert (dest / "plots" / "loss.csv").read_text() == "1,2,3"
+
+
+def test_a_loaded_tree_is_checkpointed(tmp_path: Path) -> None:
+    """Resuming after a restart: the live buffer loaded with ``load_memmap`` (not locked, so
+    ``is_memmap()`` is False, as in tensordict) keeps growing and checkpoints into the same
+    destination (it raised "call memmap_ first"). A leaf set in memory since the load is not
+    in the directory: refused, naming the key, the checkpoint left as it was."""
+    live = tmp_path / "live"
+    dest = tmp_path / "ckpt"
+    make(400).exclude("next").memmap(live).checkpoint(dest)  # flat: it grows
+    td = TensorDict.load_memmap(live)
+    assert not td.is_memmap()
+    td[3] = make(1)[0].exclude("next")
+    td.extend_(make(5).exclude("next"))
+    stats = td.checkpoint(dest)
+    assert_same_as_full_copy(td, dest, tmp_path)
+    assert stats["bytes_written"] < sum(v.nbytes for v in td.values(True, True)) // 2
+    before = tree_files(dest)
+    td["obs"] = torch.ones(405, 64)
+    with pytest.raises(RuntimeError, match=r"key 'obs' is not memory-mapped"):
+        td.checkpoint(dest)
+    assert tree_files(dest) == before
+    # nested: the key named with its path
+    make(10).memmap(tmp_path / "nested")
+    nested = TensorDict.load_memmap(tmp_path / "nested")
+    nested.checkpoint(tmp_path / "nested-ckpt")
+    nested["next", "obs"] = torch.ones(10, 64)
+    with pytest.raises(RuntimeError, match=r"key 'next.obs' is not memory-mapped"):
+        nested.checkpoint(tmp_path / "nested-ckpt")

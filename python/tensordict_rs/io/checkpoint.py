@@ -20,6 +20,11 @@ through this library's methods from any process that loaded the tree. ``verify=T
 hashes every ``chunk_bytes`` chunk of every leaf and copies the chunks whose hash differs from
 the spare's, so writes that bypass the library (through a leaf tensor) are caught too; it reads
 the whole tree, and writes only what changed.
+
+Files the user puts into ``dest`` are not the tree's: before each exchange the spare gets a
+hard link to each of them (``_carry``), so they stay in ``dest``, and the spare's update
+never deletes them. A tree loaded with ``load_memmap`` is checkpointed when every dense leaf
+is still the map of its file (``_unmapped_leaf``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +42,9 @@ import torch
 from .. import _native
 from .._core.dtypes import STR_TO_DTYPE
 from .._core.nodes import TreeNode
+from ..memmap import _LazyLeaf
 from .dirty import DirtyMap
+from .growth import _mapped_here
 
 RECORD = ".tdrs%checkpoint"
 RECORD_VERSION = 1
@@ -154,8 +162,11 @@ def _sync(
     verify: bool,
     chunk: int,
     durable: bool,
+    keep: frozenset[str] = frozenset(),
 ) -> dict[str, int]:
-    """Brings the generation directory ``gen`` up to date with ``source``; returns counts."""
+    """Brings the generation directory ``gen`` up to date with ``source``; returns counts.
+    Files of ``gen`` that the source does not have go, except those named in ``keep`` (the
+    user's files of the other generation, carried over by ``_carry``)."""
     record = _read_record(gen)
     if record is not None and record.get("token") != tracker.token:
         record = None  # another tree's checkpoint, or a dirty map made again: copy all
@@ -227,7 +238,8 @@ def _sync(
         rel_root = os.path.relpath(root, gen)
         rel_root = "" if rel_root == "." else rel_root + "/"
         for name in filenames:
-            if rel_root + name not in wanted and (rel_root or name != RECORD):
+            rel = rel_root + name
+            if rel not in wanted and rel not in keep and (rel_root or name != RECORD):
                 os.unlink(os.path.join(root, name))  # gone from the tree, or a leftover
         for name in dirnames:
             if rel_root + name + "/" not in source.dirs:
@@ -244,6 +256,76 @@ def _sync(
     }
     _write_record(gen, new_record)
     return stats
+
+
+def _user_files(gen: Path, source: _Source) -> frozenset[str]:
+    """The files of the generation ``gen`` (relative paths; symbolic links and other
+    non-directories too) that are neither the tree's nor this library's bookkeeping: what the
+    user put into the checkpoint directory."""
+    wanted = set(source.files)
+    out: set[str] = set()
+
+    def walk(path: Path, rel: str) -> None:
+        with os.scandir(path) as it:
+            for entry in it:
+                if _skip(entry.name):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    walk(Path(entry.path), rel + entry.name + "/")
+                elif rel + entry.name not in wanted:
+                    out.add(rel + entry.name)
+
+    walk(gen, "")
+    return frozenset(out)
+
+
+def _carry(dest: Path, spare: Path, names: frozenset[str]) -> None:
+    """Makes each of the user's files ``names`` of ``dest`` present in ``spare`` too (a hard
+    link to the same file, a copy where links are refused), so that after the exchange the
+    new ``dest`` still shows them: a checkpoint never moves what the user put into its
+    directory out of sight (into the hidden spare), nor deletes it later."""
+    for rel in names:
+        src, dst = dest / rel, spare / rel
+        try:
+            have = os.lstat(src)
+        except FileNotFoundError:
+            continue  # removed by the user meanwhile
+        try:
+            there = os.lstat(dst)
+        except FileNotFoundError:
+            pass
+        else:
+            if (there.st_dev, there.st_ino) == (have.st_dev, have.st_ino):
+                continue
+            if dst.is_dir() and not dst.is_symlink():
+                continue  # a directory of the tree by that name: the tree's wins
+            os.unlink(dst)  # an older link or copy of a file the user replaced since
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst, follow_symlinks=False)
+        except OSError:
+            shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def _unmapped_leaf(td: TreeNode, prefix: Path) -> str | None:
+    """The first dense tensor leaf of ``td`` that is not the map of its own file under
+    ``prefix`` (a value set in memory after a load: the directory does not hold it), or
+    None."""
+    for key, value in td._tensordict.items():
+        if isinstance(value, TreeNode):
+            sub = value._memmap_prefix
+            if sub is not None and os.path.isdir(sub):
+                found = _unmapped_leaf(value, Path(sub))
+                if found is not None:
+                    return f"{key}.{found}"
+            continue
+        if isinstance(value, torch.Tensor) and (value.is_nested or value.layout != torch.strided):
+            continue
+        if (isinstance(value, torch.Tensor) or type(value) is _LazyLeaf) and not _mapped_here(
+            value, prefix, key
+        ):
+            return key
+    return None
 
 
 def checkpoint(
@@ -277,11 +359,20 @@ def checkpoint(
     4.0
     """
     prefix = td._memmap_prefix
-    if not td._is_memmap or prefix is None or not Path(prefix).is_dir():
+    if prefix is None or not Path(prefix).is_dir():
         raise RuntimeError(
             "checkpoint() copies a TensorDict memory-mapped in a directory; call "
             "memmap_(prefix) first (an anonymous or archive-backed one has no directory)"
         )
+    if not td._is_memmap:
+        # loaded (load_memmap), so not locked: a leaf may have been set in memory since
+        key = _unmapped_leaf(td, Path(prefix))
+        if key is not None:
+            raise RuntimeError(
+                f"checkpoint(): key {key!r} is not memory-mapped in {os.fspath(prefix)!r} (a "
+                "value set in memory after the tree was loaded), so the directory does not "
+                "hold it; call memmap_() first to write it there"
+            )
     if fcntl is None:
         raise NotImplementedError("checkpoint() needs renameat2 and flock (Linux)")
     if chunk_bytes <= 0:
@@ -312,7 +403,9 @@ def checkpoint(
         tracker.reserve(source.rows or 0)  # the map covers every row the tree has
         epoch = tracker.advance()
         spare.mkdir(exist_ok=True)
-        stats = _sync(source, spare, tracker, epoch, verify, chunk_bytes, durable)
+        mine = _user_files(dest, source) if os.path.lexists(dest) else frozenset()
+        stats = _sync(source, spare, tracker, epoch, verify, chunk_bytes, durable, mine)
+        _carry(dest, spare, mine)
         if durable:
             _sync_dirs(spare)
         if os.path.lexists(dest):
