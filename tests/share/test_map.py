@@ -426,7 +426,7 @@ def test_chunks_written_through_the_files_of_a_memmap_out(tmp_path: Path) -> Non
     per leaf (no page faults through the map): the files and the tree show it; a result that
     does not fit that way (another dtype, a key more, an anonymous ``out``, a file replaced
     since) writes nothing and is left to ``update_``."""
-    from tensordict_rs.share.map import _write_through_files
+    from tensordict_rs.share.map_worker import _write_through_files
 
     out = rs.TensorDict({"a": torch.zeros(8, 4), "b": torch.zeros(8, dtype=torch.int64)}, [8])
     out = out.memmap(tmp_path / "out")
@@ -498,7 +498,7 @@ def test_map_claiming_workers_raise_the_first_failing_chunk(tmp_path: Path) -> N
 
 
 def test_counters_hand_out_ids_and_chunks_once() -> None:
-    from tensordict_rs.share.map import _Counters
+    from tensordict_rs.share.map_worker import _Counters
 
     counters = _Counters(mp.get_context(FAST))
     assert [counters.get(timeout=1) for _ in range(3)] == [0, 1, 2]
