@@ -11,7 +11,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import random
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tensordict
@@ -260,3 +262,43 @@ def test_a_loaded_tree_is_checkpointed(tmp_path: Path) -> None:
     nested["next", "obs"] = torch.ones(10, 64)
     with pytest.raises(RuntimeError, match=r"key 'next.obs' is not memory-mapped"):
         nested.checkpoint(tmp_path / "nested-ckpt")
+
+
+def _grow_until(prefix: str, stop: Any) -> None:
+    td = TensorDict.load_memmap(prefix)
+    while not stop.is_set():
+        n = td.batch_size[0]
+        idx = torch.arange(n, n + 50)
+        td.extend_({"act": -idx, "obs": idx.float()[:, None].expand(50, 64).clone()})
+
+
+def test_a_checkpoint_while_another_process_grows_the_tree(tmp_path: Path) -> None:
+    """A collector process appends while the trainer checkpoints: every checkpoint must load,
+    here and in tensordict, with whole rows. The checkpoint copied the data files' committed
+    rows, then a meta.json committed by a growth meanwhile, claiming more rows than it had
+    copied: our load refused it as truncated, tensordict's loaded wrong data (found by an
+    attack). The checkpoint now holds the lock growths take while it reads the tree."""
+    live, dest = tmp_path / "live", tmp_path / "ckpt"
+    idx = torch.arange(1000)
+    td = TensorDict({"act": -idx, "obs": idx.float()[:, None].expand(1000, 64).clone()}, [1000])
+    td.memmap(live).checkpoint(dest)
+    ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+    stop = ctx.Event()
+    child = ctx.Process(target=_grow_until, args=(os.fspath(live), stop))
+    child.start()
+    try:
+        seen = set()
+        for _ in range(12):
+            TensorDict.load_memmap(live).checkpoint(dest)
+            for lib in (TensorDict, tensordict.TensorDict):
+                c = lib.load_memmap(dest)
+                n = c.batch_size[0]
+                seen.add(n)
+                ix = torch.arange(n)
+                assert torch.equal(c["act"], -ix), (lib, n)
+                assert torch.equal(c["obs"], ix.float()[:, None].expand(n, 64)), (lib, n)
+    finally:
+        stop.set()
+        child.join(60)
+    assert child.exitcode == 0
+    assert len(seen) > 3  # the tree grew between checkpoints

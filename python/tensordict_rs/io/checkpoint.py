@@ -30,6 +30,7 @@ is still the map of its file (``_unmapped_leaf``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -74,6 +75,32 @@ def _lock(parent: Path, dest: Path) -> Iterator[None]:
     fd = os.open(parent / f".{dest.name}.tdrs%lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _tree_lock(prefix: Path) -> Iterator[None]:
+    """The lock that growths and saves of the tree's directory take (``flock`` of the
+    directory): held while a checkpoint reads the tree, so that a growth from another process
+    waits instead of committing rows the checkpoint's copy of ``meta.json`` would then claim
+    and its copies of the data files lack (a checkpoint that tensordict loaded as wrong data;
+    found by an attack). Where the file system has no ``flock``, nothing is held."""
+    assert fcntl is not None
+    fd = os.open(prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in (
+                errno.ENOLCK,
+                errno.EOPNOTSUPP,
+                errno.EINVAL,
+                errno.EBADF,
+                errno.ENOSYS,
+            ):
+                raise
         yield
     finally:
         os.close(fd)
@@ -344,8 +371,9 @@ def checkpoint(
     would write, and is the previous checkpoint or the new one at every instant (see the
     module's docstring for how, and for the hidden sibling ``.<name>.tdrs%spare``).
     ``verify=True`` also compares every ``chunk_bytes`` chunk by hash, catching writes that
-    bypassed the library's methods. ``durable=True`` fsyncs before the exchange. Write nothing
-    into ``td`` while a checkpoint runs (a write that overlaps it is in the next one).
+    bypassed the library's methods. ``durable=True`` fsyncs before the exchange. Growths of the
+    tree from other processes wait while a checkpoint runs; a write into existing rows that
+    overlaps it may be half in it (and is whole in the next one).
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
@@ -392,7 +420,7 @@ def checkpoint(
                 f"{dest} exists and is not a checkpoint made by checkpoint(); refusing to "
                 "replace what it holds: remove it or choose another destination"
             )
-    with _lock(parent, dest):
+    with _lock(parent, dest), _tree_lock(prefix):
         source = _Source(prefix)
         tracker = td._tracker
         if tracker is None:
