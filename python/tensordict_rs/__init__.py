@@ -37,9 +37,10 @@ if TYPE_CHECKING:
         is_tensor_collection,
         is_tensorclass,
     )
+    from ._core.linked_list import LinkedList
     from ._core.metadata import MetaData
     from ._core.nodes import NonTensorData
-    from ._core.nontensor import LinkedList, NonTensorStack, is_non_tensor
+    from ._core.nontensor import NonTensorStack, is_non_tensor
     from ._core.nontensor_options import (
         capture_non_tensor_stack,
         get_defaults_to_none,
@@ -235,7 +236,7 @@ _LAZY = {
     "MemoryMappedTensor": ".memmap",
     "MetaData": "._core.metadata",
     "NonTensorData": "._core.nodes",
-    "LinkedList": "._core.nontensor",
+    "LinkedList": "._core.linked_list",
     "NonTensorStack": "._core.nontensor",
     "capture_non_tensor_stack": "._core.nontensor_options",
     "is_non_tensor": "._core.nontensor",

@@ -8,207 +8,31 @@ reaches the source, as in tensordict; advanced indexing (tensors, lists, masks) 
 into a new store (a copy, as tensordict copies). The store is a list of Python values, or a packed
 column of strings (``_native.StrColumn``: UTF-8 bytes and offsets in one buffer, what a loaded
 stack of strings is) that becomes a list on the first write.
+
+The store is in ``nontensor_store``, the shape operations (``StackShapes``) in
+``nontensor_shape``, saving (``StackFiles``) in ``nontensor_files``, and ``LinkedList`` in
+``linked_list``.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
-import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from .. import _native
+from .linked_list import LinkedList, _nest, flatten_list, list_shape
 from .nodes import NTD_TYPES, NonTensorData, _json_text
+from .nontensor_files import StackFiles
+from .nontensor_shape import StackShapes
+from .nontensor_store import StrColumn, _Cells, _is_arange
 from .shared_value import SharedValue
 
 _BASIC = (int, slice, type(None), type(Ellipsis))
-
-
-class StrColumn:
-    """A packed column of strings: their UTF-8 bytes back to back and ``n + 1`` int64 offsets
-    (NumPy arrays, over the buffers a load returns). What a loaded stack of strings holds: no
-    Python object per row until a row is read, and the bytes cross to other processes as two
-    buffers, not as a million ``str``.
-
-    >>> column = StrColumn.from_strings(["a", "bé", ""])
-    >>> len(column), column.tolist(), column.take(np.array([2, 1])).tolist()
-    (3, ['a', 'bé', ''], ['', 'bé'])
-    """
-
-    __slots__ = ("offsets", "values")
-
-    def __init__(self, values: Any, offsets: Any) -> None:
-        self.values = (
-            np.frombuffer(values, dtype=np.uint8) if not isinstance(values, np.ndarray) else values
-        )
-        self.offsets = (
-            np.frombuffer(offsets, dtype=np.int64)
-            if not isinstance(offsets, np.ndarray)
-            else offsets
-        )
-
-    @classmethod
-    def from_strings(cls, strings: list[str]) -> StrColumn:
-        """A column of ``strings``."""
-        encoded = [s.encode("utf-8") for s in strings]
-        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum([len(e) for e in encoded], out=offsets[1:])
-        return cls(b"".join(encoded), offsets)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def _addresses(self) -> tuple[int, int, int, int]:
-        values = self.values if self.values.size else np.zeros(1, dtype=np.uint8)
-        return (
-            values.ctypes.data,
-            int(self.values.size),
-            self.offsets.ctypes.data,
-            int(self.offsets.size),
-        )
-
-    def get(self, ids: np.ndarray) -> list[Any]:
-        """The strings ``ids`` (a flat int64 array), in one native call."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        values, nbytes, offsets, count = self._addresses()
-        return _native.decode_strings(  # type: ignore[no-any-return]
-            values, nbytes, offsets, count, ids.ctypes.data if ids.size else 0, int(ids.size)
-        )
-
-    def tolist(self) -> list[Any]:
-        """Every string, in order."""
-        return self.get(np.arange(len(self), dtype=np.int64))
-
-    def take(self, ids: np.ndarray) -> StrColumn:
-        """A new column of the strings ``ids`` (their bytes gathered)."""
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        starts = self.offsets[ids]
-        lengths = self.offsets[ids + 1] - starts
-        offsets = np.zeros(ids.size + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        total = int(offsets[-1])
-        if total == 0:
-            return StrColumn(np.zeros(0, dtype=np.uint8), offsets)
-        base = np.repeat(starts - offsets[:-1], lengths)
-        return StrColumn(self.values[base + np.arange(total)], offsets)
-
-    def json(self, shape: Sequence[int]) -> bytes:
-        """The column as the nested JSON arrays of a stack's meta.json."""
-        values, nbytes, offsets, count = self._addresses()
-        return _native.strings_json(values, nbytes, offsets, count, list(shape))  # type: ignore[no-any-return]
-
-    def __reduce__(self) -> Any:
-        return (StrColumn, (self.values.tobytes(), self.offsets.tobytes()))
-
-
-class _Cells:
-    """The values of one or more stacks (views share it): a list, or a packed string column.
-
-    ``saved`` is set for the cells of a stack that is saved in a directory: (a weak reference
-    to that stack, the directory that holds it, its key); a write through any view of the cells
-    then writes the stack's meta.json again, as tensordict does. ``shared`` is set for the
-    cells of a shared stack (``share_memory_``, ``share_non_tensor=True``): a
-    ``SharedValue`` holding the JSON list of the cells, which every process holding the tree
-    reads and writes (this process's list is refreshed when another process wrote).
-    """
-
-    __slots__ = ("memmapped", "saved", "shared", "values")
-
-    def __init__(self, values: Any) -> None:
-        self.values = values
-        # (the stack, its parent directory, its key), or (the stack, its own directory, None)
-        # for a stack saved on its own (``stack.memmap(prefix)``)
-        self.saved: tuple[Any, Any, str | None] | None = None
-        self.shared: SharedValue | None = None
-        self.memmapped = False  # memory-mapped (saved, or ``memmap_()`` without a prefix)
-
-    def written(self) -> None:
-        """Writes the saved stack these cells belong to again (if any)."""
-        if self.saved is None:
-            return
-        ref, parent, key = self.saved
-        stack = ref()
-        if stack is None:
-            self.saved = None
-            return
-        data, shape = stack.json_data("<stack>" if key is None else key)
-        device = None if stack.device is None else str(stack.device)
-        if key is None:
-            _native.write_stack_dir(os.fspath(parent), stack.stack_dim, device, data, shape)
-        else:
-            _native.rewrite_stack(os.fspath(parent), key, stack.stack_dim, device, data, shape)
-
-    def _fresh(self) -> Any:
-        """The values, read again from shared memory when another process wrote them."""
-        shared = self.shared
-        if shared is not None and shared.changed():
-            self.values = shared.get()
-        return self.values
-
-    def writable(self) -> list[Any]:
-        """The cells as a list (a packed column is decoded once, for every view)."""
-        if type(self._fresh()) is not list:
-            self.values = self.values.tolist()
-        return self.values  # type: ignore[no-any-return]
-
-    def modify(self, change: Any) -> None:
-        """Calls ``change(cells)`` on the cells as a list, then writes them where they are kept:
-        shared memory (under its lock, so that writes of other processes to other rows are
-        kept) and the saved stack's meta.json."""
-        shared = self.shared
-        if shared is None:
-            change(self.writable())
-        else:
-
-            def apply(current: list[Any]) -> bytes:
-                before = self.values
-                self.values = current
-                try:
-                    change(current)
-                    return _shared_text(current)
-                except BaseException:
-                    self.values = before
-                    raise
-
-            shared.update(apply)
-        self.written()
-
-    def take(self, ids: np.ndarray) -> _Cells:
-        """A new store holding the cells ``ids`` (flat), in that order."""
-        values = self._fresh()
-        if type(values) is list:
-            return _Cells([values[i] for i in ids.tolist()])
-        return _Cells(values.take(ids))
-
-    def one(self, cell: int) -> Any:
-        """The value of one cell (what an element bound to it reads)."""
-        values = self._fresh()
-        if type(values) is list:
-            return values[cell]
-        return values.get(np.asarray([cell]))[0]
-
-    def get(self, ids: np.ndarray) -> list[Any]:
-        values = self._fresh()
-        if type(values) is list:
-            return [values[i] for i in ids.tolist()]
-        return values.get(ids)  # type: ignore[no-any-return]
-
-    def share(self, key: str) -> bytes:
-        """The JSON text of the cells (a new shared cell's first value); JSON values only,
-        refused naming ``key``."""
-        values = self.writable()
-        for value in values:
-            _json_text(value, key)
-        return _shared_text(values)
-
-
-def _shared_text(values: list[Any]) -> bytes:
-    return json.dumps(values, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _flat_positions(n: int) -> np.ndarray:
@@ -253,7 +77,7 @@ def _np_index(index: Any) -> tuple[Any, bool]:
     return (tuple(out) if isinstance(index, tuple) else out[0]), basic
 
 
-class NonTensorStack:
+class NonTensorStack(StackShapes, StackFiles):
     """A stack of non-tensor values, one per batch element (strings per row, for instance).
 
     ``td["names"] = ["a", "b", "c"]`` makes one; so does ``torch.stack`` of TensorDicts whose
@@ -554,109 +378,7 @@ class NonTensorStack:
 
         self._cells.modify(change)
 
-    def _bind_saved(self, parent: Any, key: str | None) -> None:
-        """Marks this stack as saved under ``parent`` at ``key`` (``key`` None: saved on its own
-        in the directory ``parent``): a later write into it (or a view of it) writes its
-        meta.json again."""
-        self._cells.saved = (weakref.ref(self), parent, key)
-        self._cells.memmapped = True
-
-    # ------------------------------------------------------------------ memory maps, updates
-    def is_memmap(self) -> bool:
-        """True for a stack saved (``memmap``, ``memmap_``, in a saved TensorDict) or
-        memory-mapped without a prefix; its rows are then written in place only.
-
-        >>> stack = NonTensorStack("a", "b")
-        >>> stack.is_memmap(), stack.memmap().is_memmap()
-        (False, True)
-        """
-        return self._cells.memmapped
-
-    _is_memmap = property(is_memmap)
-
-    @property
-    def is_locked(self) -> bool:
-        """True once memory-mapped, as tensordict's stacks: ``update`` then needs
-        ``inplace=True`` (rows are still written with ``stack[i] = value``)."""
-        return self._cells.memmapped
-
-    @property
-    def saved_path(self) -> Any:
-        """The directory of a stack saved on its own (``memmap(prefix)``), else None."""
-        saved = self._cells.saved
-        return saved[1] if saved is not None and saved[2] is None else None
-
-    def memmap_(
-        self,
-        prefix: Any = None,
-        copy_existing: bool = False,
-        *,
-        share_non_tensor: bool = False,
-        existsok: bool = True,
-        durable: bool = False,
-        **_: Any,
-    ) -> NonTensorStack:
-        """Saves the stack on its own in the directory ``prefix`` (its meta.json: the values
-        as tensordict writes them; ``TensorDict.load_memmap(prefix)`` and tensordict read it
-        back) and marks it memory-mapped; later writes into it rewrite the file. Without a
-        prefix only the mark is set, as in tensordict. ``share_non_tensor=True`` also keeps the
-        values in shared memory (processes that receive a tree holding the stack see its
-        writes). A directory holding something other than a stack is refused, never replaced;
-        so is an existing one with ``existsok=False``. Returns self.
-
-        >>> stack = NonTensorStack("a", "b").memmap_("words")
-        >>> stack.is_memmap(), NonTensorStack.load_memmap("words").tolist()
-        (True, ['a', 'b'])
-        """
-        if prefix is not None:
-            path = os.path.abspath(os.fspath(prefix))
-            if not existsok and os.path.exists(os.path.join(path, "meta.json")):
-                raise RuntimeError(f"The file {path} already exists.")
-            data, shape = self.json_data(os.path.basename(path))
-            device = None if self._device is None else str(self._device)
-            _native.write_stack_dir(path, self.stack_dim, device, data, shape, durable=durable)
-            self._bind_saved(path, None)
-        else:
-            self._cells.memmapped = True
-        if share_non_tensor and self._cells.shared is None:
-            self._cells.shared = SharedValue.create(self._cells.share("<stack>"))
-        return self
-
-    def memmap(
-        self, prefix: Any = None, copy_existing: bool = False, **options: Any
-    ) -> NonTensorStack:
-        """A memory-mapped copy of the stack (see ``memmap_``); this one is unchanged.
-
-        >>> NonTensorStack("a", "b").memmap("copy").tolist()
-        ['a', 'b']
-        """
-        out = self._gathered(self._pos)
-        out.stack_dim = self.stack_dim
-        return out.memmap_(prefix, copy_existing, **options)
-
-    def memmap_like(
-        self, prefix: Any = None, copy_existing: bool = False, **options: Any
-    ) -> NonTensorStack:
-        """As ``memmap``: a stack's values live in its meta.json, which tensordict's
-        ``memmap_like`` writes too (there is no file of zeros to make)."""
-        return self.memmap(prefix, copy_existing, **options)
-
-    @classmethod
-    def load_memmap(cls, prefix: Any, *_: Any, **__: Any) -> NonTensorStack:
-        """The stack saved on its own at ``prefix`` (by ``memmap`` here or in tensordict),
-        memory-mapped: writes into it rewrite the file. A damaged meta.json is refused
-        naming the path.
-
-        >>> _ = NonTensorStack.from_list([["a", "b"], ["c", "d"]]).memmap("grid")
-        >>> NonTensorStack.load_memmap("grid").batch_size
-        torch.Size([2, 2])
-        """
-        path = os.path.abspath(os.fspath(prefix))
-        shape, device, stack_dim, cells = _native.load_stack_dir(path)
-        out = cls._from_loaded(cells, shape, device, stack_dim)
-        out._bind_saved(path, None)
-        return out
-
+    # ------------------------------------------------------------------ updates (saves: StackFiles)
     def update(
         self, other: Any, inplace: bool = False, non_blocking: bool = False, **_: Any
     ) -> NonTensorStack:
@@ -692,7 +414,7 @@ class NonTensorStack:
         self[index] = other
         return self
 
-    # ------------------------------------------------------------------ shapes
+    # ------------------------------------------------------------------ views, copies (StackShapes)
     def _gathered(self, pos: np.ndarray) -> NonTensorStack:
         """A copy holding the cells ``pos`` (any shape)."""
         return NonTensorStack._from_parts(
@@ -704,99 +426,6 @@ class NonTensorStack:
     def _view(self, pos: np.ndarray) -> NonTensorStack:
         return NonTensorStack._from_parts(self._cells, pos, self._device)
 
-    def reshape(self, *shape: Any) -> NonTensorStack:
-        """The stack with another batch shape (row-major), as ``Tensor.reshape``."""
-        return self._view(_torch_op(self._pos, lambda t: t.reshape(*shape)))
-
-    def view(self, *shape: Any) -> NonTensorStack:
-        """As ``reshape``."""
-        return self.reshape(*shape)
-
-    def unsqueeze(self, dim: int) -> NonTensorStack:
-        """A dim of size one at ``dim``."""
-        return self._view(_torch_op(self._pos, lambda t: t.unsqueeze(dim)))
-
-    def squeeze(self, dim: int | None = None) -> NonTensorStack:
-        """Dims of size one removed (all, or ``dim``)."""
-        return self._view(
-            _torch_op(self._pos, lambda t: t.squeeze() if dim is None else t.squeeze(dim))
-        )
-
-    def permute(self, *dims: Any) -> NonTensorStack:
-        """The batch dims in another order."""
-        return self._view(_torch_op(self._pos, lambda t: t.permute(*dims)))
-
-    def transpose(self, dim0: int, dim1: int) -> NonTensorStack:
-        """Two batch dims swapped."""
-        return self._view(_torch_op(self._pos, lambda t: t.transpose(dim0, dim1)))
-
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> NonTensorStack:
-        """Batch dims ``start_dim..end_dim`` made one."""
-        return self._view(_torch_op(self._pos, lambda t: t.flatten(start_dim, end_dim)))
-
-    def unflatten(self, dim: int, sizes: Sequence[int]) -> NonTensorStack:
-        """Batch dim ``dim`` split into ``sizes``."""
-        return self._view(_torch_op(self._pos, lambda t: t.unflatten(dim, sizes)))
-
-    def expand(self, *shape: Any) -> NonTensorStack:
-        """The stack repeated over new leading dims (the values are not copied, the cells are:
-        a write into one element leaves the others, as in tensordict)."""
-        return self._gathered(_torch_op(self._pos, lambda t: t.expand(*shape)))
-
-    def apply_positions(self, fn: Any) -> Any:
-        """The stack whose elements are ``fn(positions)`` (``fn`` applied to an int64 tensor of
-        the batch shape holding each element's position): how index and shape operations act
-        on a stack. A view of the positions (basic indexing, reshape, permute...) shares the
-        values, so writes reach this stack; anything else (advanced indexing, expand, flip...)
-        copies them, as tensordict does. A 0-dim result is a ``NonTensorData``."""
-        source = torch.from_numpy(_writable_positions(self._pos))
-        out = fn(source)
-        if out.ndim == 0:
-            return self._row(int(out))
-        shares = (
-            out.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()
-            and out.numel() > 0
-            and all(
-                stride or size == 1 for size, stride in zip(out.shape, out.stride(), strict=True)
-            )
-        )
-        pos = out.numpy()
-        return self._view(pos) if shares else self._gathered(pos)
-
-    def take_rows(self, rows: torch.Tensor) -> NonTensorStack:
-        """The rows ``rows`` (int64, negative from the end) of the first dim, copied (as an
-        advanced index copies); IndexError, as torch words it, for a row out of range."""
-        index = rows.detach().cpu().numpy()
-        size = self._pos.shape[0]
-        if index.size:
-            low, high = int(index.min()), int(index.max())
-            if low < -size or high >= size:
-                bad = high if high >= size else low
-                raise IndexError(f"index {bad} is out of bounds for dimension 0 with size {size}")
-        return self._gathered(self._pos[index])
-
-    def repeat(self, *sizes: Any) -> NonTensorStack:
-        """The stack repeated along each dim, as ``Tensor.repeat``."""
-        return self.apply_positions(lambda t: t.repeat(*sizes))
-
-    def repeat_interleave(self, repeats: Any, dim: int | None = None) -> NonTensorStack:
-        """Each element repeated along ``dim``, as ``Tensor.repeat_interleave``."""
-        return self.apply_positions(lambda t: t.repeat_interleave(repeats, dim=dim))
-
-    def flip(self, dims: Any) -> NonTensorStack:
-        """The elements in reverse order along ``dims``."""
-        return self.apply_positions(lambda t: t.flip(dims))
-
-    def unbind(self, dim: int = 0) -> tuple[Any, ...]:
-        """The elements along ``dim``."""
-        moved = np.moveaxis(self._pos, dim, 0)
-        return tuple(self._result(moved[i]) for i in range(moved.shape[0]))
-
-    def _result(self, pos: np.ndarray) -> Any:
-        if pos.ndim == 0:
-            return self._row(int(pos))
-        return self._view(pos)
-
     def _row(self, cell: int) -> NonTensorData:
         """The element in cell ``cell`` as a ``NonTensorData`` bound to it: it reads the
         stack's value and writes into it (``.data = ...``, ``update_``), as tensordict's
@@ -804,16 +433,6 @@ class NonTensorStack:
         row = NonTensorData(self._cells.one(cell), batch_size=[], device=self._device)
         row._cell = (self._cells, cell)
         return row
-
-    def split(self, split_size: Any, dim: int = 0) -> tuple[NonTensorStack, ...]:
-        """Pieces along ``dim``, as ``Tensor.split``."""
-        parts = torch.from_numpy(self._pos).split(split_size, dim)
-        return tuple(self._view(p.numpy()) for p in parts)
-
-    def chunk(self, chunks: int, dim: int = 0) -> tuple[NonTensorStack, ...]:
-        """Pieces along ``dim``, as ``Tensor.chunk``."""
-        parts = torch.from_numpy(self._pos).chunk(chunks, dim)
-        return tuple(self._view(p.numpy()) for p in parts)
 
     def clone(self, recurse: bool = True) -> NonTensorStack:
         """A copy: new cells (their values deep-copied when ``recurse``)."""
@@ -892,29 +511,6 @@ class NonTensorStack:
             f"    device={self._device})"
         )
 
-    def json_data(self, key: str) -> tuple[bytes, list[int] | None]:
-        """What a save writes: the JSON of the values (nested lists, row-major) and the shape
-        when the nesting alone would not give it (cells that are lists of one length). A value
-        that JSON cannot hold raises ``InvalidTreeError`` naming ``key`` (nothing is pickled)."""
-        shape = list(self._pos.shape)
-        cells = self._cells._fresh()
-        ids = self._pos.ravel()
-        if type(cells) is not list:
-            column = cells if _is_arange(ids, len(cells)) else cells.take(ids)
-            return column.json(shape), None
-        flat = [cells[i] for i in ids.tolist()]
-        fast = _native.str_list_json(flat, shape)
-        if fast is not None:
-            return fast, None
-        for value in flat:
-            _json_text(value, key)  # refuses what JSON cannot hold, naming the key
-        text = json.dumps(_nest(flat, tuple(shape)), ensure_ascii=False, separators=(",", ":"))
-        lengths = {len(v) if type(v) in (list, tuple) else None for v in flat}
-        hint = (
-            shape if flat and len(lengths) == 1 and None not in lengths and 0 not in shape else None
-        )
-        return text.encode("utf-8"), hint
-
     def __reduce__(self) -> Any:
         cells = self._cells._fresh()
         ids = self._pos.ravel()
@@ -923,10 +519,6 @@ class NonTensorStack:
         else:  # a packed column stays one (two byte strings in the pickle)
             values = cells if _is_arange(ids, len(cells)) else cells.take(ids)
         return (_rebuild, (values, tuple(self._pos.shape), self._device, self.stack_dim))
-
-
-def _is_arange(ids: np.ndarray, n: int) -> bool:
-    return ids.size == n and (n == 0 or (int(ids[0]) == 0 and bool((np.diff(ids) == 1).all())))
 
 
 def _rebuild(
@@ -959,17 +551,6 @@ def _dense_positions(stack: NonTensorStack) -> np.ndarray:
 def _common_device(members: Sequence[NonTensorStack]) -> torch.device | None:
     devices = {m._device for m in members}
     return devices.pop() if len(devices) == 1 else None
-
-
-def _writable_positions(pos: np.ndarray) -> np.ndarray:
-    """``pos`` as torch.from_numpy takes it without a warning (a writable array)."""
-    return pos if pos.flags.writeable else pos.copy()
-
-
-def _torch_op(pos: np.ndarray, fn: Any) -> np.ndarray:
-    """``fn`` applied to the positions as a torch tensor (torch's argument rules and errors)."""
-    out = fn(torch.from_numpy(_writable_positions(pos)))
-    return np.asarray(out.numpy())
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -1016,130 +597,6 @@ def _broadcast_values(value: Any, shape: tuple[int, ...]) -> list[Any]:
     if type(value) in NTD_TYPES:
         value = value.data
     return [value] * n
-
-
-def list_shape(values: Any) -> list[int]:
-    """The shape of nested lists: the dims as deep as every list at a level has one length."""
-    shape: list[int] = []
-    level = [values]
-    while all(type(v) is list or type(v) is LinkedList for v in level) and level:
-        lengths = {len(v) for v in level}
-        if len(lengths) != 1:
-            break
-        (n,) = lengths
-        shape.append(n)
-        level = [item for v in level for item in v]
-        if not n:
-            break
-    return shape
-
-
-def flatten_list(values: Any, depth: int) -> list[Any]:
-    """The items of nested lists ``depth`` levels down, row-major."""
-    level = [values]
-    for _ in range(depth):
-        level = [item for v in level for item in v]
-    return level
-
-
-def _nest(flat: list[Any], shape: tuple[int, ...]) -> Any:
-    if not shape:
-        return flat[0]
-    if len(shape) == 1:
-        return list(flat)
-    step = len(flat) // shape[0] if shape[0] else 0
-    return [_nest(flat[i * step : (i + 1) * step], shape[1:]) for i in range(shape[0])]
-
-
-class LinkedList(list):  # type: ignore[type-arg]
-    """The values of a stack (``td[key]``): a list whose item writes go into the stack (or
-    the rows of a TensorDict, ``td.tolist(as_linked_list=True)``).
-
-    ``_td()`` is the stack (a weak reference); a change of the list's length (``append``,
-    ``extend``...) unbinds it: the stack keeps its size, the list is then a plain list.
-
-    >>> stack = NonTensorStack("a", "b")
-    >>> values = stack.tolist(as_linked_list=True)
-    >>> values[0] = "z"
-    >>> stack.tolist()
-    ['z', 'b']
-    """
-
-    __slots__ = ("_td",)
-
-    def __init__(self, *args: Any, td: Any = None, **kwargs: Any) -> None:
-        # ``type(values)(iterable)``, as code that rebuilds a sequence calls it, is not linked
-        super().__init__(*args, **kwargs)
-        self._td: Any = _NO_STACK if td is None else weakref.ref(td)
-
-    @classmethod
-    def _bound(cls, values: list[Any], stack: NonTensorStack) -> LinkedList:
-        if stack._pos.ndim > 1:
-            values = [cls._bound(row, stack[i]) for i, row in enumerate(values)]
-        return cls(values, td=stack)
-
-    def tolist(self) -> list[Any]:
-        """A plain ``list`` copy of the values, not linked to the stack (nested linked lists,
-        of a stack with several batch dims, become nested lists), as tensordict's does.
-
-        >>> values = NonTensorStack("a", "b").tolist(as_linked_list=True)
-        >>> type(values.tolist()).__name__, values.tolist()
-        ('list', ['a', 'b'])
-        """
-        return [item.tolist() if isinstance(item, LinkedList) else item for item in self]
-
-    def __setitem__(self, index: Any, value: Any) -> None:
-        stack = self._td()
-        if stack is not None:
-            stack[index] = value
-        super().__setitem__(index, value)
-
-    def _unbind(self) -> None:
-        self._td = _NO_STACK
-
-    def append(self, value: Any) -> None:
-        self._unbind()
-        super().append(value)
-
-    def extend(self, values: Iterable[Any]) -> None:
-        self._unbind()
-        super().extend(values)
-
-    def insert(self, index: Any, value: Any) -> None:
-        self._unbind()
-        super().insert(index, value)
-
-    def pop(self, index: Any = -1) -> Any:
-        self._unbind()
-        return super().pop(index)
-
-    def remove(self, value: Any) -> None:
-        self._unbind()
-        super().remove(value)
-
-    def clear(self) -> None:
-        self._unbind()
-        super().clear()
-
-    def __delitem__(self, index: Any) -> None:
-        self._unbind()
-        super().__delitem__(index)
-
-    def __iadd__(self, values: Iterable[Any]) -> LinkedList:  # type: ignore[override,misc]
-        self._unbind()
-        return super().__iadd__(values)  # type: ignore[return-value]
-
-    def __repr__(self) -> str:
-        return f"LinkedList({list.__repr__(self)})"
-
-    def __reduce__(self) -> Any:
-        """Pickled as its values (a list sent to another process is no longer linked to the
-        stack), as the reference does."""
-        return type(self), (list(self),)
-
-
-def _NO_STACK() -> None:
-    return None
 
 
 def is_non_tensor(value: Any) -> bool:

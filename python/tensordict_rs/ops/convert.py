@@ -17,8 +17,9 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from .._core.linked_list import LinkedList
 from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
-from .._core.nontensor import LinkedList, NonTensorStack
+from .._core.nontensor import NonTensorStack
 from .._core.walk import leaves, map_leaves
 from . import as_classmethod
 from .keys import _max_batch

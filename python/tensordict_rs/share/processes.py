@@ -34,7 +34,8 @@ from .._core import nested as _nested
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE
 from .._core.metadata import kind_of, of_kind
 from .._core.nodes import NTD_TYPES, TD, TreeNode, _gc_paused
-from .._core.nontensor import NonTensorStack, _Cells, share_entries
+from .._core.nontensor import NonTensorStack, share_entries
+from .._core.nontensor_store import _Cells
 from .._core.shared_value import SharedValue
 from .._core.unbatched import UnbatchedTensor
 from .._core.walk import leaves
