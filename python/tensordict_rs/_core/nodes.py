@@ -47,7 +47,7 @@ class TreeNode:
     _lock_ops: list[Any]  # what each lock_/unlock_ changed (for ``with td.lock_():``), or an undo
     _names: list[str | None] | None = None  # names of the batch dims (ops/names.py); None: unnamed
     # the tensorclass whose instances this tree class stores (a tensorclass's ``_TensorDict``
-    # subclass, see tensorclass.py), None for every other tree class
+    # subclass, see tensorclass/), None for every other tree class
     _tensorclass: ClassVar[Any] = None
     # views of a buffer lent read-only (pickle protocol 5, ray.get): values never written
     _read_only: bool = False

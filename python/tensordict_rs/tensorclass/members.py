@@ -1,0 +1,399 @@
+"""The members ``@tensorclass`` sets on a class: ``__init__`` around the dataclass's,
+attribute access (``__getattr__`` forwards to the TensorDict), indexing, ``repr``, comparisons,
+pickling state, ``__torch_function__``, ``get``/``set``/``select``, the conversions to and from
+a TensorDict, and persistence (``memmap_``, ``memmap``, ``load_memmap``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import numbers
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from .._core.nodes import NTD_TYPES
+from ..ops.devices import _normalize_device
+from ..tensordict import TensorDict
+from .fields import _MISSING, _set_field
+from .forwarding import _forwarder, _unwrap, _wrap
+
+
+def _init_wrapper(init: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        cls = type(self)
+        fields = cls.__dataclass_fields__
+        # batch_size, device, names are the TensorDict's, unless a field takes the name (shadow)
+        batch_size = None if "batch_size" in fields else kwargs.pop("batch_size", None)
+        device = None if "device" in fields else kwargs.pop("device", None)
+        names = None if "names" in fields else kwargs.pop("names", None)
+        kwargs.pop("non_blocking", None)
+        lock = kwargs.pop("lock", False)
+        if isinstance(batch_size, int):
+            batch_size = [batch_size]
+        td = cls._TensorDict._new_unchecked(
+            torch.Size([] if batch_size is None else batch_size), _normalize_device(device)
+        )
+        td.names = names
+        state = self.__dict__
+        state["_tensordict"] = td
+        state["_non_tensordict"] = {}
+        state["_initialized"] = False
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            state["_initialized"] = True
+        if lock or cls._frozen:  # a frozen tensorclass is locked, as tensordict's
+            td.lock_()
+
+    return __init__
+
+
+def _getattr(self: Any, name: str) -> Any:
+    """Names that are not fields: the TensorDict's (methods forwarded, results re-wrapped)."""
+    if name in ("_tensordict", "_non_tensordict") or name.startswith("__"):
+        raise AttributeError(name)
+    state = self.__dict__
+    if "_tensordict" not in state:
+        raise AttributeError(name)
+    td = state["_tensordict"]
+    value = getattr(td, name, _MISSING)
+    if value is _MISSING:
+        fields = sorted(type(self).__dataclass_fields__)
+        raise AttributeError(
+            f"{type(self).__name__!r} object has no attribute {name!r}; its fields are {fields}"
+        )
+    if callable(value):
+        return functools.partial(_forwarder(name), self)
+    return _wrap(self, value, td)
+
+
+def _setattr(self: Any, key: str, value: Any) -> None:
+    cls = type(self)
+    if key in ("batch_size", "names") and key not in cls.__dataclass_fields__:  # (shadow)
+        setattr(self.__dict__["_tensordict"], key, value)
+        return
+    if key == "device" and "device" not in cls.__dataclass_fields__:
+        raise RuntimeError(
+            "device cannot be set using tensorclass.device = device, because device cannot be "
+            "updated in-place. To update device, use tensorclass.to(new_device), which will "
+            "return a new tensorclass on the new device."
+        )
+    static = inspect.getattr_static(cls, key, None)
+    if key.startswith("_") or hasattr(static, "__set__"):
+        object.__setattr__(self, key, value)
+        return
+    fields = sorted(cls.__dataclass_fields__)
+    raise AttributeError(
+        f"Cannot set the attribute {key!r}: {cls.__name__} has no such field. Its fields are "
+        f"{fields}."
+    )
+
+
+def _getitem(self: Any, index: Any) -> Any:
+    if isinstance(index, str) or (
+        isinstance(index, tuple) and index and all(isinstance(i, str) for i in index)
+    ):
+        raise ValueError(
+            f"Invalid indexing arguments: {index!r}. A tensorclass is indexed along its batch "
+            f"dimensions; to read a field, use the attribute or get({index!r})."
+        )
+    td = self.__dict__["_tensordict"]
+    return type(self)._from_tensordict(td[index], dict(self.__dict__["_non_tensordict"]))
+
+
+def _setitem(self: Any, index: Any, value: Any) -> None:
+    if isinstance(index, str) or (
+        isinstance(index, tuple) and index and all(isinstance(i, str) for i in index)
+    ):
+        raise ValueError(
+            f"Invalid indexing arguments: {index!r}. A tensorclass is indexed along its batch "
+            f"dimensions; to write a field, use the attribute or set({index!r}, value)."
+        )
+    td = self.__dict__["_tensordict"]
+    if getattr(type(value), "_is_tensorclass", False):
+        if not isinstance(value, type(self)):
+            mine = set(td.keys()) | set(self.__dict__["_non_tensordict"])
+            theirs = set(value._tensordict.keys()) | set(value.__dict__["_non_tensordict"])
+            if mine != theirs:
+                raise ValueError(
+                    "__setitem__ is only allowed for same-class or compatible class (i.e. same "
+                    "members) assignment"
+                )
+        td[index] = value.__dict__["_tensordict"]
+        return
+    if not isinstance(value, (TensorDict, numbers.Number, torch.Tensor)):
+        raise ValueError(
+            "__setitem__ only supports tensorclasses, tensordicts, numeric scalars and tensors. "
+            f"Got {type(value)}"
+        )
+    td[index] = value
+
+
+def _repr(self: Any) -> str:
+    from .._core.render import render
+    from .._core.repr import _body
+
+    td = self.__dict__["_tensordict"]
+    body = _body(td)
+    missing = [  # (class variables are not fields)
+        (field.name, "None")
+        for field in dataclasses.fields(self)
+        if field.name not in td._tensordict and field.repr
+    ]
+    hidden = {n for n, f in type(self).__dataclass_fields__.items() if not f.repr}
+    body = [(k, v) for k, v in body if k not in hidden]
+    body += missing
+    return render(type(self).__name__, td.batch_size, td.device, body)
+
+
+def _len(self: Any) -> int:
+    return len(self.__dict__["_tensordict"])
+
+
+def _bool(self: Any) -> bool:
+    raise RuntimeError("Converting a tensorclass to boolean value is not permitted. ")
+
+
+def _iter(self: Any) -> Iterator[Any]:
+    for i in range(len(self)):
+        yield self[i]
+
+
+def _getstate(self: Any) -> dict[str, Any]:
+    return {
+        "tensordict": self.__dict__["_tensordict"],
+        "non_tensordict": self.__dict__["_non_tensordict"],
+    }
+
+
+def _setstate(self: Any, state: dict[str, Any]) -> None:
+    self.__dict__["_tensordict"] = state["tensordict"]
+    self.__dict__["_non_tensordict"] = state["non_tensordict"]
+    self.__dict__["_initialized"] = True
+
+
+def _torch_function(
+    cls: type,
+    func: Any,
+    types: Any,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+) -> Any:
+    kwargs = kwargs or {}
+    first = _first_tensorclass(args)
+    if first is None:  # (not ``or``: ``bool()`` of a tensorclass raises, as in tensordict)
+        first = _first_tensorclass(tuple(kwargs.values()))
+    out = kwargs.get("out")
+    result = func(*_unwrap(list(args)), **{k: _unwrap(v) for k, v in kwargs.items()})
+    if out is not None and getattr(type(out), "_is_tensorclass", False):
+        return out
+    if first is None:
+        return result
+    return _wrap(first, result, None)
+
+
+def _first_tensorclass(items: tuple[Any, ...] | list[Any]) -> Any:
+    for item in items:
+        if getattr(type(item), "_is_tensorclass", False):
+            return item
+        if type(item) in (list, tuple):
+            found = _first_tensorclass(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _get(self: Any, key: Any, default: Any = _MISSING) -> Any:
+    """A field's value (None for a field that holds nothing, or ``default`` when given); a
+    nested key reads inside nested fields; another name reads that attribute."""
+    if isinstance(key, tuple) and len(key) == 1:
+        key = key[0]
+    if isinstance(key, str):
+        if key in type(self).__dataclass_fields__:
+            value = getattr(self, key)
+            return default if value is None and default is not _MISSING else value
+        value = getattr(self, key, _MISSING)
+        if value is not _MISSING:
+            return value
+        return None if default is _MISSING else default
+    head: Any = getattr(self, key[0], None)
+    if not hasattr(head, "get") or isinstance(head, torch.Tensor):
+        return None if default is _MISSING else default
+    return head.get(key[1:], None if default is _MISSING else default)
+
+
+def _set(self: Any, key: Any, value: Any, inplace: bool = False, non_blocking: bool = False) -> Any:
+    if isinstance(key, tuple) and len(key) > 1:
+        getattr(self, key[0]).set(key[1:], value, inplace=inplace)
+        return self
+    if isinstance(key, tuple):
+        key = key[0]
+    if key not in type(self).__dataclass_fields__:
+        fields = sorted(type(self).__dataclass_fields__)
+        raise AttributeError(
+            f"Cannot set the attribute {key!r}: {type(self).__name__} has no such field. Its "
+            f"fields are {fields}."
+        )
+    _set_field(self, key, value, inplace=inplace)
+    return self
+
+
+def _select(
+    self: Any, *keys: Any, inplace: bool = False, strict: bool = True, as_tensordict: bool = False
+) -> Any:
+    """The tensorclass with only the fields of ``keys`` (the others None; ``inplace``: this
+    one, changed), or with ``as_tensordict`` those entries in a plain TensorDict.
+
+    >>> import torch; from tensordict_rs import TensorClass
+    >>> class Foo(TensorClass):
+    ...     x: torch.Tensor
+    ...     y: torch.Tensor
+    >>> foo = Foo(x=torch.zeros(3), y=torch.ones(3), batch_size=[3])
+    >>> foo.select("x").y is None, type(foo.select("x", as_tensordict=True)).__name__
+    (True, 'TensorDict')
+    """
+    td = self.__dict__["_tensordict"]
+    result = td.select(*keys, inplace=inplace, strict=strict)
+    if as_tensordict:
+        return _retyped(result, TensorDict)
+    return _wrap(self, result, td)
+
+
+def _to_tensordict(self: Any, *, retain_none: bool | None = None) -> TensorDict:
+    copy = self.__dict__["_tensordict"].to_tensordict()
+    return _retyped(copy, TensorDict)
+
+
+def _retyped(td: TensorDict, cls: type[TensorDict]) -> TensorDict:
+    """``td``'s entries (shared, not copied) in a TensorDict of class ``cls``."""
+    if type(td) is cls:
+        return td
+    out = cls._new_unchecked(td._batch_size, td._device)
+    out._tensordict = td._tensordict
+    out._is_locked = td._is_locked
+    out._is_memmap = td._is_memmap
+    out._memmap_prefix = td._memmap_prefix
+    out._lock_parents = td._lock_parents
+    out._lock_ops = td._lock_ops
+    return out
+
+
+def _from_tensordict(
+    cls: Any,
+    tensordict: TensorDict,
+    non_tensordict: dict[str, Any] | None = None,
+    safe: bool = True,
+) -> Any:
+    obj = cls.__new__(cls)
+    state = obj.__dict__
+    state["_tensordict"] = _retyped(tensordict, cls._TensorDict)
+    state["_non_tensordict"] = {} if non_tensordict is None else non_tensordict
+    state["_initialized"] = True
+    if cls._post_init is not None and not cls._skip_post_init_on_rebuild:
+        cls._post_init(obj)
+    return obj
+
+
+def _from_tensordict_public(
+    cls: Any,
+    tensordict: TensorDict,
+    non_tensordict: dict[str, Any] | None = None,
+    safe: bool = True,
+) -> Any:
+    """Wraps ``tensordict`` (its entries are shared) as an instance of the class; its keys must
+    be fields of the class."""
+    fields = set(cls.__dataclass_fields__)
+    extra = set(tensordict.keys()) - fields
+    if safe and extra:
+        raise ValueError(
+            f"Keys from the tensordict ({set(tensordict.keys())}) must correspond to the class "
+            f"attributes ({fields}). Got the set of keys {extra} which do not belong to the class."
+        )
+    return cls._from_tensordict(tensordict, non_tensordict)
+
+
+def _from_dict(
+    cls: Any,
+    input_dict: dict[str, Any],
+    batch_size: Any = None,
+    device: Any = None,
+    batch_dims: int | None = None,
+    auto_batch_size: bool | None = None,
+) -> Any:
+    """An instance from a (nested) dict of its fields."""
+    td = TensorDict.from_dict(
+        input_dict,
+        batch_size=batch_size,
+        device=device,
+        batch_dims=batch_dims,
+        auto_batch_size=auto_batch_size,
+    )
+    return cls.from_tensordict(td)
+
+
+def _as_node(self: Any) -> TensorDict:
+    """The TensorDict to store when this tensorclass is an entry of another tree (of the class's
+    TensorDict subclass, so that the tree keeps the class)."""
+    state = self.__dict__
+    td = state["_tensordict"]
+    if type(td) is not type(self)._TensorDict:
+        td = state["_tensordict"] = _retyped(td, type(self)._TensorDict)
+    return td
+
+
+def _compare(self: Any, other: Any, ne: bool) -> Any:
+    """``==`` / ``!=``: a tensorclass of bools; against a number or tensor the non-tensor
+    fields are left out (as tensordict does); anything else compares unequal."""
+    if not isinstance(other, (dict, numbers.Number, torch.Tensor, TensorDict)) and not getattr(
+        type(other), "_is_tensorclass", False
+    ):
+        return ne
+    td = self.__dict__["_tensordict"]
+    if not isinstance(other, TensorDict) and not getattr(type(other), "_is_tensorclass", False):
+        plain = [k for k, v in td.items(include_nested=True) if type(v) in NTD_TYPES]
+        td = td.exclude(*plain) if plain else td
+    result = (td != _unwrap(other)) if ne else (td == _unwrap(other))
+    return type(self)._from_tensordict(result, dict(self.__dict__["_non_tensordict"]))
+
+
+def _eq(self: Any, other: Any) -> Any:
+    return _compare(self, other, False)
+
+
+def _ne(self: Any, other: Any) -> Any:
+    return _compare(self, other, True)
+
+
+# ------------------------------------------------------------------------------ persistence
+
+
+def _memmap_(self: Any, prefix: Any = None, copy_existing: bool = False, **kwargs: Any) -> Any:
+    """Memory-maps every field in place (anonymous, or the reference's tensorclass layout under
+    ``prefix``: ``meta.json`` with the class, the fields in ``_tensordict/``) and locks."""
+    _as_node(self).memmap_(prefix, copy_existing, **kwargs)
+    return self
+
+
+def _memmap(self: Any, prefix: Any = None, copy_existing: bool = False, **kwargs: Any) -> Any:
+    """A memory-mapped copy (see ``memmap_``)."""
+    result = _as_node(self).memmap(prefix, copy_existing, **kwargs)
+    return type(self)._from_tensordict(result, dict(self.__dict__["_non_tensordict"]))
+
+
+def _memmap_like(self: Any, prefix: Any = None, copy_existing: bool = False, **kwargs: Any) -> Any:
+    """Zero-filled memory maps of the same fields, shapes and dtypes (see ``memmap_``)."""
+    result = _as_node(self).memmap_like(prefix, copy_existing, **kwargs)
+    return type(self)._from_tensordict(result, dict(self.__dict__["_non_tensordict"]))
+
+
+def _load_memmap(
+    cls: Any, prefix: Any, device: Any = None, non_blocking: bool = False, **kwargs: Any
+) -> Any:
+    """Loads a saved tensorclass (of the class recorded in the directory)."""
+    loaded = cls._TensorDict.load_memmap(prefix, device=device, non_blocking=non_blocking, **kwargs)
+    return loaded
