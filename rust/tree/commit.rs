@@ -7,7 +7,7 @@
 //! someone else's, mode 0700, `flock`ed while its save lives). The `%s` in the name is not a
 //! `%XX` escape, so no encoded key can ever be named like it. The commit writes a journal,
 //! `.tdrs%journal`, listing every step still to do, and moves it into the target with one
-//! exclusive rename: that is the commit point. The steps (`commit_apply.rs`) then move the
+//! exclusive rename: that is the commit point. The steps (`commit/apply.rs`) then move the
 //! root meta.json aside, put each changed file in place, meta.json files last, the root one at
 //! the very end, remove what the new tree drops, and the journal goes.
 //!
@@ -54,7 +54,7 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The journal format this version writes: staged entries carry their identity and the
 /// directories their meta.json states. Journals without a version (older saves) are replayed
-/// on the weaker proof they allow (see `commit_apply.rs`).
+/// on the weaker proof they allow (see `commit/apply.rs`).
 pub const JOURNAL_VERSION: u32 = 2;
 
 /// An identity (device, inode).

@@ -358,8 +358,5 @@ fn walk(
     })
 }
 
-// (the unit tests name their temporary directories with it, through `use super::*`)
-#[cfg(test)]
-use crate::sys::storage;
 #[cfg(test)]
 mod tests;

@@ -68,7 +68,7 @@ impl Window {
     }
 }
 
-/// Parses and validates the end records, the central directory and every local header.
+/// What `index` gives: the entries, the position of each name, the names of directory entries.
 type Index = (Vec<ZipEntry>, HashMap<String, usize>, HashSet<String>);
 
 /// Consecutive local headers closer than this share one read.
@@ -82,6 +82,7 @@ struct Central {
     name_bytes: Vec<u8>,
 }
 
+/// Parses and validates the end records, the central directory and every local header.
 pub(super) fn index(path: &Path, file: &File, len: u64) -> Result<Index> {
     let not_zip = || bad(path, "not a zip archive (no end of central directory record)");
     // The end record lies in the last 64 KiB + 22 bytes (its comment is at most 64 KiB),

@@ -1,4 +1,5 @@
 use super::*;
+use crate::sys::storage;
 use crate::tree::save::{write_tree, EntrySpec, LeafSpec, NodeSpec, SaveOptions};
 
 fn saved() -> std::path::PathBuf {

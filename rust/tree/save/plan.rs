@@ -458,12 +458,12 @@ impl Plan {
         Ok(())
     }
 
-    /// Writes the staged data files (in parallel) and maps them.
     /// The bytes `write_data` will write (or reserve).
     pub(super) fn data_bytes(&self, leaves: &[LeafSpec<'_>]) -> u64 {
         self.jobs.iter().map(|job| leaves[job.leaf].nbytes as u64).sum()
     }
 
+    /// Writes the staged data files (in parallel) and maps them.
     pub(super) fn write_data(
         &mut self,
         staging: &Staging,
