@@ -1,10 +1,13 @@
-"""MemoryMappedTensor: a ``torch.Tensor`` whose storage is a memory map owned by the Rust core."""
+"""MemoryMappedTensor: a ``torch.Tensor`` whose storage is a memory map owned by the Rust core.
+
+Its buffers are typed as tensors by ``_core/tensor_bytes.py`` (shapes in flat memory, nested
+ones too, and the contiguous bytes a writer reads).
+"""
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -12,6 +15,16 @@ import torch
 
 from . import _native
 from ._core.dtypes import dtype_from_str, dtype_to_str
+from ._core.tensor_bytes import (
+    Shape,
+    _itemsize,
+    _nested_shape,
+    _nested_values,
+    _numel,
+    _shaped,
+    _source_bytes,
+    _tensor_from_buffer,
+)
 
 __all__ = ["MemoryMappedTensor"]
 
@@ -21,36 +34,6 @@ PathLike = str | os.PathLike[str]
 def _is_writable(filename: PathLike) -> bool:
     """True when this process may write ``filename`` (its permission bits, as tensordict checks)."""
     return os.access(os.fspath(filename), os.W_OK)
-
-
-Shape = Sequence[int] | torch.Tensor  # a tensor: one row per element of a nested tensor
-
-
-def _numel(shape: Shape) -> int:
-    """Elements of a shape, or of every element of a nested shape."""
-    if isinstance(shape, torch.Tensor):
-        return int(shape.prod(-1).sum()) if shape.numel() else 0
-    return torch.Size(shape).numel()
-
-
-def _shaped(flat: torch.Tensor, shape: Shape) -> torch.Tensor:
-    """``flat`` (1-D, exactly the elements) viewed as ``shape``; a nested view for a nested one."""
-    if isinstance(shape, torch.Tensor):
-        strides, offsets = torch._nested_compute_contiguous_strides_offsets(shape)
-        return torch._nested_view_from_buffer(flat, shape, strides, offsets)
-    return flat.view(tuple(shape))
-
-
-def _nested_shape(value: Any) -> torch.Tensor | None:
-    """The (n, ndim) int64 tensor of a nested shape, when ``value`` is one."""
-    if isinstance(value, torch.Tensor):
-        if value.ndim != 2 or value.is_floating_point():
-            raise ValueError(
-                "a shape given as a tensor is a nested shape: 2-D, one row of ints per element, "
-                f"got {value!r}"
-            )
-        return value.to(torch.int64)
-    return None
 
 
 def _refuse_jagged(tensor: torch.Tensor, where: str = "") -> None:
@@ -63,30 +46,6 @@ def _refuse_jagged(tensor: torch.Tensor, where: str = "") -> None:
         raise _native.UnsupportedFormatError(
             f"memmap does not store {tensor.layout} tensors{where}; call .to_dense() first"
         )
-
-
-def _nested_values(tensor: torch.Tensor) -> torch.Tensor:
-    """The elements of a strided nested tensor, flat and contiguous, in element order."""
-    parts = [t.reshape(-1) for t in tensor.unbind()]
-    if not parts:
-        return torch.empty(0, dtype=tensor.dtype)
-    return torch.cat(parts)
-
-
-def _tensor_from_buffer(buffer: _native.Buffer, dtype: torch.dtype, shape: Shape) -> torch.Tensor:
-    """Types the flat bytes of ``buffer``; the tensor keeps ``buffer`` (and the map) alive."""
-    if buffer.writable:
-        flat = torch.frombuffer(buffer, dtype=dtype)
-    else:
-        # memory lent read-only (an object store's): torch warns that it cannot mark tensors
-        # read-only; this library never writes there and its trees refuse to (share/pickling)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            flat = torch.frombuffer(buffer, dtype=dtype)
-    numel = _numel(shape)
-    if flat.numel() != numel:
-        flat = flat[:numel]
-    return _shaped(flat, shape)
 
 
 def _wrap(
@@ -110,20 +69,6 @@ def _from_buffer(
     return _wrap(_tensor_from_buffer(buffer, dtype, shape), buffer, buffer.filename, shared)
 
 
-def _source_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU tensor with the values of ``tensor``, for the Rust writers to read."""
-    src = tensor.detach()
-    if src.is_conj():  # a lazy conjugate or negative view: its memory holds other values
-        src = src.resolve_conj()
-    if src.is_neg():
-        src = src.resolve_neg()
-    if src.device.type != "cpu":
-        src = src.cpu()
-    if not src.is_contiguous() or src.storage_offset() < 0:
-        src = src.contiguous()
-    return src
-
-
 def _empty_result(dtype: torch.dtype, shape: Shape) -> MemoryMappedTensor:
     # Empty tensors have no memory map (nothing to map, and frombuffer refuses 0 bytes).
     return _wrap(_shaped(torch.empty(0, dtype=dtype), shape), None, None)
@@ -144,10 +89,6 @@ def _parse_shape(args: tuple[Any, ...], shape: Any) -> Shape:
     if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
         return tuple(torch.Size(args[0]))
     return tuple(torch.Size(args))
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _check_device(device: Any) -> None:

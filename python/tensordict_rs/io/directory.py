@@ -22,9 +22,10 @@ from .._core import nested as _nested
 from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
 from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode, _gc_paused, _json_text
 from .._core.nontensor import NonTensorStack
+from .._core.tensor_bytes import _source_bytes
 from .._core.unbatched import UnbatchedTensor
 from .._core.walk import refuse_unbatched
-from ..memmap import MemoryMappedTensor, _from_buffer, _LazyLeaf, _source_bytes, value_nbytes
+from ..memmap import MemoryMappedTensor, _from_buffer, _LazyLeaf, value_nbytes
 from ..ops.stream import stream_tree
 from . import growth
 

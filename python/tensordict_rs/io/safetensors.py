@@ -19,8 +19,9 @@ import torch
 
 from .. import _native
 from .._core.nodes import TD, NonTensorData, _json_text
+from .._core.tensor_bytes import _source_bytes, _tensor_from_buffer
 from .._core.unbatched import UnbatchedTensor
-from ..memmap import _LazyLeaf, _source_bytes, _tensor_from_buffer
+from ..memmap import _LazyLeaf
 
 PathLike = str | os.PathLike[str]
 BATCH_SIZES = "tensordict_rs.batch_sizes"

@@ -44,7 +44,8 @@ import torch
 from .. import _native
 from .._core.locking import mark_read_only
 from .._core.nodes import TD, TreeNode, _gc_paused
-from ..memmap import MemoryMappedTensor, _LazyLeaf, _tensor_from_buffer
+from .._core.tensor_bytes import _tensor_from_buffer
+from ..memmap import MemoryMappedTensor, _LazyLeaf
 from . import packed as _packed
 from . import packed_description as _desc
 
