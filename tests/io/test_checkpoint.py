@@ -302,3 +302,69 @@ def test_a_checkpoint_while_another_process_grows_the_tree(tmp_path: Path) -> No
         child.join(60)
     assert child.exitcode == 0
     assert len(seen) > 3  # the tree grew between checkpoints
+
+
+def _write_row_when_told(td: Any, prefix: str, row: int, ready: Any, go: Any, done: Any) -> None:
+    if td is None:
+        td = TensorDict.load_memmap(prefix)
+    ready.set()
+    go.wait(60)
+    td[row] = TensorDict({"x": torch.full((256,), 5.0)}, [])
+    done.set()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("how", ["sent", "loaded"])
+def test_writes_of_processes_started_before_the_first_checkpoint_are_tracked(
+    tmp_path: Path, method: str, how: str
+) -> None:
+    """Collectors start with the buffer, checkpoints come later: a process that had the tree
+    (forked with it, sent it pickled, or loaded it) before the first checkpoint made the dirty
+    map stamped nothing, and a tree sent to a spawned process never did, so every later
+    checkpoint missed its writes (found by an attack). They now look for the map after each
+    write (``PendingMap``) and a received tree takes up its directory's map."""
+    if method == "fork" and sys.platform != "linux":
+        pytest.skip("fork is Linux's")
+    td = TensorDict({"x": torch.zeros(2048, 256)}, [2048]).memmap(tmp_path / "live")
+    dest = tmp_path / "ckpt"
+    ctx = mp.get_context(method)
+    ready, go, done = ctx.Event(), ctx.Event(), ctx.Event()
+    child = ctx.Process(
+        target=_write_row_when_told,
+        args=(td if how == "sent" else None, os.fspath(tmp_path / "live"), 7, ready, go, done),
+    )
+    child.start()
+    try:
+        assert ready.wait(120)
+        td.checkpoint(dest)  # the first: makes the map while the child holds the tree
+        td.checkpoint(dest)
+        go.set()
+        assert done.wait(60)
+    finally:
+        child.join(60)
+    assert child.exitcode == 0
+    stats = td.checkpoint(dest)
+    assert stats["bytes_written"] < 2048 * 256 * 4 // 8  # still incremental
+    assert tensordict.TensorDict.load_memmap(dest)["x"][7, 0] == 5.0
+    assert_same_as_full_copy(td, dest, tmp_path)
+
+
+def test_a_write_during_which_the_map_appears_is_stamped(tmp_path: Path) -> None:
+    """The race the look after each write closes: a write announced while the directory had
+    no map, the first checkpoint made in the middle of it (after it copied the row), the
+    write finished: its rows are stamped when it ends, so the next checkpoint copies them."""
+    from tensordict_rs.io.dirty import DirtyMap, PendingMap
+
+    live = tmp_path / "live"
+    TensorDict({"x": torch.zeros(4096, 256)}, [4096]).memmap(live)
+    td = TensorDict.load_memmap(live)
+    assert isinstance(td._tracker, PendingMap)
+    other = TensorDict.load_memmap(live)
+    token = td._tracker.mark(slice(100, 101), 4096)  # announced: no map yet
+    other.checkpoint(tmp_path / "ckpt")  # makes the map, copies row 100 as it was
+    td["x"][100] = 3.0  # the write itself (through its leaf, as the library's methods do)
+    td._tracker.confirm(slice(100, 101), 4096, token)
+    assert isinstance(td._tracker.real, DirtyMap)
+    stats = other.checkpoint(tmp_path / "ckpt")
+    assert stats["bytes_written"] < 4096 * 256 * 4 // 8
+    assert tensordict.TensorDict.load_memmap(tmp_path / "ckpt")["x"][100, 0] == 3.0

@@ -1,8 +1,8 @@
 """Which rows of a saved tree were written: the hooks the write paths call (issue 24).
 
-A memory-mapped tree whose directory keeps a dirty map (``io/dirty.py``: created by the first
-``checkpoint``, attached by every load) carries it as ``_tracker`` on its root and nested
-trees. Every write through the library's methods (``td[i] = ...``, ``set_at_``/``update_at_``,
+A memory-mapped tree saved in a directory carries the directory's dirty map (``io/dirty.py``:
+created by the first ``checkpoint``; until then a ``PendingMap`` that looks for it) as
+``_tracker`` on its root and nested trees, attached by every save, load and unpickling. Every write through the library's methods (``td[i] = ...``, ``set_at_``/``update_at_``,
 ``copy_``, ``extend_``, in-place arithmetic, ``torch.stack/cat(out=)``, ``apply_``) calls
 ``mark`` with the batch index before writing and ``confirm`` after, so that a checkpoint
 copies only the rows written since the last one. Writes that bypass these methods (through a

@@ -423,8 +423,9 @@ def checkpoint(
     with _lock(parent, dest), _tree_lock(prefix):
         source = _Source(prefix)
         tracker = td._tracker
-        if tracker is None:
-            # the first checkpoint of this tree: from now on its writes are stamped
+        if not isinstance(tracker, DirtyMap):
+            # the first checkpoint of this tree: from now on its writes are stamped (and those
+            # of every process holding it: their PendingMap finds the file)
             tracker = DirtyMap.open(prefix, create_rows=max(1, sum(source.row_files.values())))
             assert tracker is not None
             tracker.attach(td)

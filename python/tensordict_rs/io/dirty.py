@@ -14,6 +14,11 @@ date at. A write that finished before the epoch moved is therefore in the copy, 
 overlapped it is stamped with the new epoch and copied by the next checkpoint.
 
 Tensordict ignores files its meta.json does not name, so the map never disturbs it.
+
+A tree saved or loaded before its directory has a map carries a ``PendingMap`` instead: it
+looks for the file after every write and takes it up once the first checkpoint made it. So a
+process that loaded the tree (or was forked with it, or got it pickled) before the first
+checkpoint still stamps its writes.
 """
 
 from __future__ import annotations
@@ -37,6 +42,13 @@ BLOCK_BYTES = 4096
 def block_rows(row_bytes: int) -> int:
     """Rows per block for rows of ``row_bytes`` bytes (all leaves together)."""
     return max(1, BLOCK_BYTES // max(1, row_bytes))
+
+
+def _attach(tracker: Any, td: TreeNode) -> None:
+    td._tracker = tracker
+    for value in td._tensordict.values():
+        if isinstance(value, TreeNode):
+            _attach(tracker, value)
 
 
 class DirtyMap:
@@ -81,10 +93,7 @@ class DirtyMap:
 
     def attach(self, td: TreeNode) -> None:
         """Makes ``td`` and its nested trees report their writes here."""
-        td._tracker = self
-        for value in td._tensordict.values():
-            if isinstance(value, TreeNode):
-                self.attach(value)
+        _attach(self, td)
 
     def reserve(self, rows: int) -> None:
         """Makes room for ``rows`` rows (the map file grows, as the tree does, by half)."""
@@ -188,3 +197,55 @@ class DirtyMap:
         stops = (edges == -1).nonzero().flatten().tolist()
         br = self.rows
         return [(a * br, min(b * br, n)) for a, b in zip(starts, stops, strict=True)]
+
+
+class _Untracked:
+    """``mark``'s token while there is no map: the rows announced, for ``confirm``."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+
+
+class PendingMap:
+    """Stands in for the dirty map of a tree whose directory has none yet (see the module's
+    docstring). A write looks for the file after it is done (``confirm``: one ``access``
+    call), and stamps its rows when the file is there: a write that finished before that look
+    finished before the map existed, so before the first checkpoint's copy began, which
+    holds it. The first look that finds the file opens it, and later writes go through it."""
+
+    def __init__(self, prefix: Path) -> None:
+        self.path = os.fspath(prefix / DIRTY_FILE)
+        self.real: DirtyMap | None = None
+
+    def attach(self, td: TreeNode) -> None:
+        """Makes ``td`` and its nested trees report their writes here."""
+        _attach(self, td)
+
+    def resolve(self) -> DirtyMap | None:
+        """The map, once a checkpoint made it, else None."""
+        real = self.real
+        if real is None:
+            if not os.access(self.path, os.F_OK, follow_symlinks=False):
+                return None
+            real = self.real = DirtyMap.open(Path(self.path).parent)
+        return real
+
+    def mark(self, index: Any, n: int) -> Any:
+        real = self.real
+        return _Untracked(index) if real is None else real.mark(index, n)
+
+    def mark_rows(self, start: int, stop: int) -> Any:
+        real = self.real
+        return _Untracked(slice(start, stop)) if real is None else real.mark_rows(start, stop)
+
+    def confirm(self, index: Any, n: int, token: Any) -> None:
+        if type(token) is _Untracked:
+            real = self.resolve()
+            if real is not None:  # made while this write ran: its rows are stamped now
+                real.mark(token.index, n)
+        else:
+            real = self.real
+            assert real is not None
+            real.confirm(index, n, token)

@@ -447,8 +447,10 @@ def resize_(td: TD, rows: int, *, durable: bool = False) -> TD:
 
 
 def attach(td: TreeNode, prefix: Path) -> None:
-    """Attaches the dirty map of the directory ``prefix`` (if it has one) to the loaded
-    ``td``."""
+    """Attaches the dirty map of the directory ``prefix`` to the saved or loaded ``td`` (a
+    ``PendingMap`` while the directory has none)."""
     tracker = _dirty_map.DirtyMap.open(prefix)
-    if tracker is not None:
+    if tracker is None:  # no checkpoint yet: its writes look for the map the first one makes
+        _dirty_map.PendingMap(Path(prefix)).attach(td)
+    else:
         tracker.attach(td)

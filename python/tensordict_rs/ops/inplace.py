@@ -33,9 +33,10 @@ def zero_(td: TD) -> TD:
     tensor([0., 0.])
     """
     refuse_read_only(td)
-    _dirty.mark(td)
+    token = _dirty.mark(td)
     for _, _, leaf in list(leaves(td)):
         leaf.zero_()
+    _dirty.confirm(td, _dirty.ALL, token)
     return td
 
 
@@ -49,13 +50,14 @@ def fill_(td: TD, key: Any, value: float | bool) -> TD:
     tensor([7., 7., 7.])
     """
     refuse_read_only(td)
-    _dirty.mark(td)
+    token = _dirty.mark(td)
     entry = td._entry(key)
     if isinstance(entry, TreeNode):
         for _, _, leaf in list(leaves(entry)):
             leaf.fill_(value)
     else:
         entry.fill_(value)
+    _dirty.confirm(td, _dirty.ALL, token)
     return td
 
 

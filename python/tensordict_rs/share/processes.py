@@ -39,7 +39,7 @@ from .._core.nontensor_store import _Cells
 from .._core.shared_value import SharedValue
 from .._core.unbatched import UnbatchedTensor
 from .._core.walk import leaves
-from ..io import directory
+from ..io import directory, growth
 from ..memmap import MemoryMappedTensor, _LazyLeaf, _source_bytes, _wrap
 from . import ring as _ring
 from . import ring_layout, ring_receive
@@ -345,7 +345,17 @@ def _rebuild_td(
     node, count = pickle.loads(layout)
     td = _build(node, _receive(handles, files, count), storages)
     _relock(td, node)
+    _track(td)
     return td
+
+
+def _track(td: Any) -> None:
+    """A tree saved in a directory stamps its writes in the directory's dirty map here as in
+    the sender (``io/dirty.py``), so that a checkpoint sees what this process writes (a tree
+    sent to a spawned process did not: its writes were missed by every checkpoint)."""
+    prefix = td._memmap_prefix
+    if prefix is not None and td._tracker is None and os.path.isdir(prefix):
+        growth.attach(td, prefix)
 
 
 def reduce_tensordict(td: TD) -> tuple[Any, ...]:
@@ -446,6 +456,7 @@ def setstate(td: TD, state: dict[str, Any]) -> None:
     td._memmap_prefix = state["prefix"]
     if state["is_locked"]:
         td._lock_tree()
+    _track(td)
 
 
 def register(tensordict_cls: type) -> None:
