@@ -9,6 +9,7 @@ the rows written are copied; writes through raw leaves are caught by ``verify=Tr
 from __future__ import annotations
 
 import multiprocessing as mp
+import operator
 import os
 import random
 import sys
@@ -368,3 +369,49 @@ def test_a_write_during_which_the_map_appears_is_stamped(tmp_path: Path) -> None
     stats = other.checkpoint(tmp_path / "ckpt")
     assert stats["bytes_written"] < 4096 * 256 * 4 // 8
     assert tensordict.TensorDict.load_memmap(tmp_path / "ckpt")["x"][100, 0] == 3.0
+
+
+_UNARY = (
+    "abs_ acos_ asin_ atan_ ceil_ cos_ cosh_ erf_ erfc_ exp_ expm1_ floor_ frac_ lgamma_ log10_ "
+    "log1p_ log2_ log_ neg_ reciprocal_ round_ sigmoid_ sign_ sin_ sinh_ sqrt_ tan_ tanh_ trunc_"
+).split()
+
+
+def _half(td: TensorDict) -> TensorDict:
+    return TensorDict({"x": torch.full((256, 16), 0.25)}, [256])
+
+
+_WRITES: dict[str, Any] = {
+    **{name: operator.methodcaller(name) for name in _UNARY},
+    "add_": lambda td: td.add_(1.0),
+    "sub_": lambda td: td.sub_(_half(td)),
+    "mul_": lambda td: td.mul_(3.0),
+    "div_": lambda td: td.div_(_half(td)),
+    "pow_": lambda td: td.pow_(2.0),
+    "clamp_max_": lambda td: td.clamp_max_(0.1),
+    "clamp_min_": lambda td: td.clamp_min_(0.9),
+    "maximum_": lambda td: td.maximum_(0.9),
+    "minimum_": lambda td: td.minimum_(0.1),
+    "lerp_": lambda td: td.lerp_(_half(td), 0.5),
+    "addcmul_": lambda td: td.addcmul_(_half(td), _half(td)),
+    "addcdiv_": lambda td: td.addcdiv_(_half(td), _half(td)),
+    "masked_fill_": lambda td: td.masked_fill_(torch.ones(256, dtype=torch.bool), 2.0),
+    "copy_at_": lambda td: td.copy_at_(TensorDict({"x": torch.ones(16)}, []), 5),
+    "update_": lambda td: td.update_({"x": torch.ones(256, 16)}),
+    "fill_": lambda td: td.fill_("x", 3.0),
+    "zero_": lambda td: td.zero_(),
+    "apply_": lambda td: td.apply_(lambda t: t.add_(1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_WRITES))
+def test_every_in_place_method_is_seen_by_the_next_checkpoint(tmp_path: Path, name: str) -> None:
+    """Each in-place method of TensorDict stamps the rows it writes: the checkpoint after it
+    equals a full copy (maximum_, minimum_, lerp_, addcmul_ and addcdiv_ stamped nothing,
+    so the checkpoints after them kept the old values; found by an attack)."""
+    td = TensorDict({"x": torch.full((256, 16), 0.5)}, [256]).memmap(tmp_path / "live")
+    td.checkpoint(tmp_path / "ckpt")
+    td.checkpoint(tmp_path / "ckpt")
+    _WRITES[name](td)
+    td.checkpoint(tmp_path / "ckpt")
+    assert_same_as_full_copy(td, tmp_path / "ckpt", tmp_path)

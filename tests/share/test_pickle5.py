@@ -123,6 +123,11 @@ def test_read_only_buffer_gives_a_read_only_tree() -> None:
         lambda: again[1:].zero_(),  # a view of the same read-only bytes
         lambda: again["n"].zero_(),
         lambda: again.masked_fill_(torch.ones(4, 3, dtype=torch.bool), 0.0),
+        lambda: again.maximum_(td),  # these five were not refused
+        lambda: again.minimum_(td),
+        lambda: again.lerp_(td, 0.5),
+        lambda: again.addcmul_(td, td),
+        lambda: again.addcdiv_(td, td + 1),
     ]
     for write in writes:
         with pytest.raises(LockedError, match=r"read-only buffer.*td\.clone\(\)"):
