@@ -12,8 +12,7 @@ import torch
 from ._core import dirty as _dirty
 from ._core import index as _index
 from ._core import nested as _nested
-from ._core.classes import TensorDictBase, public
-from ._core.index import is_key
+from ._core.classes import TensorDictBase
 from ._core.index import key_path as _as_key
 from ._core.locking import Lockable, locked_error, refuse_read_only
 from ._core.nodes import NTD_TYPES, TD, Key, NonTensorData, TreeNode
@@ -21,8 +20,7 @@ from ._core.nontensor import NonTensorStack
 from ._core.nontensor_options import get_returns_none
 from ._core.repr import compact_repr
 from ._core.unbatched import UnbatchedTensor, with_batch_size
-from ._core.walk import KeyList, map_leaves, walk_items
-from ._core.walk import sorted_items as _sorted
+from ._core.walk import map_leaves
 from .io import checkpoint as _checkpoint
 from .io import growth as _growth
 from .io import safetensors as _safetensors
@@ -472,74 +470,11 @@ class TensorDict(
         del self[key]
         return value
 
-    def keys(
-        self,
-        include_nested: bool = False,
-        leaves_only: bool = False,
-        is_leaf: Callable[[type], bool] | None = None,
-        *,
-        sort: bool = False,
-    ) -> list[Key]:
-        """Entry keys in insertion order; nested keys are tuples with ``include_nested``.
-        ``is_leaf(type)`` marks nested trees or non-tensor entries to take whole as leaves;
-        ``sort`` orders the keys by their ``"."``-joined names (as tensordict).
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> td = TensorDict({"b": {"c": torch.ones(2)}, "a": torch.zeros(2)}, [2])
-        >>> td.keys(), td.keys(include_nested=True, leaves_only=True, sort=True)
-        (['b', 'a'], ['a', ('b', 'c')])
-        """
-        if not (include_nested or leaves_only or sort):  # every key of this level
-            return KeyList(self._tensordict)
-        items = walk_items(self, include_nested, leaves_only, False, is_leaf=is_leaf)
-        return KeyList(k for k, _ in _sorted(items, sort))
-
-    def values(
-        self,
-        include_nested: bool = False,
-        leaves_only: bool = False,
-        is_leaf: Callable[[type], bool] | None = None,
-        *,
-        sort: bool = False,
-    ) -> list[Any]:
-        """Entry values, in the order of ``keys`` (the same arguments).
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
-        >>> td.values(include_nested=True, leaves_only=True)
-        [tensor([0., 0.]), tensor([1., 1.])]
-        """
-        items = walk_items(self, include_nested, leaves_only, is_leaf=is_leaf)
-        return [public(v) for _, v in _sorted(items, sort)]
-
-    def items(
-        self,
-        include_nested: bool = False,
-        leaves_only: bool = False,
-        is_leaf: Callable[[type], bool] | None = None,
-        *,
-        sort: bool = False,
-    ) -> list[tuple[Key, Any]]:
-        """``(key, value)`` pairs, in the order of ``keys`` (the same arguments).
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
-        >>> [(key, value.tolist()) for key, value in td.items(True, leaves_only=True)]
-        [('a', [0.0, 0.0]), (('b', 'c'), [1.0, 1.0])]
-        """
-        items = walk_items(self, include_nested, leaves_only, is_leaf=is_leaf)
-        return [(k, public(v)) for k, v in _sorted(items, sort)]
-
-    def __contains__(self, key: object) -> bool:
-        if isinstance(key, str):
-            return key in self._tensordict
-        if isinstance(key, tuple) and is_key(key):
-            try:
-                self._entry(key)
-            except KeyError:
-                return False
-            return True
-        raise TypeError(f"keys are str or tuples of str, got {key!r}")
+    # the key views: ops/keys.py
+    keys = _keys.keys
+    values = _keys.values
+    items = _keys.items
+    __contains__ = _keys.contains
 
     def __len__(self) -> int:
         return self._batch_size[0] if self._batch_size else 0
@@ -564,19 +499,7 @@ class TensorDict(
     chunk = _shape.chunk
     unbind = _shape.unbind
     pad = _shape.pad
-
-    def densify(self, layout: torch.layout = torch.strided) -> Self:
-        """Returns the TensorDict as it is: tensordict's ``densify`` replaces lazy stacks by
-        dense TensorDicts, and this library's stacks are always dense.
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> td = TensorDict({"a": torch.zeros(2)}, [2])
-        >>> td.densify() is td
-        True
-        """
-        if layout not in (torch.strided, torch.jagged):
-            raise ValueError(f"densify: layout must be torch.strided or torch.jagged, got {layout}")
-        return self
+    densify = _shape.densify
 
     # ------------------------------------------------------------------ keys: ops/keys.py
 
@@ -595,15 +518,7 @@ class TensorDict(
     _check_batch_size = _keys.check_batch_size
     _has_non_tensor = property(_keys.has_non_tensor)
 
-    @property
-    def sorted_keys(self) -> list[str]:
-        """The top-level keys, sorted.
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> TensorDict({"b": torch.zeros(2), "a": torch.ones(2)}, [2]).sorted_keys
-        ['a', 'b']
-        """
-        return sorted(self._tensordict)
+    sorted_keys = property(_keys.sorted_keys)
 
     from_dict = _classmethod(_keys.from_dict)
     fromkeys = _classmethod(_keys.fromkeys)
@@ -712,16 +627,7 @@ class TensorDict(
         """
         return _pickling.reduce_ex(self, protocol)
 
-    @property
-    def is_read_only(self) -> bool:
-        """True for a tree that views a buffer lent read-only (``ray.get``'s trees): its
-        values cannot be written through this library; ``clone()`` gives a writable copy.
-
-        >>> import torch; from tensordict_rs import TensorDict
-        >>> TensorDict({"a": torch.zeros(2)}, [2]).is_read_only
-        False
-        """
-        return self._read_only
+    is_read_only = property(_pickling.is_read_only)
 
 
 register(TensorDict)

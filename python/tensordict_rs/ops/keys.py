@@ -1,4 +1,5 @@
-"""Key operations: select, exclude, rename, flat and nested keys, dicts, empty trees.
+"""Key operations: select, exclude, rename, flat and nested keys, dicts, empty trees, and the
+key views of a tree (``keys``, ``values``, ``items``, ``in``, ``sorted_keys``).
 
 New trees share the tensors of the source (no copy; lazy leaves stay lazy) and are unlocked,
 as tensordict's ``select``/``exclude``/``flatten_keys`` results are.
@@ -6,19 +7,22 @@ as tensordict's ``select``/``exclude``/``flatten_keys`` results are.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
 from .._core import nested as _nested
+from .._core.classes import public
+from .._core.index import is_key
 from .._core.index import key_path as _path
 from .._core.locking import locked_error
 from .._core.nodes import NTD_TYPES, TD, Key, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.nontensor_options import list_to_stack
 from .._core.unbatched import UnbatchedTensor
-from .._core.walk import KEEP, copy_tree, is_tree, walk_items
+from .._core.walk import KEEP, KeyList, copy_tree, is_tree, walk_items
+from .._core.walk import sorted_items as _sorted
 
 
 def _missing(td: TD, key: str) -> KeyError:
@@ -517,3 +521,89 @@ def has_non_tensor(td: TD) -> bool:
         type(v) in NTD_TYPES or type(v) is NonTensorStack
         for _, v in walk_items(td, True, False, materialize=False)
     )
+
+
+# ---------------------------------------------------------------------- the key views
+
+
+def keys(
+    td: TD,
+    include_nested: bool = False,
+    leaves_only: bool = False,
+    is_leaf: Callable[[type], bool] | None = None,
+    *,
+    sort: bool = False,
+) -> list[Key]:
+    """Entry keys in insertion order; nested keys are tuples with ``include_nested``.
+    ``is_leaf(type)`` marks nested trees or non-tensor entries to take whole as leaves;
+    ``sort`` orders the keys by their ``"."``-joined names (as tensordict).
+
+    >>> import torch; from tensordict_rs import TensorDict
+    >>> td = TensorDict({"b": {"c": torch.ones(2)}, "a": torch.zeros(2)}, [2])
+    >>> td.keys(), td.keys(include_nested=True, leaves_only=True, sort=True)
+    (['b', 'a'], ['a', ('b', 'c')])
+    """
+    if not (include_nested or leaves_only or sort):  # every key of this level
+        return KeyList(td._tensordict)
+    items = walk_items(td, include_nested, leaves_only, False, is_leaf=is_leaf)
+    return KeyList(k for k, _ in _sorted(items, sort))
+
+
+def values(
+    td: TD,
+    include_nested: bool = False,
+    leaves_only: bool = False,
+    is_leaf: Callable[[type], bool] | None = None,
+    *,
+    sort: bool = False,
+) -> list[Any]:
+    """Entry values, in the order of ``keys`` (the same arguments).
+
+    >>> import torch; from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
+    >>> td.values(include_nested=True, leaves_only=True)
+    [tensor([0., 0.]), tensor([1., 1.])]
+    """
+    items = walk_items(td, include_nested, leaves_only, is_leaf=is_leaf)
+    return [public(v) for _, v in _sorted(items, sort)]
+
+
+def items(
+    td: TD,
+    include_nested: bool = False,
+    leaves_only: bool = False,
+    is_leaf: Callable[[type], bool] | None = None,
+    *,
+    sort: bool = False,
+) -> list[tuple[Key, Any]]:
+    """``(key, value)`` pairs, in the order of ``keys`` (the same arguments).
+
+    >>> import torch; from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
+    >>> [(key, value.tolist()) for key, value in td.items(True, leaves_only=True)]
+    [('a', [0.0, 0.0]), (('b', 'c'), [1.0, 1.0])]
+    """
+    items = walk_items(td, include_nested, leaves_only, is_leaf=is_leaf)
+    return [(k, public(v)) for k, v in _sorted(items, sort)]
+
+
+def contains(td: TD, key: object) -> bool:
+    if isinstance(key, str):
+        return key in td._tensordict
+    if isinstance(key, tuple) and is_key(key):
+        try:
+            td._entry(key)
+        except KeyError:
+            return False
+        return True
+    raise TypeError(f"keys are str or tuples of str, got {key!r}")
+
+
+def sorted_keys(td: TD) -> list[str]:
+    """The top-level keys, sorted.
+
+    >>> import torch; from tensordict_rs import TensorDict
+    >>> TensorDict({"b": torch.zeros(2), "a": torch.ones(2)}, [2]).sorted_keys
+    ['a', 'b']
+    """
+    return sorted(td._tensordict)

@@ -418,6 +418,20 @@ def unbind(td: TD, dim: int = 0) -> tuple[TD, ...]:
     return tuple(td[(*before, i)] for i in range(td.batch_size[dim]))
 
 
+def densify(td: TD, layout: torch.layout = torch.strided) -> TD:
+    """Returns the TensorDict as it is: tensordict's ``densify`` replaces lazy stacks by
+    dense TensorDicts, and this library's stacks are always dense.
+
+    >>> import torch; from tensordict_rs import TensorDict
+    >>> td = TensorDict({"a": torch.zeros(2)}, [2])
+    >>> td.densify() is td
+    True
+    """
+    if layout not in (torch.strided, torch.jagged):
+        raise ValueError(f"densify: layout must be torch.strided or torch.jagged, got {layout}")
+    return td
+
+
 def iterate(td: TD) -> Iterator[TD]:
     """The rows of the first batch dim (a TensorDict with no batch dims cannot be iterated)."""
     if not td.batch_size:

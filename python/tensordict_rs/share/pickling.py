@@ -280,5 +280,11 @@ def clone_whole(td: TD) -> TD | None:
 
 
 def is_read_only(td: TreeNode) -> bool:
-    """Whether ``td`` views a buffer lent read-only (see the module's docstring)."""
+    """True for a tree that views a buffer lent read-only (``ray.get``'s trees): its
+    values cannot be written through this library; ``clone()`` gives a writable copy.
+
+    >>> import torch; from tensordict_rs import TensorDict
+    >>> TensorDict({"a": torch.zeros(2)}, [2]).is_read_only
+    False
+    """
     return td._read_only
