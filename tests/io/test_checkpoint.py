@@ -415,3 +415,46 @@ def test_every_in_place_method_is_seen_by_the_next_checkpoint(tmp_path: Path, na
     _WRITES[name](td)
     td.checkpoint(tmp_path / "ckpt")
     assert_same_as_full_copy(td, tmp_path / "ckpt", tmp_path)
+
+
+_VIEW_WRITES: dict[str, tuple[Any, int | None]] = {
+    # name: (write through a view of the tree, rows the next checkpoint copies at most)
+    "select": (lambda td: td.select("x")[3].zero_(), 1),
+    "exclude": (lambda td: td.exclude("y").add_(1), None),
+    "slice": (lambda td: td[5:10].zero_(), 5),
+    "row": (lambda td: td[7].zero_(), 1),
+    "unbind": (lambda td: td.unbind(0)[3].zero_(), 1),
+    "split": (lambda td: td.split(100)[2].zero_(), 100),
+    "clone(False)": (lambda td: td.clone(False)[9].zero_(), 1),
+    "detach": (lambda td: td.detach()[11].zero_(), 1),
+    "data": (lambda td: td.data[13].zero_(), 1),
+    "reshape": (lambda td: td.reshape(2, 2048)[0, 5].zero_(), None),
+    "unsqueeze": (lambda td: td.unsqueeze(0)[:, 6].zero_(), None),
+    "nested": (lambda td: td["n"][15].zero_(), 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_VIEW_WRITES))
+def test_writes_through_views_of_the_tree_are_seen(tmp_path: Path, name: str) -> None:
+    """A write through a tree that views the saved one (select, exclude, an index, unbind,
+    split, detach, a reshape) is a write of the tree's rows: the next checkpoint equals a full
+    copy. They stamped nothing, and checkpoints kept the old values (found by an attack). A
+    view of rows stamps those rows only; a shape operation's view stamps every row."""
+    td = TensorDict(
+        {
+            "x": torch.full((4096, 1024), 0.5),
+            "y": torch.zeros(4096, 2),
+            "n": {"z": torch.ones(4096)},
+        },
+        [4096],
+    ).memmap(tmp_path / "live")
+    dest = tmp_path / "ckpt"
+    td.checkpoint(dest)
+    td.checkpoint(dest)
+    td.checkpoint(dest)  # both generations up to date: the next copies this write's rows only
+    write, most = _VIEW_WRITES[name]
+    write(td)
+    stats = td.checkpoint(dest)
+    assert_same_as_full_copy(td, dest, tmp_path)
+    if most is not None:
+        assert stats["bytes_written"] <= (most + 1) * 4096 * 2 + 4096, stats

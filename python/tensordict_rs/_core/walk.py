@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from . import dirty as _dirty
 from . import nested as _nested
 from .index import is_key, key_path
 from .nodes import NTD_TYPES, TD, TreeNode
@@ -69,6 +70,7 @@ def map_leaves(
     node_dims: bool = False,
     names: Any = KEEP,
     unbatched: LeafFn | None = None,
+    rows: Any = _dirty.ALL,
 ) -> TD:
     """A new tree of ``fn(leaf, *other_leaves)`` for every tensor leaf of ``td``.
 
@@ -93,6 +95,9 @@ def map_leaves(
     An ``UnbatchedTensor`` entry stays whole (an alias with the result's batch size) when the
     operation moves rows or changes the batch size, and goes through ``fn`` otherwise;
     ``unbatched(value, *others)`` replaces that rule (``stack`` keeps the first one).
+    A result that views ``td``'s memory (an index, a shape operation, ``detach``) reports its
+    writes to ``td``'s dirty map: as the rows ``rows`` of ``td`` (a slice; default all of them),
+    or row for row when the batch size stays and ``fn`` moves no rows.
     """
     if inplace:
         for leaf, *rest in list(zip_leaves(td, *others)):
@@ -128,6 +133,9 @@ def map_leaves(
     )
     if lock and td._is_locked:
         out._lock_tree()
+    if td._tracker is not None and _dirty.shares_memory(td, out):
+        same = batch == td._batch_size and not moves_rows
+        _dirty.view_of(td, out, None if same else rows)
     return out
 
 
@@ -350,7 +358,9 @@ def copy_tree(td: TD, keep: Callable[[tuple[str, ...]], bool] | None = None) -> 
 
     ``keep(path)`` chooses which leaves and NonTensorData stay; nested trees are always kept.
     """
-    return _copy(td, keep, ())
+    out = _copy(td, keep, ())
+    _dirty.view_of(td, out)  # the same leaves, the same rows
+    return out
 
 
 def _copy(td: TD, keep: Callable[[tuple[str, ...]], bool] | None, prefix: tuple[str, ...]) -> TD:

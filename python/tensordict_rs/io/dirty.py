@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from .. import _native
+from .._core.dirty import attach as _attach
 from .._core.nodes import TreeNode
 from ..memmap import MemoryMappedTensor
 
@@ -42,13 +43,6 @@ BLOCK_BYTES = 4096
 def block_rows(row_bytes: int) -> int:
     """Rows per block for rows of ``row_bytes`` bytes (all leaves together)."""
     return max(1, BLOCK_BYTES // max(1, row_bytes))
-
-
-def _attach(tracker: Any, td: TreeNode) -> None:
-    td._tracker = tracker
-    for value in td._tensordict.values():
-        if isinstance(value, TreeNode):
-            _attach(tracker, value)
 
 
 class DirtyMap:

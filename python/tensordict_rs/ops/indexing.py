@@ -65,12 +65,27 @@ def index(td: TD, index: Any) -> TD:
         batch_size=batch,
         moves_rows=True,
         names=_index_names(td, items, len(batch)),
+        rows=_view_rows(items, td._batch_size[0] if td._batch_size else 0),
     )
     if td._read_only:
         mark_read_only(out)  # views of the same read-only buffer
     if td._is_shared and all(i is None or isinstance(i, (int, slice)) for i in items):
         out._mark_shared()  # a view of shared memory is shared (tensordict's td[0], td[1:])
     return out
+
+
+def _view_rows(items: tuple[Any, ...], n: int) -> Any:
+    """The rows of the first batch dim (of ``n``) that a view by the basic index ``items``
+    covers: a slice, or ``_dirty.ALL`` (what a write through the view stamps)."""
+    first = items[0] if items else slice(None)
+    if isinstance(first, int) and not isinstance(first, bool):
+        row = first + n if first < 0 else first
+        return slice(row, row + 1)
+    if isinstance(first, slice):
+        start, stop, step = first.indices(n)
+        if step > 0:
+            return slice(start, max(start, stop))
+    return _dirty.ALL
 
 
 def _first_class_dim(item: Any) -> bool:

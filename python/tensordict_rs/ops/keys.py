@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._core import dirty as _dirty
 from .._core import nested as _nested
 from .._core.classes import public
 from .._core.index import is_key
@@ -90,6 +91,7 @@ def select(
     del as_tensordict  # already a TensorDict
     result = _prune(td, _key_tree(_flat_keys(keys)), strict)
     if not inplace:
+        _dirty.view_of(td, result)  # the same leaves: its writes are the tree's
         return result
     if td._is_locked:
         raise locked_error()

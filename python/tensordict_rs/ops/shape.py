@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import torch
 
+from .._core import dirty as _dirty
 from .._core.classes import is_tensor_collection
 from .._core.locking import LOCK_ERROR
 from .._core.nodes import NTD_TYPES, TD, TreeNode
@@ -61,10 +62,12 @@ def _with_batch(
     lock: bool = True,
     names: Any = KEEP,
     stacks: bool = False,
+    rows: Any = _dirty.ALL,
 ) -> TD:
     """``map_leaves`` of a shape operation; ``stacks``: its ``NonTensorData`` entries become
     ``NonTensorStack`` ones, as tensordict's expand and unsqueeze make them
-    (``td.unsqueeze(0)["text"]`` is a list there)."""
+    (``td.unsqueeze(0)["text"]`` is a list there); ``rows``: the rows of ``td`` a view covers
+    (``map_leaves``)."""
     non_tensor = _stacking(leaf_fn) if stacks else None
     return map_leaves(
         td,
@@ -74,6 +77,7 @@ def _with_batch(
         moves_rows=True,
         names=names,
         non_tensor=non_tensor,
+        rows=rows,
     )
 
 
@@ -344,7 +348,8 @@ def _narrow(td: TD, dim: int, start: int, length: int) -> TD:
     index = (slice(None),) * dim + (slice(start, start + length),)
     batch = list(td.batch_size)
     batch[dim] = length
-    return _with_batch(td, lambda t: t[index], batch)
+    rows = slice(start, start + length) if dim == 0 else _dirty.ALL
+    return _with_batch(td, lambda t: t[index], batch, rows=rows)
 
 
 def split(td: TD, split_size: int | Sequence[int], dim: int = 0) -> tuple[TD, ...]:
