@@ -37,10 +37,11 @@ from .._core.nodes import NTD_TYPES, TD, TreeNode, _gc_paused
 from .._core.nontensor import NonTensorStack, share_entries
 from .._core.nontensor_store import _Cells
 from .._core.shared_value import SharedValue
+from .._core.tensor_bytes import _source_bytes
 from .._core.unbatched import UnbatchedTensor
 from .._core.walk import leaves
 from ..io import directory, growth
-from ..memmap import MemoryMappedTensor, _LazyLeaf, _source_bytes, _wrap
+from ..memmap import MemoryMappedTensor, _LazyLeaf, _wrap
 from . import ring as _ring
 from . import ring_layout, ring_receive
 
