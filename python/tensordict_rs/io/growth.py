@@ -35,7 +35,8 @@ import torch
 
 from .. import _native
 from .._core.nodes import TD, TreeNode
-from ..memmap import _LazyLeaf, _source_bytes, _tensor_from_buffer, _wrap
+from .._core.tensor_bytes import _source_bytes, _tensor_from_buffer
+from ..memmap import _LazyLeaf, _wrap
 from . import dirty as _dirty_map
 
 GROWTH = 1.5  # the reservation grows by this factor when it runs out
