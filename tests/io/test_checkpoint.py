@@ -234,6 +234,16 @@ def test_the_users_files_in_the_checkpoint_stay_in_sight(tmp_path: Path) -> None
         assert not (dest / "notes.txt").exists(), step
         assert not (spare / "notes.txt").exists(), step
         assert (dest / "plots" / "loss.csv").read_text() == "1,2,3"
+    # a file the tree no longer has is the tree's, not the user's: it goes from both
+    # generations (it was carried over as the user's, and stayed for good)
+    (dest / "latest").unlink()  # its target is gone
+    fewer = make(50).exclude("act").memmap(tmp_path / "live", existsok=True)
+    for _ in range(2):
+        fewer.checkpoint(dest)
+        assert not (dest / "act.memmap").exists()
+        assert (dest / "plots" / "loss.csv").read_text() == "1,2,3"
+    assert not (spare / "act.memmap").exists()  # the spare, one checkpoint behind, too
+    assert tree_only(tree_files(dest)) == tree_files(tmp_path / "live")
 
 
 def test_a_loaded_tree_is_checkpointed(tmp_path: Path) -> None:

@@ -287,9 +287,11 @@ def _sync(
 
 def _user_files(gen: Path, source: _Source) -> frozenset[str]:
     """The files of the generation ``gen`` (relative paths; symbolic links and other
-    non-directories too) that are neither the tree's nor this library's bookkeeping: what the
-    user put into the checkpoint directory."""
-    wanted = set(source.files)
+    non-directories too) that are neither the tree's (now, or when a checkpoint last wrote
+    ``gen``: its record names them) nor this library's bookkeeping: what the user put into
+    the checkpoint directory."""
+    record = _read_record(gen)
+    wanted = set(source.files) | set((record or {}).get("ids", {}))
     out: set[str] = set()
 
     def walk(path: Path, rel: str) -> None:
