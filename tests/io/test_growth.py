@@ -18,6 +18,15 @@ import torch
 from tensordict_rs import TensorDict
 
 
+@tensordict_rs.tensorclass
+class Step:
+    """A row as torchrl-style code holds it."""
+
+    obs: torch.Tensor
+    act: torch.Tensor
+    flag: torch.Tensor
+
+
 def rows(start: int, stop: int) -> TensorDict:
     """Rows ``start:stop``, each holding its own index (so a torn or misplaced row shows)."""
     idx = torch.arange(start, stop)
@@ -69,6 +78,12 @@ def test_append_and_mapping_rows(tmp_path: Path) -> None:
         {"obs": rows(20, 22)["obs"], "act": rows(20, 22)["act"], "flag": rows(20, 22)["flag"]}
     )
     check_rows(TensorDict.load_memmap(tmp_path / "buf"), 22)
+    # rows as a tensorclass (a torchrl-style step), one and several (TypeError before)
+    more = rows(22, 25)
+    td.extend_(Step(obs=more["obs"], act=more["act"], flag=more["flag"], batch_size=[3]))
+    one = rows(25, 26)[0]
+    td.append_(Step(obs=one["obs"], act=one["act"], flag=one["flag"], batch_size=[]))
+    check_rows(TensorDict.load_memmap(tmp_path / "buf"), 26)
 
 
 def test_resize_shrinks_and_grows_with_zeros(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from .. import _native
+from .._core.classes import is_tensorclass
 from .._core.nodes import TD, TreeNode
 from .._core.tensor_bytes import _source_bytes, _tensor_from_buffer
 from ..memmap import _LazyLeaf, _wrap
@@ -372,9 +373,15 @@ def _grow(
 def _as_rows(td: TreeNode, rows: Any, what: str, unsqueeze: bool) -> TreeNode:
     """``rows`` as a tree of rows with ``td``'s trailing batch dims, on the CPU."""
     tail = td._batch_size[1:]
+    inner = getattr(rows, "__dict__", {}).get("_tensordict") if is_tensorclass(rows) else None
+    if isinstance(inner, TreeNode):
+        rows = inner  # a tensorclass: its TensorDict's rows
     if not isinstance(rows, TreeNode):
         if not isinstance(rows, Mapping):
-            raise TypeError(f"{what} takes a TensorDict or a mapping of tensors, got {type(rows)}")
+            raise TypeError(
+                f"{what} takes a TensorDict, a tensorclass or a mapping of tensors, "
+                f"got {type(rows)}"
+            )
         sample = next(iter(rows.values()), None)
         if unsqueeze:
             batch = torch.Size(tail)
