@@ -468,3 +468,27 @@ def test_writes_through_views_of_the_tree_are_seen(tmp_path: Path, name: str) ->
     assert_same_as_full_copy(td, dest, tmp_path)
     if most is not None:
         assert stats["bytes_written"] <= (most + 1) * 4096 * 2 + 4096, stats
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forks a child that kills itself")
+def test_a_checkpoint_after_a_save_killed_inside_its_commit(tmp_path: Path) -> None:
+    """Another process's save into the tree's directory died inside its commit, at every step
+    in turn: the checkpoint finishes that commit first (as a load does) and copies the tree it
+    committed. It raised FileNotFoundError (the half-moved directory had no meta.json) at 7 of
+    the steps, and copied the tree from before the commit point at another (found by an
+    attack)."""
+    from ..robustness._attack_helpers import JOURNAL, killed_save, tree, versions
+
+    journals = 0
+    for step in range(12):
+        base = tmp_path / str(step)
+        live = tree(1).memmap(base / "live")
+        live.checkpoint(base / "ckpt")
+        killed_save(
+            lambda base=base: tree(2, keys=("obs",)).memmap(base / "live", existsok=True), step
+        )
+        journals += (base / "live" / JOURNAL).exists()
+        live.checkpoint(base / "ckpt")
+        for load in (TensorDict.load_memmap, tensordict.TensorDict.load_memmap):
+            assert set(versions(load(base / "ckpt")).values()) == {2.0}, (step, load)
+    assert journals >= 8  # the kills landed inside commits

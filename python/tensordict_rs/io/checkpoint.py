@@ -48,6 +48,7 @@ from .dirty import DirtyMap
 from .growth import _mapped_here
 
 RECORD = ".tdrs%checkpoint"
+JOURNAL = ".tdrs%journal"  # an interrupted save's commit (tree/commit.rs)
 RECORD_VERSION = 1
 CHUNK_BYTES = 1 << 16  # the verifying option's chunks
 
@@ -86,24 +87,38 @@ def _tree_lock(prefix: Path) -> Iterator[None]:
     directory): held while a checkpoint reads the tree, so that a growth from another process
     waits instead of committing rows the checkpoint's copy of ``meta.json`` would then claim
     and its copies of the data files lack (a checkpoint that tensordict loaded as wrong data;
-    found by an attack). Where the file system has no ``flock``, nothing is held."""
+    found by an attack). Where the file system has no ``flock``, nothing is held.
+
+    A save killed inside its commit leaves a journal and the directory half moved (its
+    ``meta.json`` may be away): a load finishes that commit first, and so does a checkpoint,
+    before it reads anything (it raised ``FileNotFoundError``, or copied the tree from before
+    a commit that had passed its commit point)."""
     assert fcntl is not None
-    fd = os.open(prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
+    for _attempt in range(5):
+        fd = os.open(prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as e:
-            if e.errno not in (
-                errno.ENOLCK,
-                errno.EOPNOTSUPP,
-                errno.EINVAL,
-                errno.EBADF,
-                errno.ENOSYS,
-            ):
-                raise
-        yield
-    finally:
-        os.close(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as e:
+                if e.errno not in (
+                    errno.ENOLCK,
+                    errno.EOPNOTSUPP,
+                    errno.EINVAL,
+                    errno.EBADF,
+                    errno.ENOSYS,
+                ):
+                    raise
+            if not os.path.lexists(prefix / JOURNAL):
+                yield
+                return
+        finally:
+            os.close(fd)
+        # let go of the lock, which the load's recovery takes, and finish the commit
+        _native.load_tree(os.fspath(prefix))
+    raise _native.TensorDictError(
+        f"{prefix / JOURNAL}: an interrupted save's commit is still pending after 5 attempts "
+        "to finish it (other saves keep dying there?); nothing was checkpointed"
+    )
 
 
 def _read_record(gen: Path) -> dict[str, Any] | None:
