@@ -185,6 +185,15 @@ def test_refuses_foreign_destination(tmp_path: Path) -> None:
         make(10).checkpoint(tmp_path / "c")
     with pytest.raises(ValueError, match="inside"):
         td.checkpoint(tmp_path / "live" / "c")
+    # the same through a link to the tree's directory (it was taken, and the next checkpoint
+    # copied the checkpoint into itself)
+    (tmp_path / "link").symlink_to(tmp_path / "live")
+    linked = TensorDict.load_memmap(tmp_path / "link")
+    with pytest.raises(ValueError, match="inside"):
+        linked.checkpoint(tmp_path / "live" / "c")
+    with pytest.raises(ValueError, match="inside"):
+        td.checkpoint(tmp_path / "link" / "c")
+    assert not (tmp_path / "live" / "c").exists()
 
 
 def test_layout_of_generations(tmp_path: Path) -> None:

@@ -424,8 +424,11 @@ def checkpoint(
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     prefix = Path(prefix)
     dest = Path(dest).absolute()
-    if dest == prefix or prefix in dest.parents or dest in prefix.parents:
-        raise ValueError(f"the checkpoint {dest} cannot be inside the tree {prefix} or hold it")
+    # by the paths as given and as resolved (a link to the tree's directory, or to a folder
+    # holding it, leads inside it too: the checkpoint then copied itself into itself)
+    for a, b in ((dest, prefix), (Path(os.path.realpath(dest)), Path(os.path.realpath(prefix)))):
+        if a == b or b in a.parents or a in b.parents:
+            raise ValueError(f"the checkpoint {dest} cannot be inside the tree {prefix} or hold it")
     parent = dest.parent
     parent.mkdir(parents=True, exist_ok=True)
     spare = parent / spare_name(dest)
