@@ -384,6 +384,60 @@ def test_pack_unpack_and_unzip(tmp_path: Path) -> None:
         tensordict_rs.refresh_archive_checksums(tmp_path / "dir")
 
 
+def test_pack_unpack_strings_and_ragged_leaves(tmp_path: Path) -> None:
+    """pack_memmap/unpack_memmap of a tree with string stacks, JSON stacks and nested leaves
+    (both layouts), at the root and below: they raised TypeError / InvalidTreeError, while
+    ``memmap("x.tdz")`` and tensordict's pack_memmap took the same directory."""
+    import tensordict
+    import tensordict_rs
+    from tensordict_rs import NonTensorStack, TensorDict
+
+    jagged = torch.nested.nested_tensor(
+        [torch.arange(2.0), torch.arange(5.0), torch.arange(1.0)], layout=torch.jagged
+    )
+    strided = torch.nested.nested_tensor([torch.ones(1, 2), torch.ones(3, 2), torch.ones(2, 2)])
+    td = TensorDict(
+        {
+            "x": torch.arange(3),
+            "s": NonTensorStack("a", "", "é"),
+            "mixed": NonTensorStack(1, None, {"k": [1, 2]}),
+            "j": jagged,
+            "n": strided,
+            "sub": {"t": NonTensorStack("p", "q", "r"), "y": torch.ones(3, 2)},
+        },
+        [3],
+    )
+    td.memmap(tmp_path / "dir")
+
+    def check(loaded: Any, ours: bool = True) -> None:
+        assert loaded["x"].tolist() == [0, 1, 2]
+        assert loaded["s"].tolist() == ["a", "", "é"]
+        assert loaded["mixed"].tolist() == [1, None, {"k": [1, 2]}]
+        assert loaded["sub", "t"].tolist() == ["p", "q", "r"]
+        for key, want in (("j", jagged), ("n", strided)):
+            got = loaded[key]
+            # (tensordict loads a jagged leaf as a strided one: docs/reference/differences.md)
+            assert got.is_nested and (got.layout == want.layout or not ours), key
+            assert [c.tolist() for c in got.unbind(0)] == [c.tolist() for c in want.unbind(0)]
+
+    archive = tensordict_rs.pack_memmap(tmp_path / "dir", tmp_path / "packed.tdz")
+    check(TensorDict.load_memmap(archive))
+    check(tensordict.TensorDict.load_memmap(archive), ours=False)
+    out = tensordict_rs.unpack_memmap(archive, tmp_path / "unpacked")
+    check(TensorDict.load_memmap(out))
+    check(tensordict.TensorDict.load_memmap(out), ours=False)
+    # the same files as the directory that was packed
+    files = sorted(p.relative_to(tmp_path / "dir") for p in (tmp_path / "dir").rglob("*"))
+    assert files == sorted(p.relative_to(out) for p in out.rglob("*"))
+    for rel in files:
+        if (tmp_path / "dir" / rel).is_file():
+            assert (out / rel).read_bytes() == (tmp_path / "dir" / rel).read_bytes(), rel
+    # an archive the reference packed from the same directory unpacks here too
+    tensordict.pack_memmap(tmp_path / "dir", tmp_path / "ref.tdz")
+    unpacked = tensordict_rs.unpack_memmap(tmp_path / "ref.tdz", tmp_path / "u2")
+    check(TensorDict.load_memmap(unpacked))
+
+
 @pytest.mark.parametrize("archive", [True, False], ids=["tdz", "dir"])
 def test_load_subpath_like_the_reference(archive: bool, tmp_path: Path) -> None:
     import tensordict

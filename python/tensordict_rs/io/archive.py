@@ -225,10 +225,21 @@ def _spec(node: Any, buffers: list[Any]) -> tuple[Any, ...]:
         if tag == directory.LEAF:
             buffer = buffers[entry[4]]
             address, nbytes = (0, 0) if buffer is None else (buffer.address, buffer.nbytes)
-            out.append((tag, key, entry[2], entry[3], "cpu", address, nbytes, None))
+            if len(entry) > 5:  # a nested leaf: its flat values, and its table of shapes
+                table, dims, jagged = entry[5]
+                shape = (len(table) // (8 * dims) if dims else 0, dims)
+                nested = (bytes(table), jagged)
+                out.append((tag, key, entry[2], shape, "cpu", address, nbytes, None, nested))
+            else:
+                out.append((tag, key, entry[2], entry[3], "cpu", address, nbytes, None))
         elif tag == directory.NODE:
             out.append((tag, key, _spec(entry[2], buffers)))
-        else:
+        elif tag == directory.STACK:
+            stack = directory.loaded_stack(entry)
+            data, shape = stack.json_data(key)
+            device = None if stack.device is None else str(stack.device)
+            out.append((tag, key, stack.stack_dim, device, data, shape))
+        else:  # a non-tensor value: its JSON text, as saved
             out.append(entry)
     if class_text is not None:  # a tensorclass directory: its class name and meta.json
         saved = str(json.loads(class_text).get("_type", "")).removesuffix("'>")
