@@ -384,6 +384,7 @@ def test_pack_unpack_and_unzip(tmp_path: Path) -> None:
         tensordict_rs.refresh_archive_checksums(tmp_path / "dir")
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_pack_unpack_strings_and_ragged_leaves(tmp_path: Path) -> None:
     """pack_memmap/unpack_memmap of a tree with string stacks, JSON stacks and nested leaves
     (both layouts), at the root and below: they raised TypeError / InvalidTreeError, while
@@ -504,6 +505,35 @@ def test_pickled_leaves_share_one_map_in_another_process(tmp_path: Path, run_pyt
         """
     )
     assert TensorDict.load_memmap(tmp_path / "x.tdz")["k3"].eq(-1).all()
+
+
+def _archive_child(loaded: Any, writable: Any) -> None:
+    """(spawned) Reads both trees, writes into the shared one."""
+    assert loaded["x"].tolist() == [0.0, 1.0, 2.0] and loaded["s"].tolist() == ["a", "b", "c"]
+    assert writable["x"].tolist() == [0.0, 1.0, 2.0]
+    writable["x"][1] = -5.0
+
+
+def test_archive_trees_cross_multiprocessing(tmp_path: Path) -> None:
+    """A tree loaded from a .tdz (or saved into one with memmap_) sent through multiprocessing
+    (ForkingPickler: queues, spawned Process arguments, DataLoader workers) raised "a memory
+    map with neither a file nor a descriptor cannot be sent"; its leaves now travel as their
+    place in the archive, as with pickle."""
+    import torch.multiprocessing as mp
+    from tensordict_rs import TensorDict
+
+    td = TensorDict({"x": torch.arange(3.0)}, [3])
+    td["s"] = ["a", "b", "c"]
+    td.memmap(tmp_path / "x.tdz")
+    loaded = TensorDict.load_memmap(tmp_path / "x.tdz")
+    writable = TensorDict({"x": torch.arange(3.0)}, [3]).memmap_(tmp_path / "w.tdz")
+    proc = mp.get_context("spawn").Process(target=_archive_child, args=(loaded, writable))
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == 0
+    # memmap_ maps the archive shared: the child's write reached it
+    assert TensorDict.load_memmap(tmp_path / "w.tdz")["x"].tolist() == [0.0, -5.0, 2.0]
+    assert writable["x"].tolist() == [0.0, -5.0, 2.0]
 
 
 def test_pickle_of_a_replaced_archive_is_refused(tmp_path: Path) -> None:

@@ -131,12 +131,16 @@ class _Message:
             )
         self.plain = []
 
-    def handles(self) -> tuple[list[Handle], list[tuple[int, str, int]]]:
-        """One ``DupFd`` per arena, taken now (while every arena is alive), and the files."""
+    def handles(self) -> tuple[list[Handle], list[tuple[int, Any, int]]]:
+        """One ``DupFd`` per arena, taken now (while every arena is alive), and the files
+        (a file's path, or an archive's ``(path, identity, offset, shared)``)."""
         arenas, others = _native.group_shared(self.buffers)
-        files = []
+        files: list[tuple[int, Any, int]] = []
         for position in others:
             buffer = self.buffers[position]
+            if buffer.archive is not None:  # a leaf of a .tdz: where it lies in the archive
+                files.append((position, buffer.archive, buffer.nbytes))
+                continue
             if buffer.filename is None:
                 raise TypeError("a memory map with neither a file nor a descriptor cannot be sent")
             files.append((position, buffer.filename, buffer.nbytes))
@@ -282,8 +286,9 @@ def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = 
     td._is_memmap = bool(flags & MEMMAP)
     td._is_shared = bool(flags & SHARED)
     td._memmap_prefix = None if prefix is None else Path(prefix)
-    if td._is_memmap and prefix is not None:
-        # values written here in place rewrite the saved files, as in the sender
+    if td._is_memmap and prefix is not None and os.path.isdir(prefix):
+        # values written here in place rewrite the saved files, as in the sender (an
+        # archive's non-tensor values stay in memory there and here)
         for key, value in items.items():
             if type(value) in NTD_TYPES or type(value) is NonTensorStack:
                 value._bind_saved(td._memmap_prefix, key)
@@ -313,8 +318,9 @@ def _relock(td: Any, node: tuple[Any, ...]) -> None:
             _relock(td._tensordict[entry[1]], entry[2])
 
 
-def _receive(handles: list[Handle], files: list[tuple[int, str, int]], count: int) -> list[Any]:
-    """Every buffer of the message, in order: each arena mapped once, the files opened."""
+def _receive(handles: list[Handle], files: list[tuple[int, Any, int]], count: int) -> list[Any]:
+    """Every buffer of the message, in order: each arena mapped once, the files opened (the
+    leaves of one archive share one map of it, refused if the archive was replaced)."""
     buffers: list[Any] = [None] * count
     for i, (handle, nbytes, slices, positions) in enumerate(handles):
         fd = handle.detach()
@@ -326,10 +332,15 @@ def _receive(handles: list[Handle], files: list[tuple[int, str, int]], count: in
             raise
         for position, buffer in zip(positions, mapped, strict=True):
             buffers[position] = buffer
-    if files:
-        opened = _native.open_files([(name, nbytes) for _, name, nbytes in files])
-        for (position, _, _), buffer in zip(files, opened, strict=True):
+    named = [file for file in files if type(file[1]) is str]
+    if named:
+        opened = _native.open_files([(name, nbytes) for _, name, nbytes in named])
+        for (position, _, _), buffer in zip(named, opened, strict=True):
             buffers[position] = buffer
+    for position, archive, nbytes in files:
+        if type(archive) is not str:
+            path, identity, offset, shared = archive
+            buffers[position] = _native.reopen_archive(path, identity, offset, nbytes, shared)
     return buffers
 
 
@@ -337,7 +348,7 @@ def _receive(handles: list[Handle], files: list[tuple[int, str, int]], count: in
 def _rebuild_td(
     layout: bytes,
     handles: list[Handle],
-    files: list[tuple[int, str, int]],
+    files: list[tuple[int, Any, int]],
     rings: tuple[tuple[Any, ...], ...] = (),
 ) -> Any:
     # The layout is unpickled here, with the collector paused: a 10,000-leaf tree is tens of
