@@ -165,6 +165,60 @@ def test_non_json_value_is_refused_naming_the_key(tmp_path: Path, value: Any) ->
     assert not list(tmp_path.rglob("*.pkl")) and not list(tmp_path.rglob("*.pickle"))
 
 
+@pytest.mark.parametrize("how", ["saved", "saved and shared"])
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda td: td["s"].__setitem__(0, float("inf")),
+        lambda td: td["s"].__setitem__(slice(0, 2), [object(), "ok"]),
+        lambda td: td.update_({"s": NonTensorStack("ok", {1, 2}, "ok")}),
+    ],
+    ids=["row", "rows", "update_"],
+)
+def test_refused_write_into_a_saved_stack_changes_nothing(
+    tmp_path: Path, how: str, write: Any
+) -> None:
+    """A write the directory refuses (a value that is not JSON) left the value in memory, the
+    disk unchanged, and every later write to the stack refused for the bad value."""
+    td = TensorDict({"x": torch.arange(3.0)}, [3])
+    td["s"] = ["a", "b", "c"]
+    m = td.memmap(tmp_path / "t", share_non_tensor=how == "saved and shared")
+    with pytest.raises(ours.InvalidTreeError, match=r"""['"]s['"]"""):
+        write(m)
+    assert m["s"].tolist() == ["a", "b", "c"]
+    assert TensorDict.load_memmap(tmp_path / "t")["s"].tolist() == ["a", "b", "c"]
+    m["s"][1] = "valid"  # the stack still takes writes, and they reach the disk
+    assert m["s"].tolist() == ["a", "valid", "c"]
+    assert TensorDict.load_memmap(tmp_path / "t")["s"].tolist() == ["a", "valid", "c"]
+    assert ref.TensorDict.load_memmap(tmp_path / "t")["s"].tolist() == ["a", "valid", "c"]
+
+
+def test_archive_non_tensor_values_are_written_in_memory(tmp_path: Path) -> None:
+    """As in tensordict, strings of a tree loaded from a .tdz (or sent to another process
+    after memmap_ into one) take writes in memory and leave the archive as it is: they raised
+    NotADirectoryError (a meta.json rewritten inside the archive's path) after changing the
+    value anyway."""
+    for pkg in (ours, ref):
+        arc = tmp_path / f"{pkg.__name__}.tdz"
+        td = pkg.TensorDict({"x": torch.arange(3.0)}, [3])
+        td["s"] = pkg.NonTensorStack("a", "b", "c")
+        td.set_non_tensor("one", "o")
+        td.memmap(arc)
+        loaded = pkg.TensorDict.load_memmap(arc)
+        loaded["s"][1] = "Q"
+        loaded.set_("one", "NEW")
+        assert loaded["s"].tolist() == ["a", "Q", "c"] and loaded["one"] == "NEW", pkg
+        again = TensorDict.load_memmap(arc)
+        assert again["s"].tolist() == ["a", "b", "c"] and again["one"] == "o", pkg
+    td = TensorDict({"x": torch.arange(3.0)}, [3])
+    td["s"] = ["a", "b", "c"]
+    td.memmap_(tmp_path / "inplace.tdz")
+    sent = pickle.loads(bytes(ForkingPickler.dumps(td)))
+    sent["s"][0] = "Z"
+    assert sent["s"].tolist() == ["Z", "b", "c"]
+    assert TensorDict.load_memmap(tmp_path / "inplace.tdz")["s"].tolist() == ["a", "b", "c"]
+
+
 def test_pickled_reference_stack_is_refused(tmp_path: Path) -> None:
     """The reference pickles a stack it cannot write as JSON; that file is never unpickled."""
     td = ref.TensorDict({"s": ref.NonTensorStack(1 + 2j, 3 + 4j)}, [2])

@@ -151,24 +151,36 @@ class _Cells:
     def modify(self, change: Any) -> None:
         """Calls ``change(cells)`` on the cells as a list, then writes them where they are kept:
         shared memory (under its lock, so that writes of other processes to other rows are
-        kept) and the saved stack's meta.json."""
+        kept) and the saved stack's meta.json. A change that cannot be written there (a value
+        that is not JSON, a failed write) leaves the cells as they were, here and there."""
         shared = self.shared
+        if shared is None and self.saved is None:
+            change(self.writable())  # kept in this process only: nothing can refuse it after
+            return
+
+        def apply(current: list[Any]) -> bytes:
+            before = self.values
+            self.values = current
+            try:
+                change(current)
+                if self.saved is not None:
+                    # the directory first (it refuses values that are not JSON, naming the
+                    # key); under the shared lock no other process writes in between, and
+                    # the stack reads ``current`` as it is, not the shared copy being written
+                    self.shared = None
+                    try:
+                        self.written()
+                    finally:
+                        self.shared = shared
+                return b"" if shared is None else _shared_text(current)
+            except BaseException:
+                self.values = before
+                raise
+
         if shared is None:
-            change(self.writable())
+            apply(list(self.writable()))  # a copy: the cells change once it is written
         else:
-
-            def apply(current: list[Any]) -> bytes:
-                before = self.values
-                self.values = current
-                try:
-                    change(current)
-                    return _shared_text(current)
-                except BaseException:
-                    self.values = before
-                    raise
-
             shared.update(apply)
-        self.written()
 
     def take(self, ids: np.ndarray) -> _Cells:
         """A new store holding the cells ``ids`` (flat), in that order."""

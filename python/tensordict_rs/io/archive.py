@@ -167,7 +167,7 @@ def load(
                     f"available here ({err}); pass device='cpu' to load_memmap to load it on "
                     "the CPU"
                 ) from None
-    td = directory._build(cls, node, buffers, absolute, device, non_blocking)
+    td = directory._build(cls, node, buffers, absolute, device, non_blocking, bind=False)
     _mark(td, absolute, memmapped=False)
     if device is not None:
         td._device = device

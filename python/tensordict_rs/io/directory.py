@@ -387,7 +387,11 @@ def _build(
     path: Path,
     device: torch.device | None,
     non_blocking: bool,
+    bind: bool = True,
 ) -> TD:
+    """The tree of a loaded ``node`` (its leaves views of ``buffers``) saved at ``path``;
+    ``bind``: its non-tensor values written in place rewrite their meta.json there (False
+    for an archive, whose non-tensor values stay in memory, as in tensordict)."""
     batch, _, entries, class_text = node
     plain = _plain(cls)
     if class_text is not None:
@@ -422,13 +426,15 @@ def _build(
             items[key] = value
         elif tag == NODE:
             sub_path = path / _native.encode_key(key)
-            items[key] = _build(plain, entry[2], buffers, sub_path, device, non_blocking)
+            items[key] = _build(plain, entry[2], buffers, sub_path, device, non_blocking, bind)
         elif tag == STACK:
             items[key] = stack = loaded_stack(entry)
-            stack._bind_saved(path, key)
+            if bind:
+                stack._bind_saved(path, key)
         else:
             items[key] = entry_value = NonTensorData(json.loads(entry[2]))
-            entry_value._bind_saved(path, key, locked=False)
+            if bind:
+                entry_value._bind_saved(path, key, locked=False)
     return td
 
 
