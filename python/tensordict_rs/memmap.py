@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import warnings
+from multiprocessing import reduction
 from pathlib import Path
 from typing import Any, Self
 
 import torch
 
 from . import _native
-from ._core.dtypes import dtype_from_str, dtype_to_str
+from ._core.dtypes import DTYPE_TO_STR, dtype_from_str, dtype_to_str
 from ._core.tensor_bytes import (
     Shape,
     _itemsize,
@@ -645,3 +646,42 @@ def _open_or_create(filename: str, nbytes: int) -> _native.Buffer:
         except FileExistsError:  # made by another process in between: map that one
             pass
     return _native.open_file(filename, nbytes)
+
+
+def _rebuild_mmt(
+    handle: Any, nbytes: int, offset: int, length: int, dtype_name: str, geometry: Any
+) -> MemoryMappedTensor:
+    """(in the receiving process) An anonymous MemoryMappedTensor sent with its arena's fd."""
+    buffer = _native.receive_shared(handle.detach(), nbytes, [(offset, length)])[0]
+    size, stride, storage_offset = geometry
+    storage = torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
+    view = torch.empty(0, dtype=dtype_from_str(dtype_name))
+    view.set_(storage, storage_offset, size, stride)
+    return _wrap(view, buffer, None, shared=True)
+
+
+def reduce_memmap_tensor(t: MemoryMappedTensor) -> tuple[Any, ...]:
+    """ForkingPickler reducer of a MemoryMappedTensor (multiprocessing's queues, pipes and
+    Process arguments, torch's too): an anonymous one passes its arena's descriptor, so the
+    receiver maps the same memory; others pickle as with ``pickle``."""
+    buffer = t._buffer
+    handle = None if buffer is None else buffer.share_handle
+    dtype_name = DTYPE_TO_STR.get(t.dtype)
+    if (
+        buffer is None
+        or handle is None
+        or dtype_name is None
+        or t.untyped_storage().data_ptr() != buffer.address
+    ):
+        return t.__reduce_ex__(2)
+    fd, nbytes, offset = handle
+    geometry = (tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    return (
+        _rebuild_mmt,
+        (reduction.DupFd(fd), nbytes, offset, buffer.nbytes, dtype_name, geometry),
+    )
+
+
+# registered with the class (not with TensorDict): a program that imports MemoryMappedTensor
+# alone sends it through multiprocessing as well
+reduction.ForkingPickler.register(MemoryMappedTensor, reduce_memmap_tensor)

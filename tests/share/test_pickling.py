@@ -139,3 +139,32 @@ def test_pickles_of_the_flat_layout_still_load() -> None:
     keys = pickle.loads(base64.b64decode(OLD_LAYOUT_KEYS))
     assert keys == ["a", ("b", "label"), "b"] and type(keys) is type(td.keys())
     assert ("b", "label") in keys and "label" not in keys
+
+
+def test_memory_mapped_tensor_alone_crosses_a_queue(run_python) -> None:
+    """A program that imports MemoryMappedTensor and never TensorDict sends an anonymous one
+    through a multiprocessing Queue (the reducer was registered with TensorDict's module only:
+    the send failed in the Queue's thread and the receiver waited forever)."""
+    run_python(
+        """
+        import multiprocessing as mp, sys
+        from tensordict_rs.memmap import MemoryMappedTensor
+
+        def child(q, r):
+            t = q.get()
+            t.fill_(1.0)
+            r.put("done")
+
+        if __name__ == "__main__":
+            assert "tensordict_rs.tensordict" not in sys.modules
+            t = MemoryMappedTensor.zeros(3)
+            ctx = mp.get_context("fork")  # (the Queue pickles what is put, as under spawn)
+            q, r = ctx.Queue(), ctx.Queue()
+            p = ctx.Process(target=child, args=(q, r))
+            p.start()
+            q.put(t)
+            assert r.get(timeout=120) == "done"
+            p.join(60)
+            assert t.tolist() == [1.0, 1.0, 1.0], t  # the child wrote into the same memory
+        """
+    )

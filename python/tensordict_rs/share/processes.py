@@ -409,33 +409,6 @@ def _as_index(indices: Any) -> torch.Tensor:
     return torch.as_tensor(indices)
 
 
-def _rebuild_mmt(
-    handle: Any, nbytes: int, offset: int, length: int, dtype_name: str, geometry: Geometry
-) -> MemoryMappedTensor:
-    buffer = _native.receive_shared(handle.detach(), nbytes, [(offset, length)])[0]
-    return _leaf(buffer, dtype_name, None, geometry)
-
-
-def reduce_memmap_tensor(t: MemoryMappedTensor) -> tuple[Any, ...]:
-    """ForkingPickler reducer of a MemoryMappedTensor: anonymous ones pass their arena's fd."""
-    buffer = t._buffer
-    handle = None if buffer is None else buffer.share_handle
-    dtype_name = DTYPE_TO_STR.get(t.dtype)
-    if (
-        buffer is None
-        or handle is None
-        or dtype_name is None
-        or t.untyped_storage().data_ptr() != buffer.address
-    ):
-        return t.__reduce_ex__(2)
-    fd, nbytes, offset = handle
-    geometry = (tuple(t.shape), tuple(t.stride()), t.storage_offset())
-    return (
-        _rebuild_mmt,
-        (reduction.DupFd(fd), nbytes, offset, buffer.nbytes, dtype_name, geometry),
-    )
-
-
 def getstate(td: TD) -> dict[str, Any]:
     """TensorDict's pickled state (``__getstate__``): the entries (lazy leaves made), batch
     size, device, lock and memory-map flags; the leaves pickle themselves (see ``register``)."""
@@ -472,9 +445,9 @@ def setstate(td: TD, state: dict[str, Any]) -> None:
 
 
 def register(tensordict_cls: type) -> None:
-    """Registers the reducers with multiprocessing's ForkingPickler (torch's Queues too)."""
+    """Registers the TensorDict reducer with multiprocessing's ForkingPickler (torch's Queues
+    too); MemoryMappedTensor's is registered with its class (``memmap.py``)."""
     reduction.ForkingPickler.register(tensordict_cls, reduce_tensordict)
-    reduction.ForkingPickler.register(MemoryMappedTensor, reduce_memmap_tensor)
 
 
 class Shareable(TreeNode):
