@@ -288,6 +288,35 @@ def test_received_leaves_are_views_of_the_same_memory() -> None:
     assert mmt[1:, ::2].eq(-1).all() and mmt[0].eq(torch.arange(6.0)).all()
 
 
+@pytest.mark.parametrize("how", ["share_memory_", "memmap_", "memmap_dir"])
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda t: t.transpose(0, 1),
+        lambda t: t.permute(1, 0),
+        lambda t: t.unsqueeze(0),
+        lambda t: t.view(-1),
+        lambda t: t.reshape(6),
+        lambda t: t.expand(2, 3, 2)[1],
+    ],
+    ids=["transpose", "permute", "unsqueeze", "view", "reshape", "expand"],
+)
+def test_shape_views_cross_processes_as_views(how: str, view: Any, tmp_path: Path) -> None:
+    """A transposed (permuted, reshaped, ...) view of a shared or memory-mapped tree crossed
+    processes as a copy: its leaves were plain tensors, so the receiver's writes were lost
+    (tensordict shares them). The tree's leaves now stay MemoryMappedTensors of the same map,
+    as its rows do."""
+    td = TensorDict({"f": torch.zeros(3, 2)}, [3, 2])
+    td = td.memmap_(tmp_path / "t") if how == "memmap_dir" else getattr(td, how)()
+    sent = view(td)
+    assert isinstance(sent["f"], MemoryMappedTensor)
+    got = pickle.loads(ForkingPickler.dumps(sent))
+    got["f"].fill_(1.0)
+    assert td["f"].eq(1.0).all()
+    # (a MemoryMappedTensor's own shape operations give plain tensors, as tensordict's do)
+    assert type(td["f"].transpose(0, 1)) is torch.Tensor
+
+
 def test_plain_leaves_cross_as_one_arena() -> None:
     td = TensorDict(
         {

@@ -21,6 +21,7 @@ from .._core.locking import LOCK_ERROR
 from .._core.nodes import NTD_TYPES, TD, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.walk import KEEP, map_leaves
+from ..memmap import MemoryMappedTensor
 
 _SCALAR = torch.zeros((), dtype=torch.uint8)
 
@@ -71,7 +72,7 @@ def _with_batch(
     non_tensor = _stacking(leaf_fn) if stacks else None
     return map_leaves(
         td,
-        leaf_fn,
+        _KeepMaps(leaf_fn),
         batch_size=batch,
         lock=lock,
         moves_rows=True,
@@ -79,6 +80,25 @@ def _with_batch(
         non_tensor=non_tensor,
         rows=rows,
     )
+
+
+class _KeepMaps:
+    """A shape operation's leaf function whose results that view a memory-mapped leaf's map
+    stay MemoryMappedTensors of it (as rows of the tree do): a view sent to another process
+    (a transposed tree to a worker) then crosses as a view of the same memory, not as a copy
+    whose writes are lost. (``MemoryMappedTensor.transpose`` itself gives a plain tensor, as
+    tensordict's does.)"""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, value: Any, *rest: Any, **kwargs: Any) -> Any:
+        out = self.fn(value, *rest, **kwargs)
+        if type(value) is MemoryMappedTensor and type(out) is torch.Tensor:
+            return value._keep(out)
+        return out
 
 
 def _stacking(leaf_fn: Any) -> Any:
