@@ -10,7 +10,7 @@ import os
 import signal
 import time
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import tensordict_rs as rs
@@ -123,6 +123,82 @@ def test_a_user_who_keeps_every_batch_gets_correct_data(flat: bool) -> None:
     for i, b in enumerate(batches):
         _check(b, torch.tensor(order[i * batch : (i + 1) * batch]))
     assert sum(map(_ring_batch, batches)) <= 2 * _ring.MAX_SLOTS  # the rest: fresh arenas
+
+
+# What a collate_fn that keeps the batches it returns holds in its worker: (batch, its copy).
+_kept_in_worker: list[tuple[Any, Any]] = []
+
+
+def _changed_kept_batches() -> int:
+    """Batches this worker kept whose data no longer match their copy."""
+    return sum(
+        any(not torch.equal(old[k], copy[k]) for k in ("a", "b")) for old, copy in _kept_in_worker
+    )
+
+
+def keep_every_batch(batch: Any) -> Any:
+    """A collate_fn that keeps every batch it returns (a cache): the batch, and how many of the
+    batches kept before it were found changed in the worker."""
+    changed = _changed_kept_batches()
+    _kept_in_worker.append((batch, batch.clone()))
+    return batch, changed
+
+
+def keep_the_last_batches(batch: Any) -> Any:
+    """A collate_fn that keeps the last few batches it returned (a previous-batch logic)."""
+    changed = _changed_kept_batches()
+    _kept_in_worker.append((batch, batch.clone()))
+    del _kept_in_worker[:-3]
+    return batch, changed
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["nested", "flat"])
+@pytest.mark.parametrize("method", METHODS)
+def test_batches_the_worker_keeps_are_not_overwritten(method: str, flat: bool) -> None:
+    """A slot is free only once both the main process and the worker have dropped its batch:
+    a batch the main process frees at once but the worker's collate_fn keeps is never
+    overwritten by a later batch (an attack found 17 of 40 such batches overwritten)."""
+    order = _order(11)
+    batch = 25
+    loader = DataLoader(
+        _dataset(flat=flat),
+        batch_size=batch,
+        sampler=order,
+        collate_fn=keep_every_batch,
+        num_workers=2,
+        multiprocessing_context=method,
+    )
+    ring_batches = 0
+    for i, (b, changed) in enumerate(loader):
+        assert changed == 0, f"batch {i}: {changed} batches kept in the worker were overwritten"
+        _check(b, torch.tensor(order[i * batch : (i + 1) * batch]))
+        ring_batches += _ring_batch(b)
+        del b  # freed at once in the main process: only the worker holds it now
+    assert ring_batches > 0
+
+
+def test_a_slot_the_worker_kept_returns_once_both_sides_dropped_it() -> None:
+    """The worker keeps its last three batches: each slot returns once the worker drops its
+    batch too, so a few slots serve every batch and no kept batch changes."""
+    order = _order(12)
+    batch = 16
+    loader = DataLoader(
+        _dataset(flat=True),
+        batch_size=batch,
+        sampler=order,
+        collate_fn=keep_the_last_batches,
+        num_workers=2,
+        persistent_workers=True,
+    )
+    addresses = set()
+    for i, (b, changed) in enumerate(loader):
+        assert changed == 0, f"batch {i}: {changed} batches kept in the worker were overwritten"
+        _check(b, torch.tensor(order[i * batch : (i + 1) * batch]))
+        assert _ring_batch(b)
+        addresses.add(b["a"].untyped_storage().data_ptr())
+        del b
+    # two workers, each a ring of its kept batches plus a few, not one arena per batch (62)
+    assert len(addresses) <= 2 * 9, len(addresses)
 
 
 def test_slots_are_reused() -> None:
@@ -396,6 +472,27 @@ def test_the_slot_words_refuse_stale_generations() -> None:
     assert _native.ring_state(header, 0) == (2, _ring.HELD)
     with pytest.raises(ValueError, match="slots do not fit"):
         _native.ring_acquire(header, 9)
+
+
+def test_a_sent_slot_is_free_only_once_both_sides_dropped_it() -> None:
+    ring = _ring.WorkerRing()
+    for worker_first in (True, False):
+        got = ring.take(100)
+        assert got is not None
+        slot, generation, _slab = got
+        assert ring.claim([(slot, generation)])
+        assert _native.ring_state(ring.header, slot) == (generation, _ring.SHARED)
+        assert not ring.claim([(slot, generation)])  # sent already: pickled twice, copied
+        if worker_first:
+            ring.drop(slot, generation)
+            assert _native.ring_state(ring.header, slot) == (generation, _ring.SENT)
+            ring_receive._release(ring.header, cast(Any, None), slot, generation)
+        else:
+            ring_receive._release(ring.header, cast(Any, None), slot, generation)
+            assert _native.ring_state(ring.header, slot) == (generation, _ring.HELD)
+            assert _native.ring_acquire(ring.header, len(ring.slabs)) is None  # the worker's
+            ring.drop(slot, generation)
+        assert _native.ring_state(ring.header, slot) == (generation, _ring.FREE)
 
 
 class _LostHandle:

@@ -8,8 +8,10 @@ the first batch that uses it. The main process maps each slab once and gives a T
 plain tensors viewing the slot.
 
 The rule for kept batches: **a slot returns to its worker when the last tensor of the batch
-that uses it is freed in the main process** (the TensorDict, its leaves, any view of them, a
-``pin_memory`` copy excepted). A batch the user keeps is never overwritten. When every slot of
+that uses it is freed in the main process and in the worker** (the TensorDict, its leaves, any
+view of them, a ``pin_memory`` copy excepted). A batch the user keeps is never overwritten, nor
+one the worker keeps (a ``collate_fn`` that caches the batches it returns, running statistics,
+a previous batch). When every slot of
 a worker is taken (the user keeps many batches), the ring grows, up to ``MAX_SLOTS`` slots and
 ``MAX_RING_BYTES``; past that each new batch goes into a fresh arena as before the ring, so
 data stay correct whatever the user keeps. Back-pressure is the DataLoader's own: a worker has
@@ -28,9 +30,15 @@ that a flat batch costs its views and one native call, with no Python loop over 
 
 The slot states live in a small shared header (one 64-bit word per slot: generation and
 state, changed only by compare-and-swap in the Rust core, ``sys/ring.rs``): FREE, HELD (the
-worker fills it or holds its batch unsent) and SENT (the batch lives in the main process). A
-batch the worker never sends (a ``collate_fn`` that drops it) returns its slot when its last
-view dies in the worker.
+worker's half: it fills the slot or holds its batch), SENT (the main process's half: the batch
+lives there) and SHARED (both halves: the batch crossed and the worker still holds it, as it
+does at least until the queue's feeder thread has pickled it). Sending moves HELD to SHARED;
+each side, when its last view of the batch dies, clears its own half (the worker: HELD to FREE
+or SHARED to SENT, ``WorkerRing.drop``; the main process: SENT to FREE or SHARED to HELD,
+``ring_receive._release``), so the slot is free only once both have dropped it. A batch the
+worker never sends (a ``collate_fn`` that drops it) returns its slot when its last view dies in
+the worker. That costs one compare-and-swap per side in the usual case (the worker drops its
+batch before the main process does), two at most otherwise, and no system call.
 
 The main process's side (mapping slabs once, rebuilding batches, watching the workers)
 is ``ring_receive``; the slot states and the views both sides make are ``ring_layout``.
@@ -52,7 +60,7 @@ import torch.utils.data
 from .. import _native
 from .._core.nodes import TD
 from ..ops import gather as _gather
-from .ring_layout import FREE, HEADER_BYTES, HELD, MAX_SLOTS, SENT, run_views, runs
+from .ring_layout import FREE, HEADER_BYTES, HELD, MAX_SLOTS, SENT, SHARED, run_views, runs
 from .ring_receive import rebuild_batch
 
 # Bytes of one worker's slots together (the first two slots are always allowed, whatever a
@@ -241,22 +249,33 @@ class WorkerRing:
             return slot, generation, slab
 
     def drop(self, slot: int, generation: int) -> None:
-        """The worker's last view of an unsent batch died: its slot is free again."""
-        _native.ring_transition(self.header, slot, generation, HELD, FREE)
+        """The worker's last view of the batch in slot ``slot`` died: the worker's half of the
+        slot is cleared. Unsent, or sent and freed by the main process already (HELD): the slot
+        is free again; sent and still alive in the main process (SHARED): the main process's
+        release frees it. Only the main process changes a SHARED slot meanwhile (to HELD, its
+        own release), so a second try settles it."""
+        transition = _native.ring_transition
+        header = self.header
+        for _ in range(2):
+            if transition(header, slot, generation, HELD, FREE):
+                return
+            if transition(header, slot, generation, SHARED, SENT):
+                return
 
     def lookup(self, storage_address: int) -> tuple[int, int] | None:
         """``(slot, generation)`` of the held batch whose slab starts at ``storage_address``."""
         return self.held.get(storage_address)
 
     def claim(self, slots: list[tuple[int, int]]) -> bool:
-        """Marks the held slots of one message SENT (all or none); False when one of them is
-        not held by that batch any more (it was sent already)."""
+        """Marks the held slots of one message SHARED (sent, and still held by the worker,
+        whose views are pickling it; all or none); False when one of them is not held by that
+        batch alone any more (it was sent already)."""
         with self.lock:
             done: list[tuple[int, int]] = []
             for slot, generation in slots:
-                if not _native.ring_transition(self.header, slot, generation, HELD, SENT):
+                if not _native.ring_transition(self.header, slot, generation, HELD, SHARED):
                     for s, g in done:
-                        _native.ring_transition(self.header, s, g, SENT, HELD)
+                        _native.ring_transition(self.header, s, g, SHARED, HELD)
                     return False
                 done.append((slot, generation))
             return True

@@ -8,8 +8,12 @@ from typing import Any
 import torch
 
 # The states of a slot in the ring's header (one 64-bit word per slot: generation and state,
-# changed only by compare-and-swap in the Rust core, ``sys/ring.rs``).
-FREE, HELD, SENT = 0, 1, 2
+# changed only by compare-and-swap in the Rust core, ``sys/ring.rs``). A slot is free only when
+# both sides have dropped it: HELD is the worker's half alone (it fills the slot, or holds its
+# batch unsent, or still holds a batch the main process has freed), SENT the main process's half
+# alone, SHARED both halves (the batch crossed and the worker still holds it: a ``collate_fn``
+# that keeps the batches it returns). Each side clears only its own half.
+FREE, HELD, SENT, SHARED = 0, 1, 2, 3
 # Slots of one worker's ring at most (the header has a word for each).
 MAX_SLOTS = 16
 HEADER_BYTES = 8 * MAX_SLOTS

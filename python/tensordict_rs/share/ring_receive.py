@@ -20,7 +20,7 @@ import torch
 
 from .. import _native
 from .._core.nodes import TD, TreeNode
-from .ring_layout import FREE, HEADER_BYTES, SENT, run_views
+from .ring_layout import FREE, HEADER_BYTES, HELD, SENT, SHARED, run_views
 
 
 class _RemoteSlab:
@@ -73,8 +73,18 @@ _by_address: weakref.WeakValueDictionary[int, _RemoteSlab] = weakref.WeakValueDi
 
 
 def _release(header: Any, slab: _RemoteSlab, slot: int, generation: int) -> None:
+    """The last view of a ring batch died in this process: the main process's half of its slot
+    is cleared. The worker dropped its own views already (SENT, the usual case): the slot is
+    free again; the worker still holds the batch (SHARED: a ``collate_fn`` that keeps what it
+    returns): the slot stays the worker's until its views die (``WorkerRing.drop``). Only the
+    worker changes a SHARED slot meanwhile (to SENT, its own drop), so a second try settles it."""
     del slab  # kept alive (and pinned) until every batch viewing it is freed
-    _native.ring_transition(header, slot, generation, SENT, FREE)
+    transition = _native.ring_transition
+    for _ in range(2):
+        if transition(header, slot, generation, SENT, FREE):
+            return
+        if transition(header, slot, generation, SHARED, HELD):
+            return
 
 
 def _close(handle: Any) -> None:
