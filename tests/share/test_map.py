@@ -613,3 +613,53 @@ def test_map_and_map_iter_with_several_chunks_per_message(shuffle: bool) -> None
         for r in td.map_iter(add_one, num_workers=2, chunksize=0, shuffle=shuffle, generator=gen())
     ]
     assert (sorted(got) if shuffle else got) == list(range(1, 201))
+
+
+_KILLED_REPLACEMENT = """
+import multiprocessing as mp, os, signal, time, torch, tensordict_rs as rs
+def die_from_four(td):
+    if int(td["x"][0]) >= 4:  # from the 5th chunk on: always in a worker started as a replacement
+        os.kill(os.getpid(), signal.SIGKILL)
+    return td.empty().set("y", td["x"] * 2)
+def expect_death(call, what):
+    t0 = time.monotonic()
+    try:
+        call()
+    except rs.WorkerDiedError as err:
+        assert str(err).startswith(what + ": worker process "), err
+        assert "killed by signal SIGKILL" in str(err), err
+    else:
+        raise AssertionError(what + " returned")
+    assert time.monotonic() - t0 < 20, (what, time.monotonic() - t0)
+if __name__ == "__main__":
+    data = rs.TensorDict({"x": torch.arange(8)}, [8])
+    kw = dict(chunksize=1, max_tasks_per_child=1, generator=torch.Generator(),
+              mp_start_method="fork")
+    for _ in range(3):
+        expect_death(lambda: data.map(die_from_four, 0, 2, **kw), "map")
+        expect_death(lambda: list(data.map_iter(die_from_four, 0, 2, **kw)), "map_iter")
+        with mp.get_context("fork").Pool(2, maxtasksperchild=1) as pool:  # the caller's pool
+            expect_death(lambda: data.map(die_from_four, 0, chunksize=1, pool=pool), "map")
+    # workers that max_tasks_per_child retires (exit 0) are not deaths
+    done = data[:4].map(die_from_four, 0, 2, **kw)
+    assert done["y"].tolist() == [0, 2, 4, 6], done["y"]
+    print("done")
+"""
+
+
+@pytest.mark.skipif("fork" not in METHODS, reason="needs fork")
+def test_a_killed_replacement_worker_raises_instead_of_hanging(tmp_path: Path) -> None:
+    """With ``max_tasks_per_child=1``, a worker that the pool starts in place of a retired one
+    and that dies on its first chunk was missed: the watch looked at the pool's workers every
+    ``POLL_S`` and the pool had started, lost and replaced it between two looks, so ``map``
+    waited for its chunk forever (found by an attack). The pool now hands every worker it drops
+    to the watches. In a child process with a timeout, so a hang fails."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "replacement.py"
+    script.write_text(_KILLED_REPLACEMENT)
+    done = subprocess.run(
+        [sys.executable, os.fspath(script)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-3000:]

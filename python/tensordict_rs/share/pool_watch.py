@@ -9,8 +9,11 @@ result, would wait forever. These waits look at the pool's workers while they wa
 from __future__ import annotations
 
 import signal
+import threading
+import weakref
 from collections.abc import Iterator
 from multiprocessing import TimeoutError as NotYet
+from multiprocessing import pool as _mp_pool
 from typing import Any
 
 from .. import _native
@@ -29,23 +32,63 @@ class WorkerDiedError(_native.TensorDictError, RuntimeError):
     as DataLoader's "worker exited unexpectedly"."""
 
 
+# The watches waiting now, and a lock for them and for what the pools' threads add to them.
+_WATCHES: weakref.WeakSet[Watch] = weakref.WeakSet()
+_LOCK = threading.Lock()
+_JOIN_EXITED = _mp_pool.Pool._join_exited_workers  # type: ignore[attr-defined]
+
+
+def _join_exited_workers(workers: list[Any]) -> bool:
+    """``Pool._join_exited_workers`` (a pool's worker thread: it drops the workers that ended
+    from the pool's list before starting others in their place), which first hands the workers
+    it drops to the watches of that pool. Looking at the list every ``POLL_S`` missed a worker
+    that the pool started and lost between two looks (with ``max_tasks_per_child``, a new
+    worker killed on its first chunk): the call waited for that chunk forever."""
+    with _LOCK:
+        watches = [w for w in _WATCHES if getattr(w.pool, "_pool", None) is workers]
+    if not watches:
+        return _JOIN_EXITED(workers)
+    before = list(workers)
+    try:
+        return _JOIN_EXITED(workers)
+    finally:
+        gone = [p for p in before if not any(p is q for q in workers)]
+        if gone:
+            with _LOCK:
+                for watch in watches:
+                    for p in gone:
+                        if not any(p is q for q in watch.ended):
+                            watch.seen.setdefault(id(p), p)
+
+
+_mp_pool.Pool._join_exited_workers = staticmethod(_join_exited_workers)  # type: ignore[attr-defined]
+
+
 class Watch:
     """The workers of a pool, to tell that one ended abnormally while a call waits on it
-    (workers that a pool starts later, in place of ones that ended, are watched too)."""
+    (workers that a pool starts later, in place of ones that ended, are watched too, also
+    ones that the pool started and lost between two checks: the pool hands them over)."""
 
-    __slots__ = ("pool", "seen", "what")
+    __slots__ = ("__weakref__", "ended", "pool", "seen", "what")
 
     def __init__(self, pool: Any, what: str) -> None:
         self.pool, self.what = pool, what
+        workers = list(getattr(pool, "_pool", ()))
         # only workers alive now: one that died before the call held none of its chunks
-        self.seen = {id(p): p for p in getattr(pool, "_pool", ()) if p.exitcode is None}
+        self.ended = tuple(p for p in workers if p.exitcode is not None)
+        self.seen = {id(p): p for p in workers if not any(p is q for q in self.ended)}
+        with _LOCK:
+            _WATCHES.add(self)
 
     def check(self) -> None:
         """Raises ``WorkerDiedError`` when a watched worker has ended other than by exit 0 (a
         worker ended by ``max_tasks_per_child`` exits with 0)."""
-        for p in getattr(self.pool, "_pool", ()):
-            self.seen.setdefault(id(p), p)
-        for p in self.seen.values():
+        with _LOCK:
+            for p in list(getattr(self.pool, "_pool", ())):
+                if not any(p is q for q in self.ended):
+                    self.seen.setdefault(id(p), p)
+            workers = list(self.seen.values())
+        for p in workers:
             code = p.exitcode
             if code is None or code == 0:
                 continue
