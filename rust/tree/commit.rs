@@ -374,6 +374,41 @@ pub(crate) fn clean_staging(dir: &Dir) {
     dir.unlock();
 }
 
+/// Refuses a commit that could not finish: every directory of the tree that its steps change
+/// (creating, renaming or removing entries in it) must be writable by this process. A
+/// read-only sub-directory otherwise stops the commit after its commit point, leaving a tree
+/// that neither library loads until its permissions are fixed. Directories the commit makes
+/// are its own; a directory gone since the plan is the steps' concern.
+pub fn check_writable(root: &Dir, journal: &Journal) -> Result<()> {
+    let mut dirs: Vec<&[String]> = vec![&[]];
+    for op in &journal.ops {
+        let (path, inside): (&[String], bool) = match op {
+            Op::Mkdir { path } | Op::Unlink { path, .. } | Op::Rmdir { path } => (path, false),
+            Op::Rename { to, .. } => (to, false),
+            Op::Merge { to, .. } => (to, true),
+            Op::Aside { .. } => (&[], true),
+        };
+        let dir = if inside {
+            path
+        } else {
+            &path[..path.len().saturating_sub(1)]
+        };
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    for rel in dirs {
+        let dir = match root.open_rel(rel) {
+            Ok(dir) => dir,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue, // made by the commit
+            Err(e) => return Err(Error::io(join(root.path(), rel), e)),
+        };
+        dir.check_writable()
+            .map_err(|e| Error::io(join(root.path(), rel), e))?;
+    }
+    Ok(())
+}
+
 /// Writes the journal and moves it into place: the commit point. Fails (changing nothing)
 /// if another journal is there.
 pub fn write_journal(root: &Dir, staging: &Staging, journal: &Journal, durable: bool) -> Result<()> {

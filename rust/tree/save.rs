@@ -286,6 +286,7 @@ fn save_locked(
             staging.sync()?;
         }
         let (journal, regions) = plan.journal(&staging)?;
+        commit::check_writable(root, &journal)?;
         commit::write_journal(root, &staging, &journal, opts.durable)?;
         Ok((journal, regions))
     })();

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -302,3 +303,56 @@ def test_memmap_copy_existing_applies_to_the_new_tensordict(tmp_path):
     assert copy["a"].filename == str(tmp_path / "second" / "a.memmap")
     assert torch.equal(copy["a"], torch.arange(4.0))
     assert source["a"].filename == str(tmp_path / "first" / "a.memmap")
+
+
+# ------------------------------------------------------------------ a directory it cannot write
+
+
+def _drop_dac_capabilities() -> None:
+    """(in a forked child) Drops CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER, so
+    that permission bits apply to root as to any user (``capset``; nothing to do otherwise)."""
+    import ctypes
+
+    if os.geteuid() != 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()  # (effective, permitted, inheritable) x 2 words
+    assert libc.capget(header, data) == 0, ctypes.get_errno()
+    for word in (0, 1):  # effective and permitted of the first word
+        data[word] &= ~((1 << 1) | (1 << 2) | (1 << 3))
+    assert libc.capset(header, data) == 0, ctypes.get_errno()
+
+
+def test_save_into_a_read_only_sub_directory_changes_nothing(tmp_path: Path) -> None:
+    """A re-save that must change a read-only sub-directory stopped after its commit point
+    (the root's data file replaced, its meta.json moved aside): neither library loaded the
+    tree until the permission was fixed. It is now refused before the commit point, naming
+    the directory, and the old tree stays loadable by both."""
+    import tensordict
+
+    prefix = tmp_path / "t"
+    TensorDict({"a": torch.zeros(3), "n": {"c": torch.zeros(3)}}, [3]).memmap(prefix)
+    before = {p.name: p.read_bytes() for p in prefix.rglob("*") if p.is_file()}
+    (prefix / "n").chmod(0o555)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the save runs where permission bits apply
+            code = 1
+            try:
+                _drop_dac_capabilities()
+                new = {"a": torch.ones(3), "n": {"c": torch.ones(3), "new": torch.ones(3)}}
+                try:
+                    TensorDict(new, [3]).memmap(prefix)
+                except PermissionError as err:
+                    code = 0 if err.filename == str(prefix / "n") else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        (prefix / "n").chmod(0o755)
+    assert {p.name: p.read_bytes() for p in prefix.rglob("*") if p.is_file()} == before
+    for lib in (TensorDict, tensordict.TensorDict):
+        loaded = lib.load_memmap(prefix)
+        assert loaded["a"].tolist() == [0.0] * 3 and loaded["n", "c"].tolist() == [0.0] * 3

@@ -140,6 +140,18 @@ impl Dir {
         }
     }
 
+    /// Fails with `EACCES` (or `EROFS`) where this process may not create, rename or remove
+    /// entries of this directory (its permissions with the process's effective ids and
+    /// capabilities, as a rename would check them).
+    pub fn check_writable(&self) -> io::Result<()> {
+        Ok(rfs::accessat(
+            &self.fd,
+            ".",
+            rfs::Access::WRITE_OK | rfs::Access::EXEC_OK,
+            AtFlags::EACCESS,
+        )?)
+    }
+
     /// Removes a file (not a directory) of this directory.
     pub fn remove_file(&self, name: &str) -> io::Result<()> {
         Ok(rfs::unlinkat(&self.fd, name, AtFlags::empty())?)

@@ -136,6 +136,11 @@ impl Dir {
             .saturating_mul(100),
         }))
     }
+    /// Windows checks access per operation (ACLs, read-only files): nothing is refused ahead.
+    pub fn check_writable(&self) -> io::Result<()> {
+        Ok(())
+    }
+
     pub fn remove_file(&self, name: &str) -> io::Result<()> {
         std::fs::remove_file(self.path.join(name))
     }
