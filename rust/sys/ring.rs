@@ -3,10 +3,12 @@
 //! process and the main process can hand a slot back and forth without a lock or a message.
 //!
 //! A word is `generation << 2 | state`. A worker takes a FREE slot (`acquire`: the generation
-//! goes up by one, the state becomes HELD), fills it, and marks it SENT when its batch is
-//! pickled; the main process sets it FREE again when the last view of that batch dies; a
-//! worker whose batch was never sent sets it FREE itself. Every transition names the
-//! generation it expects, so a late release of an old batch can never free a newer one.
+//! goes up by one, the state becomes HELD), fills it, and marks it SHARED when its batch is
+//! pickled (held on both sides). Each side then drops its half when its last view of the
+//! batch dies: the worker SHARED -> SENT or HELD -> FREE, the main process SENT -> FREE or
+//! SHARED -> HELD (`share/ring.py`, `share/ring_receive.py`), so the slot is FREE only when
+//! neither holds the batch. Every transition names the generation it expects, so a late
+//! release of an old batch can never free a newer one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -14,8 +16,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const FREE: u64 = 0;
 /// A worker is filling the slot, or holds its batch unsent.
 pub const HELD: u64 = 1;
-/// The slot's batch crossed to the main process and lives there.
+/// The slot's batch crossed to the main process and lives there only.
 pub const SENT: u64 = 2;
+/// The slot's batch crossed to the main process and the worker still holds it too (the
+/// Python layer's state 3; the compare-and-swap takes any state).
+pub const SHARED: u64 = 3;
 
 /// The header words as atomics: `base` must be 8-byte aligned and span `count` words of memory
 /// that stays mapped for `'a`.
