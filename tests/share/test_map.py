@@ -663,3 +663,63 @@ def test_a_killed_replacement_worker_raises_instead_of_hanging(tmp_path: Path) -
         [sys.executable, os.fspath(script)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-3000:]
+
+
+def odd_doubled(td: Any) -> Any:
+    return td.empty().set("x", td["x"] * 2 + 1)
+
+
+def test_a_full_file_system_raises_its_os_error_in_the_caller(tmp_path: Path) -> None:
+    """A worker's positioned write into a memory-mapped ``out`` (``reserve=False``: sparse
+    files) on a full file system fails with ENOSPC: it was taken for a file replaced since
+    mapped and retried through the map, which faulted (SIGBUS), so the caller got
+    ``WorkerDiedError`` instead of the error naming the file (found by an attack). ENOSPC now
+    reaches the caller with the chunk's note; a file removed since still falls back to the map
+    (a 1 MiB tmpfs, root only)."""
+    import errno
+    import subprocess
+
+    from tensordict_rs.share.map_worker import _write_through_files
+
+    out = rs.TensorDict({"x": torch.zeros(8)}, [8]).memmap(tmp_path / "gone")
+    (tmp_path / "gone" / "x.memmap").unlink()  # removed: the map still takes the write
+    assert not _write_through_files(out[2:5], rs.TensorDict({"x": torch.ones(3)}, [3]))
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tiny tmpfs needs root")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", os.fspath(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not permitted here: {mounted.stderr.strip()}")
+    try:
+        n = 64 * 1024  # 256 KiB of float32, more than is left once the filler is written
+        td = rs.TensorDict({"x": torch.arange(float(n))}, [n])
+        target = odd_doubled(td[:1])[0].expand(n).memmap_like(mnt / "out", reserve=False)
+        fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\1" * 4096)
+        except OSError as err:
+            assert err.errno == errno.ENOSPC, err
+        finally:
+            os.close(fd)
+        with pytest.raises(OSError) as info:
+            td.map(
+                odd_doubled,
+                num_workers=2,
+                chunksize=8192,
+                out=target,
+                generator=gen(),
+                mp_start_method=FAST,
+            )
+        assert info.value.errno == errno.ENOSPC, repr(info.value)
+        assert not isinstance(info.value, rs.WorkerDiedError), repr(info.value)
+        assert "x.memmap" in str(info.value), info.value
+        assert any("map: fn raised on chunk" in note for note in info.value.__notes__)
+        del target
+    finally:
+        subprocess.run(["umount", "-l", os.fspath(mnt)], check=True)

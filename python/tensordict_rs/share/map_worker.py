@@ -12,6 +12,7 @@ by name; the caller's side (splitting, the pool, joining the results) is in ``ma
 
 from __future__ import annotations
 
+import errno
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -232,11 +233,22 @@ def _write_through_files(target: TreeNode, result: Any) -> bool:
     try:
         for buffer, address, src in writes:
             buffer.write_through(address, src.data_ptr(), src.nbytes)
-    except (_native.InvalidTreeError, OSError):
-        # a file replaced or removed since ``out`` mapped it: ``update_`` writes through the
-        # maps, as it always did (the leaves written here it writes again, the same bytes)
+    except _native.InvalidTreeError:
+        # a file replaced since ``out`` mapped it: ``update_`` writes through the maps, as it
+        # always did (the leaves written here it writes again, the same bytes)
         return False
+    except OSError as err:
+        if err.errno in _GONE:  # a file (or its folder) removed, or no longer ours to open
+            return False
+        # any other (ENOSPC, EDQUOT, EIO, ...): the same write through the map would fault
+        # (SIGBUS: the worker died and the caller got WorkerDiedError, not this error)
+        raise
     return True
+
+
+# The errors of a positioned write that mean the file is no longer the one at its path (or
+# cannot be opened there again) while its map still takes writes: ``update_`` writes through it.
+_GONE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ESTALE, errno.EACCES, errno.EPERM})
 
 
 def _where(index: Any) -> str:
