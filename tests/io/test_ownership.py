@@ -167,8 +167,8 @@ def test_no_write_access_to_the_parent_needed(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import os, torch
+        from tensordict_rs import TensorDict  # (imported as root: Python may live in /root)
         os.setgid(65534); os.setuid(65534)
-        from tensordict_rs import TensorDict
         for v in (1.0, 2.0):
             TensorDict({{"a": torch.full((3,), v)}}, [3]).memmap({os.fspath(prefix)!r})
         print(float(TensorDict.load_memmap({os.fspath(prefix)!r})["a"][0]))
