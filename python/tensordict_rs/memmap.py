@@ -25,6 +25,7 @@ from ._core.tensor_bytes import (
     _shaped,
     _source_bytes,
     _tensor_from_buffer,
+    check_same_file,
 )
 
 __all__ = ["MemoryMappedTensor"]
@@ -108,6 +109,13 @@ def _rebuild_file(
     buffer = _native.open_file(filename, nbytes)
     base = torch.frombuffer(buffer, dtype=dtype_from_str(dtype))
     return _wrap(base.as_strided(size, stride, offset), buffer, buffer.filename)
+
+
+def _rebuild_sent_file(identity: Any, *args: Any) -> MemoryMappedTensor:
+    out = _rebuild_file(*args)
+    assert out._buffer is not None
+    check_same_file(args[0], identity, out._buffer)
+    return out
 
 
 def _rebuild_nested_file(
@@ -673,7 +681,10 @@ def reduce_memmap_tensor(t: MemoryMappedTensor) -> tuple[Any, ...]:
         or dtype_name is None
         or t.untyped_storage().data_ptr() != buffer.address
     ):
-        return t.__reduce_ex__(2)
+        pickled = t.__reduce_ex__(2)
+        if pickled[0] is _rebuild_file and buffer is not None:  # checked against a re-save
+            return (_rebuild_sent_file, (buffer.file_id, *pickled[1]))
+        return pickled
     fd, nbytes, offset = handle
     geometry = (tuple(t.shape), tuple(t.stride()), t.storage_offset())
     return (

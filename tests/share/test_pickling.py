@@ -168,3 +168,29 @@ def test_memory_mapped_tensor_alone_crosses_a_queue(run_python) -> None:
             assert t.tolist() == [1.0, 1.0, 1.0], t  # the child wrote into the same memory
         """
     )
+
+
+def test_a_file_replaced_since_it_was_sent_is_refused(tmp_path: Path) -> None:
+    """A tree loaded before a re-save of its directory, sent to another process, arrived as the
+    new files (other data than the sender's tensors), and the receiver's writes never reached
+    the sender. Files sent through multiprocessing now carry their identity, and the receiver
+    refuses one replaced since; plain pickles keep naming the path, as tensordict's."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from tensordict_rs import InvalidDirectoryError
+
+    TensorDict({"a": torch.zeros(3)}, [3]).memmap(tmp_path / "t")
+    old = TensorDict.load_memmap(tmp_path / "t")
+    same = pickle.loads(bytes(ForkingPickler.dumps(old)))  # unchanged: sent and shared
+    same["a"].fill_(2.0)
+    assert old["a"].tolist() == [2.0] * 3
+    TensorDict({"a": torch.ones(3)}, [3]).memmap(tmp_path / "t")  # new files
+    with pytest.raises(InvalidDirectoryError, match="replaced"):
+        pickle.loads(bytes(ForkingPickler.dumps(old)))
+    with pytest.raises(InvalidDirectoryError, match="replaced"):
+        pickle.loads(bytes(ForkingPickler.dumps(old["a"])))
+    assert pickle.loads(pickle.dumps(old["a"])).tolist() == [1.0] * 3  # by path
+    a = MemoryMappedTensor.from_tensor(torch.zeros(3), filename=tmp_path / "x.memmap")
+    MemoryMappedTensor.from_tensor(torch.ones(3), filename=tmp_path / "x.memmap", existsok=True)
+    with pytest.raises(InvalidDirectoryError, match="replaced"):
+        pickle.loads(bytes(ForkingPickler.dumps(a)))

@@ -85,3 +85,14 @@ def _source_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def check_same_file(filename: str, identity: Any, buffer: _native.Buffer) -> None:
+    """Refuses a file sent to this process (``ForkingPickler``) that was replaced since it was
+    sent (a save over its directory): the sender's tensor maps the old file, and this process
+    would read and write another one."""
+    if identity is not None and buffer.file_id is not None and tuple(identity) != buffer.file_id:
+        raise _native.InvalidDirectoryError(
+            f"{filename}: the file was replaced since this tensor was sent (a save over its "
+            "directory): it holds other data than the sender's tensor; load it again there"
+        )

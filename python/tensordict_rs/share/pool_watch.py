@@ -13,7 +13,6 @@ import threading
 import weakref
 from collections.abc import Iterator
 from multiprocessing import TimeoutError as NotYet
-from multiprocessing import pool as _mp_pool
 from typing import Any
 
 from .. import _native
@@ -35,7 +34,7 @@ class WorkerDiedError(_native.TensorDictError, RuntimeError):
 # The watches waiting now, and a lock for them and for what the pools' threads add to them.
 _WATCHES: weakref.WeakSet[Watch] = weakref.WeakSet()
 _LOCK = threading.Lock()
-_JOIN_EXITED = _mp_pool.Pool._join_exited_workers  # type: ignore[attr-defined]
+_JOIN_EXITED: Any = None  # the pool's own, once ``_install`` wrapped it
 
 
 def _join_exited_workers(workers: list[Any]) -> bool:
@@ -61,7 +60,16 @@ def _join_exited_workers(workers: list[Any]) -> bool:
                             watch.seen.setdefault(id(p), p)
 
 
-_mp_pool.Pool._join_exited_workers = staticmethod(_join_exited_workers)  # type: ignore[attr-defined]
+def _install() -> None:
+    """Wraps ``Pool._join_exited_workers`` once, when the first watch starts (importing this
+    library changes nothing in ``multiprocessing``; a pool without a watch sees no change)."""
+    global _JOIN_EXITED
+    with _LOCK:
+        if _JOIN_EXITED is None:
+            from multiprocessing import pool
+
+            _JOIN_EXITED = pool.Pool._join_exited_workers  # type: ignore[attr-defined]
+            pool.Pool._join_exited_workers = staticmethod(_join_exited_workers)  # type: ignore[attr-defined]
 
 
 class Watch:
@@ -72,6 +80,7 @@ class Watch:
     __slots__ = ("__weakref__", "ended", "pool", "seen", "what")
 
     def __init__(self, pool: Any, what: str) -> None:
+        _install()
         self.pool, self.what = pool, what
         workers = list(getattr(pool, "_pool", ()))
         # only workers alive now: one that died before the call held none of its chunks

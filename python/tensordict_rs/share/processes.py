@@ -37,7 +37,7 @@ from .._core.nodes import NTD_TYPES, TD, TreeNode, _gc_paused
 from .._core.nontensor import NonTensorStack, share_entries
 from .._core.nontensor_store import _Cells
 from .._core.shared_value import SharedValue
-from .._core.tensor_bytes import _source_bytes
+from .._core.tensor_bytes import _source_bytes, check_same_file
 from .._core.unbatched import UnbatchedTensor
 from .._core.walk import leaves
 from ..io import directory, growth
@@ -131,11 +131,11 @@ class _Message:
             )
         self.plain = []
 
-    def handles(self) -> tuple[list[Handle], list[tuple[int, Any, int]]]:
+    def handles(self) -> tuple[list[Handle], list[tuple[Any, ...]]]:
         """One ``DupFd`` per arena, taken now (while every arena is alive), and the files
         (a file's path, or an archive's ``(path, identity, offset, shared)``)."""
         arenas, others = _native.group_shared(self.buffers)
-        files: list[tuple[int, Any, int]] = []
+        files: list[tuple[Any, ...]] = []
         for position in others:
             buffer = self.buffers[position]
             if buffer.archive is not None:  # a leaf of a .tdz: where it lies in the archive
@@ -143,7 +143,7 @@ class _Message:
                 continue
             if buffer.filename is None:
                 raise TypeError("a memory map with neither a file nor a descriptor cannot be sent")
-            files.append((position, buffer.filename, buffer.nbytes))
+            files.append((position, buffer.filename, buffer.nbytes, buffer.file_id))
         popen = context.get_spawning_popen()
         if popen is not None and self.keep:
             # spawn and forkserver pass the fd numbers themselves after pickling: a batch arena
@@ -318,7 +318,7 @@ def _relock(td: Any, node: tuple[Any, ...]) -> None:
             _relock(td._tensordict[entry[1]], entry[2])
 
 
-def _receive(handles: list[Handle], files: list[tuple[int, Any, int]], count: int) -> list[Any]:
+def _receive(handles: list[Handle], files: list[tuple[Any, ...]], count: int) -> list[Any]:
     """Every buffer of the message, in order: each arena mapped once, the files opened (the
     leaves of one archive share one map of it, refused if the archive was replaced)."""
     buffers: list[Any] = [None] * count
@@ -334,10 +334,11 @@ def _receive(handles: list[Handle], files: list[tuple[int, Any, int]], count: in
             buffers[position] = buffer
     named = [file for file in files if type(file[1]) is str]
     if named:
-        opened = _native.open_files([(name, nbytes) for _, name, nbytes in named])
-        for (position, _, _), buffer in zip(named, opened, strict=True):
+        opened = _native.open_files([(file[1], file[2]) for file in named])
+        for (position, name, _, identity), buffer in zip(named, opened, strict=True):
+            check_same_file(name, identity, buffer)
             buffers[position] = buffer
-    for position, archive, nbytes in files:
+    for position, archive, nbytes, *_ in files:
         if type(archive) is not str:
             path, identity, offset, shared = archive
             buffers[position] = _native.reopen_archive(path, identity, offset, nbytes, shared)
@@ -348,7 +349,7 @@ def _receive(handles: list[Handle], files: list[tuple[int, Any, int]], count: in
 def _rebuild_td(
     layout: bytes,
     handles: list[Handle],
-    files: list[tuple[int, Any, int]],
+    files: list[tuple[Any, ...]],
     rings: tuple[tuple[Any, ...], ...] = (),
 ) -> Any:
     # The layout is unpickled here, with the collector paused: a 10,000-leaf tree is tens of
