@@ -329,6 +329,8 @@ class MemoryMappedTensor(torch.Tensor):
                     f"a storage of {storage.nbytes()} bytes cannot hold shape {shape!r} of {dtype}"
                 )
             view = _shaped(flat[:numel], size)
+        if filename is None:  # a storage of torch.from_file names its file
+            filename = getattr(storage, "filename", None) or None
         name = None if filename is None else str(Path(filename).absolute())
         out = _wrap(view, handler, name)
         out._storage_bytes = storage.nbytes()
@@ -492,9 +494,9 @@ class MemoryMappedTensor(torch.Tensor):
         return self._filename is not None or self._shared
 
     def share_memory_(self) -> Self:
-        """Returns self when its memory is shared already (``is_shared()``): torch's
-        ``share_memory_`` would copy it into new shared memory, away from the tree or file it
-        belongs to. Otherwise torch's ``share_memory_``.
+        """Returns self when its memory is shared already (``is_shared()``) or is a memory
+        map: torch's ``share_memory_`` would copy it into new shared memory, away from the
+        tree, map or file it belongs to. Otherwise torch's ``share_memory_``.
 
         >>> import torch
         >>> from tensordict_rs import TensorDict
@@ -503,8 +505,8 @@ class MemoryMappedTensor(torch.Tensor):
         >>> leaf.share_memory_().data_ptr() == td["a"].data_ptr()
         True
         """
-        if self.is_shared():
-            return self
+        if self.is_shared() or self._buffer is not None:
+            return self  # (a map, anonymous or of a file, crosses processes without a copy)
         torch.Tensor.share_memory_(self)
         return self
 

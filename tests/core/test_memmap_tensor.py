@@ -606,3 +606,20 @@ def test_fork_child_shares_anonymous_map() -> None:
     assert proc.exitcode == 0
     assert seen == [3.0, 0.0, 0.0, 0.0, 0.0]
     assert t.tolist() == [3.0, 42.0, -1.0, -1.0, -1.0]
+
+
+def test_share_memory_keeps_the_map_and_from_storage_keeps_the_file(tmp_path: Path) -> None:
+    """share_memory_() of an anonymous MemoryMappedTensor copied it out of its map (its buffer
+    no longer its memory, its views plain tensors); from_storage of a torch.from_file storage
+    dropped the file's name (pickled as a copy, writes through the copy never reached it)."""
+    a = MemoryMappedTensor.from_tensor(torch.zeros(3))
+    before = a.data_ptr()
+    assert a.share_memory_() is a and a.data_ptr() == before == a._buffer.address
+    assert isinstance(a[1:], MemoryMappedTensor)
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(16))
+    storage = torch.UntypedStorage.from_file(str(path), True, 16)
+    m = MemoryMappedTensor.from_storage(storage, dtype=torch.int32, shape=(4,))
+    assert m.filename == str(path)
+    pickle.loads(pickle.dumps(m)).fill_(3)
+    assert torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.int32).tolist() == [3] * 4
