@@ -15,7 +15,7 @@ from typing import Any, Self
 import torch
 
 from . import _native
-from ._core.dtypes import DTYPE_TO_STR, dtype_from_str, dtype_to_str
+from ._core.dtypes import MEMORY_DTYPE_TO_STR, memory_dtype_from_str, memory_dtype_to_str
 from ._core.tensor_bytes import (
     Shape,
     _itemsize,
@@ -31,6 +31,7 @@ from ._core.tensor_bytes import (
 __all__ = ["MemoryMappedTensor"]
 
 PathLike = str | os.PathLike[str]
+Dims = tuple[int, ...]
 
 
 def _is_writable(filename: PathLike) -> bool:
@@ -99,15 +100,10 @@ def _check_device(device: Any) -> None:
 
 
 def _rebuild_file(
-    filename: str,
-    dtype: str,
-    nbytes: int,
-    size: tuple[int, ...],
-    stride: tuple[int, ...],
-    offset: int,
+    filename: str, dtype: str, nbytes: int, size: Dims, stride: Dims, offset: int
 ) -> MemoryMappedTensor:
     buffer = _native.open_file(filename, nbytes)
-    base = torch.frombuffer(buffer, dtype=dtype_from_str(dtype))
+    base = torch.frombuffer(buffer, dtype=memory_dtype_from_str(dtype))
     return _wrap(base.as_strided(size, stride, offset), buffer, buffer.filename)
 
 
@@ -122,23 +118,16 @@ def _rebuild_nested_file(
     filename: str, dtype: str, nbytes: int, shape: torch.Tensor
 ) -> MemoryMappedTensor:
     buffer = _native.open_file(filename, nbytes)
-    return _from_buffer(buffer, dtype_from_str(dtype), shape)
+    return _from_buffer(buffer, memory_dtype_from_str(dtype), shape)
 
 
 def _rebuild_archive(
-    path: str,
-    identity: tuple[int, int],
-    offset: int,
-    nbytes: int,
-    shared: bool,
-    dtype: str,
-    size: tuple[int, ...],
-    stride: tuple[int, ...],
-    storage_offset: int,
-) -> MemoryMappedTensor:
+    path: str, identity: tuple[int, int], offset: int, nbytes: int, shared: bool,
+    dtype: str, size: Dims, stride: Dims, storage_offset: int,
+) -> MemoryMappedTensor:  # fmt: skip
     # every leaf of one archive shares one map of it in this process
     buffer = _native.reopen_archive(path, identity, offset, nbytes, shared)
-    base = torch.frombuffer(buffer, dtype=dtype_from_str(dtype))
+    base = torch.frombuffer(buffer, dtype=memory_dtype_from_str(dtype))
     return _wrap(base.as_strided(size, stride, storage_offset), buffer, None)
 
 
@@ -562,7 +551,7 @@ class MemoryMappedTensor(torch.Tensor):
                         offset,
                         self._buffer.nbytes,
                         shared,
-                        dtype_to_str(self.dtype),
+                        memory_dtype_to_str(self.dtype),
                         tuple(self.shape),
                         self.stride(),
                         self.storage_offset(),
@@ -580,13 +569,18 @@ class MemoryMappedTensor(torch.Tensor):
         if self.is_nested:
             return (
                 _rebuild_nested_file,
-                (self._filename, dtype_to_str(self.dtype), nbytes, self._nested_tensor_size()),
+                (
+                    self._filename,
+                    memory_dtype_to_str(self.dtype),
+                    nbytes,
+                    self._nested_tensor_size(),
+                ),
             )
         return (
             _rebuild_file,
             (
                 self._filename,
-                dtype_to_str(self.dtype),
+                memory_dtype_to_str(self.dtype),
                 nbytes,
                 tuple(self.shape),
                 self.stride(),
@@ -665,7 +659,7 @@ def _rebuild_mmt(
     buffer = _native.receive_shared(handle.detach(), nbytes, [(offset, length)])[0]
     size, stride, storage_offset = geometry
     storage = torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
-    view = torch.empty(0, dtype=dtype_from_str(dtype_name))
+    view = torch.empty(0, dtype=memory_dtype_from_str(dtype_name))
     view.set_(storage, storage_offset, size, stride)
     return _wrap(view, buffer, None, shared=True)
 
@@ -676,7 +670,7 @@ def reduce_memmap_tensor(t: MemoryMappedTensor) -> tuple[Any, ...]:
     receiver maps the same memory; others pickle as with ``pickle``."""
     buffer = t._buffer
     handle = None if buffer is None else buffer.share_handle
-    dtype_name = DTYPE_TO_STR.get(t.dtype)
+    dtype_name = MEMORY_DTYPE_TO_STR.get(t.dtype)
     if (
         buffer is None
         or handle is None

@@ -558,3 +558,28 @@ def test_pin_memory_inplace_replaces_every_leaf(monkeypatch: pytest.MonkeyPatch)
     assert td["a"].tolist() == [100.0, 100.0] and td["b", "c"].tolist() == [101.0, 101.0]
     copy = TensorDict({"a": torch.zeros(2)}, [2]).pin_memory()
     assert copy["a"] is pinned[2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_float8_leaves_live_in_memory_maps(dtype: torch.dtype, tmp_path: Path) -> None:
+    """8-bit float leaves (FP8 weights) were refused by share_memory_, anonymous memmap_ and
+    pickles ("cannot be stored in a memory-mapped directory"), which tensordict does; they now
+    live in anonymous maps and cross processes as the same memory. A directory still refuses
+    them: tensordict writes float8 directories it cannot load again."""
+    from tensordict_rs import UnsupportedFormatError
+
+    x = torch.tensor([0.5, 1.0, -2.0]).to(dtype)
+    for td in (
+        TensorDict({"x": x}, [3]).share_memory_(),
+        TensorDict({"x": x}, [3]).memmap_(),
+        TensorDict({"x": x}, [3]).memmap_like(),
+    ):
+        assert td["x"].dtype == dtype and isinstance(td["x"], MemoryMappedTensor)
+        got = pickle.loads(bytes(ForkingPickler.dumps(td)))
+        got["x"].fill_(1.0)
+        assert td["x"].float().tolist() == [1.0] * 3
+    leaf = TensorDict({"x": x}, [3]).memmap_()["x"]
+    assert pickle.loads(bytes(ForkingPickler.dumps(leaf))).float().tolist() == [0.5, 1.0, -2.0]
+    with pytest.raises((TypeError, UnsupportedFormatError), match="float8"):
+        TensorDict({"x": x}, [3]).memmap(tmp_path / "d")
+    assert not (tmp_path / "d" / "meta.json").exists()

@@ -19,7 +19,7 @@ import torch
 from .. import _native
 from .._core import classes as _classes
 from .._core import nested as _nested
-from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str
+from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE, dtype_to_str, memory_dtype_to_str
 from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode, _gc_paused, _json_text
 from .._core.nontensor import NonTensorStack
 from .._core.tensor_bytes import _source_bytes
@@ -249,7 +249,7 @@ class _Plan:
                 dtype = value.dtype
                 shape = value.shape if cls is _LazyLeaf else tuple(value.shape)
                 nbytes = value.buffer.nbytes if cls is _LazyLeaf else value.nbytes
-                dtype_to_str(dtype)  # refuse dtypes the format cannot hold, before any work
+                memory_dtype_to_str(dtype)  # refuse dtypes a map cannot hold, before any work
                 self.sources.append((self._pointer(value, nbytes), nbytes))
                 self.slots.append((td, key, dtype, shape))
             else:

@@ -31,7 +31,8 @@ import torch
 
 from .. import _native
 from .._core import nested as _nested
-from .._core.dtypes import DTYPE_TO_STR, STR_TO_DTYPE
+from .._core.dtypes import MEMORY_DTYPE_TO_STR as DTYPE_TO_STR
+from .._core.dtypes import MEMORY_STR_TO_DTYPE as STR_TO_DTYPE
 from .._core.metadata import kind_of, of_kind
 from .._core.nodes import NTD_TYPES, TD, TreeNode, _gc_paused
 from .._core.nontensor import NonTensorStack, share_entries
