@@ -22,6 +22,7 @@ from ._core.tensor_bytes import (
     _nested_shape,
     _nested_values,
     _numel,
+    _refuse_jagged,
     _shaped,
     _source_bytes,
     _tensor_from_buffer,
@@ -37,18 +38,6 @@ Dims = tuple[int, ...]
 def _is_writable(filename: PathLike) -> bool:
     """True when this process may write ``filename`` (its permission bits, as tensordict checks)."""
     return os.access(os.fspath(filename), os.W_OK)
-
-
-def _refuse_jagged(tensor: torch.Tensor, where: str = "") -> None:
-    if tensor.is_nested and tensor.layout == torch.jagged:
-        raise _native.UnsupportedFormatError(
-            f"memmap does not store nested tensors with the torch.jagged layout{where}; convert "
-            "it with torch.nested.nested_tensor(list(t.unbind()), layout=torch.strided)"
-        )
-    if tensor.layout not in (torch.strided, torch.jagged):
-        raise _native.UnsupportedFormatError(
-            f"memmap does not store {tensor.layout} tensors{where}; call .to_dense() first"
-        )
 
 
 def _wrap(
@@ -264,7 +253,12 @@ class MemoryMappedTensor(torch.Tensor):
 
     @classmethod
     def from_filename(
-        cls, filename: PathLike, dtype: torch.dtype, shape: Any, index: Any = None
+        cls,
+        filename: PathLike,
+        dtype: torch.dtype,
+        shape: Any,
+        index: Any = None,
+        mode: str | None = None,
     ) -> MemoryMappedTensor:
         """Maps the file ``filename`` as a tensor of ``dtype`` and ``shape`` (a nested shape:
         a 2-D tensor with one row per element).
@@ -272,15 +266,24 @@ class MemoryMappedTensor(torch.Tensor):
         A file that does not exist yet is created, zero-filled, with exactly the bytes needed.
         An existing file must hold at least ``shape x itemsize`` bytes (a longer one is fine); a
         short file raises instead of being grown with zeros. A read-only file is mapped
-        copy-on-write: writes stay in this process.
+        copy-on-write: writes stay in this process. ``mode="r"`` maps any file so, and
+        ``mode="r+"`` refuses a file this process may not write (``PermissionError``), as in
+        tensordict; both need the file to exist.
         """
+        if mode not in (None, "r", "r+"):
+            raise ValueError(f"mode must be 'r', 'r+' or None, got {mode!r}.")
+        name = os.fspath(filename)
+        if mode == "r+" and not _is_writable(name):
+            raise PermissionError(f"{name} is not writable: it cannot be mapped with mode='r+'")
         nested = _nested_shape(shape)
         size: Shape = nested if nested is not None else tuple(torch.Size(shape))
         nbytes = _numel(size) * _itemsize(dtype)
         if nbytes == 0:
             out = _empty_result(dtype, size)
+        elif mode is not None:
+            out = _from_buffer(_native.open_file(name, nbytes, private=mode == "r"), dtype, size)
         else:
-            out = _from_buffer(_open_or_create(os.fspath(filename), nbytes), dtype, size)
+            out = _from_buffer(_open_or_create(name, nbytes), dtype, size)
         return out if index is None else out[index]  # type: ignore[return-value]
 
     @classmethod

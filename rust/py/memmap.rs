@@ -64,11 +64,15 @@ pub fn write_file(
     Ok(Buffer::new(region))
 }
 
-/// Maps the first `nbytes` of an existing file (which must be at least that long).
+/// Maps the first `nbytes` of an existing file (which must be at least that long); `private`:
+/// copy-on-write (writes stay in this process).
 #[pyfunction]
-pub fn open_file(py: Python<'_>, path: PathBuf, nbytes: usize) -> PyResult<Buffer> {
+#[pyo3(signature = (path, nbytes, *, private = false))]
+pub fn open_file(py: Python<'_>, path: PathBuf, nbytes: usize, private: bool) -> PyResult<Buffer> {
     if nbytes == 0 {
         return Err(Error::tree(&path, "empty tensors have no data file").into());
     }
-    Ok(Buffer::new(py.detach(|| load::open_file(&path, nbytes))?))
+    Ok(Buffer::new(
+        py.detach(|| load::open_file(&path, nbytes, private))?,
+    ))
 }

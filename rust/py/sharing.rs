@@ -95,7 +95,7 @@ pub fn open_files(py: Python<'_>, files: Vec<(PathBuf, usize)>) -> PyResult<Vec<
                 if *nbytes == 0 {
                     return Err(crate::error::Error::tree(path, "empty tensors have no data file"));
                 }
-                crate::tree::load::open_file(path, *nbytes)
+                crate::tree::load::open_file(path, *nbytes, false)
             })
             .collect::<crate::error::Result<Vec<_>>>()
     })?;

@@ -623,3 +623,23 @@ def test_share_memory_keeps_the_map_and_from_storage_keeps_the_file(tmp_path: Pa
     assert m.filename == str(path)
     pickle.loads(pickle.dumps(m)).fill_(3)
     assert torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.int32).tolist() == [3] * 4
+
+
+def test_from_filename_modes_like_the_reference(tmp_path: Path) -> None:
+    """from_filename(mode=) as tensordict's: "r" maps copy-on-write (writes stay in this
+    process), "r+" maps shared, other modes raise ValueError (it raised TypeError: no such
+    keyword)."""
+    import tensordict
+
+    for lib in (MemoryMappedTensor, tensordict.MemoryMappedTensor):
+        path = tmp_path / lib.__module__
+        lib.from_tensor(torch.arange(6), filename=path)
+        private = lib.from_filename(path, torch.int64, (2, 3), mode="r")
+        private[0, 0] = 100
+        shared = lib.from_filename(path, torch.int64, (2, 3), mode="r+")
+        assert shared.flatten().tolist() == [0, 1, 2, 3, 4, 5], lib
+        shared[1, 2] = -1
+        assert lib.from_filename(path, torch.int64, (2, 3))[1, 2] == -1, lib
+        assert private[0, 0] == 100 and private[1, 2] == 5, lib
+        with pytest.raises(ValueError, match="mode must be"):
+            lib.from_filename(path, torch.int64, (2, 3), mode="w")

@@ -96,3 +96,15 @@ def check_same_file(filename: str, identity: Any, buffer: _native.Buffer) -> Non
             f"{filename}: the file was replaced since this tensor was sent (a save over its "
             "directory): it holds other data than the sender's tensor; load it again there"
         )
+
+
+def _refuse_jagged(tensor: torch.Tensor, where: str = "") -> None:
+    if tensor.is_nested and tensor.layout == torch.jagged:
+        raise _native.UnsupportedFormatError(
+            f"memmap does not store nested tensors with the torch.jagged layout{where}; convert "
+            "it with torch.nested.nested_tensor(list(t.unbind()), layout=torch.strided)"
+        )
+    if tensor.layout not in (torch.strided, torch.jagged):
+        raise _native.UnsupportedFormatError(
+            f"memmap does not store {tensor.layout} tensors{where}; call .to_dense() first"
+        )

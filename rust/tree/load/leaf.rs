@@ -255,9 +255,10 @@ pub(super) fn map_leaf(dir: &Dir, job: &LeafJob) -> Result<Option<Region>> {
     map_checked(&file, writable, &md, job.nbytes, &path).map(Some)
 }
 
-/// Opens and maps one existing data file of at least `nbytes` bytes (read-only files are
-/// mapped copy-on-write). The last path component must not be a symlink.
-pub fn open_file(path: &Path, nbytes: usize) -> Result<Region> {
+/// Opens and maps one existing data file of at least `nbytes` bytes (read-only files, and
+/// every file with `private`, are mapped copy-on-write: writes stay in this process). The last
+/// path component must not be a symlink.
+pub fn open_file(path: &Path, nbytes: usize, private: bool) -> Result<Region> {
     let (dir, name) = split_file_path(path)?;
     let job = LeafJob {
         name,
@@ -267,7 +268,7 @@ pub fn open_file(path: &Path, nbytes: usize) -> Result<Region> {
     };
     let path = dir.child_path(&job.name);
     let (file, writable, md) = check_leaf(&dir, &job, &path)?;
-    map_checked(&file, writable, &md, nbytes, &path)
+    map_checked(&file, writable && !private, &md, nbytes, &path)
 }
 
 /// The open parent directory of a file path and the file's name.
