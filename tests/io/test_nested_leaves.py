@@ -146,6 +146,15 @@ def test_jagged_with_another_ragged_dim_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "d" / "t.memmap").exists()
 
 
+def test_nested_tensor_without_components_is_refused_naming_the_key(tmp_path: Path) -> None:
+    """A strided nested tensor of no components raised a bare IndexError (tensordict: a
+    TypeError from from_file); it is refused naming the key, and nothing is written."""
+    empty = torch.nested.nested_tensor([], dtype=torch.float32)
+    with pytest.raises(ours.UnsupportedFormatError, match=r"'z'.*without components"):
+        TensorDict({"z": empty}, [0]).memmap(tmp_path / "d")
+    assert not (tmp_path / "d" / "meta.json").exists()
+
+
 # ------------------------------------------------------------------------------------------
 # Rows of a nested leaf
 

@@ -143,7 +143,8 @@ def flat_parts(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
     if value.layout == torch.jagged:
         if value._ragged_idx != 1:  # type: ignore[attr-defined]
             raise NotImplementedError(
-                f"a jagged tensor whose ragged dim is {value._ragged_idx} (not 1)"  # type: ignore[attr-defined]
+                f"a jagged tensor whose ragged dim is {value._ragged_idx} (not 1): "  # type: ignore[attr-defined]
+                "transpose it back (ragged dim 1) first"
             )
         jag: Any = value  # torch's NestedTensor (offsets, lengths) has no stubs
         offsets = jag.offsets()
@@ -156,6 +157,8 @@ def flat_parts(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
         table = torch.cat([lengths.unsqueeze(1), rest.expand(lengths.numel(), -1)], 1)
         return values.contiguous().reshape(-1), table.contiguous(), True
     table = value._nested_tensor_size().to(torch.int64).contiguous()
+    if table.ndim != 2:  # torch's table of a nested tensor without components
+        raise NotImplementedError("a nested tensor without components (no dims to record)")
     counts = table.prod(1) if table.shape[1] else torch.ones(table.shape[0], dtype=torch.int64)
     return _strided_values(value, counts), table, False
 

@@ -108,8 +108,7 @@ class _Plan:
             values, table, jagged = _nested.flat_parts(value)
         except NotImplementedError as err:
             raise _native.UnsupportedFormatError(
-                f"key {key!r} holds {err}, which the directory format cannot hold; "
-                "transpose it back (ragged dim 1) first"
+                f"key {key!r}: the directory format cannot hold {err}"
             ) from None
         if values.device.type != "cpu":
             values = values.cpu()
