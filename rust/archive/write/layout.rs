@@ -136,24 +136,31 @@ fn plan_fields(dir: &str, node: &NodeSpec, leaves: &[LeafSpec<'_>], out: &mut Ve
         format!("{dir}{}", format::META_FILE),
         format::tensordict_meta(metas, &node.batch),
     ));
-    files.sort();
-    for (name, i) in files {
-        out.push(Planned {
-            name: format!("{dir}{name}"),
-            body: Body::Leaf(i),
-            size: leaves[i].nbytes as u64,
-            csize: leaves[i].nbytes as u64,
-            method: STORED,
-            pad: Some(0),
-            crc: 0,
-            header: 0,
-            data: 0,
-            leaf: Some(i),
-        });
-    }
-    tables.sort();
-    for (name, table) in tables {
-        out.push(meta_entry(format!("{dir}{name}"), table.to_vec()));
+    // data files and shape tables in one name order, as tensordict lists a directory's files
+    let mut named: Vec<(String, std::result::Result<usize, &[u8]>)> =
+        files.into_iter().map(|(n, i)| (n, Ok(i))).collect();
+    named.extend(tables.into_iter().map(|(n, t)| (n, Err(t))));
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, body) in named {
+        match body {
+            Ok(i) => out.push(Planned {
+                name: format!("{dir}{name}"),
+                body: Body::Leaf(i),
+                size: leaves[i].nbytes as u64,
+                csize: leaves[i].nbytes as u64,
+                method: STORED,
+                pad: Some(0),
+                crc: 0,
+                header: 0,
+                data: 0,
+                leaf: Some(i),
+            }),
+            // aligned as a data file, as tensordict writes it (it is one of its memmap files)
+            Err(table) => out.push(Planned {
+                pad: Some(0),
+                ..meta_entry(format!("{dir}{name}"), table.to_vec())
+            }),
+        }
     }
     dirs.sort_by(|a, b| a.0.cmp(&b.0));
     for (name, entry) in dirs {
