@@ -236,9 +236,9 @@ def _spec(node: Any, buffers: list[Any]) -> tuple[Any, ...]:
             out.append((tag, key, _spec(entry[2], buffers)))
         elif tag == directory.STACK:
             stack = directory.loaded_stack(entry)
-            data, shape = stack.json_data(key)
+            data, dims = stack.json_data(key)
             device = None if stack.device is None else str(stack.device)
-            out.append((tag, key, stack.stack_dim, device, data, shape))
+            out.append((tag, key, stack.stack_dim, device, data, dims))
         else:  # a non-tensor value: its JSON text, as saved
             out.append(entry)
     if class_text is not None:  # a tensorclass directory: its class name and meta.json
