@@ -217,3 +217,34 @@ def test_device_of_results(accel_device: torch.device) -> None:
     on_device = a.to(accel_device)
     assert torch.stack([on_device, b.to(accel_device)]).device == accel_device
     assert torch.cat([on_device.clear_device_(), b.to(accel_device)]).device is None
+
+
+@pytest.mark.filterwarnings("ignore:indexing with dtype torch.uint8")
+def test_uint8_index_get_at_and_where_pad_like_the_reference(tmp_path: Path) -> None:
+    """Three differences an attack found, each silent or a crash where tensordict runs:
+    a uint8 index tensor read rows as integers (torch and tensordict take it as a mask, as
+    writes here did); get_at of a missing key raised KeyError (tensordict: None); where(pad=)
+    promoted the leaves (a bool leaf padded with 5 became int64)."""
+    idx = torch.tensor([1, 0, 1, 0], dtype=torch.uint8)
+    for pkg in (ours, ref):
+        for saved in (False, True):
+            td = pkg.TensorDict({"x": torch.arange(4.0)}, [4])
+            if saved:
+                td = td.memmap_(tmp_path / f"{pkg.__name__}-{saved}")
+            assert td[idx]["x"].tolist() == [0.0, 2.0], pkg
+        td = pkg.TensorDict({"x": torch.arange(3), "n": {"y": torch.zeros(3)}}, [3])
+        assert td.get_at("missing", 1) is None and td.get_at(("n", "z"), 1) is None, pkg
+        assert td.get_at("missing", 1, default=-1) == -1, pkg
+        leaves = {
+            "done": torch.zeros(4, dtype=torch.bool),
+            "i": torch.zeros(4, dtype=torch.int32),
+            "f": torch.zeros(4),
+        }
+        td = pkg.TensorDict(leaves, [4])
+        other = pkg.TensorDict({"f": torch.ones(4)}, [4])
+        cond = torch.tensor([True, False, True, False])
+        for pad, ints in ((5, [0, 5] * 2), (0.5, [0] * 4)):
+            out = td.where(cond, other, pad=pad)
+            assert out["done"].dtype == torch.bool, pkg
+            assert out["done"].tolist() == [False, True] * 2, pkg
+            assert out["i"].dtype == torch.int32 and out["i"].tolist() == ints, pkg

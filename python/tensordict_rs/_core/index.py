@@ -85,7 +85,7 @@ def row_index(index: Any) -> torch.Tensor | None:
         isinstance(index, torch.Tensor)
         and index.ndim == 1
         and not index.is_floating_point()
-        and index.dtype != torch.bool
+        and index.dtype not in (torch.bool, torch.uint8)  # uint8 is a mask, as in torch
     ):
         return index if index.dtype == torch.int64 else index.long()
     return None

@@ -117,21 +117,19 @@ def get_at(td: TreeNode, key: Any, *args: Any, **kwargs: Any) -> Any:
     >>> import torch
     >>> from tensordict_rs import TensorDict
     >>> td = TensorDict({"x": torch.arange(3)}, batch_size=[3])
-    >>> td.get_at("x", 1), td.get_at("y", 1, default=None)
-    (tensor(1), None)
+    >>> td.get_at("x", 1), td.get_at("y", 1), td.get_at("y", 1, default=-1)
+    (tensor(1), None, -1)
     """
     if args:
         index, *rest = args
     else:
         index, rest = kwargs.pop("index"), []
-    default = rest[0] if rest else kwargs.pop("default", _NO_DEFAULT)
+    default = rest[0] if rest else kwargs.pop("default", None)
     if kwargs:
         raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
     value = td.get(key, _NO_DEFAULT)
     if value is _NO_DEFAULT:
-        if default is _NO_DEFAULT:
-            raise KeyError(f'key "{key}" not found in TensorDict with keys {sorted(td.keys())}')
-        return default
+        return default  # (None unless given, as tensordict's)
     if type(value) in NTD_TYPES:
         return value.data
     return value[index]

@@ -353,6 +353,12 @@ def where(
     return out
 
 
+def _pad_as(pad: Any, leaf: torch.Tensor) -> torch.Tensor:
+    """``pad`` in the leaf's dtype, as tensordict casts it (``torch.where`` would promote the
+    leaf: a bool leaf padded with 5 became int64)."""
+    return torch.as_tensor(pad, device=leaf.device).to(leaf.dtype)
+
+
 def _where_trees(td: TD, condition: torch.Tensor, other: TD, pad: Any) -> Any:
     out = type(td)._new_unchecked(td.batch_size, td.device)
     keys = list(td._tensordict) + [k for k in other._tensordict if k not in td._tensordict]
@@ -373,9 +379,9 @@ def _where_trees(td: TD, condition: torch.Tensor, other: TD, pad: Any) -> Any:
         ):
             value = _where_non_tensor(condition, mine, theirs, td, other)
         elif mine is None:
-            value = torch.where(_expand_right(condition, theirs), pad, theirs)
+            value = torch.where(_expand_right(condition, theirs), _pad_as(pad, theirs), theirs)
         elif theirs is None:
-            value = torch.where(_expand_right(condition, mine), mine, pad)
+            value = torch.where(_expand_right(condition, mine), mine, _pad_as(pad, mine))
         else:
             value = torch.where(_expand_right(condition, mine), mine, theirs)
         out._tensordict[key] = value
