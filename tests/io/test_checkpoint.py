@@ -20,6 +20,7 @@ import pytest
 import tensordict
 import torch
 from tensordict_rs import TensorDict
+from tensordict_rs import tensorclass as tensorclass_rs
 from tensordict_rs.io.checkpoint import RECORD, spare_name
 
 
@@ -501,3 +502,26 @@ def test_a_checkpoint_after_a_save_killed_inside_its_commit(tmp_path: Path) -> N
         for load in (TensorDict.load_memmap, tensordict.TensorDict.load_memmap):
             assert set(versions(load(base / "ckpt")).values()) == {2.0}, (step, load)
     assert journals >= 8  # the kills landed inside commits
+
+
+@tensorclass_rs
+class _Step:
+    obs: torch.Tensor
+    reward: torch.Tensor
+
+
+def test_a_tensorclass_is_checkpointed_with_its_class(tmp_path: Path) -> None:
+    """A memory-mapped tensorclass checkpointed its TensorDict only: the checkpoint was a plain
+    TensorDict directory (no meta.json naming the class), which both libraries loaded without
+    the class, unlike memmap(dest, copy_existing=True). It now holds the whole tensorclass
+    directory, incrementally."""
+    step = _Step(obs=torch.zeros(1000, 16), reward=torch.arange(1000.0), batch_size=[1000])
+    step = step.memmap(tmp_path / "live")
+    step.checkpoint(tmp_path / "ckpt")
+    step[7] = _Step(obs=torch.ones(16), reward=torch.tensor(-1.0), batch_size=[])
+    written = step.checkpoint(tmp_path / "ckpt")["bytes_written"]
+    assert 0 < written <= 2 * 4096 + 4096  # the block of row 7 in each file, not the whole
+    step.memmap(tmp_path / "full", copy_existing=True)
+    assert tree_files(tmp_path / "ckpt") == tree_files(tmp_path / "full")
+    back = _Step.load_memmap(tmp_path / "ckpt")
+    assert type(back) is _Step and back.reward[7] == -1 and back.obs[7].eq(1).all()

@@ -147,6 +147,10 @@ class _Source:
         self.prefix = prefix
         with open(prefix / "meta.json", "rb") as f:
             root = json.load(f)
+        if "shape" not in root and (prefix / _native.TENSORCLASS_DIR / "meta.json").is_file():
+            # a tensorclass directory: its rows are those of the TensorDict it holds
+            with open(prefix / _native.TENSORCLASS_DIR / "meta.json", "rb") as f:
+                root = json.load(f)
         shape = root.get("shape") or []
         self.rows = int(shape[0]) if shape else None
         self.row_files: dict[str, int] = {}  # relative path -> bytes per row
@@ -372,6 +376,17 @@ def _unmapped_leaf(td: TreeNode, prefix: Path) -> str | None:
     return None
 
 
+def _is_tensorclass_dir(path: Path) -> bool:
+    """Whether ``path`` is a tensorclass's directory (its meta.json names the class and holds
+    no batch size: the TensorDict is in its ``_tensordict``)."""
+    try:
+        with open(path / "meta.json", "rb") as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "_type" in meta and "shape" not in meta
+
+
 def checkpoint(
     td: TreeNode,
     dest: str | os.PathLike[str],
@@ -422,7 +437,9 @@ def checkpoint(
         raise NotImplementedError("checkpoint() needs renameat2 and flock (Linux)")
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    prefix = Path(prefix)
+    lock_prefix = prefix = Path(prefix)
+    if prefix.name == _native.TENSORCLASS_DIR and _is_tensorclass_dir(prefix.parent):
+        prefix = prefix.parent  # a tensorclass's TensorDict: the checkpoint holds the class too
     dest = Path(dest).absolute()
     # by the paths as given and as resolved (a link to the tree's directory, or to a folder
     # holding it, leads inside it too: the checkpoint then copied itself into itself)
@@ -440,13 +457,14 @@ def checkpoint(
                 f"{dest} exists and is not a checkpoint made by checkpoint(); refusing to "
                 "replace what it holds: remove it or choose another destination"
             )
-    with _lock(parent, dest), _tree_lock(prefix):
+    with _lock(parent, dest), _tree_lock(lock_prefix):
         source = _Source(prefix)
         tracker = td._tracker
         if not isinstance(tracker, DirtyMap):
             # the first checkpoint of this tree: from now on its writes are stamped (and those
             # of every process holding it: their PendingMap finds the file)
-            tracker = DirtyMap.open(prefix, create_rows=max(1, sum(source.row_files.values())))
+            rows = max(1, sum(source.row_files.values()))
+            tracker = DirtyMap.open(lock_prefix, create_rows=rows)
             assert tracker is not None
             tracker.attach(td)
         tracker.reserve(source.rows or 0)  # the map covers every row the tree has
