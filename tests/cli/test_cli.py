@@ -249,3 +249,21 @@ def test_version_option() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("tensordict-rs ")
+
+
+def test_output_cut_short_by_its_reader_is_quiet(tmp_path: Path) -> None:
+    """`tensordict-rs info TREE | head -1` ended with a BrokenPipeError traceback; it now stops
+    quietly with a SIGPIPE's status (141), as other tools do."""
+    TensorDict({f"k{i}": torch.zeros(2) for i in range(3000)}, [2]).memmap(tmp_path / "t")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensordict_rs", "info", str(tmp_path / "t")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away with most of the output unread
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -167,6 +167,16 @@ def _plain_info(argv: Sequence[str]) -> tuple[str, bool] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tensordict-rs`` command; returns the exit status."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # the reader of the output went away (`| head`): stop quietly, as other tools do, with
+        # the status of a SIGPIPE (stdout pointed at /dev/null: the exit's flush cannot fail)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
+
+
+def _main(argv: Sequence[str] | None) -> int:
     plain = _plain_info(sys.argv[1:] if argv is None else argv)
     if plain is not None:
         return cmd_info(*plain)
