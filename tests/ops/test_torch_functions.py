@@ -248,3 +248,23 @@ def test_uint8_index_get_at_and_where_pad_like_the_reference(tmp_path: Path) -> 
             assert out["done"].dtype == torch.bool, pkg
             assert out["done"].tolist() == [False, True] * 2, pkg
             assert out["i"].dtype == torch.int32 and out["i"].tolist() == ints, pkg
+
+
+def test_stack_and_cat_into_an_out_with_more_keys(tmp_path: Path) -> None:
+    """torch.stack/cat(out=buffer) with steps that carry fewer keys than the buffer raised
+    KeyError; as tensordict, the steps' keys are written and the buffer's others left alone."""
+    for pkg in (ours, ref):
+        for saved in (False, True):
+            buf = pkg.TensorDict({"obs": torch.zeros(4, 2), "info": torch.full((4,), 7.0)}, [4])
+            if saved:
+                buf = buf.memmap_(tmp_path / f"{pkg.__name__}-{saved}")
+            steps = [pkg.TensorDict({"obs": torch.full((2,), float(i))}, []) for i in (1, 2)]
+            torch.stack(steps, out=buf[0:2])
+            assert buf["obs"][:, 0].tolist() == [1.0, 2.0, 0.0, 0.0], pkg
+            torch.cat([pkg.TensorDict({"obs": torch.ones(4, 2)}, [4])], 0, out=buf)
+            assert buf["obs"].eq(1).all() and buf["info"].eq(7).all(), pkg
+    # a key of the steps that the buffer lacks is refused here (tensordict drops it silently:
+    # docs/reference/differences.md)
+    more = [TensorDict({"obs": torch.zeros(2), "new": torch.zeros(1)}, [])] * 4
+    with pytest.raises(KeyError, match="new"):
+        torch.stack(more, out=TensorDict({"obs": torch.zeros(4, 2)}, [4]))

@@ -262,22 +262,27 @@ def _into(
             f"out.batch_size and the result's batch size must match, got "
             f"out.batch_size={out.batch_size} and batch_size={result}"
         )
+    keys = list(tds[0].keys(include_nested=True, leaves_only=True))
+    for key in keys:
+        if key not in out:
+            raise KeyError(f"key {key!r} of the inputs is missing from out=")
     token = _dirty.mark(out)
-    for sink, *leaves in zip_leaves(out, *tds):
-        if type(sink) is UnbatchedTensor:
-            continue  # the whole batch's: kept (its batch size is out's, set when read)
+    # the inputs' keys: entries of out= that the inputs lack are left as they are (as in
+    # tensordict: a buffer with more keys than the steps stacked into it)
+    for key in keys:
+        sink = out.get(key)
+        if type(sink) is UnbatchedTensor or not isinstance(sink, torch.Tensor):
+            continue  # (an unbatched entry is the whole batch's: kept)
+        leaves = [td.get(key) for td in tds]
         if not isinstance(leaves[0], torch.Tensor):
-            raise KeyError("a tensor entry of out= is not a tensor in the inputs")
+            raise KeyError(f"key {key!r}: a tensor entry of out= is not a tensor in the inputs")
         want = (*result, *leaves[0].shape[tds[0].batch_dims :])
         if tuple(sink.shape) != want:
             raise RuntimeError(
                 f"out= has an entry of shape {tuple(sink.shape)} where the result has {want}"
             )
-        write(list(leaves), sink)
+        write(leaves, sink)
     _dirty.confirm(out, _dirty.ALL, token)
-    for key in tds[0].keys(include_nested=True, leaves_only=True):
-        if key not in out:
-            raise KeyError(f"key {key!r} of the inputs is missing from out=")
     return out
 
 
