@@ -250,3 +250,20 @@ def test_convert_both_ways(tmp_path: Path) -> None:
     bad = cli("convert", str(tmp_path / "junk.safetensors"), str(tmp_path / "junk"))
     assert bad.returncode == 1 and "junk.safetensors" in bad.stderr
     assert not (tmp_path / "junk").exists()
+
+
+def test_sub_trees_without_tensors_come_back(tmp_path: Path) -> None:
+    """Empty sub-trees were dropped on the way through a .safetensors file (and through the
+    command line's convert), though a directory or .tdz keeps them; they are now recorded with
+    the batch sizes and made again."""
+    from tensordict_rs import TensorDict
+
+    td = TensorDict(
+        {"x": torch.zeros(3), "a": TensorDict({}, [3, 2]), "b": {"c": {}, "y": torch.ones(3)}},
+        [3],
+    )
+    td.to_safetensors(tmp_path / "t.safetensors")
+    back = TensorDict.from_safetensors(tmp_path / "t.safetensors")
+    assert set(back.keys(include_nested=True)) == set(td.keys(include_nested=True))
+    assert back["a"].batch_size == (3, 2) and back["b", "c"].batch_size == (3,)
+    assert back["b", "y"].tolist() == [1.0] * 3

@@ -143,6 +143,13 @@ def from_safetensors(
         _insert(root, _split(key, separator), tensor, name, key)
     for key, value in values.items():
         _insert(root, _split(key, separator), NonTensorData(value), name, key)
+    for key in sizes if separator else ():  # sub-trees without tensors come back too
+        node = root
+        for part in _split(key, separator) if key else []:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                break  # a tensor of that name: _build refuses the batch size if it must
+            node = child
     root_size = batch_size if batch_size is not None else sizes.get("", [])
     try:
         return _build(cls, root, "", separator or "", sizes, batch_size, root_size)
@@ -157,7 +164,7 @@ def _flatten(
     out: dict[str, Any],
 ) -> None:
     """Collects ``(name, dtype, shape, data_ptr, nbytes)`` rows, batch sizes and values."""
-    if list(td.batch_size):
+    if list(td.batch_size) or not td._tensordict:  # (an empty sub-tree: recorded to come back)
         out["sizes"][prefix] = list(td.batch_size)
     for key, value in td._tensordict.items():
         if separator and separator in key:
