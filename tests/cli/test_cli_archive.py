@@ -178,3 +178,11 @@ def test_copy_progress_to_an_archive(tmp_path: Path) -> None:
 
 def same_tensor(a: Path, b: Path) -> bool:
     return torch.equal(TensorDict.load_memmap(a)["x"], TensorDict.load_memmap(b)["x"])
+
+
+def test_an_empty_separator_is_a_usage_error(tmp_path: Path, archive: Path) -> None:
+    """`convert --separator ''` exited 1 (a problem with the data) instead of 2 (usage), and
+    wrote nothing either way."""
+    out = cli("convert", str(archive), str(tmp_path / "w.safetensors"), "--separator", "")
+    assert out.returncode == 2 and "separator" in out.stderr, out.stderr
+    assert not (tmp_path / "w.safetensors").exists()

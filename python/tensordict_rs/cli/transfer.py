@@ -101,6 +101,8 @@ def convert(
     """
     if not os.path.exists(src):
         raise UsageError(f"{src}: no such file or directory")
+    if separator == "":
+        raise UsageError("--separator cannot be empty: nested keys would not split back")
     source, target = kind(src), kind(dst)
     if source == target == SAFETENSORS:
         raise UsageError("both sides are .safetensors files: nothing to convert")
