@@ -218,6 +218,47 @@ def test_memmap_return_early(tmp_prefix: Path) -> None:
         failing.result()
 
 
+_EXIT_BEFORE_THE_SAVE_ENDS = """
+import sys, time, torch
+import tensordict_rs as rs
+from tensordict_rs.io import archive, directory
+def slowed(save):  # the program ends while the save still runs
+    def slow_save(*args, **kwargs):
+        time.sleep(1.0)
+        return save(*args, **kwargs)
+    return slow_save
+directory.save = slowed(directory.save)
+archive.write = slowed(archive.write)
+td = rs.TensorDict({"a": torch.arange(10.0), "b": {"c": torch.ones(3, dtype=torch.int8)}}, [])
+td.memmap(sys.argv[1], num_threads=2, return_early=True)
+td.memmap(sys.argv[2], num_threads=2, return_early=True, archive=True)
+"""
+
+
+def test_a_returned_early_save_finishes_before_the_program_ends(tmp_path: Path) -> None:
+    """A program that ends without waiting for its ``return_early`` saves still saves them,
+    as tensordict does (its executor's threads are joined at exit): the save ran in a daemon
+    thread, so the directory was never written when the program ended first (found by trying
+    a 1 GiB save). In a child process; the save is slowed down so it is still running."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "early.py"
+    script.write_text(_EXIT_BEFORE_THE_SAVE_ENDS)
+    target, archive = tmp_path / "saved", tmp_path / "saved.tdz"
+    done = subprocess.run(
+        [sys.executable, os.fspath(script), os.fspath(target), os.fspath(archive)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for path in (target, archive):
+        loaded = TensorDict.load_memmap(path)
+        assert torch.equal(loaded["a"], torch.arange(10.0)), path
+        assert torch.equal(loaded["b", "c"], torch.ones(3, dtype=torch.int8)), path
+
+
 def test_memmap_durable(tmp_prefix: Path) -> None:
     td = make_td()
     td.memmap_(tmp_prefix, durable=True)

@@ -68,7 +68,9 @@ def _maybe_done(
         else:
             future.set_result(None)
 
-    threading.Thread(target=run, daemon=True).start()
+    # not a daemon: the interpreter's exit waits for the save, as it waits for tensordict's
+    # executor threads (a daemon thread's save was cut off when the program ended first)
+    threading.Thread(target=run, name="tensordict-rs save", daemon=False).start()
     return TensorDictFuture([future], future_result)
 
 

@@ -309,17 +309,18 @@ def _gather(
 
 
 def _join_later(pool: Any) -> None:
-    """Waits for the workers of a closed pool to end in a daemon thread, not in the caller.
+    """Waits for the workers of a closed pool to end in a background thread, not in the caller.
 
     Every result is in (or written into ``out``) before this is called, so the workers have
     nothing left to do but end, and ending is the kernel unmapping the pages they touched:
     ~0.1 s for 2 workers that wrote 1 GiB into a memory-mapped ``out`` (their source and
     ``out`` pages, their heaps), a fifth of the whole call, which the caller no longer waits
-    for. They are still reaped (by this thread; multiprocessing's exit handler joins any
-    left at interpreter exit)."""
+    for. The thread is not a daemon, so the interpreter's exit waits for it: a daemon thread
+    could end during shutdown and free the pool (and tensors it holds) while Python was
+    finalizing, which aborted the process after the program's last line."""
     import threading
 
-    threading.Thread(target=pool.join, name="tensordict_rs map: pool join", daemon=True).start()
+    threading.Thread(target=pool.join, name="tensordict_rs map: pool join", daemon=False).start()
 
 
 def map(
@@ -351,9 +352,9 @@ def map(
     torch with the base seed (drawn from ``generator``) plus ``i``. ``fn`` must be picklable (a
     module-level function). An exception in ``fn`` is raised here, with a note naming the
     chunk. Returns None if ``fn`` returns None for every chunk (and no ``out``). A pool made
-    here is closed before returning; its workers end in the background (a daemon thread joins
-    them), so the call does not wait for their pages to be unmapped. After an exception the
-    call waits for them.
+    here is closed before returning; its workers end in the background (a thread joins
+    them, and the interpreter's exit waits for that thread), so the call does not wait for
+    their pages to be unmapped. After an exception the call waits for them.
 
     Run it from a script with an ``if __name__ == "__main__":`` guard, as any pool::
 
