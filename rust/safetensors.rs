@@ -7,17 +7,20 @@
 //! copy-on-write (writes to the tensors never reach the file). Each tensor is
 //! then a slice of that one map; a tensor whose offset is not a multiple of its element size
 //! (possible in files from other writers) is copied into its own aligned anonymous map.
-//! A file is written beside its target and renamed over it, so a reader (or a map of the old
-//! file) never sees a partial file.
+//! A file is written into a locked staging file beside its target (`sys::staging`, as `.tdz`
+//! archives) and renamed over it, so a reader (or a map of the old file) never sees a partial
+//! file, and what a killed write left is removed by the next write to the same path.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, Metadata, View};
 
 use crate::error::{Error, Result};
+use crate::sys::dir::Dir;
+use crate::sys::staging;
 use crate::sys::storage::{self, MapMode, Region};
 
 /// torch dtype strings (`str(torch.dtype)`) and their safetensors names, as the `safetensors`
@@ -215,7 +218,32 @@ impl View for &TensorRef<'_> {
     }
 }
 
-/// Writes `tensors` and `metadata` to `path` (beside it, then renamed over it).
+/// A tensor as the header sees it: dtype, shape and length, no bytes. The crate lays the
+/// header out from these (its order and offsets), and `write` puts the bytes where it says.
+struct HeaderOnly<'a>(&'a TensorRef<'a>);
+
+impl View for HeaderOnly<'_> {
+    fn dtype(&self) -> Dtype {
+        self.0.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        self.0.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&[])
+    }
+    fn data_len(&self) -> usize {
+        self.0.data.len()
+    }
+}
+
+/// Writes `tensors` and `metadata` to `path`: into a locked staging file beside it
+/// (`sys::staging`), then renamed over it, so a reader or a map of the old file never sees a
+/// partial file, and a killed write's staging file is removed by the next write to `path`. The
+/// header is the crate's (`serialize` of the tensors without their bytes), so the file is
+/// byte for byte what the crate and the Python package write. A new file is 0600, as the
+/// package makes them; a replaced file keeps its permissions, and a symlink given as `path` is
+/// followed once (the file it names is replaced), as for `.tdz` archives.
 pub fn write(path: &Path, tensors: &[WriteTensor<'_>], metadata: HashMap<String, String>) -> Result<()> {
     let mut refs = Vec::with_capacity(tensors.len());
     for t in tensors {
@@ -253,17 +281,87 @@ pub fn write(path: &Path, tensors: &[WriteTensor<'_>], metadata: HashMap<String,
             },
         ));
     }
-    let absolute: PathBuf = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
-    if let Some(parent) = absolute.parent() {
-        if !parent.is_dir() {
-            return Err(Error::io(parent, io::Error::from(io::ErrorKind::NotFound)));
-        }
+    let target = staging::resolve_target(path)?;
+    let parent_path = target
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    if !parent_path.is_dir() {
+        return Err(Error::io(&parent_path, io::Error::from(io::ErrorKind::NotFound)));
     }
+    let base = target
+        .file_name()
+        .ok_or_else(|| Error::tree(&target, "the path must name a file"))?
+        .to_string_lossy()
+        .into_owned();
+    let cannot = |e: safetensors::SafeTensorError| match e {
+        safetensors::SafeTensorError::IoError(err) => Error::io(&target, err),
+        other => Error::tree(&target, format!("cannot write a safetensors file: {other}")),
+    };
     let info = if metadata.is_empty() { None } else { Some(metadata) };
-    safetensors::serialize_to_file(refs.iter().map(|(n, t)| (*n, t)), info, &absolute).map_err(|e| match e {
-        safetensors::SafeTensorError::IoError(err) => Error::io(&absolute, err),
-        other => Error::tree(&absolute, format!("cannot write a safetensors file: {other}")),
-    })
+    // the 8-byte length and the padded header, without any tensor bytes
+    let header =
+        safetensors::serialize(refs.iter().map(|(n, t)| (*n, HeaderOnly(t))), info).map_err(cannot)?;
+    let laid_out: Metadata = serde_json::from_slice(&header[8..])
+        .map_err(|e| Error::tree(&target, format!("cannot write a safetensors file: {e}")))?;
+    let by_name: HashMap<&str, &[u8]> = refs.iter().map(|(n, t)| (*n, t.data)).collect();
+    let mut order = Vec::with_capacity(refs.len());
+    let mut end = 0usize;
+    for name in laid_out.offset_keys() {
+        let (data, info) = by_name
+            .get(name.as_str())
+            .zip(laid_out.info(&name))
+            .ok_or_else(|| {
+                Error::tree(
+                    &target,
+                    format!("cannot write a safetensors file: key {name:?} in no header"),
+                )
+            })?;
+        if info.data_offsets != (end, end + data.len()) {
+            return Err(Error::tree(
+                &target,
+                format!("cannot write a safetensors file: key {name:?} laid out out of order"),
+            ));
+        }
+        end += data.len();
+        order.push(*data);
+    }
+    let old_permissions = std::fs::metadata(&target).ok().map(|md| md.permissions());
+    let parent = Dir::open(&parent_path).map_err(|e| Error::io(&parent_path, e))?;
+    let (name, file) = staging::create_staging(&parent, &base)?;
+    let staging_path = parent.child_path(&name);
+    let written = (|| -> io::Result<()> {
+        file.set_len((header.len() + end) as u64)?;
+        let mut out = io::BufWriter::with_capacity(1 << 20, &file);
+        out.write_all(&header)?;
+        for data in order {
+            out.write_all(data)?;
+        }
+        out.flush()?;
+        drop(out);
+        match old_permissions {
+            Some(permissions) => file.set_permissions(permissions)?,
+            #[cfg(unix)]
+            None => {
+                // as the `safetensors` package's files (the crate's temporary files are 0600)
+                use std::os::unix::fs::PermissionsExt;
+                file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+            }
+            #[cfg(not(unix))]
+            None => {}
+        }
+        Ok(())
+    })()
+    .map_err(|e| Error::io(&staging_path, e))
+    .and_then(|()| std::fs::rename(&staging_path, &target).map_err(|e| Error::io(&target, e)));
+    if let Err(e) = written {
+        // Our own staging file beside the target, which is untouched. If the removal fails,
+        // the file (locked name, ours) is swept by the next write to this path.
+        let _ = parent.remove_file(&name);
+        return Err(e);
+    }
+    staging::sweep_stale(&parent, &base);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Owns: `.tdz` archives: the zip format, reading, writing, staging files, whole-archive checks.
+//! Owns: `.tdz` archives: the zip format, reading, writing, whole-archive checks.
 //! Uses: `error`, `sys`, `format`, `tree`.
 //!
 //! `.tdz` archives: tensordict's one-file form of a saved tree. No pyo3 here.
@@ -23,7 +23,7 @@
 //!
 //! The work is split by responsibility: `zip` holds the zip format's constants and parses and
 //! validates the zip structures, `read` builds the tree and the leaves from the entries,
-//! `write` writes (its staging files: `staging`), `verify` checks a whole archive and
+//! `write` writes (through a staging file, `sys::staging`), `verify` checks a whole archive and
 //! refreshes its checksums (`checksum`: the CRC-32s of many entries, big ones in ranges
 //! across threads), `reopen` maps an archive again for pickled leaves. The public
 //! names are re-exported here.
@@ -31,7 +31,6 @@
 pub mod checksum;
 pub mod read;
 pub mod reopen;
-pub mod staging;
 pub mod verify;
 pub mod write;
 pub mod zip;

@@ -13,7 +13,7 @@
 //! tmpfs) gets all its blocks with one `fallocate` first (`sys::prealloc`): on ext4 the writes
 //! into a preallocated file were faster than the per-page delayed allocation they replace.
 //! The file is renamed over the target (fsynced with `durable`). The staging file is locked
-//! from its creation to the rename (`staging.rs`).
+//! from its creation to the rename (`sys/staging.rs`).
 //!
 //! `write/layout.rs` lists the entries and lays them out (offsets, alignment padding) and makes
 //! their local headers, the central directory and the end records; the writes are here.
@@ -25,13 +25,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::archive::read::{load_archive, LeafData, Loaded};
-use crate::archive::staging::{create_staging, sweep_stale};
 use crate::archive::zip::{crc32, os_error, zeros_crc, DEFLATED};
 use crate::error::{Error, Result};
 use crate::sys::dir::Dir;
 use crate::sys::identity;
 use crate::sys::pool;
 use crate::sys::prealloc;
+use crate::sys::staging::{create_staging, resolve_target, sweep_stale};
 use crate::sys::storage::{self, MapMode};
 use crate::tree::save::{self, LeafSpec, NodeSpec};
 
@@ -217,17 +217,6 @@ fn reserve_range(file: &File, offset: u64, len: u64) -> io::Result<()> {
 #[cfg(not(target_os = "linux"))]
 fn reserve_range(_file: &File, _offset: u64, _len: u64) -> io::Result<()> {
     Ok(())
-}
-
-/// The real file a target names: a symlink given as the target is resolved once.
-fn resolve_target(path: &Path) -> Result<PathBuf> {
-    let absolute = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
-    match std::fs::symlink_metadata(&absolute) {
-        Ok(md) if md.file_type().is_symlink() => {
-            std::fs::canonicalize(&absolute).map_err(|e| Error::io(&absolute, e))
-        }
-        _ => Ok(absolute),
-    }
 }
 
 /// Writes the tree as an archive at `target`, atomically, and maps it for the leaves.

@@ -7,7 +7,8 @@
 //! platform), `pool` (every thread of the crate), `prealloc` (whether a new big file gets its
 //! blocks before it is written, by file system), `progress` (the progress counter), `reclaim`
 //! (the space of replaced files, freed in the background), `ring` (the slot words of a ring of
-//! shared slabs), `gather` (bulk copies between raw addresses), `seqcell` (a value shared
+//! shared slabs), `staging` (the locked staging file beside a
+//! one-file target, `.tdz` or `.safetensors`, and the sweep of killed writers' ones), `gather` (bulk copies between raw addresses), `seqcell` (a value shared
 //! between processes under a sequence lock).
 
 pub mod anon;
@@ -20,4 +21,5 @@ pub mod progress;
 pub mod reclaim;
 pub mod ring;
 pub mod seqcell;
+pub mod staging;
 pub mod storage;

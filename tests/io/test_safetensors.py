@@ -224,6 +224,79 @@ def test_refused_writes_leave_the_old_file(tmp_path: Path) -> None:
     assert TensorDict.from_safetensors(path)["x"].tolist() == [7.0, 7.0, 7.0]
 
 
+_WRITE_FOREVER = """
+import sys, torch, tensordict_rs as rs
+td = rs.TensorDict({"x": torch.ones(64 << 20, dtype=torch.uint8)}, [])
+print("ready", flush=True)
+while True:
+    td.to_safetensors(sys.argv[1])
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is unix-only")
+def test_a_killed_write_leaves_nothing_the_next_write_keeps(tmp_path: Path) -> None:
+    """A write killed before its rename left the ``safetensors`` crate's ``.tmpXXXXXX`` file
+    (64 MiB here) beside the target for good: nothing could tell it from a file of the user's.
+    Writes now go through a locked staging file named for the target, as ``.tdz`` archives,
+    which the next write removes once its writer is dead; the user's files stay."""
+    import signal
+    import time
+
+    path = tmp_path / "m.safetensors"
+    TensorDict({"x": torch.zeros(3)}, []).to_safetensors(path)
+    (tmp_path / ".tmpABC123").write_bytes(b"the user's")  # the crate's pattern: never touched
+    script = tmp_path / "forever.py"
+    script.write_text(_WRITE_FOREVER)
+    for _ in range(20):  # until a kill lands while a staging file exists
+        argv = [sys.executable, os.fspath(script), os.fspath(path)]
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as child:
+            assert child.stdout is not None and child.stdout.readline() == "ready\n"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                staged = [n for n in os.listdir(tmp_path) if n.startswith(".m.safetensors.tdrs-")]
+                if staged:
+                    break
+            child.send_signal(signal.SIGKILL)
+        staged = [n for n in os.listdir(tmp_path) if n.startswith(".m.safetensors.tdrs-")]
+        if staged:
+            break
+    assert staged, "no kill landed during a write"
+    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".m.")) == [
+        ".tmpABC123",
+        "forever.py",
+        "m.safetensors",
+    ]
+    loaded = TensorDict.from_safetensors(path)  # the old file or a whole new one
+    assert loaded["x"].numel() in (3, 64 << 20)
+    del loaded
+    TensorDict({"x": torch.full((2,), 5.0)}, []).to_safetensors(path)
+    assert sorted(os.listdir(tmp_path)) == [".tmpABC123", "forever.py", "m.safetensors"]
+    assert (tmp_path / ".tmpABC123").read_bytes() == b"the user's"
+    assert st.load_file(path)["x"].tolist() == [5.0, 5.0]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX modes and symlinks")
+def test_a_rewrite_keeps_the_mode_and_writes_through_a_symlink(tmp_path: Path) -> None:
+    """A symlink given as the path is followed (the file it names gets the new contents, the
+    link stays) and a replaced file keeps its permission bits, as for ``.tdz`` archives (the
+    crate's temporary file replaced the link by a file, and made every file 0600); a new file
+    is 0600, as the package's ``save_file`` makes it."""
+    real = tmp_path / "real.safetensors"
+    link = tmp_path / "link.safetensors"
+    TensorDict({"x": torch.zeros(2)}, []).to_safetensors(real)
+    real.chmod(0o640)
+    link.symlink_to(real)
+    TensorDict({"x": torch.ones(2)}, []).to_safetensors(link)
+    assert link.is_symlink() and os.readlink(link) == os.fspath(real)
+    assert st.load_file(real)["x"].tolist() == [1.0, 1.0]
+    assert real.stat().st_mode & 0o777 == 0o640
+    fresh = tmp_path / "fresh.safetensors"
+    TensorDict({"x": torch.zeros(2)}, []).to_safetensors(fresh)
+    st.save_file({"x": torch.zeros(2)}, tmp_path / "package.safetensors")
+    assert fresh.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "package.safetensors").stat().st_mode & 0o777 == 0o600
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tensordict_rs", *args], capture_output=True, text=True, timeout=120

@@ -1,14 +1,16 @@
-//! The staging files of archive saves: created beside the target, `flock`ed from creation to
-//! the rename, and removed by later saves only when their writer is gone. No pyo3 here.
+//! The staging files of one-file saves (`.tdz` archives, `.safetensors` files): created beside
+//! the target, `flock`ed from creation to the rename, and removed by later saves only when
+//! their writer is gone. No pyo3 here.
 //!
 //! The lock dies with its process, so a later save removes a killed save's staging file when
 //! it can take its lock, and never a live one's, whatever machine or pid namespace the writer
 //! runs in (pids are reused, and shared file systems span machines: the pid in the name is
 //! only for people reading the directory). Only regular files with exactly a staging name
-//! are opened; nothing else beside the archive is touched.
+//! are opened; nothing else beside the target is touched.
 
 use std::fs::File;
 use std::io;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::sys::dir::{self, Dir, EntryKind};
@@ -118,9 +120,20 @@ pub(crate) fn sweep_stale(parent: &Dir, base: &str) {
         if still_named(parent, &name, &file) {
             // A dead save's own staging file (locked by us and still at that name): if the
             // removal fails it stays for a later sweep; it never held the user's data (the
-            // archive itself is only ever replaced by a rename).
+            // target itself is only ever replaced by a rename).
             let _ = parent.remove_file(&name);
         }
+    }
+}
+
+/// The real file a target names: a symlink given as the target is resolved once.
+pub(crate) fn resolve_target(path: &Path) -> Result<PathBuf> {
+    let absolute = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
+    match std::fs::symlink_metadata(&absolute) {
+        Ok(md) if md.file_type().is_symlink() => {
+            std::fs::canonicalize(&absolute).map_err(|e| Error::io(&absolute, e))
+        }
+        _ => Ok(absolute),
     }
 }
 

@@ -1,6 +1,14 @@
 use super::*;
-use crate::archive::tests::{opts, sample, tmp};
-use crate::archive::{write_archive, Compression};
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "tdrs-staging-{}-{}",
+        std::process::id(),
+        storage::random_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
 
 #[test]
 fn staging_names_are_exact() {
@@ -49,9 +57,8 @@ fn only_unlocked_staging_files_are_swept() {
     let sub = name(3, "00000000000000ee");
     std::fs::create_dir(dir.join(&sub)).unwrap();
 
-    let data = vec![vec![1u8; 12], vec![2u8; 6]];
-    let (root, leaves) = sample(&data);
-    write_archive(&target, &root, &leaves, opts(Compression::Stored)).unwrap();
+    let parent = Dir::open(&dir).unwrap();
+    sweep_stale(&parent, "t.tdz");
     assert!(
         dir.join(&live).exists(),
         "a live writer's staging file was removed"
@@ -65,7 +72,7 @@ fn only_unlocked_staging_files_are_swept() {
     assert!(dir.join(&sub).is_dir());
 
     drop(holder); // the writer dies: its lock goes with it
-    write_archive(&target, &root, &leaves, opts(Compression::Stored)).unwrap();
+    sweep_stale(&parent, "t.tdz");
     assert!(!dir.join(&live).exists());
     let mut left: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
