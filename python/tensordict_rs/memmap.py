@@ -514,7 +514,7 @@ class MemoryMappedTensor(torch.Tensor):
 
     def _keep(self, out: Any) -> Any:
         if isinstance(out, torch.Tensor) and not isinstance(out, MemoryMappedTensor):
-            if out.numel() and not out.is_nested and _same_memory(self, out):
+            if not out.is_nested and _same_memory(self, out):
                 return _wrap(out, self._buffer, self._filename, self._shared)
         return out
 

@@ -417,6 +417,20 @@ def test_view_of_view_keeps_class(mmt: MemoryMappedTensor) -> None:
         assert view.filename == mmt.filename
 
 
+def test_empty_views_keep_class(mmt: MemoryMappedTensor) -> None:
+    """An empty slice is still a view of the map, as in tensordict (it came back a plain
+    tensor, without ``filename``), and one of a file pickles as one."""
+    import pickle
+
+    for view in (mmt[0:0], mmt[4:], mmt[:, 6:], mmt[2:2, 1:3]):
+        _same_map(view, mmt)
+        assert view.numel() == 0
+        if mmt._filename is not None:  # (an anonymous map is refused by plain pickle)
+            assert view.filename == mmt.filename
+            back = pickle.loads(pickle.dumps(view))
+            assert back.shape == view.shape and back.dtype == view.dtype
+
+
 def test_unbind_split_chunk_iteration_keep_class(mmt: MemoryMappedTensor) -> None:
     plain = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     for views, expected in [
