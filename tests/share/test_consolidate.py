@@ -42,6 +42,18 @@ def test_consolidated_copy_holds_the_same_values_as_the_reference() -> None:
         assert torch.equal(torch.as_tensor(c.get(key)), r.get(key)), key
 
 
+@pytest.mark.parametrize("share_memory", [False, True])
+def test_leaves_answer_is_shared_as_the_reference(share_memory: bool) -> None:
+    """``consolidate(share_memory=True)`` gives leaves that answer ``is_shared()`` True, as
+    tensordict's (they answered False, though the arena is shared memory either way); the
+    tree itself answers False in both libraries."""
+    for module in (tensordict_rs, tensordict):
+        c = _plain(module).consolidate(share_memory=share_memory)
+        leaves = [c.get(k) for k in c.keys(include_nested=True, leaves_only=True)]
+        assert [t.is_shared() for t in leaves] == [share_memory] * 4, module.__name__
+        assert not c.is_shared(), module.__name__
+
+
 def test_every_dtype_and_non_tensor_values_where_the_reference_fails() -> None:
     # tensordict 0.15.3 packs leaves unaligned: a complex128 leaf after 504 bytes of others
     # cannot be viewed back ("storage_offset() must be divisible by 16"); ours aligns to 64

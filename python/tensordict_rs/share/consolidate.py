@@ -48,7 +48,8 @@ class Consolidation(TreeNode):
         """Copies every leaf into one buffer; returns a locked tree of views of it.
 
         On the CPU the buffer is one anonymous shared-memory arena (so ``share_memory`` holds
-        always); ``device`` puts it on another device. ``inplace=True`` replaces this tree's
+        always; with it the leaves answer ``is_shared()`` True, as tensordict's); ``device``
+        puts it on another device. ``inplace=True`` replaces this tree's
         leaves by the views and returns ``self``. An already consolidated tree is returned as
         it is. The copy runs in parallel in the Rust core whatever ``num_threads``; the
         structure always travels with the buffer (``metadata`` changes nothing).
@@ -95,7 +96,11 @@ class Consolidation(TreeNode):
             return self
         on_cpu = target is None or target.type == "cpu"
         td, whole = _packed.build(
-            type(self), plan.description(), plan.total, None if on_cpu else target
+            type(self),
+            plan.description(),
+            plan.total,
+            None if on_cpu else target,
+            shared=share_memory,
         )
         if plan.total:
             if on_cpu and whole.device == _CPU:

@@ -31,6 +31,8 @@ the data has arrived (``settle``), after checking the parts.
 
 from __future__ import annotations
 
+import functools
+
 import json
 import warnings
 import weakref
@@ -562,6 +564,7 @@ def build(
     on_buffer: Callable[[torch.Tensor], Any] | None = None,
     into: tuple[_native.Buffer, torch.Tensor] | None = None,
     views_of: torch.Tensor | None = None,
+    shared: bool = False,
 ) -> tuple[Any, torch.Tensor]:
     """A new tree from a description, and the one buffer to receive its ``total`` bytes into.
 
@@ -574,7 +577,8 @@ def build(
     ``into``, an ``arena(total)`` made before the description arrived (the data may be arriving
     into it already), is that buffer instead of a new one (CPU only). ``views_of``, a uint8
     tensor of at least ``total`` bytes holding the message, makes the leaves plain tensor views
-    of it (a copy of a tree: ``TensorDict.clone``).
+    of it (a copy of a tree: ``TensorDict.clone``). ``shared``: the CPU leaves answer
+    ``is_shared()`` True (``consolidate(share_memory=True)``, as tensordict's leaves answer).
 
     A tree with nested leaves (a description that starts with ``NESTED_MARK``) comes without
     them: ``settle(td)``, called once the data is in the buffer, checks their parts and puts
@@ -626,7 +630,9 @@ def build(
         arena,
         STR_TO_DTYPE,
         make_node,
-        _LazyLeaf if arena else make_view,
+        (functools.partial(_LazyLeaf, shared=True) if shared else _LazyLeaf)
+        if arena
+        else make_view,
         make_empty,
         make_value,
         None if not arena or into is not None else arrived,
