@@ -32,7 +32,6 @@ the data has arrived (``settle``), after checking the parts.
 from __future__ import annotations
 
 import functools
-
 import json
 import warnings
 import weakref
