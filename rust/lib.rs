@@ -97,6 +97,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shared_value::shared_value_write, m)?)?;
     m.add_function(wrap_pyfunction!(shared_value::shared_value_lock, m)?)?;
     m.add_function(wrap_pyfunction!(shared_value::shared_value_unlock, m)?)?;
+    m.add_function(wrap_pyfunction!(shared_value::shared_value_write_if, m)?)?;
     // a tree as one message
     m.add_class::<packed::PackedTable>()?;
     m.add_function(wrap_pyfunction!(packed::copy_packed, m)?)?;

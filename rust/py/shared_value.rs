@@ -97,6 +97,20 @@ pub fn shared_value_unlock(buffer: PyRef<'_, Buffer>, before: u64, data: Option<
     stored.map_err(to_py).map(|()| version)
 }
 
+/// Replaces the value by `data` only if its version is still `expected` (from
+/// `shared_value_read`): the second half of an optimistic read-modify-write, the lock held only
+/// inside this call. Returns the new version, or None when another write came in between.
+/// ValueError when `data` exceeds the cell's capacity (the value is then unchanged).
+#[pyfunction]
+pub fn shared_value_write_if(
+    py: Python<'_>,
+    buffer: PyRef<'_, Buffer>,
+    expected: u64,
+    data: Vec<u8>,
+) -> PyResult<Option<u64>> {
+    detached(py, &buffer, move |c| c.write_if(expected, &data))
+}
+
 /// Replaces the value by `data`; returns the new version. ValueError when `data` exceeds the
 /// cell's capacity (the value is then unchanged).
 #[pyfunction]

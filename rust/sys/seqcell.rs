@@ -169,6 +169,32 @@ impl SeqCell {
         stored.map(|()| version)
     }
 
+    /// Replaces the value by `bytes` only if the version is still `expected` (the version a
+    /// `read` returned): the second half of an optimistic read-modify-write, which holds the
+    /// lock only for the store (a process killed while it computes the new value leaves the
+    /// cell usable). Returns the new version, or None when another write came in between (or
+    /// is in progress): read again and retry.
+    pub fn write_if(&self, expected: u64, bytes: &[u8]) -> Result<Option<u64>, CellError> {
+        if bytes.len() > self.capacity() {
+            return Err(CellError::TooLarge {
+                needed: bytes.len(),
+                capacity: self.capacity(),
+            });
+        }
+        if expected % 2 == 1
+            || self
+                .word(0)
+                .compare_exchange(expected, expected + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            return Ok(None);
+        }
+        fence(Ordering::Release);
+        let stored = self.locked_store(bytes);
+        let version = self.unlock(expected);
+        stored.map(|()| Some(version))
+    }
+
     fn copy_out(&self, n: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(n.div_ceil(8) * 8);
         for i in 0..n.div_ceil(8) {
@@ -256,6 +282,57 @@ mod tests {
         c.locked_store(b"[1,2]").unwrap();
         assert_eq!(c.unlock(before), 6);
         assert_eq!(c.read().unwrap(), (6, b"[1,2]".to_vec()));
+    }
+
+    #[test]
+    fn write_if_stores_only_over_the_version_read() {
+        let mut words = vec![0u64; 8 + 4];
+        let c = cell(&mut words);
+        let (version, _) = c.read().unwrap();
+        assert_eq!(c.write_if(version, b"1").unwrap(), Some(version + 2));
+        // a stale version (another write came in between): nothing stored
+        assert_eq!(c.write_if(version, b"2").unwrap(), None);
+        assert_eq!(c.read().unwrap(), (version + 2, b"1".to_vec()));
+        // a write in progress: nothing stored, and the writer's unlock still works
+        let held = c.lock().unwrap();
+        assert_eq!(c.write_if(held, b"3").unwrap(), None);
+        assert_eq!(c.write_if(held + 1, b"3").unwrap(), None);
+        c.unlock(held);
+        assert!(matches!(
+            c.write_if(held + 2, &[b'x'; 33]),
+            Err(CellError::TooLarge { .. })
+        ));
+        assert_eq!(c.read().unwrap(), (held + 2, b"1".to_vec()));
+    }
+
+    #[test]
+    fn optimistic_increments_from_many_threads_are_never_lost() {
+        let mut words = vec![0u64; 8 + 4];
+        let base = words.as_mut_ptr() as usize;
+        let len = words.len() * 8;
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(move || {
+                    // SAFETY: the vector outlives the scope; every thread uses a SeqCell.
+                    let c = unsafe { SeqCell::new(base as *mut u8, len) }.unwrap();
+                    for _ in 0..500 {
+                        loop {
+                            let (version, bytes) = c.read().unwrap();
+                            let n: u64 = std::str::from_utf8(&bytes).unwrap().parse().unwrap_or(0);
+                            if c.write_if(version, (n + 1).to_string().as_bytes())
+                                .unwrap()
+                                .is_some()
+                            {
+                                break;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        // SAFETY: as above; the threads are done.
+        let c = unsafe { SeqCell::new(base as *mut u8, len) }.unwrap();
+        assert_eq!(c.read().unwrap().1, b"2000".to_vec());
     }
 
     #[test]

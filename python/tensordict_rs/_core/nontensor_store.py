@@ -150,9 +150,10 @@ class _Cells:
 
     def modify(self, change: Any) -> None:
         """Calls ``change(cells)`` on the cells as a list, then writes them where they are kept:
-        shared memory (under its lock, so that writes of other processes to other rows are
-        kept) and the saved stack's meta.json. A change that cannot be written there (a value
-        that is not JSON, a failed write) leaves the cells as they were, here and there."""
+        shared memory (a read-modify-write of the cell, so that writes of other processes to
+        other rows are kept) and the saved stack's meta.json. A change that cannot be written
+        there (a value that is not JSON, a failed write) leaves the cells as they were, here
+        and there."""
         shared = self.shared
         if shared is None and self.saved is None:
             change(self.writable())  # kept in this process only: nothing can refuse it after
@@ -180,7 +181,10 @@ class _Cells:
         if shared is None:
             apply(list(self.writable()))  # a copy: the cells change once it is written
         else:
-            shared.update(apply)
+            # a saved stack writes its directory inside the change: under the cell's lock,
+            # so the directory follows the cells' order; otherwise optimistic (no lock held
+            # while Python runs: a process killed meanwhile leaves the cell usable)
+            shared.update(apply, exclusive=self.saved is not None)
 
     def take(self, ids: np.ndarray) -> _Cells:
         """A new store holding the cells ``ids`` (flat), in that order."""

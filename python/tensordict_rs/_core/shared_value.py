@@ -93,17 +93,36 @@ class SharedValue:
         unchanged)."""
         self._remember(_native.shared_value_write(self.buffer, text), text)
 
-    def update(self, change: Any) -> Any:
-        """Read-modify-write under the cell's lock: ``change(value)`` returns the new value's
-        JSON text (or None to leave it); no write of another process comes in between."""
-        before, text = _native.shared_value_lock(self.buffer)
-        new: bytes | None = None
-        try:
+    def update(self, change: Any, *, exclusive: bool = False) -> None:
+        """Read-modify-write: ``change(value)`` returns the new value's JSON text (or None to
+        leave it); no write of another process is lost.
+
+        Optimistic by default: the value is read, changed here, and stored only if no other
+        write came in between (else read and changed again), so the lock is held only inside
+        the store, and a process killed while ``change`` runs (a terminated worker, an
+        abandoned ``map_iter``) leaves the cell as it was and usable. ``change`` may then run
+        more than once. ``exclusive=True`` holds the cell's lock around ``change`` (once, no
+        other write in between): for a change with effects of its own that must follow the
+        cells' order (a saved stack's directory write)."""
+        if exclusive:
+            before, text = _native.shared_value_lock(self.buffer)
+            new: bytes | None = None
+            try:
+                new = change(json.loads(text))
+            finally:
+                version = _native.shared_value_unlock(self.buffer, before, new)
+            if new is not None:
+                self._remember(version, new)
+            return
+        while True:
+            version, text = _native.shared_value_read(self.buffer)
             new = change(json.loads(text))
-        finally:
-            version = _native.shared_value_unlock(self.buffer, before, new)
-        if new is not None:
-            self._remember(version, new)
+            if new is None:
+                return
+            stored = _native.shared_value_write_if(self.buffer, version, new)
+            if stored is not None:
+                self._remember(stored, new)
+                return
 
     def __reduce__(self) -> Any:
         raise TypeError(
