@@ -259,6 +259,46 @@ def test_a_returned_early_save_finishes_before_the_program_ends(tmp_path: Path) 
         assert torch.equal(loaded["b", "c"], torch.ones(3, dtype=torch.int8)), path
 
 
+_FAILING_EARLY_SAVES = """
+import sys, torch
+import tensordict_rs as rs
+bad = lambda: rs.TensorDict({"a": torch.zeros(3), "cfg": {1, 2}}, [3])
+bad().memmap(sys.argv[1] + "/dropped", return_early=True, num_threads=2)
+kept = bad().memmap(sys.argv[1] + "/kept", return_early=True, num_threads=2)
+asked = bad().memmap(sys.argv[1] + "/asked", return_early=True, num_threads=2)
+try:
+    asked.result()
+except rs.InvalidTreeError:
+    print("raised", flush=True)
+print("end", flush=True)
+"""
+
+
+def test_a_failed_early_save_nobody_asked_about_is_reported(tmp_path: Path) -> None:
+    """A ``return_early`` save that fails (here a value that is not JSON: tensordict pickles
+    it) raised only through ``result()``: a program that never called it ended with status 0,
+    nothing saved, and no word (found by an attack). The error is now written to stderr when
+    the future is dropped, or at exit if it is still held; ``result()`` raising it silences
+    it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "failing.py"
+    script.write_text(_FAILING_EARLY_SAVES)
+    done = subprocess.run(
+        [sys.executable, os.fspath(script), os.fspath(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["raised", "end"]
+    headline = "a save started with return_early=True failed, and its error was never retrieved"
+    assert done.stderr.count(headline) == 2, done.stderr
+    assert done.stderr.count("key 'cfg': a value of type set") == 2, done.stderr
+    assert not any((tmp_path / name).exists() for name in ("dropped", "kept", "asked"))
+
+
 def test_memmap_durable(tmp_prefix: Path) -> None:
     td = make_td()
     td.memmap_(tmp_prefix, durable=True)

@@ -6,11 +6,15 @@
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
+import sys
 import threading
+import traceback
+import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Generic
+from typing import Any, Generic
 
 from .._core.nodes import TD
 from . import archive as _archive
@@ -39,12 +43,19 @@ class TensorDictFuture(Generic[TD]):
         """Wraps the writes to wait for and the TensorDict that ``result()`` returns."""
         self.futures = futures
         self.resulting_td = resulting_td
+        self._retrieved = False  # result() was called: its error reaches the caller
+        self._lost: BaseException | None = None  # a failure nobody has asked for yet
 
     def result(self) -> TD:
         """Waits for the writes to finish and returns the TensorDict (or raises their error)."""
+        self._retrieved = True
         for future in self.futures:
             future.result()
         return self.resulting_td
+
+    def __del__(self) -> None:
+        """Reports a failure that ``result()`` never raised (see ``_report``)."""
+        _report(self)
 
     def done(self) -> bool:
         """True once every write has finished."""
@@ -59,19 +70,59 @@ def _maybe_done(
         work()
         return future_result
     future: concurrent.futures.Future[None] = concurrent.futures.Future()
+    handle = TensorDictFuture([future], future_result)
+    held = weakref.ref(handle)  # the thread must not keep the handle alive
 
     def run() -> None:
         try:
             work()
         except BaseException as err:  # handed to the caller through the future
             future.set_exception(err)
+            holder = held()
+            if holder is None:  # dropped already (fire and forget): nobody can ask for it
+                _print_lost(err)
+            elif not holder._retrieved:  # reported when dropped, or at exit, unless asked for
+                holder._lost = err
+                _unretrieved.add(holder)
+            del holder
         else:
             future.set_result(None)
 
     # not a daemon: the interpreter's exit waits for the save, as it waits for tensordict's
     # executor threads (a daemon thread's save was cut off when the program ended first)
     threading.Thread(target=run, name="tensordict-rs save", daemon=False).start()
-    return TensorDictFuture([future], future_result)
+    return handle
+
+
+# Futures whose save failed and whose error nobody has asked for yet: reported when they are
+# dropped, or at the interpreter's exit (after every save thread has ended).
+_unretrieved: weakref.WeakSet[TensorDictFuture[Any]] = weakref.WeakSet()
+
+
+def _print_lost(err: BaseException) -> None:
+    """Writes a failed background save's error to stderr: a program that started a save with
+    ``return_early=True`` and never called ``result()`` would otherwise end without a word,
+    with nothing saved (tensordict writes what this library refuses, so a program moved over
+    from it meets these refusals here first)."""
+    print(
+        "tensordict_rs: a save started with return_early=True failed, and its error was never "
+        "retrieved (TensorDictFuture.result() raises it); the target is as it was:",
+        file=sys.stderr,
+    )
+    traceback.print_exception(err, file=sys.stderr)
+
+
+def _report(handle: TensorDictFuture[Any]) -> None:
+    """Prints ``handle``'s failure once, unless ``result()`` was called."""
+    err, handle._lost = getattr(handle, "_lost", None), None
+    if err is not None and not handle._retrieved:
+        _print_lost(err)
+
+
+@atexit.register
+def _report_at_exit() -> None:
+    for handle in list(_unretrieved):
+        _report(handle)
 
 
 def _to_archive(
