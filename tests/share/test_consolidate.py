@@ -54,6 +54,38 @@ def test_leaves_answer_is_shared_as_the_reference(share_memory: bool) -> None:
         assert not c.is_shared(), module.__name__
 
 
+@pytest.mark.parametrize(
+    "change", ["batch_size", "nested batch_size", "unsqueeze_", "t_", "resize_"]
+)
+def test_a_tree_changed_in_place_is_not_sent_as_it_was(change: str) -> None:
+    """A tree's packing plan is cached (consolidate, pickles of protocol 5, ``ray.put``,
+    ``broadcast``, ``init_remote``, consolidated ``send``) and was reused while the entries
+    were the same objects at the same addresses: a batch size set since, or a leaf reshaped
+    or transposed in place, went out with the old shapes or layout, silently (found by an
+    attack; tensordict packs the tree as it is)."""
+    import pickle
+
+    expected_batch = {"batch_size": [4, 4], "nested batch_size": [4]}.get(change, [4])
+    for first in (lambda t: t.consolidate(), lambda t: pickle.dumps(t, protocol=5)):
+        td = TensorDict({"a": torch.arange(16.0).view(4, 4), "n": {"b": torch.ones(4, 4)}}, [4])
+        first(td)  # the plan is made and cached
+        if change == "batch_size":
+            td.batch_size = [4, 4]
+        elif change == "nested batch_size":
+            td["n"].batch_size = [4, 4]
+        elif change == "unsqueeze_":
+            td["a"].unsqueeze_(1)
+        elif change == "t_":
+            td["a"].t_()  # square: the same shape, transposed
+        else:
+            td["a"].resize_(4, 2)
+        for again in (td.consolidate(), pickle.loads(pickle.dumps(td, protocol=5))):
+            assert again.batch_size == torch.Size(expected_batch), change
+            assert again["n"].batch_size == td["n"].batch_size, change
+            assert again["a"].shape == td["a"].shape, change
+            assert torch.equal(again["a"], td["a"]), change
+
+
 def test_every_dtype_and_non_tensor_values_where_the_reference_fails() -> None:
     # tensordict 0.15.3 packs leaves unaligned: a complex128 leaf after 504 bytes of others
     # cannot be viewed back ("storage_offset() must be divisible by 16"); ours aligns to 64

@@ -48,12 +48,12 @@ from .._core.nodes import NTD_TYPES, TD, NonTensorData, _gc_paused
 from .._core.nontensor import NonTensorStack
 from ..memmap import MemoryMappedTensor, _LazyLeaf, value_nbytes
 from . import packed_description as _desc
+from . import packed_watch as _watching
 
 ALIGN = _native.ALIGN  # every leaf of a packed tree (and of an arena) starts at a multiple
 DESCRIPTION_LIMIT = _native.DESCRIPTION_LIMIT  # the meta.json limit of the loader
 _CPU = torch.device("cpu")
 _STRIDED = torch.strided
-_DATA_PTR = torch.Tensor.data_ptr
 
 
 def _aligned(n: int) -> int:
@@ -95,10 +95,6 @@ class Plan:
         # A tree ``build`` made whose nested leaves wait for the data (see ``settle``).
         self.pending: Callable[[], None] | None = None
         self._arena: _native.Buffer | None = None  # the native buffer of the first leaf, if any
-        # The tensor leaves the copy table points into, and the address of each: checked with
-        # the tree's entries, as ``t.data = x`` or ``t.share_memory_()`` move a leaf's bytes.
-        self._watched: list[torch.Tensor] = []
-        self._watched_at: list[int] = []
         # Every leaf is a whole part of an arena (its own native buffer, all of it): what lies
         # between the leaves is then padding that no tensor views, which a message received
         # into the arena in place may overwrite.
@@ -112,11 +108,13 @@ class Plan:
             self.whole = whole
             if whole is not None:
                 self.device = whole.device
+            self._watch = _watching.Watch(td, self.nodes)
             return
         self.nodes = []
         self._leaves = []
         self._collect(td)
         self.total = self._layout()
+        self._watch = _watching.Watch(td, self.nodes)
         self.whole = whole if whole is not None else self._one_buffer()
         if self.whole is not None:
             self.receive_in_place = self._nothing_between_leaves()
@@ -222,10 +220,7 @@ class Plan:
                         and mapped.address == value.data_ptr()
                     )
                     keep.append(value.untyped_storage())
-                    address = value.data_ptr()
-                    table.extend((address, total, n))
-                    self._watched.append(value)
-                    self._watched_at.append(address)
+                    table.extend((value.data_ptr(), total, n))
                 if type(value) is MemoryMappedTensor and value._buffer is not None:
                     self.writable = self.writable and value._buffer.writable
             total += n
@@ -277,13 +272,10 @@ class Plan:
         return torch.frombuffer(span, dtype=torch.uint8)
 
     def is_current(self) -> bool:
-        """Whether the tree still has the keys and value objects this plan was made for, each
-        tensor leaf's bytes where they were."""
-        # one data_ptr() per tensor leaf, called by map (10,000 leaves: ~0.8 ms on this
-        # machine, a tenth of sending them; a Rust loop measured slower under abi3)
-        return _native.same_entries(self.nodes) and (
-            not self._watched or list(map(_DATA_PTR, self._watched)) == self._watched_at
-        )
+        """Whether the tree still has the keys and value objects this plan was made for, every
+        node its batch size and device, and each tensor leaf its bytes where they were, its
+        size and strides (``packed_watch.Watch``)."""
+        return _native.same_entries(self.nodes) and self._watch.current()
 
     def pack(self, fresh: bool = False) -> torch.Tensor:
         """One uint8 tensor with every leaf at its offset (see ``pack_range``)."""
@@ -380,10 +372,7 @@ class Plan:
             self._materialized = out
             if lazy:  # new dict values: the same views of the same bytes, the plan holds
                 self.nodes = [(d, tuple(d), tuple(d.values())) for d, _, _ in self.nodes]
-                for (_, _, value), t in zip(self.leaves, out, strict=True):
-                    if type(value) is _LazyLeaf and t.numel():  # watched as the walk would
-                        self._watched.append(t)
-                        self._watched_at.append(t.data_ptr())
+                self._watch.leaves(self.nodes)  # the new tensors, watched as the walk would
         return self._materialized
 
     def tensors(self) -> list[torch.Tensor]:
