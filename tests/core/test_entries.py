@@ -203,6 +203,25 @@ def test_update_() -> None:
         td.update_({"missing": torch.ones(3)})
 
 
+def test_update_of_another_shape_names_the_key_as_tensordict() -> None:
+    """A value that cannot be copied into its entry raised torch's bare error: it now names
+    the key and both shapes, in tensordict's words (a RuntimeError in both libraries)."""
+    import tensordict
+
+    for lib in (tensordict, __import__("tensordict_rs")):
+        td = lib.TensorDict({"w": torch.zeros(1, 4), "n": {"c": torch.zeros(1, 1)}}, [1])
+        with pytest.raises(
+            RuntimeError,
+            match=r"update_\(\) cannot copy the value of shape "
+            r"torch.Size\(\[1, 3\]\) under the key 'w' into the entry of "
+            r"shape torch.Size\(\[1, 4\]\)",
+        ):
+            td.update_({"w": torch.zeros(1, 3)})
+    td = TensorDict({"n": {"c": torch.zeros(1, 1)}}, [1])
+    with pytest.raises(RuntimeError, match=r"under the key \('n', 'c'\)"):
+        td.update_({"n": {"c": torch.zeros(1, 2)}})
+
+
 def test_delitem_and_pop() -> None:
     td = make_td()
     del td["a"]

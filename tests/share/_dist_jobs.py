@@ -379,9 +379,29 @@ def collectives(T: Any, rank: int, world: int, tmp: Path) -> None:
             {"x": torch.full((3,), float(rank)), "y": {"z": torch.tensor(10.0 * rank)}}, []
         )
         assert row.gather_and_stack(dst=0) is None
+    _gather_and_stack_refusals(T, rank, world)
     _scatter(T, rank, world)
     _ring(T, rank, world)
     sharded_dataset(T, rank, world, tmp)
+
+
+def _gather_and_stack_refusals(T: Any, rank: int, world: int) -> None:
+    """A destination with a row more than the other ranks, or rows of another shape, is
+    refused by name before any row is written (the first rows were written, the others left,
+    and a shape mismatch raised torch's error naming no key; found by an attack)."""
+    import pytest
+
+    row = T.TensorDict({"x": torch.full((3,), float(rank))}, [])
+    for rows, match in (
+        (T.TensorDict({"x": torch.zeros(world, 3)}, [world]), "first batch dimension"),
+        (T.TensorDict({"x": torch.zeros(world - 1, 4)}, [world - 1]), "the key 'x' of shape"),
+    ):
+        if rank == 0:
+            with pytest.raises(RuntimeError, match=match):
+                rows.gather_and_stack(dst=0)
+            assert rows["x"].eq(0).all()  # nothing written
+        else:
+            assert row.gather_and_stack(dst=0) is None
 
 
 def _meant(T: Any, r: int) -> Any:

@@ -425,6 +425,20 @@ def update_(
     return td
 
 
+def _cannot_copy(
+    td: TD, prefix: tuple[str, ...], k: tuple[str, ...], value: Any, err: RuntimeError
+) -> RuntimeError:
+    """torch's error of a failed copy into an entry, naming the key and both shapes, as
+    tensordict's ``update_`` says it."""
+    full = (*prefix, *k)
+    key = full[0] if len(full) == 1 else full
+    entry = td.get(k if len(k) > 1 else k[0])
+    return RuntimeError(
+        f"update_() cannot copy the value of shape {getattr(value, 'shape', None)} under the "
+        f"key {key!r} into the entry of shape {getattr(entry, 'shape', None)}: {err}"
+    )
+
+
 def _update_(
     td: TD,
     input_dict_or_td: Any,
@@ -467,4 +481,9 @@ def _update_(
                     f"The key {full[0] if len(full) == 1 else full} was not found in the dest "
                     "tensordict."
                 )
-            td.set_(k if len(k) > 1 else first, value, non_blocking=non_blocking)
+            try:
+                td.set_(k if len(k) > 1 else first, value, non_blocking=non_blocking)
+            except RuntimeError as err:
+                if type(err) is not RuntimeError:  # this library's own errors (locked, ...)
+                    raise
+                raise _cannot_copy(td, prefix, k, value, err) from err

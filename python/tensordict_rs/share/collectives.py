@@ -252,7 +252,7 @@ class Collectives(TreeNode):
         if rank != dst:
             return None
         assert gathered is not None
-        row = 0
+        rows: list[tuple[int, Any]] = []
         for i, ((length, total), received) in enumerate(zip(sizes, gathered, strict=True)):
             if i == dst:
                 continue
@@ -260,8 +260,28 @@ class Collectives(TreeNode):
             td, whole = _packed.build(type(self), raw, total)
             start = _packed._aligned(length)
             whole.copy_(received[start : start + total].cpu())
-            self[row] = _packed.settle(td)
-            row += 1
+            rows.append((i, _packed.settle(td)))
+        # checked before any row is written (every rank is past the collective): a tree
+        # with more rows than ranks had its first rows written and the rest left as they
+        # were, and a leaf of another shape failed with torch's error, naming no key
+        if not self.batch_size or self.batch_size[0] != world - 1:
+            raise RuntimeError(
+                f"gather_and_stack() on rank {dst}: the tree has batch size "
+                f"{self.batch_size}, but {world - 1} other ranks sent one row each: its "
+                f"first batch dimension must be {world - 1}"
+            )
+        for i, td in rows:
+            for key in td.keys(include_nested=True, leaves_only=True):
+                value, entry = td.get(key), self.get(key, None)
+                shape, into = getattr(value, "shape", None), getattr(entry, "shape", None)
+                if shape is not None and into is not None and tuple(into[1:]) != tuple(shape):
+                    raise RuntimeError(
+                        f"gather_and_stack() on rank {dst}: rank {i} sent the key {key!r} "
+                        f"of shape {shape}, but its rows here have shape "
+                        f"{torch.Size(into[1:])}: nothing was written"
+                    )
+        for row, (_, td) in enumerate(rows):
+            self[row] = td
         return self
 
     def scatter(
