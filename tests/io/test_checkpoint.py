@@ -256,6 +256,86 @@ def test_the_users_files_in_the_checkpoint_stay_in_sight(tmp_path: Path) -> None
     assert tree_only(tree_files(dest)) == tree_files(tmp_path / "live")
 
 
+def test_the_users_empty_folders_and_dot_files_stay_too(tmp_path: Path) -> None:
+    """Empty folders (also inside a folder of the user's) and files named like temporaries
+    (``.report.tmp``) or this library's records (``.tdrs%notes``) went into the hidden spare
+    at the next checkpoint and were deleted at the one after (found by an attack): only this
+    library's own names are taken for its bookkeeping now."""
+    td = make(20).memmap(tmp_path / "live")
+    dest = tmp_path / "ck"
+    td.checkpoint(dest)
+    (dest / "plots").mkdir()
+    (dest / "runs" / "2026-12-04").mkdir(parents=True)
+    (dest / "runs" / "log.txt").write_text("log")
+    (dest / ".report.tmp").write_text("draft")
+    (dest / ".tdrs%notes").write_text("mine")
+    for step in range(3):
+        td[step] = make(1)[0]
+        td.checkpoint(dest)
+        assert (dest / "plots").is_dir() and (dest / "runs" / "2026-12-04").is_dir(), step
+        assert (dest / "runs" / "log.txt").read_text() == "log"
+        assert (dest / ".report.tmp").read_text() == "draft"
+        assert (dest / ".tdrs%notes").read_text() == "mine"
+        assert tensordict.TensorDict.load_memmap(dest)["obs"].shape == (20, 64)
+
+
+def test_keys_named_like_bookkeeping_are_checkpointed(tmp_path: Path) -> None:
+    """A key ``.tdrs%x`` (its file ``.tdrs%25x.memmap``) and a nested key ``.cache.tmp`` save
+    and load as any key, but checkpoints left them out, so neither loader read the checkpoint
+    back whole (found by an attack)."""
+    td = TensorDict(
+        {"a": torch.arange(6.0), ".tdrs%x": torch.ones(6), ".cache.tmp": {"b": torch.zeros(6)}},
+        [6],
+    ).memmap(tmp_path / "live")
+    dest = tmp_path / "ck"
+    for step in range(3):
+        td[step] = TensorDict(
+            {"a": torch.tensor(9.0), ".tdrs%x": torch.tensor(2.0), ".cache.tmp": {"b": 5.0}}, []
+        )
+        td.checkpoint(dest)
+        assert_same_as_full_copy(td, dest, tmp_path)
+        back = TensorDict.load_memmap(dest)
+        assert torch.equal(back[".tdrs%x"], td[".tdrs%x"])
+        assert torch.equal(back[".cache.tmp", "b"], td[".cache.tmp", "b"])
+
+
+@pytest.mark.parametrize("writer", ["loaded checkpoint", "tensordict save"])
+def test_a_checkpoint_written_by_another_is_copied_again(tmp_path: Path, writer: str) -> None:
+    """A checkpoint directory written after its checkpoint (the user writing a loaded
+    checkpoint, tensordict saving into it) was trusted: its generation came back as the
+    spare two checkpoints later, and only the rows the tree wrote were copied over it, so
+    the checkpoint kept the foreign bytes, with ``verify=True`` too (found by an attack).
+    Each file's inode, size and change times are recorded; one changed since is copied
+    whole."""
+    for verify in (False, True):
+        live = TensorDict({"x": torch.zeros(64, 32)}, [64]).memmap(tmp_path / f"live{verify}")
+        dest = tmp_path / f"ck{verify}"
+        live.checkpoint(dest, verify=verify)
+        if writer == "loaded checkpoint":
+            ck = TensorDict.load_memmap(dest)
+            ck["x"][3] = 5.0
+            del ck
+        else:
+            foreign = tensordict.TensorDict({"x": torch.full((64, 32), 7.0)}, [64])
+            foreign.memmap(dest, copy_existing=True, existsok=True)
+        for _ in range(2):
+            live.checkpoint(dest, verify=verify)
+            assert_same_as_full_copy(live, dest, tmp_path)
+
+
+def test_the_other_generation_cannot_be_the_tree(tmp_path: Path) -> None:
+    """A tree saved at ``.ck.tdrs%spare`` was taken for the spare of ``ck``: the checkpoint
+    renamed the live tree to ``ck`` and failed (found by an attack). It is refused like a
+    destination inside the tree; ``live/../ck`` is ``ck`` (it was refused as inside)."""
+    td = make(10).memmap(tmp_path / spare_name(tmp_path / "ck"))
+    with pytest.raises(ValueError, match="cannot be inside the tree"):
+        td.checkpoint(tmp_path / "ck")
+    assert TensorDict.load_memmap(tmp_path / spare_name(tmp_path / "ck"))["obs"].shape == (10, 64)
+    live = make(10).memmap(tmp_path / "live")
+    live.checkpoint(os.path.join(tmp_path, "live", "..", "other"))
+    assert_same_as_full_copy(live, tmp_path / "other", tmp_path)
+
+
 def test_a_loaded_tree_is_checkpointed(tmp_path: Path) -> None:
     """Resuming after a restart: the live buffer loaded with ``load_memmap`` (not locked, so
     ``is_memmap()`` is False, as in tensordict) keeps growing and checkpoints into the same

@@ -33,6 +33,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,10 +64,21 @@ def spare_name(dest: Path) -> str:
     return f".{dest.name}.tdrs%spare"
 
 
+# This library's bookkeeping and temporaries in a tree or checkpoint directory, by exact name
+# (a key never makes one: its file names escape "%" as "%25"; a user's ".notes.tmp" or
+# ".cache.tmp" key is neither skipped nor deleted).
+_BOOKKEEPING = re.compile(
+    r"\.tdrs%(checkpoint|journal|dirty|lock)"
+    r"|\.tdrs%(staging|tmp|new)-.*"
+    r"|\.(meta\.json|\.tdrs%checkpoint)\.[0-9]+(\.[0-9a-f]{16})?\.tmp",
+    re.DOTALL,
+)
+
+
 def _skip(name: str) -> bool:
     """Names of a tree directory that are not the tree's: this library's bookkeeping and
-    temporaries."""
-    return name.startswith(".tdrs%") or (name.startswith(".") and name.endswith(".tmp"))
+    temporaries (``_BOOKKEEPING``)."""
+    return _BOOKKEEPING.fullmatch(name) is not None
 
 
 @contextlib.contextmanager
@@ -187,6 +199,15 @@ class _Source:
                 self.files.append(rel + entry.name)
 
 
+def _state(path: Path) -> list[int] | None:
+    """What tells a file written since: its inode, size and change times (None: no file)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
 def _ranges(runs: list[tuple[int, int]], row_bytes: int) -> list[tuple[int, int]]:
     return [(a * row_bytes, (b - a) * row_bytes) for a, b in runs]
 
@@ -221,6 +242,10 @@ def _sync(
     old_hashes: dict[str, str] = {}
     if record is not None and record.get("chunk") == chunk:
         old_hashes = dict(record.get("hashes") or {})
+    # each file of ``gen`` as this library left it: one written since by anyone else (the
+    # user writing a loaded checkpoint, tensordict saving into it) is copied whole, its
+    # recorded hashes not trusted
+    old_states: dict[str, list[int]] = {} if record is None else dict(record.get("states", {}))
     if record is not None and record.get("hashes"):
         # from here until the new record, the spare's content is no longer what they say
         record["hashes"] = {}
@@ -252,8 +277,15 @@ def _sync(
             continue
         nbytes = rows * row_bytes
         ranges: list[tuple[int, int]] | None
-        if since is None or old_ids.get(rel) != ids[rel] or not os.path.lexists(dst):
-            ranges = None  # a new leaf, a file saved again, or no usable record: all of it
+        if (
+            since is None
+            or old_ids.get(rel) != ids[rel]
+            or not os.path.lexists(dst)
+            or _state(dst) != old_states.get(rel)
+        ):
+            # a new leaf, a file saved again, no usable record, or a copy written since by
+            # another: all of it
+            ranges = None
         else:
             ranges = _ranges(tracker.dirty_rows(since, rows), row_bytes) if row_bytes else []
             had = os.path.getsize(dst)
@@ -288,9 +320,10 @@ def _sync(
             if rel not in wanted and rel not in keep and (rel_root or name != RECORD):
                 os.unlink(os.path.join(root, name))  # gone from the tree, or a leftover
         for name in dirnames:
-            if rel_root + name + "/" not in source.dirs:
+            if rel_root + name + "/" not in source.dirs and rel_root + name + "/" not in keep:
                 with contextlib.suppress(OSError):
                     os.rmdir(os.path.join(root, name))
+    states = {rel: state for rel in source.files if (state := _state(gen / rel)) is not None}
     new_record = {
         "version": RECORD_VERSION,
         "token": tracker.token,
@@ -299,6 +332,7 @@ def _sync(
         "ids": ids,
         "chunk": chunk,
         "hashes": hashes if verify else {},
+        "states": states,
     }
     _write_record(gen, new_record)
     return stats
@@ -308,9 +342,11 @@ def _user_files(gen: Path, source: _Source) -> frozenset[str]:
     """The files of the generation ``gen`` (relative paths; symbolic links and other
     non-directories too) that are neither the tree's (now, or when a checkpoint last wrote
     ``gen``: its record names them) nor this library's bookkeeping: what the user put into
-    the checkpoint directory."""
+    the checkpoint directory. Folders of the user's end with "/"."""
     record = _read_record(gen)
     wanted = set(source.files) | set((record or {}).get("ids", {}))
+    # the tree's directories, now or when ``gen`` was written (each holds a meta.json)
+    tree_dirs = set(source.dirs) | {rel.rpartition("/")[0] + "/" for rel in wanted if "/" in rel}
     out: set[str] = set()
 
     def walk(path: Path, rel: str) -> None:
@@ -319,7 +355,10 @@ def _user_files(gen: Path, source: _Source) -> frozenset[str]:
                 if _skip(entry.name):
                     continue
                 if entry.is_dir(follow_symlinks=False):
-                    walk(Path(entry.path), rel + entry.name + "/")
+                    name = rel + entry.name + "/"
+                    if name not in tree_dirs:
+                        out.add(name)  # the user's folder (kept even when empty)
+                    walk(Path(entry.path), name)
                 elif rel + entry.name not in wanted:
                     out.add(rel + entry.name)
 
@@ -334,6 +373,10 @@ def _carry(dest: Path, spare: Path, names: frozenset[str]) -> None:
     directory out of sight (into the hidden spare), nor deletes it later."""
     for rel in names:
         src, dst = dest / rel, spare / rel
+        if rel.endswith("/"):  # a folder of the user's (its files are carried one by one)
+            if not dst.is_symlink() and not dst.is_file():
+                dst.mkdir(parents=True, exist_ok=True)
+            continue
         try:
             have = os.lstat(src)
         except FileNotFoundError:
@@ -440,12 +483,18 @@ def checkpoint(
     lock_prefix = prefix = Path(prefix)
     if prefix.name == _native.TENSORCLASS_DIR and _is_tensorclass_dir(prefix.parent):
         prefix = prefix.parent  # a tensorclass's TensorDict: the checkpoint holds the class too
-    dest = Path(dest).absolute()
+    dest = Path(os.path.abspath(dest))  # "a/../b" is "b"
     # by the paths as given and as resolved (a link to the tree's directory, or to a folder
-    # holding it, leads inside it too: the checkpoint then copied itself into itself)
-    for a, b in ((dest, prefix), (Path(os.path.realpath(dest)), Path(os.path.realpath(prefix)))):
-        if a == b or b in a.parents or a in b.parents:
-            raise ValueError(f"the checkpoint {dest} cannot be inside the tree {prefix} or hold it")
+    # holding it, leads inside it too: the checkpoint then copied itself into itself), for
+    # ``dest`` and its hidden other generation (a tree saved there was renamed away)
+    for target in (dest, dest.parent / spare_name(dest)):
+        real = Path(os.path.realpath(target))
+        for a, b in ((target, prefix), (real, Path(os.path.realpath(prefix)))):
+            if a == b or b in a.parents or a in b.parents:
+                raise ValueError(
+                    f"the checkpoint {dest} (or its other generation {target.name}) cannot "
+                    f"be inside the tree {prefix} or hold it"
+                )
     parent = dest.parent
     parent.mkdir(parents=True, exist_ok=True)
     spare = parent / spare_name(dest)
