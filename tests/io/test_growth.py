@@ -110,6 +110,29 @@ def test_anonymous_growth(tmp_path: Path) -> None:
     assert before.shape == (3, 3) and torch.equal(before, rows(0, 3)["obs"])  # still valid
 
 
+@pytest.mark.parametrize("where", ["anonymous", "disk"])
+def test_threads_appending_to_one_tree_keep_every_row(tmp_path: Path, where: str) -> None:
+    """Four threads appending to one tree: in anonymous memory each growth committed over the
+    others' and rows were lost without an error (773 of 1,200, found by an attack); a
+    directory's growths take its lock. Anonymous growths now take one lock per process."""
+    import threading
+
+    empty = TensorDict({"t": torch.zeros(0, dtype=torch.int64)}, [0])
+    td = empty.memmap_() if where == "anonymous" else empty.memmap(tmp_path / "buf")
+
+    def work(w: int) -> None:
+        for i in range(150):
+            td.append_({"t": torch.tensor(w * 1000 + i)})
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert td.batch_size == torch.Size([600])
+    assert sorted(td["t"].tolist()) == sorted(w * 1000 + i for w in range(4) for i in range(150))
+
+
 def test_views_taken_before_a_growth_stay_valid_and_shared(tmp_path: Path) -> None:
     td = rows(0, 4).memmap(tmp_path / "buf")
     view = td["obs"]

@@ -26,6 +26,7 @@ tensors taken before then keep the old memory (valid, but no longer the tree's).
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -288,6 +289,11 @@ def _new_rows(
     return out
 
 
+# Growths of trees in anonymous memory, one at a time in this process (a directory's growths
+# take its lock): threads appending to one tree lost rows, each committing over the others.
+_ANONYMOUS_GROWTH = threading.Lock()
+
+
 def _grow(
     td: TD,
     what: str,
@@ -297,6 +303,20 @@ def _grow(
 ) -> TD:
     """Commits ``td`` at its current rows + those of ``source``, or at ``new_rows`` (new rows
     zero-filled); see the module's docstring for the steps and their order."""
+    if td._memmap_prefix is None:
+        with _ANONYMOUS_GROWTH:
+            return _grow_locked(td, what, new_rows, source, durable)
+    return _grow_locked(td, what, new_rows, source, durable)
+
+
+def _grow_locked(
+    td: TD,
+    what: str,
+    new_rows: int | None,
+    source: TreeNode | None,
+    durable: bool,
+) -> TD:
+    """``_grow``, once its tree is this thread's to grow."""
     state = _Growth.of(td, what)
     used = [state]  # the states whose leaves hold maps during this growth
     try:
