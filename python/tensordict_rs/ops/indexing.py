@@ -290,16 +290,22 @@ def index_select(td: TD, dim: int, index: torch.Tensor, *, out: TD | None = None
     index = index if index.dtype == torch.int64 else index.long()
     if dim < 0:
         dim += td.batch_dims
-    if dim == 0:
-        gathered = _gather.gather(td, index, out)  # one native call for CPU trees
-        if gathered is not None:
-            return gathered
     if out is None:
+        if dim == 0:
+            gathered = _gather.gather(td, index)  # one native call for CPU trees
+            if gathered is not None:
+                return gathered
         batch = list(td._batch_size)
         batch[dim] = index.numel()
         return map_leaves(
             td, lambda t: torch.index_select(t, dim, index.to(t.device)), batch_size=batch
         )
-    for leaf, target in zip_leaves(td, out):
-        torch.index_select(leaf, dim, index if leaf.is_cpu else index.to(leaf.device), out=target)
+    # the rows of ``out`` a checkpoint copies (they were missed: found by an attack)
+    token = _dirty.mark(out)
+    if dim != 0 or _gather.gather(td, index, out) is None:  # one native call for CPU trees
+        for leaf, target in zip_leaves(td, out):
+            torch.index_select(
+                leaf, dim, index if leaf.is_cpu else index.to(leaf.device), out=target
+            )
+    _dirty.confirm(out, _dirty.ALL, token)
     return out

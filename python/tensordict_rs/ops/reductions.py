@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .._core import dirty as _dirty
 from .._core.nodes import TD, TreeNode
 from .._core.walk import leaves, map_leaves, walk_items
 
@@ -529,13 +530,16 @@ def logsumexp(td: TreeNode, dim: Any = None, keepdim: bool = False, *, out: Any 
 def write_out(out: Any, result: TD) -> Any:
     """``result`` written into ``out`` (tensordict's ``out=``): into the leaf of the same key and
     shape in place (``out``'s tensors are the results, as torch's ``out=``), or set where
-    ``out`` lacks it; returns ``out``."""
+    ``out`` lacks it; returns ``out``. Every row of ``out`` is stamped in its dirty map (what a
+    checkpoint copies: these writes were missed, found by an attack)."""
+    token = _dirty.mark(out)
     for key, value in list(walk_items(result, True, True)):
         target = out._entry(key, None)
         if isinstance(target, torch.Tensor) and target.shape == value.shape:
             target.copy_(value)
         else:
             out.set(key, value)
+    _dirty.confirm(out, _dirty.ALL, token)
     return out
 
 

@@ -353,8 +353,10 @@ def where(
         )
     if out is None:
         return result
+    token = _dirty.mark(out)  # the rows a checkpoint copies (they were missed: an attack)
     for sink, value in zip_leaves(out, result):
         sink.copy_(value)
+    _dirty.confirm(out, _dirty.ALL, token)
     return out
 
 
