@@ -627,15 +627,24 @@ impl PackedLayout {
 
     /// The copies between the leaves and bytes `[start, end)` of the packed buffer at `base`:
     /// leaves into the buffer with `pack`, else the buffer into the leaves.
+    ///
+    /// Packing also zeroes the bytes of `[start, end)` between the leaves (their alignment
+    /// padding): a buffer made with `torch.empty` would otherwise send whatever this process
+    /// last kept there to the peer.
     pub fn copies(&self, base: usize, start: usize, end: usize, pack: bool) -> Vec<Copy> {
         let first = self.leaves.partition_point(|l| l.1 + l.2 <= start);
         let mut out = Vec::new();
+        let mut cursor = start; // packing: the first byte not yet written
         for &(addr, off, n) in &self.leaves[first..] {
             if off >= end {
                 break;
             }
             let lo = off.max(start);
             let hi = (off + n).min(end);
+            if pack && lo > cursor {
+                zero_fill(&mut out, base, cursor, lo);
+            }
+            cursor = cursor.max(hi);
             let (leaf, at) = (addr + (lo - off), base + lo);
             out.push(if pack {
                 Copy {
@@ -651,7 +660,27 @@ impl PackedLayout {
                 }
             });
         }
+        if pack && end > cursor {
+            zero_fill(&mut out, base, cursor, end);
+        }
         out
+    }
+}
+
+/// The source of the zeroes `copies` writes between packed leaves.
+static ZEROS: [u8; 4096] = [0; 4096];
+
+/// Copies of zeroes into bytes `[from, to)` of the buffer at `base`.
+fn zero_fill(out: &mut Vec<Copy>, base: usize, from: usize, to: usize) {
+    let mut at = from;
+    while at < to {
+        let len = (to - at).min(ZEROS.len());
+        out.push(Copy {
+            src: ZEROS.as_ptr() as usize,
+            dst: base + at,
+            len,
+        });
+        at += len;
     }
 }
 

@@ -131,6 +131,7 @@ fn copies_of_a_range() {
     let table = [1000, 0, 10, 2000, 16, 20, 3000, 48, 4];
     let layout = PackedLayout::new(&table, 52).unwrap();
     let c = layout.copies(0, 5, 20, true);
+    let zeros = ZEROS.as_ptr() as usize;
     assert_eq!(
         c,
         vec![
@@ -140,12 +141,25 @@ fn copies_of_a_range() {
                 len: 5
             },
             Copy {
+                src: zeros,
+                dst: 10,
+                len: 6
+            },
+            Copy {
                 src: 2000,
                 dst: 16,
                 len: 4
             }
         ]
     );
+    // the padding between the leaves, and after the last one, is zeroed when packing only
+    let all = layout.copies(100, 0, 52, true);
+    let padding: Vec<(usize, usize)> = all
+        .iter()
+        .filter(|c| c.src == zeros)
+        .map(|c| (c.dst, c.len))
+        .collect();
+    assert_eq!(padding, vec![(110, 6), (136, 12)]);
     assert_eq!(layout.copies(0, 0, 52, false).len(), 3);
     assert!(layout.touches_leaves(1009, 1) && !layout.touches_leaves(1010, 990));
     assert!(PackedLayout::new(&[0, 40, 20], 52).is_err());

@@ -13,6 +13,7 @@ import queue
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -144,6 +145,44 @@ def test_packed_table_releases_gil_and_copies_ranges() -> None:
         packed.unpack(leaves[0].data_ptr() - leaves[0].nbytes, total)
     with pytest.raises(ValueError, match="overlap"):
         _native.PackedTable(array("Q", [1, 0, 32, 2, 16, 16]), 64)
+
+
+def test_packed_padding_is_zeroed() -> None:
+    """The alignment padding between packed leaves was left as ``torch.empty`` found it, so a
+    consolidated send carried bytes of the sender's heap to the peer (found by an attack:
+    pointer-like values in a mismatched receiver's rows). Packing zeroes it, whole or in
+    ranges."""
+    from tensordict_rs import TensorDict
+    from tensordict_rs.share import packed as _packed
+
+    for native in (True, False):
+        td = TensorDict(
+            {"a": torch.ones(3, dtype=torch.int8), "b": torch.full((5,), 2.0), "c": torch.ones(1)},
+            [],
+        )
+        if not native:  # a non-contiguous leaf: packed by torch copies, leaf by leaf
+            td["d"] = torch.ones(3, 2).t()
+        _check_padding(_packed.plan(td), native)
+
+
+def _check_padding(plan: Any, native: bool) -> None:
+    assert plan.native == native
+    sizes = [t.nbytes for t in plan.materialized()]
+    gaps = [
+        (offset + n, following)
+        for offset, n, following in zip(
+            plan.offsets, sizes, [*plan.offsets[1:], plan.total], strict=True
+        )
+        if offset + n < following
+    ]
+    assert gaps  # the leaves are 64-byte aligned: 3 and 20 bytes leave padding
+    for ranges in ([(0, plan.total)], [(0, 30), (30, plan.total)]):
+        buffer = torch.full((plan.total,), 0xAB, dtype=torch.uint8)
+        for start, end in ranges:
+            plan.pack_range(buffer, start, end)
+        for lo, hi in gaps:
+            assert buffer[lo:hi].eq(0).all(), (lo, hi, ranges)
+        assert buffer[plan.offsets[0] : plan.offsets[0] + 3].eq(1).all()
 
 
 def test_descriptions_of_odd_trees() -> None:

@@ -325,13 +325,20 @@ class Plan:
             return
         # torch copies, leaf by leaf: each leaf is written whole by the piece it starts in
         # (later pieces go out after it), so non-contiguous leaves need no byte views; no
-        # graph is recorded (a parameter's bytes, as the native copy and torch.distributed)
+        # graph is recorded (a parameter's bytes, as the native copy and torch.distributed);
+        # the padding after each leaf is zeroed (as the native copy does: no bytes of this
+        # process's memory go to the peer)
+        following = [*self.offsets[1:], self.total]
         with torch.no_grad():
-            for (td, key, value), off in zip(self.leaves, self.offsets, strict=True):
+            for (td, key, value), off, after in zip(
+                self.leaves, self.offsets, following, strict=True
+            ):
                 n = value_nbytes(value)
                 if n and start <= off < end:
                     leaf = self.node(td)._get_str(key)
                     out[off : off + n].view(leaf.dtype).view(leaf.shape).copy_(leaf)
+                    if off + n < after:
+                        out[off + n : after].zero_()
 
     def unpack(self, buffer: torch.Tensor, start: int = 0, end: int | None = None) -> None:
         """Writes bytes ``start:end`` of ``buffer`` (a ``receive_buffer()``) into the leaves.
