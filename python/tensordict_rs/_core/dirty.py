@@ -4,7 +4,8 @@ A memory-mapped tree saved in a directory carries the directory's dirty map (``i
 created by the first ``checkpoint``; until then a ``PendingMap`` that looks for it) as
 ``_tracker`` on its root and nested trees, attached by every save, load and unpickling.
 Every write through the library's methods (``td[i] = ...``, ``set_at_``/``update_at_``,
-``copy_``, ``extend_``, in-place arithmetic, ``torch.stack/cat(out=)``, ``apply_``) calls
+``copy_``, ``extend_``, in-place arithmetic, ``torch.stack/cat(out=)``, ``apply_``, the
+``out=`` of ``apply``, ``where``, ``index_select`` and reductions) calls
 ``mark`` with the batch index before writing and ``confirm`` after, so that a checkpoint
 copies only the rows written since the last one. Writes that bypass these methods (through a
 leaf tensor) are not seen: ``checkpoint(verify=True)`` finds them by content.
