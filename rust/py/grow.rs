@@ -21,7 +21,7 @@ pub fn reserve_file(py: Python<'_>, path: PathBuf, nbytes: u64) -> PyResult<u64>
 /// rows and exactly the `leaves` (`(key, dtype, dims after the first)`), and each data file
 /// written is still the file `identity` (None: any), writes each
 /// `(file name, offset, data_ptr, nbytes, identity)` item into that data file of the directory
-/// (`pwrite`) and commits `rows` rows (meta.json replaced in one step); returns None, or the
+/// (`pwrite`; a `data_ptr` of 0 writes `nbytes` zero bytes) and commits `rows` rows (meta.json replaced in one step); returns None, or the
 /// rows the directory holds when it is not that tree (nothing written: reload it).
 #[pyfunction]
 #[pyo3(signature = (prefix, expect, rows, leaves, writes, *, durable = false))]
@@ -43,11 +43,13 @@ pub fn grow_rows(
         .iter()
         .map(|(name, offset, ptr, n, identity)| {
             // SAFETY: the Python layer keeps every source tensor alive during this call.
+            // A null pointer with a length: that many zero bytes (see `GrowWrite::zeros`).
             let data = unsafe { source_slice(*ptr, *n) };
             grow::GrowWrite {
                 name,
                 offset: *offset,
                 data: data.unwrap_or(&[]),
+                zeros: if data.is_none() { *n as u64 } else { 0 },
                 identity: *identity,
             }
         })

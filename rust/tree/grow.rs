@@ -79,7 +79,10 @@ pub struct GrowLeaf<'a> {
 pub struct GrowWrite<'a> {
     pub name: &'a str,
     pub offset: u64,
+    /// The bytes to write; empty with `zeros > 0`: that many zero bytes (new rows of a
+    /// `resize_`, written from one small buffer, never made in memory whole).
     pub data: &'a [u8],
+    pub zeros: u64,
     pub identity: Option<FileId>,
 }
 
@@ -138,7 +141,11 @@ pub fn grow_rows(
     }
     for ((file_path, file), write) in files.iter().zip(writes) {
         let io_err = |e| Error::io(file_path, e);
-        crate::sys::storage::write_all_at(file, write.data, write.offset).map_err(io_err)?;
+        if write.data.is_empty() && write.zeros > 0 {
+            write_zeros(file, write.offset, write.zeros).map_err(io_err)?;
+        } else {
+            crate::sys::storage::write_all_at(file, write.data, write.offset).map_err(io_err)?;
+        }
         if durable {
             file.sync_data().map_err(io_err)?;
         }
@@ -227,6 +234,19 @@ fn set_first_dims(meta: &mut Value, old: u64, rows: u64, path: &Path) -> Result<
         .and_then(|s| s.first_mut())
     {
         *first = Value::from(rows);
+    }
+    Ok(())
+}
+
+/// Writes `len` zero bytes at `offset` of `file`, 1 MiB at a time.
+fn write_zeros(file: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let zeros = vec![0u8; CHUNK.min(len) as usize];
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(CHUNK) as usize;
+        crate::sys::storage::write_all_at(file, &zeros[..n], offset + at)?;
+        at += n as u64;
     }
     Ok(())
 }
@@ -441,6 +461,7 @@ mod tests {
             name: "a.memmap",
             offset: 24,
             data,
+            zeros: 0,
             identity,
         }]
     }

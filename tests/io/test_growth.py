@@ -133,6 +133,39 @@ def test_threads_appending_to_one_tree_keep_every_row(tmp_path: Path, where: str
     assert sorted(td["t"].tolist()) == sorted(w * 1000 + i for w in range(4) for i in range(150))
 
 
+_RESIZE_MEMORY = """
+import resource, sys, torch
+import tensordict_rs as rs
+td = rs.TensorDict({"x": torch.ones(4, 1024)}, [4]).memmap(sys.argv[1])
+td.resize_(2)  # the space of the rows shrunk away stays, with their ones
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+td.resize_(2 + (384 << 20) // 4096)  # 384 MiB of new rows
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(grown // 1024, float(td["x"][2:].sum()), float(td["x"][:2].sum()))
+"""
+
+
+def test_resize_on_disk_writes_zeros_without_making_them_in_memory(tmp_path: Path) -> None:
+    """``resize_`` to many more rows made every new zero row in memory before writing it (a
+    1 GB grow took 977 MB more, found by an attack): a buffer larger than RAM could not be
+    sized up. The zeros are now written from one 1 MiB buffer; the rows a shrink left behind
+    still read as zeros."""
+    import subprocess
+
+    script = tmp_path / "resize.py"
+    script.write_text(_RESIZE_MEMORY)
+    done = subprocess.run(
+        [sys.executable, os.fspath(script), os.fspath(tmp_path / "buf")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    grown_mib, new_sum, kept_sum = done.stdout.split()
+    assert int(grown_mib) < 128, grown_mib
+    assert float(new_sum) == 0.0 and float(kept_sum) == 2 * 1024.0
+
+
 def test_views_taken_before_a_growth_stay_valid_and_shared(tmp_path: Path) -> None:
     td = rows(0, 4).memmap(tmp_path / "buf")
     view = td["obs"]

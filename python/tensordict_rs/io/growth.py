@@ -326,8 +326,9 @@ def _grow_locked(
             start = td._batch_size[0]
             stop = start + source._batch_size[0] if source is not None else int(new_rows or 0)
             grows = stop > start
-            # (anonymous memory zero-fills its new rows in place)
-            fill = grows and (source is not None or prefix is not None)
+            # (anonymous memory zero-fills its new rows in place; a directory's new zero rows
+            # are written by the native call from one small buffer, never made here whole)
+            fill = grows and source is not None
             new = _new_rows(what, leaves, source, stop - start) if fill else []
             tracker = td._tracker
             token = None
@@ -355,6 +356,18 @@ def _grow_locked(
                 [
                     (leaf.name, start * leaf.row_bytes, src.data_ptr(), src.nbytes, leaf.file_id)
                     for leaf, src in zip(leaves, new, strict=True)
+                    if leaf.row_bytes
+                ]
+                if new
+                else [  # zero rows (``resize_``): a null address writes zeros
+                    (
+                        leaf.name,
+                        start * leaf.row_bytes,
+                        0,
+                        (stop - start) * leaf.row_bytes,
+                        leaf.file_id,
+                    )
+                    for leaf in leaves
                     if leaf.row_bytes
                 ]
                 if grows
