@@ -336,6 +336,57 @@ def test_the_other_generation_cannot_be_the_tree(tmp_path: Path) -> None:
     assert_same_as_full_copy(live, tmp_path / "other", tmp_path)
 
 
+def test_links_put_at_the_trees_names_are_replaced_never_followed(tmp_path: Path) -> None:
+    """A link put in the checkpoint where the tree has a directory made the next checkpoints
+    write the tree's files into the folder it points to, and one where the tree has a file
+    made every checkpoint fail with ELOOP naming the hidden spare (found by an attack). The
+    tree's names hold the tree's files and folders; the links go, their targets untouched."""
+    (tmp_path / "victim.txt").write_text("mine")
+    (tmp_path / "victimdir").mkdir()
+    (tmp_path / "victimdir" / "keep.txt").write_text("keep")
+    live = TensorDict({"x": torch.ones(8, 4), "s": {"y": torch.ones(8)}}, [8]).memmap(
+        tmp_path / "live"
+    )
+    dest = tmp_path / "ck"
+    live.checkpoint(dest)
+    (dest / "meta.json").unlink()
+    (dest / "meta.json").symlink_to(tmp_path / "victim.txt")
+    for name in os.listdir(dest / "s"):
+        (dest / "s" / name).unlink()
+    (dest / "s").rmdir()
+    (dest / "s").symlink_to(tmp_path / "victimdir")
+    for step in range(3):
+        live[step] = TensorDict({"x": torch.full((4,), 5.0), "s": {"y": torch.tensor(5.0)}}, [])
+        live.checkpoint(dest, verify=step == 2)
+        assert (tmp_path / "victim.txt").read_text() == "mine"
+        assert os.listdir(tmp_path / "victimdir") == ["keep.txt"]
+    assert_same_as_full_copy(live, dest, tmp_path)
+
+
+def test_a_record_that_cannot_be_written_names_it_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A full disk while the checkpoint record was written raised an error naming no file and
+    left its temporary behind (found by an attack)."""
+    import errno
+    import json
+
+    from tensordict_rs.io import checkpoint as ckpt
+
+    live = make(10).memmap(tmp_path / "live")
+
+    def full(*_: Any, **__: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", full)
+    with pytest.raises(OSError) as err:
+        live.checkpoint(tmp_path / "ck")
+    assert err.value.errno == errno.ENOSPC
+    assert ckpt.RECORD in os.fspath(err.value.filename)
+    leftovers = [n for _, _, names in os.walk(tmp_path) for n in names if n.endswith(".tmp")]
+    assert leftovers == []
+
+
 def test_a_loaded_tree_is_checkpointed(tmp_path: Path) -> None:
     """Resuming after a restart: the live buffer loaded with ``load_memmap`` (not locked, so
     ``is_memmap()`` is False, as in tensordict) keeps growing and checkpoints into the same

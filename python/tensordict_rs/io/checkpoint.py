@@ -146,9 +146,14 @@ def _read_record(gen: Path) -> dict[str, Any] | None:
 
 def _write_record(gen: Path, record: dict[str, Any]) -> None:
     tmp = gen / f".{RECORD}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, gen / RECORD)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, gen / RECORD)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # our own temporary: a full disk must not keep it
+        raise type(err)(err.errno, err.strerror, os.fspath(gen / RECORD)) from err
 
 
 class _Source:
@@ -251,15 +256,25 @@ def _sync(
         record["hashes"] = {}
         _write_record(gen, record)
     stats = {"bytes_written": 0, "files_written": 0, "bytes_hashed": 0}
-    for rel in source.dirs:
+    for rel in source.dirs:  # parents first
         if rel:
-            os.makedirs(gen / rel, exist_ok=True)
+            where = gen / rel
+            if os.path.islink(where):
+                # a link put where the tree has a directory: writing the tree's files through
+                # it wrote them into the folder it points to; the link goes (never its target)
+                os.unlink(where)
+            os.makedirs(where, exist_ok=True)
     wanted = set(source.files)
     ids: dict[str, list[int]] = {}
     hashes: dict[str, str] = {}
     rows = source.rows or 0
     for rel in source.files:
         src, dst = source.prefix / rel, gen / rel
+        if os.path.islink(dst):
+            # a link put where the tree has a file (``meta.json`` replaced by one): the tree's
+            # name is the tree's, as in a full copy; the link goes, never what it points to
+            # (it was opened without following, and every checkpoint failed on it)
+            os.unlink(dst)
         st = os.stat(src)
         ids[rel] = [st.st_dev, st.st_ino]
         row_bytes = source.row_files.get(rel)
