@@ -25,6 +25,7 @@ tensors taken before then keep the old memory (valid, but no longer the tree's).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import weakref
@@ -487,11 +488,59 @@ def resize_(td: TD, rows: int, *, durable: bool = False) -> TD:
     return _grow(td, "resize_", int(rows), None, durable)
 
 
+def _holder(path: Path) -> Path | None:
+    """The directory of the saved tree that holds the tree at ``path`` as a nested entry with
+    the same rows (its meta.json names ``path`` and has batch dims), else None."""
+    parent = path.parent
+    try:
+        with open(parent / "meta.json", "rb") as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or not meta.get("shape"):
+        return None
+    for key, entry in meta.items():
+        if (
+            isinstance(entry, dict)
+            and "type" in entry
+            and "dtype" not in entry
+            and _native.encode_key(key) == path.name
+        ):
+            return parent
+    return None
+
+
+def map_directory(prefix: Path) -> Path:
+    """The directory whose dirty map stamps the writes of the tree saved at ``prefix``: that of
+    the outermost saved tree holding it (a nested tree loaded from its own directory writes the
+    rows of the tree that holds it, as ``td["sub"]`` does), else ``prefix`` itself."""
+    path = Path(prefix)
+    while True:
+        up = _holder(path)
+        if up is None and path.name == _native.TENSORCLASS_DIR:
+            up = _holder(path.parent)  # a tensorclass's TensorDict: what holds the tensorclass
+        if up is None:
+            return path
+        path = up
+
+
+def tracker_at(directory: Path) -> Any:
+    """The dirty map in ``directory``, or a ``PendingMap`` for it while it has none."""
+    tracker = _dirty_map.DirtyMap.open(Path(directory))
+    if tracker is None:  # no checkpoint yet: its writes look for the map the first one makes
+        return _dirty_map.PendingMap(Path(directory))
+    return tracker
+
+
 def attach(td: TreeNode, prefix: Path) -> None:
     """Attaches the dirty map of the directory ``prefix`` to the saved or loaded ``td`` (a
-    ``PendingMap`` while the directory has none)."""
-    tracker = _dirty_map.DirtyMap.open(prefix)
+    ``PendingMap`` while the directory has none): that of the saved tree holding it when it is
+    a nested tree's directory (``map_directory``), or its own when only it was checkpointed."""
+    top = map_directory(Path(prefix))
+    tracker = _dirty_map.DirtyMap.open(top)
+    if tracker is None and top != Path(prefix):
+        tracker = _dirty_map.DirtyMap.open(Path(prefix))
     if tracker is None:  # no checkpoint yet: its writes look for the map the first one makes
-        _dirty_map.PendingMap(Path(prefix)).attach(td)
+        _dirty_map.PendingMap(top).attach(td)
     else:
         tracker.attach(td)

@@ -24,12 +24,14 @@ import os
 import pickle
 from collections.abc import Sequence
 from multiprocessing import context, reduction
+from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
 import torch
 
 from .. import _native
+from .._core import dirty as _dirty
 from .._core import nested as _nested
 from .._core.dtypes import MEMORY_DTYPE_TO_STR as DTYPE_TO_STR
 from .._core.dtypes import MEMORY_STR_TO_DTYPE as STR_TO_DTYPE
@@ -53,6 +55,9 @@ LOCKED, MEMMAP, SHARED = 1, 2, 4
 Geometry = tuple[tuple[int, ...], tuple[int, ...], Any] | None
 # one arena of a message: (DupFd, arena nbytes, [(offset, nbytes)], [buffer position])
 Handle = tuple[Any, int, list[tuple[int, int]], list[int]]
+# a node's dirty map: its directory, and the rows of the tree it views, from the view outwards
+# ((rows, n) of each ``RowsOf``: ``td[4:12]`` is (slice(4, 12), 16))
+Tracking = tuple[str, tuple[tuple[Any, int], ...]]
 
 
 class _Message:
@@ -67,6 +72,8 @@ class _Message:
         # a DataLoader worker's ring: its slots that the leaves view, (slot, generation)
         self.ring = ring
         self.slots: list[tuple[int, int]] = []
+        # the dirty maps the nodes stamp (``tracking``): (path of the node, what finds its map)
+        self.trackers: list[tuple[tuple[str, ...], Tracking]] = []
 
     def tensor_entry(self, key: str, value: torch.Tensor, entries: list[Any]) -> tuple[Any, ...]:
         """The entry of a tensor leaf (plain CPU tensors are queued for the batch arena)."""
@@ -159,7 +166,39 @@ class _Message:
         return handles, files
 
 
-def _describe(td: Any, msg: _Message) -> tuple[Any, ...]:
+def tracking(tracker: Any) -> Tracking | None:
+    """What finds ``tracker`` (a tree's ``_tracker``) again in another process: the directory
+    of its dirty map and the rows of the tree it views (see ``retrack``); None when untracked."""
+    rows: list[tuple[Any, int]] = []
+    while type(tracker) is _dirty.RowsOf:
+        rows.append((tracker.rows, tracker.n))
+        tracker = tracker.base
+    path = getattr(tracker, "path", None)
+    if path is None:
+        return None
+    return os.path.dirname(os.fspath(path)), tuple(rows)
+
+
+def retrack(spec: Tracking) -> Any:
+    """The tracker ``tracking`` described: the directory's map (or a ``PendingMap``), wrapped
+    so that a view stamps the rows of the tree it views (``td[4:12]``'s row 1 is row 5)."""
+    directory, rows = spec
+    tracker = growth.tracker_at(Path(directory))
+    for view_rows, n in reversed(rows):
+        tracker = _dirty.RowsOf(tracker, view_rows, n)
+    return tracker
+
+
+def _describe(
+    td: Any, msg: _Message, parent: Any = None, path: tuple[str, ...] = ()
+) -> tuple[Any, ...]:
+    tracker = td._tracker
+    if tracker is not None and tracker is not parent:
+        # a view (td[4:12], select), a sub-tree, or a tree saved in another directory: the
+        # receiver stamps the same map, at the rows of the tree the sender's stamps
+        spec = tracking(tracker)
+        if spec is not None:
+            msg.trackers.append((path, spec))
     entries: list[Any] = []
     buffers = msg.buffers
     for key, value in td._tensordict.items():
@@ -207,7 +246,7 @@ def _describe(td: Any, msg: _Message) -> tuple[Any, ...]:
             else:
                 entry = (STACK, key, value)  # pickled: a packed column as two byte strings
         else:
-            entry = (NODE, key, _describe(value, msg))
+            entry = (NODE, key, _describe(value, msg, tracker, (*path, key)))
         entries.append(entry)
     flags = (
         (LOCKED if td._is_locked else 0)
@@ -356,9 +395,14 @@ def _rebuild_td(
     # The layout is unpickled here, with the collector paused: a 10,000-leaf tree is tens of
     # thousands of tuples, which would trigger full collections while they are made.
     storages = [ring_receive.receive(message) for message in rings]
-    node, count = pickle.loads(layout)
+    node, count, trackers = pickle.loads(layout)
     td = _build(node, _receive(handles, files, count), storages)
     _relock(td, node)
+    for path, spec in trackers:  # parents first: a nested tree's own map replaces theirs
+        at = td
+        for key in path:
+            at = at._tensordict[key]
+        _dirty.attach(retrack(spec), at)
     _track(td)
     return td
 
@@ -366,7 +410,11 @@ def _rebuild_td(
 def _track(td: Any) -> None:
     """A tree saved in a directory stamps its writes in the directory's dirty map here as in
     the sender (``io/dirty.py``), so that a checkpoint sees what this process writes (a tree
-    sent to a spawned process did not: its writes were missed by every checkpoint)."""
+    sent to a spawned process did not: its writes were missed by every checkpoint). The sender's
+    tracker comes with the tree (``tracking``): a view (``td[4:12]``, ``select``) or a sub-tree
+    stamps the rows of the tree it views, in that tree's map; a tree without one, saved in a
+    directory, takes that directory's map (``growth.attach``: the map of the tree holding it,
+    for a nested tree's directory)."""
     prefix = td._memmap_prefix
     if prefix is not None and td._tracker is None and os.path.isdir(prefix):
         growth.attach(td, prefix)
@@ -397,7 +445,7 @@ def _reduce_tree(td: TD, ring: _ring.WorkerRing | None) -> tuple[Any, ...]:
     msg.consolidate()
     handles, files = msg.handles()
     # ForkingPickler again: non-tensor values and CUDA leaves use their own reducers.
-    layout = bytes(reduction.ForkingPickler.dumps((node, len(msg.buffers))))
+    layout = bytes(reduction.ForkingPickler.dumps((node, len(msg.buffers), msg.trackers)))
     return (_rebuild_td, (layout, handles, files, tuple(rings)))
 
 
@@ -424,6 +472,7 @@ def getstate(td: TD) -> dict[str, Any]:
         "is_locked": td._is_locked,
         "is_memmap": td._is_memmap,
         "prefix": td._memmap_prefix,
+        "tracking": tracking(td._tracker),
     }
 
 
@@ -443,7 +492,19 @@ def setstate(td: TD, state: dict[str, Any]) -> None:
     td._memmap_prefix = state["prefix"]
     if state["is_locked"]:
         td._lock_tree()
+    spec = state.get("tracking")
+    if spec is not None:
+        _attach_over(retrack(spec), td)
     _track(td)
+
+
+def _attach_over(tracker: Any, td: Any) -> None:
+    """Attaches ``tracker`` to ``td`` and to its nested trees that have none of their own (they
+    were unpickled first, with their own)."""
+    td._tracker = tracker
+    for value in td._tensordict.values():
+        if isinstance(value, TreeNode) and value._tracker is None:
+            _attach_over(tracker, value)
 
 
 def register(tensordict_cls: type) -> None:
