@@ -13,9 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import tensordict
 import torch
 from tensordict_rs import TensorDict
+
+from ._checkpoints import assert_checkpoint_is
 
 N = 8
 
@@ -26,15 +27,6 @@ def tree(batch: list[int], fill: float, extra: tuple[int, ...] = (16,)) -> Tenso
     return TensorDict(
         {"x": torch.full(shape, fill), "nested": {"y": torch.full(shape, fill)}}, batch
     )
-
-
-def assert_checkpoint_is(live: TensorDict, dest: Path) -> None:
-    """The checkpoint in ``dest`` loads (here and in tensordict) equal to ``live``."""
-    for lib in (TensorDict, tensordict.TensorDict):
-        got = lib.load_memmap(dest)
-        assert got.batch_size == live.batch_size, lib
-        for key in live.keys(include_nested=True, leaves_only=True):
-            assert torch.equal(got[key], live[key]), (lib, key)
 
 
 def td_where(live: TensorDict) -> None:

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tensordict
 import torch
 from tensordict_rs import TensorDict
+
+from ._checkpoints import assert_checkpoint_is
 
 N = 16
 WIDTH = 1024  # 4 KiB rows: one row per block of the dirty map
@@ -35,15 +36,6 @@ def make_live(prefix: Path) -> TensorDict:
     return TensorDict({"a": torch.zeros(N, WIDTH), "s": {"b": torch.zeros(N, WIDTH)}}, [N]).memmap(
         prefix
     )
-
-
-def assert_checkpoint_is(live: TensorDict, dest: Path) -> None:
-    """The checkpoint in ``dest`` loads (here and in tensordict) equal to ``live``."""
-    for lib in (TensorDict, tensordict.TensorDict):
-        got = lib.load_memmap(dest)
-        assert got.batch_size == live.batch_size, lib
-        for key in live.keys(include_nested=True, leaves_only=True):
-            assert torch.equal(got[key], live[key]), (lib, key)
 
 
 def _row(key: str, value: float) -> TensorDict:

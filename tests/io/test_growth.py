@@ -187,6 +187,10 @@ def test_refused_trees(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="memmap_"):
         rows(0, 2).extend_(rows(2, 3))
     td = rows(0, 2).memmap(tmp_path / "k")
+    for huge in (2**62, 2**70):  # torch's "int too big to convert" before (found by an attack)
+        with pytest.raises(ValueError, match="more than any file or memory can hold"):
+            td.resize_(huge)
+    assert td.batch_size == torch.Size([2])
     with pytest.raises(KeyError, match="obs"):
         td.extend_(
             TensorDict(

@@ -25,6 +25,7 @@ tensors taken before then keep the old memory (valid, but no longer the tree's).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -290,6 +291,8 @@ def _new_rows(
     return out
 
 
+MAX_ROWS = 1 << 48  # more rows than any file or memory holds, even of one byte each
+
 # Growths of trees in anonymous memory, one at a time in this process (a directory's growths
 # take its lock): threads appending to one tree lost rows, each committing over the others.
 _ANONYMOUS_GROWTH = threading.Lock()
@@ -304,104 +307,98 @@ def _grow(
 ) -> TD:
     """Commits ``td`` at its current rows + those of ``source``, or at ``new_rows`` (new rows
     zero-filled); see the module's docstring for the steps and their order."""
-    if td._memmap_prefix is None:
-        with _ANONYMOUS_GROWTH:
-            return _grow_locked(td, what, new_rows, source, durable)
-    return _grow_locked(td, what, new_rows, source, durable)
-
-
-def _grow_locked(
-    td: TD,
-    what: str,
-    new_rows: int | None,
-    source: TreeNode | None,
-    durable: bool,
-) -> TD:
-    """``_grow``, once its tree is this thread's to grow."""
-    state = _Growth.of(td, what)
-    used = [state]  # the states whose leaves hold maps during this growth
-    try:
-        prefix = state.prefix
-        for _attempt in range(MAX_RELOADS):
-            leaves = state.leaves
-            start = td._batch_size[0]
-            stop = start + source._batch_size[0] if source is not None else int(new_rows or 0)
-            grows = stop > start
-            # (anonymous memory zero-fills its new rows in place; a directory's new zero rows
-            # are written by the native call from one small buffer, never made here whole)
-            fill = grows and source is not None
-            new = _new_rows(what, leaves, source, stop - start) if fill else []
-            tracker = td._tracker
-            token = None
-            if grows:
-                # files never shrink, so reserving needs no lock (another process's growth in
-                # the meantime is seen below, and its rows are never written over)
-                for leaf in leaves:
-                    leaf.reserve(stop, start)
-                if tracker is not None:
-                    token = tracker.mark_rows(start, stop)
-            if prefix is None:
-                for i, leaf in enumerate(leaves):
-                    if grows and leaf.row_bytes:
-                        target = leaf.rows(start, stop)
-                        target.copy_(new[i]) if new else target.zero_()
-                break
-            # on disk: one native call takes the directory's lock, checks that it still is this
-            # tree (``start`` rows, these leaves, the files these maps show), pwrites the new rows
-            # from their memory and commits ``stop``
-            held = _native.grow_rows(
-                os.fspath(prefix),
-                start,
-                stop,
-                state.spec,
-                [
-                    (leaf.name, start * leaf.row_bytes, src.data_ptr(), src.nbytes, leaf.file_id)
-                    for leaf, src in zip(leaves, new, strict=True)
-                    if leaf.row_bytes
-                ]
-                if new
-                else [  # zero rows (``resize_``): a null address writes zeros
-                    (
-                        leaf.name,
-                        start * leaf.row_bytes,
-                        0,
-                        (stop - start) * leaf.row_bytes,
-                        leaf.file_id,
-                    )
-                    for leaf in leaves
-                    if leaf.row_bytes
-                ]
-                if grows
-                else [],
-                durable=durable,
-            )
-            del new
-            if held is None:
-                break
-            # another process grew, shrank or saved the directory since: take what it holds now
-            # and grow that (its keys must still be the rows' keys)
-            refresh: Any = td
-            refresh.load_memmap_(prefix)
-            state = _Growth(td, what)
-            used.append(state)
-        else:
-            raise RuntimeError(
-                f"{what}: {str(prefix)!r} changed under this growth {MAX_RELOADS} times in a "
-                "row (other processes saving or growing it): nothing was written"
-            )
-        if tracker is not None and token is not None:
-            tracker.confirm(None, stop, token)
-        # the commit is done: the tree now shows ``stop`` rows
-        entries = td._tensordict
-        for leaf in leaves:
-            entries[leaf.key] = leaf.leaf(stop)
-        td._batch_size = state.batch = torch.Size([stop, *td._batch_size[1:]])
-        td._growth = state
-        return td
-    finally:
-        for each in used:
-            for leaf in each.leaves:
-                leaf.release()
+    # growths of one directory take its lock; of anonymous memory, this process's
+    with _ANONYMOUS_GROWTH if td._memmap_prefix is None else contextlib.nullcontext():
+        state = _Growth.of(td, what)
+        used = [state]  # the states whose leaves hold maps during this growth
+        try:
+            prefix = state.prefix
+            for _attempt in range(MAX_RELOADS):
+                leaves = state.leaves
+                start = td._batch_size[0]
+                stop = start + source._batch_size[0] if source is not None else int(new_rows or 0)
+                grows = stop > start
+                # (anonymous memory zero-fills its new rows in place; a directory's new zero rows
+                # are written by the native call from one small buffer, never made here whole)
+                fill = grows and source is not None
+                new = _new_rows(what, leaves, source, stop - start) if fill else []
+                tracker = td._tracker
+                token = None
+                if grows:
+                    # files never shrink, so reserving needs no lock (another process's growth in
+                    # the meantime is seen below, and its rows are never written over)
+                    for leaf in leaves:
+                        leaf.reserve(stop, start)
+                    if tracker is not None:
+                        token = tracker.mark_rows(start, stop)
+                if prefix is None:
+                    for i, leaf in enumerate(leaves):
+                        if grows and leaf.row_bytes:
+                            target = leaf.rows(start, stop)
+                            target.copy_(new[i]) if new else target.zero_()
+                    break
+                # on disk: one native call takes the directory's lock, checks that it still is
+                # this tree (``start`` rows, these leaves, the files these maps show), pwrites
+                # the new rows from their memory and commits ``stop``
+                held = _native.grow_rows(
+                    os.fspath(prefix),
+                    start,
+                    stop,
+                    state.spec,
+                    [
+                        (
+                            leaf.name,
+                            start * leaf.row_bytes,
+                            src.data_ptr(),
+                            src.nbytes,
+                            leaf.file_id,
+                        )
+                        for leaf, src in zip(leaves, new, strict=True)
+                        if leaf.row_bytes
+                    ]
+                    if new
+                    else [  # zero rows (``resize_``): a null address writes zeros
+                        (
+                            leaf.name,
+                            start * leaf.row_bytes,
+                            0,
+                            (stop - start) * leaf.row_bytes,
+                            leaf.file_id,
+                        )
+                        for leaf in leaves
+                        if leaf.row_bytes
+                    ]
+                    if grows
+                    else [],
+                    durable=durable,
+                )
+                del new
+                if held is None:
+                    break
+                # another process grew, shrank or saved the directory since: take what it holds now
+                # and grow that (its keys must still be the rows' keys)
+                refresh: Any = td
+                refresh.load_memmap_(prefix)
+                state = _Growth(td, what)
+                used.append(state)
+            else:
+                raise RuntimeError(
+                    f"{what}: {str(prefix)!r} changed under this growth {MAX_RELOADS} times in a "
+                    "row (other processes saving or growing it): nothing was written"
+                )
+            if tracker is not None and token is not None:
+                tracker.confirm(None, stop, token)
+            # the commit is done: the tree now shows ``stop`` rows
+            entries = td._tensordict
+            for leaf in leaves:
+                entries[leaf.key] = leaf.leaf(stop)
+            td._batch_size = state.batch = torch.Size([stop, *td._batch_size[1:]])
+            td._growth = state
+            return td
+        finally:
+            for each in used:
+                for leaf in each.leaves:
+                    leaf.release()
 
 
 def _as_rows(td: TreeNode, rows: Any, what: str, unsqueeze: bool) -> TreeNode:
@@ -485,6 +482,8 @@ def resize_(td: TD, rows: int, *, durable: bool = False) -> TD:
     """
     if int(rows) < 0:
         raise ValueError(f"resize_: a number of rows cannot be negative, got {rows}")
+    if int(rows) >= MAX_ROWS:
+        raise ValueError(f"resize_: {rows} rows is more than any file or memory can hold")
     return _grow(td, "resize_", int(rows), None, durable)
 
 
