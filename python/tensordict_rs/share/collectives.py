@@ -273,8 +273,12 @@ class Collectives(TreeNode):
         for i, td in rows:
             for key in td.keys(include_nested=True, leaves_only=True):
                 value, entry = td.get(key), self.get(key, None)
-                shape, into = getattr(value, "shape", None), getattr(entry, "shape", None)
-                if shape is not None and into is not None and tuple(into[1:]) != tuple(shape):
+                if not (isinstance(value, torch.Tensor) and isinstance(entry, torch.Tensor)):
+                    continue
+                if value.is_nested or entry.is_nested:
+                    continue  # ragged rows: their lengths are checked when written
+                shape, into = value.shape, entry.shape
+                if tuple(into[1:]) != tuple(shape):
                     raise RuntimeError(
                         f"gather_and_stack() on rank {dst}: rank {i} sent the key {key!r} "
                         f"of shape {shape}, but its rows here have shape "
