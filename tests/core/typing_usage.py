@@ -132,7 +132,8 @@ def distributed(td: TensorDict, root: Path) -> None:
         assert_type(x.broadcast(0), TensorDict)
         assert_type(x.all_reduce(), list[Any] | None)
         assert_type(x.all_gather(), list[Any])
-        assert_type(x[:0].gather_and_stack(0), TensorDict | None)  # a row per other rank
+        rows = TensorDict({"obs": torch.zeros(0, 3)}, [0])  # a row per other rank: none
+        assert_type(rows.gather_and_stack(0), TensorDict | None)
         assert_type(x.scatter(0, [x]), TensorDict)
     finally:
         dist.destroy_process_group()
