@@ -596,3 +596,32 @@ def test_non_tensor_names_of_the_tensorclass_module() -> None:
             ]
         )
     assert answers[0] == answers[1]
+
+
+def test_in_memory_behaviours_as_tensordict() -> None:
+    """Found by an attack, side by side with tensordict 0.15.3: ``to_tensordict`` makes a
+    nested tensorclass a TensorDict (it stayed one of the class), iterating a tensorclass
+    without batch dims raises TypeError (it gave nothing), and an empty list index picks no
+    rows (torch refused ``torch.as_tensor([])``, a float tensor)."""
+    import tensordict
+    import tensordict_rs
+
+    for lib in (tensordict, tensordict_rs):
+
+        @lib.tensorclass
+        class Inner:
+            x: torch.Tensor
+
+        @lib.tensorclass
+        class Outer:
+            a: torch.Tensor
+            inner: Inner | None = None
+
+        s = Outer(a=torch.zeros(2), inner=Inner(x=torch.ones(2), batch_size=[2]), batch_size=[2])
+        plain = s.to_tensordict()
+        assert type(plain["inner"]) is lib.TensorDict, lib.__name__
+        assert type(s.inner) is Inner and torch.equal(plain["inner", "x"], torch.ones(2))
+        with pytest.raises(TypeError, match="0-d"):
+            list(Outer(a=torch.zeros(3), batch_size=[]))
+        assert s[[]].batch_size == torch.Size([0]), lib.__name__
+        assert lib.TensorDict(a=torch.zeros(4, 3), batch_size=[4])[[]].batch_size == (0,)

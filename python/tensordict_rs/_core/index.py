@@ -47,6 +47,12 @@ def key_path(key: Any) -> tuple[str, ...]:
     raise TypeError(f"keys are str or non-empty tuples of str, got {key!r}")
 
 
+def _list_index(items: list[Any]) -> torch.Tensor:
+    """A list index as a tensor: an empty one picks no rows (``torch.as_tensor([])`` is a
+    float tensor, which torch refuses as an index), as a list index does for a tensor."""
+    return torch.as_tensor(items) if items else torch.zeros(0, dtype=torch.int64)
+
+
 def normalize(index: Any, batch_dims: int) -> tuple[Any, ...]:
     """The index as a tuple whose Ellipsis is spelled out against the batch dims only.
 
@@ -54,7 +60,7 @@ def normalize(index: Any, batch_dims: int) -> tuple[Any, ...]:
     expand over the leaf's own dims too.
     """
     items = index if isinstance(index, tuple) else (index,)
-    items = tuple(torch.as_tensor(i) if isinstance(i, list) else i for i in items)
+    items = tuple(_list_index(i) if isinstance(i, list) else i for i in items)
     used = sum(_consumed(i) for i in items)
     if used > batch_dims:
         raise IndexError(f"too many indices for a TensorDict with {batch_dims} batch dimension(s)")

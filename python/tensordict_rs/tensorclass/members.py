@@ -160,8 +160,12 @@ def _bool(self: Any) -> bool:
 
 
 def _iter(self: Any) -> Iterator[Any]:
-    for i in range(len(self)):
-        yield self[i]
+    if not self.batch_size:  # as a TensorDict without batch dims (it iterated over nothing)
+        raise TypeError(
+            "iteration over a 0-d tensordict. Use keys(), values() or items() to iterate "
+            "over its entries."
+        )
+    return (self[i] for i in range(len(self)))
 
 
 def _getstate(self: Any) -> dict[str, Any]:
@@ -265,8 +269,24 @@ def _select(
 
 
 def _to_tensordict(self: Any, *, retain_none: bool | None = None) -> TensorDict:
-    copy = self.__dict__["_tensordict"].to_tensordict()
-    return _retyped(copy, TensorDict)
+    copy = _retyped(self.__dict__["_tensordict"].to_tensordict(), TensorDict)
+    _untyped(copy)
+    return copy
+
+
+def _untyped(td: TensorDict) -> None:
+    """Makes every nested tensorclass of ``td`` (a copy) a TensorDict, as tensordict's
+    ``to_tensordict`` gives (a nested ``Inner`` stayed one)."""
+    entries = td._tensordict
+    for key, value in entries.items():
+        if type(value) in NTD_TYPES:
+            continue  # non-tensor data stays as it is
+        if getattr(type(value), "_is_tensorclass", False):
+            entries[key] = value.to_tensordict()
+        elif isinstance(value, TensorDict):
+            # a nested tensorclass is kept as a TensorDict subclass naming its class
+            entries[key] = value = _retyped(value, TensorDict)
+            _untyped(value)
 
 
 def _retyped(td: TensorDict, cls: type[TensorDict]) -> TensorDict:
