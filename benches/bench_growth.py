@@ -11,7 +11,10 @@ rows appended in batches of 10,000 and 100,000 (``LARGER_BATCHES``): each ``exte
 once, so the commit's fixed cost is shared by more rows. And the way users grow nothing today
 when they know the final size (torchrl's storages): the files made at full size with
 ``memmap_like`` (no bytes written), then the same batches written into their rows with
-``td[a:b] = batch``, here and in the reference.
+``td[a:b] = batch``, here and in the reference. And the floor of any growth in batches of 1,000
+on this machine, without the library (``_floor``): the same batches made, their bytes
+``pwrite``n into files reserved at full size, alone and with the cheapest crash-safe meta.json
+replacement after each batch (what ``extend_`` commits per call).
 
 Checkpoint: a memory-mapped buffer of ``TDRS_BENCH_CKPT_GIB`` GiB (default 4; 4 KiB rows) is
 checkpointed once (which writes both generations), then 1% of its rows are written through
@@ -31,12 +34,15 @@ workloads. The load average is printed beside every figure.
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import tensordict
 import tensordict_rs
@@ -136,6 +142,59 @@ def _prealloc_batches(lib: object, src: dict[str, torch.Tensor]) -> Path:
     return path
 
 
+def _renameat2() -> Any:
+    """libc's ``renameat2`` (Linux, glibc 2.28+), or None."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+
+
+def _floor(src: dict[str, torch.Tensor], commit: bool) -> Path:
+    """The floor of any growth in batches of ``BATCH`` on this machine, without the library:
+    each batch made as the other cases make it, its leaves' bytes ``pwrite``n at their offsets
+    into files reserved at full size (``posix_fallocate``), and with ``commit`` a crash-safe
+    replacement of a meta.json after every batch, in its cheapest form (a new file created and
+    written beside it, exchanged with it by ``renameat2``, the old one unlinked), what
+    ``extend_`` commits per call. Where there is no ``renameat2``, ``os.replace``."""
+    path = _fresh("floor")
+    path.mkdir()
+    exchange = _renameat2()
+    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fds: dict[str, int] = {}
+    try:
+        for key, value in src.items():
+            fds[key] = os.open(f"{key}.memmap", os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dfd)
+            os.posix_fallocate(fds[key], 0, value.nbytes)
+        row = {key: value[0].nbytes for key, value in src.items()}
+        meta = {k: {"shape": [0, *v.shape[1:]], "dtype": str(v.dtype)} for k, v in src.items()}
+        for start in range(0, ROWS, BATCH):
+            stop = min(ROWS, start + BATCH)
+            batch = tensordict_rs.TensorDict(
+                {k: v[start:stop] for k, v in src.items()}, [stop - start]
+            )
+            for key, fd in fds.items():
+                os.pwrite(fd, batch[key].numpy(), start * row[key])
+            if commit:
+                for entry in meta.values():
+                    entry["shape"][0] = stop
+                temp = os.open(".meta.tmp", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dfd)
+                os.write(temp, json.dumps({**meta, "shape": [stop]}).encode())
+                os.close(temp)
+                if exchange is not None:
+                    if exchange(dfd, b".meta.tmp", dfd, b"meta.json", 2) != 0:  # RENAME_EXCHANGE
+                        os.replace(".meta.tmp", "meta.json", src_dir_fd=dfd, dst_dir_fd=dfd)
+                    else:
+                        os.unlink(".meta.tmp", dir_fd=dfd)
+                else:
+                    os.replace(".meta.tmp", "meta.json", src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+        os.close(dfd)
+    return path
+
+
 def _ref_cat(src: dict[str, torch.Tensor]) -> Path:
     path = _fresh("ref")
     td = tensordict.TensorDict({k: v[:BATCH] for k, v in src.items()}, [BATCH]).memmap(path / "0")
@@ -167,6 +226,9 @@ def test_append_vs_preallocated_write() -> None:
         "ref preallocated, batches": Case(
             lambda _: _prealloc_batches(tensordict, src), cleanup=_gone
         ),
+        # context: the floor of any growth in batches of 1,000 here, without the library
+        "floor: rows": Case(lambda _: _floor(src, False), cleanup=_gone),
+        "floor: rows + commits": Case(lambda _: _floor(src, True), cleanup=_gone),
         # context: the same rows in larger batches (the commit's fixed cost shared by more rows)
         **{
             f"extend_ x{n:,}": Case(lambda _, n=n: _append(src, n), cleanup=_gone)
@@ -194,6 +256,12 @@ def test_append_vs_preallocated_write() -> None:
         f"({med['extend_'] / med['preallocated, batches']:.2f}x for extend_), reference "
         f"{med['ref preallocated, batches']:.3f} s "
         f"({med['extend_'] / med['ref preallocated, batches']:.2f}x for extend_)\n"
+        f"  the floor without the library (the same batches made, pwritten into files "
+        f"reserved at full size): {med['floor: rows']:.3f} s "
+        f"({med['floor: rows'] / med['one write']:.2f}x the one write); with a crash-safe "
+        f"meta.json replacement per batch (create, write, exchange, unlink): "
+        f"{med['floor: rows + commits']:.3f} s "
+        f"({med['floor: rows + commits'] / med['one write']:.2f}x)\n"
         f"  ref cat+memmap   {med['ref cat+memmap']:.3f} s for its first {REF_BATCHES} batches, "
         f"~{ref_extrapolated:.0f} s extrapolated to all {ROWS // BATCH} batches\n"
         + "".join(
