@@ -625,3 +625,212 @@ def test_in_memory_behaviours_as_tensordict() -> None:
             list(Outer(a=torch.zeros(3), batch_size=[]))
         assert s[[]].batch_size == torch.Size([0]), lib.__name__
         assert lib.TensorDict(a=torch.zeros(4, 3), batch_size=[4])[[]].batch_size == (0,)
+
+
+def test_stack_and_cat_of_another_tensorclass_raise() -> None:
+    """Found by an attack: ``torch.stack``/``torch.cat`` (and ``stack``/``cat``) of two
+    tensorclasses of different classes raise TypeError, as in tensordict, even when their
+    fields are the same (ours stacked them as the first class)."""
+
+    def scenario(pkg: Any) -> Any:
+        obs = define(pkg, "StObs", {"a": torch.Tensor})
+        act = define(pkg, "StAct", {"a": torch.Tensor})
+        o, a = obs(a=torch.zeros(2), batch_size=[2]), act(a=torch.ones(2), batch_size=[2])
+        return [
+            error(lambda: torch.stack([o, a])),
+            error(lambda: torch.cat([o, a])),
+            error(lambda: pkg.stack([a, o])),
+            error(lambda: torch.where(torch.ones(2, dtype=torch.bool), o, a)),
+            type(torch.stack([o, o])).__name__,
+            torch.cat([a, a]).a,
+        ]
+
+    assert check(scenario)[:4] == ["TypeError"] * 4
+
+
+def test_nested_dict_into_a_tensorclass_field() -> None:
+    """Found by an attack: ``from_dict``, ``from_tensordict`` and ``update`` with a nested dict
+    for a field annotated with a tensorclass build that class, as tensordict's (ours kept a
+    TensorDict); an entry with keys that are no fields of the class stays a TensorDict."""
+
+    def scenario(pkg: Any) -> Any:
+        inner = define(pkg, "NdInner", {"x": torch.Tensor, "y": (torch.Tensor | None, None)})
+        outer = define(
+            pkg,
+            "NdOuter",
+            {"a": torch.Tensor, "inner": (inner | None, None), "other": (Any, None)},
+        )
+        x = torch.ones(2)
+        made = [
+            outer.from_dict({"a": torch.zeros(2), "inner": {"x": x}}, batch_size=[2]),
+            outer.from_dict({"a": torch.zeros(2), ("inner", "x"): x}, auto_batch_size=True),
+            outer.from_tensordict(pkg.TensorDict(a=torch.zeros(2), inner={"x": x}, batch_size=[2])),
+            outer.from_dict({"a": torch.zeros(2), "inner": {"x": x, "z": x}}, batch_size=[2]),
+        ]
+        for update in ({"inner": {"x": x}}, {("inner", "x"): x}, {"other": {"x": x}}):
+            made.append(outer(a=torch.zeros(2), batch_size=[2]).update(update))
+        stacked = torch.stack([outer(a=torch.zeros(2), batch_size=[2])] * 2)
+        made.append(stacked.update({"inner": {"x": torch.ones(2, 2)}}))
+        out = []
+        for m in made:
+            nested = m.inner if m.inner is not None else m.other
+            out.append([type(nested).__name__, tuple(nested.batch_size), nested.get("x")])
+        plain = pkg.TensorDict(a=torch.zeros(2), inner={"x": x}, batch_size=[2])
+        outer.from_tensordict(plain).inner.y = x  # the source's nested TensorDict is not changed
+        out.append(sorted(plain["inner"].keys()))
+        return out
+
+    out = check(scenario)
+    assert [row[0] for row in out[:-1]] == ["NdInner"] * 3 + ["TensorDict"] + ["NdInner"] * 2 + [
+        "TensorDict",
+        "NdInner",
+    ]
+
+
+def test_max_and_min_along_a_dim_keep_the_class() -> None:
+    """Found by an attack: ``max``/``min``/``cummax``/``cummin(dim=...)`` give values and
+    indices of the tensorclass, as tensordict's (ours gave its internal TensorDict class)."""
+
+    def scenario(pkg: Any) -> Any:
+        cls = define(pkg, "MaxDim", {"a": torch.Tensor})
+        s = cls(a=torch.tensor([[1.0, 5.0], [7.0, 2.0]]), batch_size=[2, 2])
+        out = []
+        for op in ("max", "min", "cummax", "cummin"):
+            r = getattr(s, op)(dim=0)
+            out.append([type(r).__name__, type(r.values).__qualname__, r.values.a, r.indices.a])
+        return out
+
+    check(scenario)
+
+
+def test_to_dict_keeps_the_fields_that_hold_nothing() -> None:
+    """Found by an attack: ``to_dict()`` has the fields set to None (nested ones too), as
+    tensordict's (ours left them out); ``retain_none=False`` leaves them out."""
+
+    def scenario(pkg: Any) -> Any:
+        inner = define(pkg, "TdInner", {"x": torch.Tensor, "y": (torch.Tensor | None, None)})
+        cls = define(
+            pkg,
+            "TdNone",
+            {"a": torch.Tensor, "inner": (Any, None), "b": (Any, None), "name": (Any, None)},
+        )
+        s = cls(a=torch.zeros(2), inner=inner(x=torch.ones(2), batch_size=[2]), batch_size=[2])
+        kept = cls.from_tensordict(
+            pkg.TensorDict(a=torch.zeros(2), batch_size=[2]), non_tensordict={"name": "hey"}
+        )
+        return [
+            s.to_dict(),
+            s.to_dict(retain_none=False),
+            s.to_dict(convert_tensors=True),
+            list(s.to_dict()),
+            kept.to_dict(),
+            kept.to_dict(retain_none=False),
+        ]
+
+    check(scenario)
+
+
+def test_del_field_sets_it_to_none() -> None:
+    """Found by an attack: ``del tc.field`` makes the field None, as tensordict's (ours
+    raised AttributeError); locked, frozen, or not a field: tensordict's errors."""
+
+    def scenario(pkg: Any) -> Any:
+        cls = define(pkg, "DelF", {"a": torch.Tensor, "b": (Any, None), "name": (Any, None)})
+        frozen = define(pkg, "DelFrozen", {"a": torch.Tensor}, frozen=True)
+        s = cls(a=torch.zeros(2), b=torch.ones(2), name="hi", batch_size=[2])
+        del s.b
+        del s.name
+        out: list[Any] = [s.b, s.name, sorted(s._tensordict.keys()), s.to_dict()]
+        del s.b  # already None
+        locked = cls(a=torch.zeros(2), batch_size=[2]).lock_()
+        for key in ("a", "b"):  # (tensordict's RuntimeError, our LockedError is one)
+            with pytest.raises(RuntimeError, match="locked"):
+                delattr(locked, key)
+        out.append(error(lambda: s.__delattr__("zz")))
+        out.append(error(lambda: frozen(a=torch.zeros(2), batch_size=[2]).__delattr__("a")))
+        return out
+
+    assert check(scenario)[4:] == ["KeyError", "FrozenInstanceError"]
+
+
+def test_empty_does_not_run_post_init() -> None:
+    """Found by an attack: ``empty()`` gives the shell without running ``__post_init__``, as
+    tensordict's (ours ran it, which failed on the missing fields)."""
+
+    def scenario(pkg: Any) -> Any:
+        @pkg.tensorclass
+        class WithPost:
+            a: torch.Tensor
+            b: Any = None
+
+            def __post_init__(self) -> None:
+                if self.b is None:
+                    self.b = torch.zeros_like(self.a)
+
+        p = WithPost(a=torch.ones(4), batch_size=[4])
+        e = p.empty()
+        return [type(e).__name__, tuple(e.batch_size), e.a, e.b, p.b, p.clone().b]
+
+    check(scenario)
+
+
+def test_fields_classmethod_deprecated() -> None:
+    """Found by an attack: tensordict's deprecated ``fields()`` classmethod (ours had none):
+    ``dataclasses.fields`` of the class, with a DeprecationWarning."""
+    for pkg in (rs, ref):
+        cls = define(pkg, "WithFields", {"a": torch.Tensor, "name": (str, "x")})
+        with pytest.warns(DeprecationWarning, match="dataclasses.fields"):
+            names = [f.name for f in cls.fields()]
+        assert names == ["a", "name"], pkg.__name__
+        with pytest.warns(DeprecationWarning):
+            assert cls(a=torch.zeros(1), batch_size=[1]).fields() == dataclasses.fields(cls)
+
+
+def test_error_types_of_unknown_keys() -> None:
+    """Found by an attack: an unknown constructor keyword raises AttributeError (TypeError
+    while an argument is also missing), ``update``/``update_`` with a key that is no field
+    raise ValueError naming it, as tensordict's (ours: TypeError, KeyError, or the key was
+    added)."""
+
+    def scenario(pkg: Any) -> Any:
+        cls = define(pkg, "ErrKeys", {"a": torch.Tensor, "b": (Any, None)})
+        s = cls(a=torch.zeros(4), batch_size=[4])
+        out = [
+            error(lambda: cls(a=torch.zeros(4), zz=1, batch_size=[4])),
+            error(lambda: cls(zz=1, batch_size=[4])),
+            error(lambda: cls(torch.zeros(4), None, 1, batch_size=[4])),
+            error(lambda: s.update({"zz": torch.zeros(4)})),
+            error(lambda: s.update_({"zz": torch.zeros(4)})),
+            error(lambda: s.update({("zz", "y"): torch.zeros(4)})),
+            error(lambda: s.update_({"b": torch.zeros(4)})),
+            sorted(s._tensordict.keys()),
+        ]
+        s.update({"b": torch.ones(4)})
+        s.update_({"b": torch.zeros(4)})
+        out.append(s.b)
+        return out
+
+    out = check(scenario)
+    assert out[:6] == ["AttributeError", "TypeError", "TypeError"] + ["ValueError"] * 3
+    with pytest.raises(ValueError, match="zz"):
+        define(rs, "ErrKeys", {"a": torch.Tensor})(a=torch.zeros(1), batch_size=[1]).update_(
+            {"zz": torch.zeros(1)}
+        )
+
+
+def test_own_init_taking_any_keyword() -> None:
+    """A tensorclass whose own ``__init__`` takes ``**kwargs`` is made (the signature with the
+    TensorDict's keywords failed) and takes any keyword, as tensordict's."""
+
+    def scenario(pkg: Any) -> Any:
+        @pkg.tensorclass
+        class OwnInit:
+            a: torch.Tensor
+
+            def __init__(self, **kwargs: Any) -> None:
+                self.a = kwargs.get("a", torch.zeros(2))
+
+        made = OwnInit(a=torch.ones(2), extra=3, batch_size=[2])
+        return [made.a, tuple(made.batch_size), OwnInit(batch_size=[2]).a]
+
+    check(scenario)

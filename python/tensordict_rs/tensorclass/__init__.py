@@ -48,7 +48,10 @@ from .forwarding import _OWN, _forwarded
 from .members import (
     _as_node,
     _bool,
+    _delattr,
+    _empty,
     _eq,
+    _fields,
     _from_dict,
     _from_tensordict,
     _from_tensordict_public,
@@ -70,8 +73,11 @@ from .members import (
     _setattr,
     _setitem,
     _setstate,
+    _to_dict,
     _to_tensordict,
     _torch_function,
+    _update,
+    _update_,
 )
 
 __all__ = [
@@ -161,8 +167,11 @@ def _process(cls: type, flags: dict[str, Any]) -> type:
         for name in ("batch_size", "device", "names")
         if name not in signature.parameters
     ]
+    params = list(signature.parameters.values())
+    # (before a ``**kwargs`` of the user's ``__init__``, which must come last)
+    at = len(params) - (bool(params) and params[-1].kind is inspect.Parameter.VAR_KEYWORD)
     init.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[*signature.parameters.values(), *extra]
+        parameters=[*params[:at], *extra, *params[at:]]
     )
     cls.__init__ = init  # type: ignore[misc]
     expected = set()
@@ -174,6 +183,7 @@ def _process(cls: type, flags: dict[str, Any]) -> type:
     members = {
         "__getattr__": _getattr,
         "__setattr__": _setattr,
+        "__delattr__": _delattr,
         "__getitem__": _getitem,
         "__getitems__": _getitem,
         "__setitem__": _setitem,
@@ -189,6 +199,11 @@ def _process(cls: type, flags: dict[str, Any]) -> type:
         "get": _get,
         "set": _set,
         "to_tensordict": _to_tensordict,
+        "to_dict": _to_dict,
+        "update": _update,
+        "update_": _update_,
+        "empty": _empty,
+        "fields": classmethod(_fields),
         "select": _select,
         "_as_node": _as_node,
         "_from_tensordict": classmethod(_from_tensordict),

@@ -55,6 +55,10 @@ _OWN = frozenset(
         "set",
         "select",
         "to_tensordict",
+        "to_dict",
+        "update",
+        "update_",
+        "empty",
         "memmap",
         "memmap_",
         "memmap_like",
@@ -85,6 +89,9 @@ def _wrap(self: Any, result: Any, td: Any) -> Any:
         return type(self)._from_tensordict(result, dict(self.__dict__["_non_tensordict"]))
     if type(result) in (tuple, list):
         return type(result)(_wrap(self, r, td) for r in result)
+    if isinstance(result, tuple) and hasattr(type(result), "n_fields"):
+        # a torch.return_types structseq (``max(dim=...)``: values and indices)
+        return type(result)([_wrap(self, r, td) for r in result])
     return result
 
 

@@ -10,19 +10,30 @@ import dataclasses
 import functools
 import inspect
 import numbers
-from collections.abc import Callable, Iterator
+import types
+import typing
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 
+from .._core.locking import locked_error
 from .._core.nodes import NTD_TYPES
 from ..ops.devices import _normalize_device
 from ..tensordict import TensorDict
-from .fields import _MISSING, _set_field
+from .fields import _MISSING, _set_field, _type_hints
 from .forwarding import _forwarder, _unwrap, _wrap
+
+# set while ``empty()`` builds its result: a shell that the caller fills, whose
+# ``__post_init__`` would see no fields (tensordict skips it there too)
+_SKIP_POST_INIT: ContextVar[bool] = ContextVar("tensorclass_skip_post_init", default=False)
 
 
 def _init_wrapper(init: Callable[..., None]) -> Callable[..., None]:
+    signature = inspect.signature(init)
+
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         cls = type(self)
@@ -33,6 +44,7 @@ def _init_wrapper(init: Callable[..., None]) -> Callable[..., None]:
         names = None if "names" in fields else kwargs.pop("names", None)
         kwargs.pop("non_blocking", None)
         lock = kwargs.pop("lock", False)
+        _refuse_unknown_keywords(cls, signature, self, args, kwargs)
         if isinstance(batch_size, int):
             batch_size = [batch_size]
         td = cls._TensorDict._new_unchecked(
@@ -51,6 +63,27 @@ def _init_wrapper(init: Callable[..., None]) -> Callable[..., None]:
             td.lock_()
 
     return __init__
+
+
+def _refuse_unknown_keywords(
+    cls: Any, signature: inspect.Signature, obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """A keyword that is no field raises AttributeError, as tensordict's (which sets it as an
+    attribute); when an argument is also missing, the dataclass's TypeError says both."""
+    parameters = signature.parameters
+    unknown = [key for key in kwargs if key not in parameters]
+    if not unknown or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return  # (an ``__init__`` of the user's may take any keyword)
+    known = {key: value for key, value in kwargs.items() if key in parameters}
+    try:
+        signature.bind(obj, *args, **known)
+    except TypeError:
+        return  # the dataclass's own TypeError names the missing argument
+    fields = sorted(cls.__dataclass_fields__)
+    raise AttributeError(
+        f"Cannot set the attribute {unknown[0]!r}: {cls.__name__} has no such field. Its fields "
+        f"are {fields}."
+    )
 
 
 def _getattr(self: Any, name: str) -> Any:
@@ -92,6 +125,24 @@ def _setattr(self: Any, key: str, value: Any) -> None:
         f"Cannot set the attribute {key!r}: {cls.__name__} has no such field. Its fields are "
         f"{fields}."
     )
+
+
+def _delattr(self: Any, key: str) -> None:
+    """``del tc.field`` sets the field to None (its entry removed), as tensordict's; a locked
+    (or frozen) tensorclass refuses it."""
+    cls = type(self)
+    if key in cls.__dataclass_fields__ and key in cls.__expected_keys__:
+        if cls._frozen:
+            raise dataclasses.FrozenInstanceError(f"cannot delete field {key!r}")
+        td = self.__dict__["_tensordict"]
+        if td.is_locked:
+            raise locked_error()
+        _set_field(self, key, None)
+        return
+    if key in self.__dict__:
+        object.__delattr__(self, key)
+        return
+    del self.__dict__["_tensordict"][key]  # KeyError, as tensordict's
 
 
 def _getitem(self: Any, index: Any) -> Any:
@@ -188,6 +239,10 @@ def _torch_function(
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
 ) -> Any:
+    if not all(issubclass(t, (torch.Tensor, cls, TensorDict)) for t in types):
+        # another tensorclass among the arguments (even with the same fields): torch raises
+        # TypeError, as tensordict's tensorclasses do
+        return NotImplemented
     kwargs = kwargs or {}
     first = _first_tensorclass(args)
     if first is None:  # (not ``or``: ``bool()`` of a tensorclass raises, as in tensordict)
@@ -289,12 +344,13 @@ def _untyped(td: TensorDict) -> None:
             _untyped(value)
 
 
-def _retyped(td: TensorDict, cls: type[TensorDict]) -> TensorDict:
-    """``td``'s entries (shared, not copied) in a TensorDict of class ``cls``."""
-    if type(td) is cls:
+def _retyped(td: TensorDict, cls: type[TensorDict], *, own: bool = False) -> TensorDict:
+    """``td``'s entries (shared, not copied) in a TensorDict of class ``cls``; with ``own``, a
+    new TensorDict whose dict of entries is its own (a shallow copy)."""
+    if type(td) is cls and not own:
         return td
     out = cls._new_unchecked(td._batch_size, td._device)
-    out._tensordict = td._tensordict
+    out._tensordict = dict(td._tensordict) if own else td._tensordict
     out._is_locked = td._is_locked
     out._is_memmap = td._is_memmap
     out._memmap_prefix = td._memmap_prefix
@@ -314,7 +370,11 @@ def _from_tensordict(
     state["_tensordict"] = _retyped(tensordict, cls._TensorDict)
     state["_non_tensordict"] = {} if non_tensordict is None else non_tensordict
     state["_initialized"] = True
-    if cls._post_init is not None and not cls._skip_post_init_on_rebuild:
+    if (
+        cls._post_init is not None
+        and not cls._skip_post_init_on_rebuild
+        and not _SKIP_POST_INIT.get()
+    ):
         cls._post_init(obj)
     return obj
 
@@ -334,6 +394,8 @@ def _from_tensordict_public(
             f"Keys from the tensordict ({set(tensordict.keys())}) must correspond to the class "
             f"attributes ({fields}). Got the set of keys {extra} which do not belong to the class."
         )
+    if isinstance(tensordict, TensorDict):
+        tensordict = _typed_entries(cls, tensordict)
     return cls._from_tensordict(tensordict, non_tensordict)
 
 
@@ -354,6 +416,198 @@ def _from_dict(
         auto_batch_size=auto_batch_size,
     )
     return cls.from_tensordict(td)
+
+
+# ------------------------------------------------------------------ fields of a tensorclass type
+
+
+def _tensorclass_annotation(hint: Any) -> Any:
+    """The tensorclass of a ``T``, ``T[...]`` or ``Optional[T]`` annotation, else None (as
+    tensordict's: other unions, the non-tensor classes and ``TensorClass`` itself do not
+    count)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        if len(args) != 1:
+            return None
+        hint = args[0]
+    hint = typing.get_origin(hint) or hint
+    if (
+        isinstance(hint, type)
+        and getattr(hint, "_is_tensorclass", False)
+        and "__expected_keys__" in vars(hint)
+    ):
+        return hint
+    return None
+
+
+def _tensorclass_fields(cls: Any) -> dict[str, Any]:
+    """The fields of ``cls`` annotated with a tensorclass: {name: that class}."""
+    out = {}
+    for key, hint in _type_hints(cls).items():
+        if key in cls.__expected_keys__:
+            tc = _tensorclass_annotation(hint)
+            if tc is not None:
+                out[key] = tc
+    return out
+
+
+def _fits(tc: Any, entry: Any) -> bool:
+    """``entry`` is a TensorDict (not a tensorclass's) whose keys are all fields of ``tc``."""
+    return (
+        isinstance(entry, TensorDict)
+        and getattr(type(entry), "_tensorclass", None) is None
+        and all(key in tc.__expected_keys__ for key in entry.keys())
+    )
+
+
+def _as_class(tc: Any, entry: Any) -> TensorDict:
+    """``entry`` as the node of tensorclass ``tc`` (a shallow copy, its own fields typed)."""
+    node = _typed_entries(tc, entry)
+    return (
+        _retyped(node, tc._TensorDict, own=True)
+        if node is entry
+        else _retyped(node, tc._TensorDict)
+    )
+
+
+def _typed_entries(cls: Any, td: TensorDict) -> TensorDict:
+    """``td``, or a shallow copy of it in which the entries of the fields annotated with a
+    tensorclass are of that class (recursively), where their keys are fields of the class;
+    an entry with other keys stays a TensorDict, as in tensordict."""
+    changes = {
+        key: _as_class(tc, entry)
+        for key, tc in _tensorclass_fields(cls).items()
+        if _fits(tc, entry := td._tensordict.get(key))
+    }
+    if not changes:
+        return td
+    out = _retyped(td, type(td), own=True)
+    out._tensordict.update(changes)
+    return out
+
+
+# ------------------------------------------------------------------ methods of TensorDict, own
+
+
+def _to_dict(self: Any, *, retain_none: bool = True, convert_tensors: bool = False) -> dict:
+    """The fields as a (nested) dict, as ``TensorDict.to_dict``; with ``retain_none`` (the
+    default) the fields that hold nothing are there as ``None``, as in tensordict.
+
+    >>> import torch; from tensordict_rs import TensorClass
+    >>> class Foo(TensorClass):
+    ...     x: torch.Tensor
+    ...     y: torch.Tensor | None = None
+    >>> Foo(x=torch.zeros(2), batch_size=[2]).to_dict()
+    {'x': tensor([0., 0.]), 'y': None}
+    """
+    td = self.__dict__["_tensordict"]
+    out = td.to_dict(retain_none=retain_none, convert_tensors=convert_tensors)
+    for key, value in self.__dict__["_non_tensordict"].items():
+        if key not in out and value is not None:  # a value kept outside the TensorDict
+            out[key] = value
+    if retain_none:
+        _add_none_fields(type(self), td, out)
+    return out
+
+
+def _add_none_fields(cls: Any, td: TensorDict, out: dict) -> None:
+    """Adds ``None`` for the fields of ``cls`` that ``td`` misses, in ``out`` (``td.to_dict()``)
+    and in the dicts of its nested tensorclasses."""
+    for key, value in td._tensordict.items():
+        tc = getattr(type(value), "_tensorclass", None)
+        if tc is not None and isinstance(out.get(key), dict):
+            _add_none_fields(tc, value, out[key])
+    for key in cls.__dataclass_fields__:
+        if key in cls.__expected_keys__ and key not in td._tensordict:
+            out.setdefault(key, None)
+
+
+_UPDATE_OPTIONS = frozenset(
+    {"non_blocking", "keys_to_update", "is_leaf", "update_batch_size", "ignore_lock"}
+)
+_td_update = _forwarder("update")
+_td_update_ = _forwarder("update_")
+_td_empty = _forwarder("empty")
+
+
+def _dict_heads(cls: Any, source: Any, kwargs: dict[str, Any], what: str) -> list[str]:
+    """The fields that a dict (and the entry keywords) of ``update``/``update_`` writes; a key
+    that is no field raises ValueError, as tensordict's (which builds the class from it)."""
+    keys = list(kwargs.keys() - _UPDATE_OPTIONS)
+    if isinstance(source, Mapping) and not isinstance(source, TensorDict):
+        keys += list(source.keys())
+    elif source is not None or not keys:
+        return []
+    heads = [key[0] if isinstance(key, tuple) and key else key for key in keys]
+    unknown = sorted({str(h) for h in heads if h not in cls.__expected_keys__})
+    if unknown:
+        raise ValueError(
+            f"Cannot {what} a {cls.__name__} with the keys {unknown}: they are not fields of "
+            f"the class. Its fields are {sorted(cls.__expected_keys__)}."
+        )
+    return heads
+
+
+def _update(
+    self: Any,
+    input_dict_or_td: Any = None,
+    clone: bool = False,
+    inplace: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """``TensorDict.update`` on the fields. A dict's keys must be fields (else ValueError, as
+    in tensordict), and a nested dict written to a field annotated with a tensorclass (where
+    the field held no TensorDict) becomes that class, as in tensordict: with ``inner: Inner |
+    None``, ``tc.update({"inner": {"x": x}})`` gives ``tc.inner`` an ``Inner``.
+    """
+    cls = type(self)
+    heads = _dict_heads(cls, input_dict_or_td, kwargs, "update")
+    td = self.__dict__["_tensordict"]
+    fields = _tensorclass_fields(cls) if heads else {}
+    fresh = {
+        key: fields[key]
+        for key in heads
+        if key in fields and not isinstance(td._tensordict.get(key), TensorDict)
+    }
+    result = _td_update(self, input_dict_or_td, clone, inplace, **kwargs)
+    for key, tc in fresh.items():
+        entry = td._tensordict.get(key)
+        if _fits(tc, entry):
+            td._tensordict[key] = _as_class(tc, entry)
+    return result
+
+
+def _update_(self: Any, input_dict_or_td: Any = None, clone: bool = False, **kwargs: Any) -> Any:
+    """``TensorDict.update_`` on the fields (in place); a dict's keys must be fields (else
+    ValueError, as in tensordict)."""
+    _dict_heads(type(self), input_dict_or_td, kwargs, "update_")
+    return _td_update_(self, input_dict_or_td, clone, **kwargs)
+
+
+def _empty(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``TensorDict.empty``: the tensorclass without its tensors (their shell, to fill), whose
+    ``__post_init__`` is not run (it would see no fields), as in tensordict."""
+    token = _SKIP_POST_INIT.set(True)
+    try:
+        return _td_empty(self, *args, **kwargs)
+    finally:
+        _SKIP_POST_INIT.reset(token)
+
+
+def _fields(cls: Any) -> tuple[dataclasses.Field, ...]:  # type: ignore[type-arg]
+    """The fields of the tensorclass: ``dataclasses.fields(cls)``.
+
+    .. deprecated:: 0.15
+        As in tensordict (removed in its 0.17): use ``dataclasses.fields(cls)``, the same
+        tuple of :class:`dataclasses.Field`.
+    """
+    warnings.warn(
+        "TensorClass.fields() is deprecated and will be removed in TensorDict 0.17. Use "
+        "dataclasses.fields(cls) instead.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return dataclasses.fields(cls)
 
 
 def _as_node(self: Any) -> TensorDict:
