@@ -87,3 +87,29 @@ def test_clone(tmp_prefix: Path) -> None:
     assert torch.equal(c["a"], SOURCE_A)
     c["a"].fill_(0)
     assert torch.equal(mm["a"], SOURCE_A)
+
+
+def test_apply_batch_size_sets_nested_batch_size_as_tensordict() -> None:
+    # a batch_size given to apply is the nested TensorDicts' batch size too (no extra dims)
+    import tensordict as ref
+    import tensordict_rs as ours
+
+    def run(pkg: object) -> object:
+        nested = pkg.TensorDict(  # type: ignore[attr-defined]
+            {"b": torch.zeros(2, 3, 1, 5), "m": {"c": torch.zeros(2, 3, 1, 2)}}, [2, 3, 1]
+        )
+        td = pkg.TensorDict({"a": torch.zeros(2, 3, 4), "n": nested}, [2, 3])  # type: ignore[attr-defined]
+        results = []
+        for batch_size in ([3], [], None):
+            fn = (lambda x: x.sum(0)) if batch_size == [3] else (lambda x: x)
+            out = td.apply(fn, batch_size=batch_size)
+            results.append(
+                {
+                    str(k): v.batch_size
+                    for k, v in out.items(True)
+                    if isinstance(v, pkg.TensorDict)  # type: ignore[attr-defined]
+                }
+            )
+        return results
+
+    assert run(ours) == run(ref)

@@ -88,7 +88,7 @@ def test_to_other(accel_device: torch.device) -> None:
     out = td.to(other=mixed)
     assert out.device == accel_device
     assert out["a"].dtype == torch.float32 and out["n", "x"].dtype == torch.int64
-    assert td.to(mixed).device == accel_device
+    assert td.to(mixed).device is None  # positional: per-leaf attrs, as tensordict
     with pytest.raises(ValueError, match="other and device cannot be both passed"):
         td.to(other=mixed, device="cpu")
 
@@ -187,3 +187,35 @@ def test_clear_device_(accel_device: torch.device) -> None:
     assert td["c"].device == CPU
     td["n", "c"] = torch.zeros(4, 3)
     assert td["n", "c"].device == CPU
+
+
+@pytest.mark.parametrize("lock", [False, True])
+def test_to_positional_tensordict_is_per_leaf_attrs_as_tensordict(lock: bool) -> None:
+    # A positional tensordict is tensordict's per-leaf attrs tree: plain leaves set nothing,
+    # so no leaf is cast (other= casts to the single dtype of other's leaves).
+    import tensordict as ref
+    import tensordict_rs as ours
+
+    results = []
+    for lib in (ref, ours):
+        data = {"f": torch.ones(2), "n": {"b": torch.tensor([True, False]), "i": torch.arange(2)}}
+        td = lib.TensorDict(data, [2], device="cpu")
+        if lock:
+            td.lock_()
+        other = lib.TensorDict({"x": torch.zeros(1, dtype=torch.float64)}, [])
+        out = td.to(other)
+        kw = td.to(other=other)
+        results.append(
+            (
+                out is td,
+                out.device,
+                out.is_locked,
+                out["f"] is td["f"],
+                {k: (v.dtype, v.tolist()) for k, v in out.items(True, True)},
+                {k: v.dtype for k, v in kw.items(True, True)},
+            )
+        )
+        with pytest.raises(TypeError):
+            td.to(other, torch.float64)
+    assert results[0] == results[1]
+    assert results[1][4]["f"][0] == torch.float32

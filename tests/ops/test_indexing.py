@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tensordict_rs import MemoryMappedTensor, TensorDict
@@ -276,10 +277,12 @@ def test_names_after_advanced_indexing_as_the_reference() -> None:
             assert out.batch_size == x[idx].shape, idx
             got.append(out.names)
         assert got[0] == got[1], idx
-    # index tensors apart: their broadcast dims go first, unnamed (tensordict names the
-    # first of them after the first indexed dim, "a", which it no longer is)
+    # index tensors apart: their broadcast dims go first, named as tensordict names the
+    # dims of the advanced block (a dim along which only the index of "a" varies is "a")
     td = TensorDict({"x": x}, [4, 3, 2, 1], names=["a", "b", "c", "d"])
-    assert td[i2[:2, :2], :, i1].names == [None, None, "b", "d"]
+    assert td[i2[:2, :2], :, i1].names == ["a", None, "b", "d"]
+    ref_td = tensordict.TensorDict({"x": x}, [4, 3, 2, 1], names=["a", "b", "c", "d"])
+    assert ref_td[i2[:2, :2], :, i1].names == ["a", None, "b", "d"]
 
 
 def test_first_class_dims_as_the_reference(tmp_prefix: Path) -> None:
@@ -307,3 +310,33 @@ def test_first_class_dims_as_the_reference(tmp_prefix: Path) -> None:
     memmap = TensorDict({"x": x}, [4, 3, 2, 1]).memmap_(tmp_prefix)
     d0 = ftdim.dims(1)
     assert torch.equal(memmap[d0]["x"].order(d0), x)
+
+
+def _names_after_index(pkg: object, index: object) -> tuple[object, object]:
+    td = pkg.TensorDict({"a": torch.zeros(3, 4, 5)}, [3, 4, 5], names=["x", "y", "z"])  # type: ignore[attr-defined]
+    out = td[index]
+    return out.batch_size, out.names
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        np.int64(1),
+        (np.int32(1), slice(None)),
+        (slice(None), np.array([0, 1])),
+        np.array([True, False, True]),
+        np.ones((3, 4), dtype=bool),
+        (np.array([0, 1]), 1),
+        (Ellipsis, np.array([0, 1])),
+        np.array([[0, 1]]),
+        torch.tensor([[0, 1]]),
+        (torch.tensor([[0], [1]]), torch.tensor([[0, 1, 2]])),
+        (torch.tensor([0, 1]), slice(None), torch.tensor([[1], [2]])),
+    ],
+)
+def test_index_names_numpy_and_nd_as_tensordict(index: object) -> None:
+    # numpy indices name dims as tensors do; an N-d index keeps its dim's name on one dim
+    import tensordict as ref
+    import tensordict_rs as ours
+
+    assert _names_after_index(ours, index) == _names_after_index(ref, index)

@@ -288,3 +288,135 @@ def test_key_membership_like_the_reference() -> None:
         with pytest.raises(TypeError):
             42 in td.keys()  # noqa: B015
         assert td.sorted_keys == ["a", "n", "s"]
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        [("name", "U10"), ("age", "i4"), ("weight", "f4")],  # aligned: views
+        [("a", "i8"), ("b", "i1")],  # packed: "a" cannot be viewed, copied
+        [("a", ">i4"), ("b", "<f8")],  # non-native byte order: copied
+        [("a", "f4", (3,)), ("b", "i2")],
+        [("a", [("x", "f4"), ("y", "i4")]), ("b", "i4")],
+    ],
+)
+def test_from_struct_array_shares_memory_as_tensordict(dtype: Any) -> None:
+    # the tensors view the array where torch can (writes show both ways), else copy
+    def run(pkg: Any) -> Any:
+        x = np.zeros(3, dtype=dtype)
+        td = pkg.TensorDict.from_struct_array(x)
+        shared = {}
+        for key, value in td.items(True, True):
+            if isinstance(value, torch.Tensor):
+                value += 1
+                path = (key,) if isinstance(key, str) else key
+                field = x
+                for part in path:
+                    field = field[part]
+                shared[key] = (field.tolist(), value.tolist())
+        return shared
+
+    assert run(ours) == run(ref)
+
+
+def test_from_struct_array_read_only_copies_as_tensordict() -> None:
+    for pkg in (ref, ours):
+        x = np.zeros(2, dtype=[("a", "f4"), ("b", "i4")])
+        x.flags.writeable = False
+        td = pkg.TensorDict.from_struct_array(x)
+        td["a"] += 1
+        assert x["a"].tolist() == [0.0, 0.0] and td["a"].tolist() == [1.0, 1.0]
+
+
+def _named(pkg: Any) -> Any:
+    return pkg.TensorDict(
+        {
+            "a": torch.zeros(3, 4),
+            "n": pkg.TensorDict({"b": torch.zeros(3, 4, 2)}, [3, 4, 2], names=["x", "y", "z"]),
+            "e": pkg.TensorDict({}, [3, 4]),
+        },
+        [3, 4],
+        names=["x", "y"],
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"batch_size": [3]},
+        {"batch_size": []},
+        {"batch_size": [3, 4, 5]},
+        {"names": ["p", "q"]},
+        {"names": None},
+        {"device": "cpu"},
+        {"recurse": True},
+        {"recurse": True, "batch_size": [3]},
+        {"recurse": True, "names": ["p", "q"]},
+        {"recurse": True, "names": None},
+    ],
+)
+def test_empty_keeps_names_as_tensordict(kwargs: dict[str, Any]) -> None:
+    def run(pkg: Any) -> Any:
+        out = _named(pkg).empty(**kwargs)
+        nested = {k: v.names for k, v in out.items(True) if isinstance(v, pkg.TensorDict)}
+        return out.batch_size, out.names, nested
+
+    assert run(ours) == run(ref)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_flatten_unflatten_keys_names_and_empty_subtrees_as_tensordict(inplace: bool) -> None:
+    # names kept; an empty nested TensorDict leaves no key (at any depth)
+    def run(pkg: Any) -> Any:
+        td = _named(pkg)
+        td["m"] = pkg.TensorDict({"k": pkg.TensorDict({}, [3, 4])}, [3, 4])
+        flat = td.flatten_keys(inplace=inplace)
+        back = flat.clone().unflatten_keys(inplace=inplace)
+        return (
+            list(flat.keys(True)),
+            flat.names,
+            sorted(map(str, back.keys(True))),
+            back.names,
+            back["n"].names,
+        )
+
+    assert run(ours) == run(ref)
+
+
+@pytest.mark.parametrize(
+    "nested_batch, batch_dims, first",
+    [
+        ([], None, False),
+        ([], None, True),  # the first entry sets the prefix, even an empty one
+        ([3], None, False),
+        ([3, 7], None, False),
+        ([3, 4, 5, 6], None, False),
+        ([], 2, False),
+        ([3, 4, 5, 6], 2, False),
+    ],
+)
+def test_auto_batch_size_empty_nested_as_tensordict(
+    nested_batch: list[int], batch_dims: Any, first: bool
+) -> None:
+    # an empty nested TensorDict does not limit the batch size, and takes it if shorter
+    def run(pkg: Any) -> Any:
+        entries = [("a", torch.zeros(3, 4, 5)), ("b", pkg.TensorDict({}, nested_batch))]
+        td = pkg.TensorDict(dict(entries[::-1] if first else entries), [])
+        td.auto_batch_size_(batch_dims=batch_dims)
+        return td.batch_size, td["b"].batch_size
+
+    assert run(ours) == run(ref)
+
+
+def test_auto_batch_size_nested_empty_trees_as_tensordict() -> None:
+    def run(pkg: Any) -> Any:
+        results = []
+        for nested in ({"c": {}}, {"e": {}, "d": torch.zeros(3, 4)}):
+            td = pkg.TensorDict({"a": torch.zeros(3, 4, 5), "b": nested}, [])
+            td.auto_batch_size_()
+            trees = {k: v.batch_size for k, v in td.items(True) if isinstance(v, pkg.TensorDict)}
+            results.append((td.batch_size, trees))
+        return results
+
+    assert run(ours) == run(ref)

@@ -255,3 +255,21 @@ def test_preallocation_on_a_locked_tensordict_is_refused() -> None:
         td[0] = rs.TensorDict({"a": torch.ones(2)}, [])
     with pytest.raises(RuntimeError):  # as in tensordict
         td[0] = rs.TensorDict({"a": torch.ones(2)}, [])
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_contiguous_canonical_as_tensordict(inplace: bool) -> None:
+    # canonical=True copies a leaf whose strides are not row-major, even if is_contiguous()
+    def run(pkg: Any) -> Any:
+        odd = torch.empty_strided((1, 4, 5), (5, 5, 1))
+        odd.copy_(torch.arange(20.0).view(1, 4, 5))
+        td = pkg.TensorDict({"x": odd, "n": {"y": odd.clone()}, "z": torch.ones(2, 1)}, [])
+        out = td.contiguous(canonical=True, inplace=inplace)
+        plain = td.contiguous()
+        return (
+            out is td,
+            {k: (v.stride(), v.tolist()) for k, v in out.items(True, True)},
+            plain["z"].stride(),
+        )
+
+    assert run(rs) == run(ref)

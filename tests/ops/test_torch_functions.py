@@ -268,3 +268,27 @@ def test_stack_and_cat_into_an_out_with_more_keys(tmp_path: Path) -> None:
     more = [TensorDict({"obs": torch.zeros(2), "new": torch.zeros(1)}, [])] * 4
     with pytest.raises(KeyError, match="new"):
         torch.stack(more, out=TensorDict({"obs": torch.zeros(4, 2)}, [4]))
+
+
+def test_stack_and_where_names_as_tensordict() -> None:
+    # stack keeps the names only when all the TensorDicts have the same; where keeps td's
+    def run(pkg: Any) -> Any:
+        def make(names: Any) -> Any:
+            return pkg.TensorDict(
+                {"a": torch.zeros(3, 4), "n": {"b": torch.ones(3, 4)}}, [3, 4], names=names
+            )
+
+        xy, xz, none = make(["x", "y"]), make(["x", "z"]), make(None)
+        cond = torch.tensor([[True, False, True, False]] * 3)
+        return (
+            torch.stack([xy, xz]).names,
+            torch.stack([xy, none]).names,
+            torch.stack([none, xy], 1).names,
+            torch.stack([xy, make(["x", "y"])], 1).names,
+            torch.stack([xy, make(["x", "y"])])["n"].names,
+            xy.where(cond, xz).names,
+            xy.where(cond, xz)["n"].names,
+            none.where(cond, xy).names,
+        )
+
+    assert run(ours) == run(ref)

@@ -166,6 +166,8 @@ def _apply(
     # None when ``filter_empty`` and every call of ``fn`` gave None (a tree where ``fn`` was
     # never called stays, empty: tensordict's rule)
     result: TD | None = None
+    # as tensordict: a batch_size given is the batch size of the nested trees too
+    walk.fixed_batch = batch_size is not None
     out, kept = walk.new(td, others, batch, new_device, ())
     if not (walk.filter_empty and not kept and walk.calls):
         result = out
@@ -200,6 +202,7 @@ class _ApplyWalk:
         self.call_on_nested = call_on_nested
         self.named = named
         self.nested_keys = nested_keys
+        self.fixed_batch = False  # a batch_size given to apply: every new tree gets it
 
     def _others(self, others: tuple[Any, ...], key: str) -> list[Any]:
         rest = []
@@ -254,7 +257,9 @@ class _ApplyWalk:
             path = (*prefix, key)
             whole = self._whole(value)
             if isinstance(value, TreeNode) and not self.call_on_nested and not whole:
-                sub_batch = torch.Size([*batch, *value._batch_size[dims:]])
+                sub_batch = (
+                    batch if self.fixed_batch else torch.Size([*batch, *value._batch_size[dims:]])
+                )
                 sub_td: Any = value
                 calls = self.calls
                 sub, sub_kept = self.new(sub_td, tuple(rest), sub_batch, device, path)

@@ -283,7 +283,9 @@ def from_struct_array(
     batch_size: Any = None,
 ) -> TD:
     """A TensorDict with one entry per field of a NumPy structured array (batch size: the
-    array's shape unless given).
+    array's shape unless given). The tensors share the array's memory where torch can view
+    it, as tensordict's (copies: read-only arrays, packed fields, non-native byte order);
+    string and other non-numeric fields are NonTensorData of the field.
 
     >>> import numpy as np
     >>> from tensordict_rs import TensorDict
@@ -296,10 +298,10 @@ def from_struct_array(
         field = struct_array[name]
         if field.dtype.names:
             td._set_str(name, from_struct_array(cls, field), validate=True)
-        elif field.dtype.kind in "USOV":  # strings, objects: no tensor dtype (tensordict's)
-            td._set_str(name, NonTensorData(np.array(field)), validate=True)
+        elif field.dtype.kind not in "cifbu":  # strings, objects, dates: no tensor dtype
+            td._set_str(name, NonTensorData(field), validate=True)
         else:
-            td._set_str(name, torch.from_numpy(np.ascontiguousarray(field)), validate=True)
+            td._set_str(name, _struct_field_tensor(field), validate=True)
     if batch_size is not None or auto_batch_size:
         return _finish(
             td,
@@ -309,6 +311,18 @@ def from_struct_array(
             batch_size=batch_size,
         )
     return td.to(device) if device is not None else td
+
+
+def _struct_field_tensor(field: np.ndarray) -> torch.Tensor:
+    """The tensor of a numeric field of a structured array: a view of the array's memory
+    where torch can view it, as tensordict; a copy for a read-only array, and for strides
+    that are not a multiple of the item size (packed fields) or a non-native byte order."""
+    if not field.flags.writeable:
+        return torch.from_numpy(field.copy())
+    try:
+        return torch.from_numpy(field)
+    except ValueError:
+        return torch.from_numpy(field.astype(field.dtype.newbyteorder("="), order="C"))
 
 
 def to_struct_array(td: TreeNode) -> np.ndarray:

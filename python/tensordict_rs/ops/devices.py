@@ -6,6 +6,7 @@ from typing import Any, Self
 
 import torch
 
+from .._core.classes import is_tensor_collection
 from .._core.locking import locked_error
 from .._core.nodes import TreeNode
 from .._core.walk import leaves, map_leaves
@@ -40,6 +41,8 @@ class DeviceMoves(TreeNode):
         >>> td.to(torch.float64)["a"].dtype, td.to("cpu").device
         (torch.float64, device(type='cpu'))
         """
+        if args and not isinstance(args[0], torch.Tensor) and is_tensor_collection(args[0]):
+            return self._to_per_leaf(args, kwargs)
         device, dtype, non_blocking, inplace, batch_size, pin = _parse_to(args, kwargs)
         device = _normalize_device(device)
         if dtype is None and (device is None or device == self._device):
@@ -84,6 +87,57 @@ class DeviceMoves(TreeNode):
         if batch_size is not None:
             out.batch_size = batch_size
         if self._is_locked:
+            out.lock_()
+        return out
+
+    def _to_per_leaf(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Self:
+        """``to(attrs_td)``: a positional tensor collection gives each leaf its own target.
+
+        As tensordict, the collection is read as a tree of per-leaf attributes (``TensorAttrs``
+        entries, with ``tgt_device`` / ``tgt_dtype``): the leaf at the same key
+        is moved / cast to them, every other leaf passes through unchanged (a plain tensor of
+        the collection sets nothing). The result is a new TensorDict sharing the unchanged
+        leaves, with no device, locked if this one is; ``inplace=True`` changes this one.
+        """
+        if len(args) > 1:
+            raise TypeError("to(attrs_td) does not accept additional positional arguments.")
+        non_blocking = kwargs.pop("non_blocking", None)
+        inplace = bool(kwargs.pop("inplace", False))
+        kwargs.pop("num_threads", None)
+        kwargs.pop("cast_filter", None)
+        if kwargs.pop("non_blocking_pin", False):
+            raise NotImplementedError(
+                "non_blocking_pin is not yet supported when an attrs tensordict is passed to "
+                "`to()`."
+            )
+        if kwargs:
+            raise TypeError(f"to(attrs_td) got unexpected keyword arguments {sorted(kwargs)}")
+        spec: dict[tuple[str, ...], tuple[Any, Any]] = {}
+        _attrs_spec(args[0], (), spec)
+        blocking = non_blocking is not None and not non_blocking
+
+        def cast(path: tuple[str, ...], t: torch.Tensor) -> torch.Tensor:
+            device, dtype = spec[path]
+            return t.to(device=device, dtype=dtype, non_blocking=not blocking)
+
+        if inplace:
+            if self._is_locked:
+                raise locked_error()
+            out: Any = self
+        else:
+            out = map_leaves(self, lambda t: t, device=None)
+        for path in spec:
+            node = out
+            for part in path[:-1]:
+                node = node._tensordict.get(part) if isinstance(node, TreeNode) else None
+            if not isinstance(node, TreeNode) or path[-1] not in node._tensordict:
+                continue
+            leaf = node._get_str(path[-1])
+            if isinstance(leaf, torch.Tensor):
+                node._tensordict[path[-1]] = cast(path, leaf)
+        if blocking and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        if not inplace and self._is_locked:
             out.lock_()
         return out
 
@@ -159,6 +213,24 @@ class DeviceMoves(TreeNode):
         for _, _, leaf in list(leaves(self)):
             leaf.record_stream(stream)
         return self
+
+
+def _attrs_spec(tree: Any, path: tuple[str, ...], spec: dict[Any, Any]) -> None:
+    """Collects ``path -> (tgt_device, tgt_dtype)`` for the per-leaf attribute entries of
+    ``tree`` (tensorclasses named ``TensorAttrs``, as tensordict's; a target of two ``None``
+    is left out)."""
+    if not isinstance(tree, TreeNode):  # a tensorclass: its TensorDict
+        tree = getattr(tree, "_tensordict", None)
+        if not isinstance(tree, TreeNode):
+            return
+    for key in list(tree._tensordict):
+        value = tree.get(key)
+        if type(value).__name__ == "TensorAttrs":
+            device, dtype = value.tgt_device, value.tgt_dtype
+            if device is not None or dtype is not None:
+                spec[(*path, key)] = (device, dtype)
+        elif isinstance(value, TreeNode):
+            _attrs_spec(value, (*path, key), spec)
 
 
 def _parse_to(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._core import dirty as _dirty
@@ -103,12 +104,16 @@ def _index_names(td: TreeNode, items: tuple[Any, ...], ndim: int) -> list[Any] |
     if td._names is None:
         return None
     names = list(td._names)
-    advanced: list[torch.Tensor] = []
+    advanced: list[tuple[torch.Tensor, int]] = []  # index tensors and their first dim
     pieces: list[Any] = []  # names of basic dims, and one marker where the advanced dims go
     at = 0
     marker_at = None
     broken = False  # a slice, None or Ellipsis between two index tensors
     for position, item in enumerate(items):
+        if isinstance(item, np.ndarray):  # numpy indices name dims as the tensors they make
+            item = torch.as_tensor(item)
+        elif isinstance(item, np.integer):
+            item = int(item)
         if item is Ellipsis:
             after = items[position + 1 :]
             rest = len(names) - at - sum(_consumed(i) for i in after if i is not None)
@@ -138,26 +143,54 @@ def _index_names(td: TreeNode, items: tuple[Any, ...], ndim: int) -> list[Any] |
             if not advanced:
                 marker_at = len(pieces)
                 pieces.append(_ADVANCED)
-                lone_name = names[at]
-            advanced.append(t)
+            advanced.append((t, at))
             at += t.ndim if t.dtype == torch.bool else 1
         else:
             return None
     pieces.extend(names[at:])
     if advanced:
         pieces.remove(_ADVANCED)
-        if len(advanced) == 1 and advanced[0].ndim == 1:
-            block = [lone_name]
-        else:
-            shapes = [(int(t.sum()),) if t.dtype == torch.bool else t.shape for t in advanced]
-            block = [None] * len(torch.broadcast_shapes(*shapes))
-        pieces[marker_at or 0 : marker_at or 0] = block
+        pieces[marker_at or 0 : marker_at or 0] = _block_names(names, advanced)
     if len(pieces) != ndim:  # an index this rule does not foresee: no names, never wrong ones
         return None
     return pieces if any(n is not None for n in pieces) else None
 
 
 _ADVANCED = object()
+
+
+def _block_names(names: list[Any], advanced: list[tuple[torch.Tensor, int]]) -> list[Any]:
+    """The names of the dims of the advanced block (index tensors, with the first batch dim
+    each one indexes), by tensordict's rule: a dim keeps the name of the one indexed dim that
+    the index tensors varying along it (or, if none varies, all that have it) index; a mask
+    over several dims, or tensors of several dims, leave it unnamed. A name that several
+    block dims would take stays only on the one along which its index varies, if there is
+    exactly one."""
+    shapes: list[tuple[tuple[Any, ...], range]] = []
+    ndim = 0
+    for t, first in advanced:
+        if t.dtype == torch.bool:
+            ndim = max(ndim, 1)
+            if t.ndim:  # a mask: one dim of unknown length over the dims it covers
+                shapes.append(((None,), range(first, first + t.ndim)))
+            continue
+        ndim = max(ndim, t.ndim)
+        shapes.append((tuple(t.shape), range(first, first + 1)))
+    block: list[tuple[Any, bool]] = []
+    for dim in range(-ndim, 0):
+        having = [(shape[dim], used) for shape, used in shapes if len(shape) >= -dim]
+        varying = [used for size, used in having if size != 1]
+        sources: set[int] = set().union(*(varying or [used for _, used in having]))
+        block.append((names[sources.pop()] if len(sources) == 1 else None, bool(varying)))
+    taken = [name for name, _ in block]
+    return [
+        name
+        if name is None
+        or taken.count(name) == 1
+        or (varies and [v for other, v in block if other == name].count(True) == 1)
+        else None
+        for name, varies in block
+    ]
 
 
 def _consumed(item: Any) -> int:

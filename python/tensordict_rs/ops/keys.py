@@ -148,7 +148,8 @@ def rename_key_(td: TD, old_key: Key, new_key: Key, safe: bool = False) -> TD:
 
 
 def flatten_keys(td: TD, separator: str = ".", inplace: bool = False, is_leaf: Any = None) -> TD:
-    """Nested entries as top-level keys joined by ``separator`` (``("a", "b")`` -> ``"a.b"``).
+    """Nested entries as top-level keys joined by ``separator`` (``("a", "b")`` -> ``"a.b"``);
+    the dim names are kept, and an empty nested TensorDict leaves no key (as in tensordict).
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
@@ -157,6 +158,7 @@ def flatten_keys(td: TD, separator: str = ".", inplace: bool = False, is_leaf: A
     ['a', 'b/c']
     """
     out = type(td)._new_unchecked(td.batch_size, td.device)
+    out._names = td._names
     _flatten_into(td, out, separator, "")
     if not inplace:
         return out
@@ -169,9 +171,7 @@ def flatten_keys(td: TD, separator: str = ".", inplace: bool = False, is_leaf: A
 def _flatten_into(td: TD, out: TD, separator: str, prefix: str) -> None:
     for key, value in td._tensordict.items():
         name = prefix + key
-        if is_tree(value):
-            if not value._tensordict:
-                out._tensordict[name] = copy_tree(value)
+        if is_tree(value):  # an empty one leaves no key, as in tensordict
             _flatten_into(value, out, separator, name + separator)
             continue
         if name in out._tensordict:
@@ -191,6 +191,7 @@ def unflatten_keys(td: TD, separator: str = ".", inplace: bool = False) -> TD:
     tensor([1., 1.])
     """
     out = type(td)._new_unchecked(td.batch_size, td.device)
+    out._names = td._names  # the new sub-trees get them too (``_sub``)
     items = out._tensordict
     dotted = []
     # as tensordict: the other keys stay where they are, each joined key then moves to its
@@ -245,24 +246,49 @@ def to_dict(td: TD, *, retain_none: bool = True, convert_tensors: bool = False) 
 
 
 def _max_batch(td: TD, batch_dims: int | None) -> None:
-    """Sets each tree's batch size to the longest prefix its entries share (deepest first)."""
-    shapes = []
-    for value in td._tensordict.values():
+    """Sets each tree's batch size to the longest prefix its entries share (deepest first),
+    as tensordict's ``auto_batch_size_``: an empty nested TensorDict does not limit it (after
+    the first entry) and takes the new batch size if it has fewer dims; a tree with no
+    entries only drops the dims past ``batch_dims``; a ragged (-1) dim ends the prefix."""
+    data = [
+        value
+        for value in td._tensordict.values()
+        if type(value) not in NTD_TYPES and type(value) is not UnbatchedTensor
+    ]
+    for value in data:
         if is_tree(value):
             _max_batch(value, batch_dims)
-            shapes.append(tuple(value.batch_size))
-        elif type(value) not in NTD_TYPES and type(value) is not UnbatchedTensor:
-            shapes.append(tuple(value.shape))
-    if not shapes:
+    if not data:
+        if batch_dims:
+            _set_batch(td, td._batch_size[:batch_dims])
         return
+    shapes = [tuple(v.batch_size) if is_tree(v) else tuple(v.shape) for v in data]
     common: list[int] = []
-    for sizes in zip(*shapes, strict=False):
-        if len(set(sizes)) != 1:
+    for dim, size in enumerate(shapes[0]):
+        if size == -1:
             break
-        common.append(sizes[0])
-    if batch_dims is not None:
-        common = common[:batch_dims]
-    td._batch_size = torch.Size(common)
+        if not all(
+            (is_tree(value) and is_empty(value)) or (len(shape) > dim and shape[dim] == size)
+            for value, shape in zip(data[1:], shapes[1:], strict=True)
+        ):
+            break
+        if batch_dims is None or len(common) < batch_dims:
+            common.append(size)
+    _set_batch(td, torch.Size(common))
+
+
+def _set_batch(td: TD, batch: torch.Size) -> None:
+    """``td``'s batch size set to ``batch`` as tensordict's setter does for ``_max_batch``:
+    names kept for the dims that remain, nested trees with fewer dims given ``batch``."""
+    if td._names is not None:
+        names = (list(td._names) + [None] * len(batch))[: len(batch)]
+        td._names = names if any(n is not None for n in names) else None
+    td._batch_size = batch
+    for value in td._tensordict.values():
+        if is_tree(value) and len(value.batch_size) < len(batch):
+            _set_batch(value, batch)
+            if td._names is not None:
+                value._names = list(td._names)
 
 
 def from_dict(
@@ -316,9 +342,20 @@ def fromkeys(cls: type[TD], keys: Iterable[Key], value: Any = 0) -> TD:
     return td
 
 
-def empty(td: TD, recurse: bool = False, *, batch_size: Any = None, device: Any = KEEP) -> TD:
-    """A TensorDict with the batch size and device of ``td`` and no entries (with ``recurse``:
-    empty nested TensorDicts and the non-tensor entries are kept).
+def empty(
+    td: TD,
+    recurse: bool = False,
+    *,
+    batch_size: Any = None,
+    device: Any = KEEP,
+    names: Any = KEEP,
+) -> TD:
+    """A TensorDict with the batch size, device and dim names of ``td`` and no entries (with
+    ``recurse``: empty nested TensorDicts and the non-tensor entries are kept).
+
+    As tensordict: a new ``batch_size`` keeps the names of its leading dims (the new dims
+    unnamed); ``names=`` gives the names (``names=None`` drops them, except with ``recurse``
+    where it keeps them, as tensordict's).
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
@@ -334,6 +371,19 @@ def empty(td: TD, recurse: bool = False, *, batch_size: Any = None, device: Any 
                 out._tensordict[key] = empty(value, True)
             elif type(value) in NTD_TYPES or type(value) is NonTensorStack:
                 out._tensordict[key] = value.clone(recurse=False)
+    if names is KEEP or (names is None and recurse):
+        kept = td._names
+        if kept is not None and len(kept) != len(batch):
+            kept = (list(kept) + [None] * len(batch))[: len(batch)]
+        if kept is not None and any(n is not None for n in kept):
+            out._names = list(kept)
+    elif names is not None:
+        given = (list(names) + [None] * len(batch))[: len(batch)]
+        if any(n is not None for n in given):
+            out._names = given
+            for value in out._tensordict.values():  # nested trees: their leading dims
+                if is_tree(value):
+                    value._set_names([*given, *value.names[len(batch) :]])
     return out
 
 

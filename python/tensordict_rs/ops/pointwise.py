@@ -533,7 +533,9 @@ def detach_(td: TD) -> TD:
 def contiguous(td: TD, *, canonical: bool = False, inplace: bool = False) -> TD:
     """Every leaf contiguous; a new, unlocked TensorDict (``inplace``: ``td``'s entries replaced).
 
-    Contiguous memory-mapped leaves stay memory-mapped views, as in tensordict.
+    Contiguous memory-mapped leaves stay memory-mapped views, as in tensordict. With
+    ``canonical`` a leaf whose strides are not the row-major ones of its shape is copied too,
+    even when ``is_contiguous`` says True (size-1 dims).
 
     >>> import torch
     >>> from tensordict_rs import TensorDict
@@ -541,11 +543,30 @@ def contiguous(td: TD, *, canonical: bool = False, inplace: bool = False) -> TD:
     >>> td.transpose(0, 0).contiguous()["a"].is_contiguous()
     True
     """
+    make = _canonical_contiguous if canonical else torch.Tensor.contiguous
     if inplace:
         for tree, key, leaf in list(leaves(td)):
-            tree._tensordict[key] = leaf.contiguous()
+            tree._tensordict[key] = make(leaf)
         return td
-    return map_leaves(td, lambda t: t.contiguous())
+    return map_leaves(td, make)
+
+
+def _canonical_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t.contiguous()``, copied again when its strides are not the row-major strides of its
+    shape (``is_contiguous`` ignores the strides of size-1 dims), as tensordict's
+    ``contiguous(canonical=True)``."""
+    t = t.contiguous()
+    if t.is_nested or t.layout != torch.strided:
+        return t
+    stride, running = [], 1
+    for size in reversed(t.shape):
+        stride.append(running)
+        running *= size
+    if tuple(t.stride()) == tuple(reversed(stride)):
+        return t
+    out = torch.empty_like(t, memory_format=torch.contiguous_format)
+    out.copy_(t)
+    return out
 
 
 def to_tensordict(td: TD, *, retain_none: bool | None = None) -> TD:

@@ -122,7 +122,8 @@ def stack(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
     if out is not None:
         return _into(out, result, tds, lambda leaves, sink: torch.stack(leaves, dim, out=sink))
     names = None
-    if first._names is not None:
+    # as tensordict: the names are kept only when every TensorDict has the same ones
+    if first._names is not None and all(td._names == first._names for td in tds[1:]):
         names = list(first._names)
         names.insert(dim, None)
     return map_leaves(
@@ -368,6 +369,7 @@ def _pad_as(pad: Any, leaf: torch.Tensor) -> torch.Tensor:
 
 def _where_trees(td: TD, condition: torch.Tensor, other: TD, pad: Any) -> Any:
     out = type(td)._new_unchecked(td.batch_size, td.device)
+    out._names = td._names  # as tensordict: the names of ``td``
     keys = list(td._tensordict) + [k for k in other._tensordict if k not in td._tensordict]
     for key in keys:
         mine: Any = td._get_str(key) if key in td._tensordict else None
