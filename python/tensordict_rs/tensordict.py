@@ -13,6 +13,7 @@ from ._core import dirty as _dirty
 from ._core import index as _index
 from ._core import nested as _nested
 from ._core.classes import TensorDictBase
+from ._core.errors import InplaceWriteError
 from ._core.index import key_path as _as_key
 from ._core.locking import Lockable, locked_error, refuse_read_only
 from ._core.nodes import NTD_TYPES, TD, Key, NonTensorData, TreeNode
@@ -53,6 +54,7 @@ __all__ = ["TensorDict"]
 _NO_DEFAULT: Any = object()
 _CPU = torch.device("cpu")
 _Tensor = torch.Tensor
+
 
 PathLike = str | os.PathLike[str]
 P = ParamSpec("P")
@@ -336,11 +338,26 @@ class TensorDict(
         else:
             if type(value).__module__ == "numpy" and hasattr(value, "shape"):
                 value = torch.as_tensor(value)  # an array is written as the tensor it holds
-            if isinstance(value, torch.Tensor):
-                self._check_batch(key, value.shape)
-            current.copy_(value, non_blocking=non_blocking) if isinstance(
-                value, torch.Tensor
-            ) else current.fill_(value)
+            if not isinstance(value, torch.Tensor):
+                current.fill_(value)
+                return
+            self._check_batch(key, value.shape)
+            try:
+                current.copy_(value, non_blocking=non_blocking)
+            except RuntimeError as err:
+                if type(err) is not RuntimeError:  # this library's own errors stay as they are
+                    raise
+                try:
+                    fits = torch.broadcast_shapes(current.shape, value.shape) == current.shape
+                except RuntimeError:
+                    fits = False
+                detail = (
+                    f"the value of shape {value.shape} does not fit the entry of shape "
+                    f"{current.shape}"
+                    if not fits
+                    else str(err)
+                )
+                raise InplaceWriteError(f"Failed to update {key!r}: {detail}") from err
 
     def update(
         self,

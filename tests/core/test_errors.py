@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tensordict as ref
@@ -116,3 +117,69 @@ def test_unsupported_leaves_name_the_key(kind: str, prefix: bool, tmp_path: Path
         td.memmap_(tmp_path / "t" if prefix else None)
     assert not td.is_memmap() and not td.is_locked
     assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("a", torch.zeros(3, 5)),
+        ("a", torch.zeros(3, 4, 1)),
+        ("a", torch.zeros(3)),
+        (("n", "b"), torch.zeros(3, 5)),
+    ],
+)
+@pytest.mark.parametrize("pkg", [rs, ref], ids=["rs", "ref"])
+@pytest.mark.parametrize("how", ["set_", "set_inplace"])
+def test_inplace_write_of_another_shape_is_value_and_runtime_error(
+    pkg: Any, key: Any, value: torch.Tensor, how: str
+) -> None:
+    """``set_`` (and ``set(..., inplace=True)``) of a value that does not fit the entry raised
+    torch's bare RuntimeError here; tensordict raises an error that is both a ValueError and a
+    RuntimeError, naming the key and both shapes."""
+    td = pkg.TensorDict({"a": torch.zeros(3, 4), "n": {"b": torch.zeros(3, 2)}}, [3])
+    entry = td.get(key).shape
+    with pytest.raises(ValueError) as info:
+        if how == "set_":
+            td.set_(key, value)
+        else:
+            td.set(key, value, inplace=True)
+    assert isinstance(info.value, RuntimeError)
+    text = str(info.value)
+    assert repr(key if isinstance(key, str) else key[-1]) in text
+    assert f"the value of shape {value.shape} does not fit the entry of shape {entry}" in text
+
+
+def test_inplace_write_that_broadcasts_still_works() -> None:
+    """A value that broadcasts to the entry is written, as in tensordict."""
+    for pkg in (rs, ref):
+        td = pkg.TensorDict({"a": torch.zeros(3, 4)}, [3])
+        td.set_("a", torch.ones(3, 1))
+        assert torch.equal(td["a"], torch.ones(3, 4))
+
+
+@pytest.mark.parametrize(
+    "index",
+    [0, -1, slice(None), slice(0, 1), torch.tensor([0]), torch.tensor(0), [0], (0,), (None, 0)],
+    ids=repr,
+)
+@pytest.mark.parametrize("pkg", [rs, ref], ids=["rs", "ref"])
+def test_indexing_a_tensordict_without_batch_dims_is_a_runtime_error(pkg: Any, index: Any) -> None:
+    """An index that uses a batch dim, on a TensorDict of batch size []: tensordict raises
+    RuntimeError("indexing a tensordict with td.batch_dims==0 is not permitted ..."); this
+    library raised IndexError."""
+    td = pkg.TensorDict({"a": torch.zeros(3)}, [])
+    with pytest.raises(RuntimeError, match=r"batch_dims==0 is not permitted\. Got index"):
+        td[index]
+
+
+@pytest.mark.parametrize(
+    "index",
+    [None, ..., (), (None, None), (None, ...), torch.tensor(True), torch.tensor(False)],
+    ids=repr,
+)
+def test_indexing_without_batch_dims_by_what_adds_or_keeps_dims(index: Any) -> None:
+    """``None``, ``...``, ``()`` and a 0-dim mask use no batch dim: they work, as in
+    tensordict (a 0-dim mask adds a dim, as on a tensor)."""
+    got = [pkg.TensorDict({"a": torch.zeros(3)}, [])[index] for pkg in (rs, ref)]
+    assert got[0].batch_size == got[1].batch_size
+    assert got[0]["a"].shape == got[1]["a"].shape

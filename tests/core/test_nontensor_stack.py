@@ -413,3 +413,113 @@ def test_linked_list_pickles_unlinked_as_the_reference_does() -> None:
         return back, td["s"]
 
     assert outcome(run, ours) == outcome(run, ref)
+
+
+# ------------------------------------------------------------------------------------------
+# A stack of entries keeps its members: selecting one gives it back (a NonTensorData)
+
+
+def stacked_rows(pkg: Any, dim: int = 0, second: str = "B") -> Any:
+    """``torch.stack`` of two TensorDicts of batch size [3] holding "A" and ``second``."""
+    rows = [pkg.TensorDict({"name": value, "x": torch.zeros(3)}, [3]) for value in ("A", second)]
+    return torch.stack(rows, dim)
+
+
+def _member_write(pkg: Any) -> Any:
+    td = stacked_rows(pkg)
+    td[0].get("name").data = "Z"
+    return td.get("name"), td[0].get("name")
+
+
+def _element_write(pkg: Any) -> Any:
+    td = stacked_rows(pkg)
+    td.get("name")[0, 1] = "Q"
+    return td.get("name"), td[0].get("name"), td[1].get("name")
+
+
+MEMBERS: dict[str, Callable[[Any], Any]] = {
+    "row_value": lambda pkg: stacked_rows(pkg)[0]["name"],
+    "row_entry": lambda pkg: stacked_rows(pkg)[0].get("name"),
+    "last_row": lambda pkg: stacked_rows(pkg)[-1].get("name"),
+    "0-dim tensor row": lambda pkg: stacked_rows(pkg)[torch.tensor(1)].get("name"),
+    "row_then_slice": lambda pkg: stacked_rows(pkg)[0, 1:].get("name"),
+    "row_then_none": lambda pkg: stacked_rows(pkg)[0, None].get("name"),
+    "none_then_row": lambda pkg: stacked_rows(pkg)[None][:, 0].get("name"),
+    "none_row": lambda pkg: stacked_rows(pkg)[None][0].get("name"),
+    "row_ellipsis": lambda pkg: stacked_rows(pkg)[0, ...].get("name"),
+    "slice_of_rows": lambda pkg: stacked_rows(pkg)[0:1].get("name"),
+    "slice_then_row": lambda pkg: stacked_rows(pkg)[1:][0].get("name"),
+    "column": lambda pkg: stacked_rows(pkg)[:, 0].get("name"),
+    "ellipsis_column": lambda pkg: stacked_rows(pkg)[..., 0].get("name"),
+    "rows_by_tensor": lambda pkg: stacked_rows(pkg)[torch.tensor([1, 0])][0].get("name"),
+    "rows_by_list": lambda pkg: stacked_rows(pkg)[[1, 0]][0].get("name"),
+    "rows_by_mask": lambda pkg: stacked_rows(pkg)[torch.tensor([False, True])][0].get("name"),
+    "columns_by_tensor": lambda pkg: stacked_rows(pkg)[:, torch.tensor([0, 1])][0].get("name"),
+    "unbind": lambda pkg: [t.get("name") for t in stacked_rows(pkg).unbind(0)],
+    "unbind_columns": lambda pkg: [t.get("name") for t in stacked_rows(pkg).unbind(1)],
+    "iterate": lambda pkg: [t.get("name") for t in stacked_rows(pkg)],
+    "clone_row": lambda pkg: stacked_rows(pkg).clone()[0].get("name"),
+    "permute_column": lambda pkg: stacked_rows(pkg).permute(1, 0)[:, 0].get("name"),
+    "transpose_column": lambda pkg: stacked_rows(pkg).transpose(1, 0)[:, 0].get("name"),
+    "split_row": lambda pkg: stacked_rows(pkg).split(1, 0)[1][0].get("name"),
+    "split_columns_row": lambda pkg: stacked_rows(pkg).split(2, 1)[1][0].get("name"),
+    "view_same_shape_row": lambda pkg: stacked_rows(pkg).view(2, 3)[0].get("name"),
+    "flip_row": lambda pkg: stacked_rows(pkg).flip(0)[0].get("name"),
+    # a new dim (unsqueeze, expand) is a stacking dim, as in tensordict
+    "unsqueeze_front_row": lambda pkg: stacked_rows(pkg).unsqueeze(0)[0].get("name"),
+    "unsqueeze_front_column": lambda pkg: stacked_rows(pkg).unsqueeze(0)[:, 0].get("name"),
+    "unsqueeze_middle_row": lambda pkg: stacked_rows(pkg).unsqueeze(1)[0].get("name"),
+    "unsqueeze_middle_member": lambda pkg: stacked_rows(pkg).unsqueeze(1)[0, 0].get("name"),
+    "unsqueeze_last_row": lambda pkg: stacked_rows(pkg).unsqueeze(2)[0].get("name"),
+    "unsqueeze_squeeze_row": lambda pkg: stacked_rows(pkg).unsqueeze(0).squeeze(0)[0].get("name"),
+    "stacked_on_dim_1_unsqueeze": lambda pkg: (
+        stacked_rows(pkg, 1).unsqueeze(0)[0, :, 0].get("name")
+    ),
+    "expand_row": lambda pkg: stacked_rows(pkg).expand(4, 2, 3)[0].get("name"),
+    "expand_member": lambda pkg: stacked_rows(pkg).expand(4, 2, 3)[0, 1].get("name"),
+    "expand_column": lambda pkg: stacked_rows(pkg).expand(4, 2, 3)[0, :, 0].get("name"),
+    "stack_row": lambda pkg: stacked_rows(pkg).get("name")[0],
+    "stack_column": lambda pkg: stacked_rows(pkg).get("name")[:, 0],
+    "stack_unbind": lambda pkg: list(stacked_rows(pkg).get("name").unbind(0)),
+    "stack_iter": lambda pkg: list(stacked_rows(pkg).get("name")),
+    "stacked_on_dim_1_row": lambda pkg: stacked_rows(pkg, 1)[0].get("name"),
+    "stacked_on_dim_1_column": lambda pkg: stacked_rows(pkg, 1)[:, 0].get("name"),
+    "stacked_on_dim_1_last": lambda pkg: stacked_rows(pkg, 1)[..., 1].get("name"),
+    # equal values are not merged: a row is a member, a column a stack of two values
+    "equal_values_row": lambda pkg: stacked_rows(pkg, second="A")[0].get("name"),
+    "equal_values_column": lambda pkg: stacked_rows(pkg, second="A")[:, 0].get("name"),
+    "equal_values_whole": lambda pkg: stacked_rows(pkg, second="A").get("name"),
+    "nested_row": lambda pkg: torch.stack([stacked_rows(pkg), stacked_rows(pkg)])[0, 1].get("name"),
+    "nested_outer_row": lambda pkg: torch.stack([stacked_rows(pkg), stacked_rows(pkg)])[0].get(
+        "name"
+    ),
+    "nested_column_row": lambda pkg: torch.stack([stacked_rows(pkg), stacked_rows(pkg)])[:, 0][
+        0
+    ].get("name"),
+    "nested_inner_column_row": lambda pkg: torch.stack([stacked_rows(pkg), stacked_rows(pkg)])[
+        :, :, 0
+    ][0].get("name"),
+    "member_write": _member_write,
+    "element_write": _element_write,
+}
+
+
+@pytest.mark.parametrize("name", list(MEMBERS))
+def test_selecting_one_stacked_member_matches_reference(name: str) -> None:
+    """``torch.stack`` of TensorDicts of batch size [3] holding a string each: an index that
+    selects exactly one of them along the stacking dim gives that member (a NonTensorData of
+    batch size [3] in tensordict; this library gave a stack of its three values), and
+    anything that keeps several members gives a stack of values."""
+    same(MEMBERS[name])
+
+
+def test_stacked_members_are_not_kept_through_a_save(tmp_path: Any) -> None:
+    """The saved format is the list of values: loaded, every element is its own member, as
+    tensordict loads it too."""
+
+    def run(pkg: Any) -> Any:
+        td = stacked_rows(pkg)
+        td.memmap(tmp_path / pkg.__name__)
+        return pkg.TensorDict.load_memmap(tmp_path / pkg.__name__)[0].get("name")
+
+    same(run)

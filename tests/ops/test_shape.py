@@ -185,3 +185,61 @@ def test_inplace_flatten_is_the_same_object() -> None:
     td = build(ours)
     assert td.flatten(0, 1, inplace=True) is td and td.batch_size == torch.Size([12])
     assert td.unflatten(0, (3, 4), inplace=True) is td and td["n", "x"].shape == (3, 4)
+
+
+@pytest.mark.parametrize("mask_key", [None, "mask", ("n", "mask")])
+def test_to_padded_tensor_ragged_batch_as_tensordict(mask_key: Any) -> None:
+    # a -1 batch dim gets its size from the padded leaves; mask_key writes the valid elements
+    import warnings
+
+    def run(pkg: Any) -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            nested = torch.nested.nested_tensor([torch.ones(3, 4, 5), torch.ones(3, 6, 5)])
+            td = pkg.TensorDict({"nested": nested}, batch_size=[2, 3, -1])
+            out = td.to_padded_tensor(padding=0, mask_key=mask_key)
+        leaves = {k: (v.shape, v.tolist()) for k, v in out.items(True, True)}
+        return out.batch_size, out.names, leaves
+
+    assert run(ours) == run(ref)
+
+
+@pytest.mark.parametrize("dims", [(0, 1, 5), (0, 1, -4), (3, 1, 0), (0, 0, 1), (2, 2, 2)])
+def test_permute_invalid_permutation_is_value_error_as_tensordict(dims: Any) -> None:
+    """A permutation with a dim out of range (or repeated) raised IndexError here; tensordict
+    raises ValueError for any invalid permutation: TensorDict, tensorclass and a stack of
+    strings alike."""
+
+    @ours.tensorclass
+    class Mine:
+        x: torch.Tensor
+
+    @ref.tensorclass
+    class Theirs:
+        x: torch.Tensor
+
+    for pkg, cls in ((ours, Mine), (ref, Theirs)):
+        td = pkg.TensorDict({"a": torch.zeros(2, 3, 4)}, [2, 3, 4])
+        with pytest.raises(ValueError):
+            td.permute(*dims)
+        with pytest.raises(ValueError):
+            td.permute(dims)
+        tc = cls(x=torch.zeros(2, 3, 4), batch_size=[2, 3, 4])
+        with pytest.raises(ValueError):
+            tc.permute(*dims)
+    stack = ours.NonTensorStack.from_list([[["a"] * 4] * 3] * 2)
+    with pytest.raises(ValueError):
+        stack.permute(*dims)
+    assert stack.permute(2, 0, 1).batch_size == torch.Size([4, 2, 3])
+
+
+@pytest.mark.parametrize(("dim", "sizes"), [(0, (3, 1)), (1, (2, 2)), (2, (5,)), (-1, (1, 5, 1))])
+def test_unflatten_names_as_tensordict(dim: int, sizes: tuple[int, ...]) -> None:
+    def make(lib: Any) -> Any:
+        td = lib.TensorDict({"x": torch.zeros(3, 4, 5)}, [3, 4, 5])
+        td.names = ["first", "second", "third"]
+        return td.unflatten(dim, sizes)
+
+    got, want = make(ours), make(ref)
+    assert got.batch_size == want.batch_size
+    assert got.names == want.names

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from .errors import ZeroBatchDimsIndexError
 
 _SCALAR = torch.zeros((), dtype=torch.uint8)
 
@@ -14,7 +17,7 @@ def _consumed(item: Any) -> int:
     if item is None or item is Ellipsis:
         return 0
     if isinstance(item, torch.Tensor) and item.dtype == torch.bool:
-        return max(item.ndim, 1)
+        return item.ndim  # a 0-dim mask consumes no dim (it adds one, as ``None``)
     return 1
 
 
@@ -62,6 +65,11 @@ def normalize(index: Any, batch_dims: int) -> tuple[Any, ...]:
     items = index if isinstance(index, tuple) else (index,)
     items = tuple(_list_index(i) if isinstance(i, list) else i for i in items)
     used = sum(_consumed(i) for i in items)
+    if used and not batch_dims:
+        shown = items[0] if isinstance(index, tuple) and len(index) == 1 else index
+        raise ZeroBatchDimsIndexError(
+            f"indexing a tensordict with td.batch_dims==0 is not permitted. Got index {shown}."
+        )
     if used > batch_dims:
         raise IndexError(f"too many indices for a TensorDict with {batch_dims} batch dimension(s)")
     if any(i is Ellipsis for i in items):
@@ -95,3 +103,21 @@ def row_index(index: Any) -> torch.Tensor | None:
     ):
         return index if index.dtype == torch.int64 else index.long()
     return None
+
+
+def permutation(given: Sequence[int], batch_size: torch.Size) -> list[int]:
+    """``given`` as a permutation of the dims of ``batch_size``, made non-negative; any
+    invalid one (a dim count other than the batch dims', a dim out of range, a repeated dim)
+    is a ``ValueError``, as tensordict raises for every invalid permutation."""
+    ndim = len(batch_size)
+    if len(given) != ndim:
+        raise ValueError(
+            f"permute needs one dim per batch dim, got {list(given)} for batch size {batch_size}"
+        )
+    dims = [d + ndim if d < 0 else d for d in given]
+    if sorted(dims) != list(range(ndim)):
+        raise ValueError(
+            f"Got incompatible argument permute_dims: {list(given)} with tensordict "
+            f"batch_size {batch_size}: expected a permutation of {list(range(ndim))}."
+        )
+    return dims

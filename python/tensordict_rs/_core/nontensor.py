@@ -28,8 +28,8 @@ from .. import _native
 from .linked_list import LinkedList, _nest, flatten_list, list_shape
 from .nodes import NTD_TYPES, NonTensorData, _json_text
 from .nontensor_files import StackFiles
-from .nontensor_shape import StackShapes
-from .nontensor_store import StrColumn, _Cells, _is_arange
+from .nontensor_shape import StackShapes, index_data_dims, stacked_data_dims
+from .nontensor_store import MemberCells, StrColumn, _Cells, _is_arange
 from .shared_value import SharedValue
 
 _BASIC = (int, slice, type(None), type(Ellipsis))
@@ -85,12 +85,17 @@ class NonTensorStack(StackShapes, StackFiles):
     ``td["names"]`` returns a ``LinkedList`` of the values, ``td.get("names")`` the stack;
     ``td[i]["names"]`` the value of row ``i``. Saved as the JSON list tensordict writes.
 
+    A stack of entries of more than 0 dims keeps its members: ``torch.stack`` of two
+    TensorDicts of batch size ``[3]`` holding ``"a"`` and ``"b"`` gives a stack whose ``[0]``
+    is the member ``NonTensorData("a", batch_size=[3])``, as in tensordict (``[:, 0]`` is a
+    stack of two values).
+
     >>> stack = NonTensorStack.from_list([["a", "b"], ["c", "d"]])
     >>> stack.batch_size, stack[1, 0].data, stack[:, 1].tolist()
     (torch.Size([2, 2]), 'c', ['b', 'd'])
     """
 
-    __slots__ = ("__weakref__", "_cells", "_device", "_pos", "stack_dim")
+    __slots__ = ("__weakref__", "_cells", "_data_dims", "_device", "_pos", "stack_dim")
 
     _is_non_tensor = True
 
@@ -109,6 +114,7 @@ class NonTensorStack(StackShapes, StackFiles):
             self._pos = np.zeros((0, *tail), dtype=np.int64)
             self._device = None if device is None else torch.device(device)
             self.stack_dim = 0
+            self._data_dims = None
             return
         shape = members[0]._pos.shape
         for member in members[1:]:
@@ -133,6 +139,10 @@ class NonTensorStack(StackShapes, StackFiles):
         self._pos = np.stack(positions, axis=dim)
         self._device = torch.device(device) if device is not None else _common_device(members)
         self.stack_dim = dim
+        # which dims are the members' own (an index selecting one member gives it back)
+        self._data_dims = stacked_data_dims(
+            [_member_dims(v, m) for v, m in zip(values, members, strict=True)], len(shape), dim
+        )
         if batch_size is not None and torch.Size(batch_size) != self.batch_size:
             raise RuntimeError(
                 f"batch_size does not match self.batch_size: {torch.Size(batch_size)} vs "
@@ -142,13 +152,20 @@ class NonTensorStack(StackShapes, StackFiles):
     # ------------------------------------------------------------------ construction
     @classmethod
     def _from_parts(
-        cls, cells: _Cells, pos: np.ndarray, device: torch.device | None, stack_dim: int = 0
+        cls,
+        cells: _Cells,
+        pos: np.ndarray,
+        device: torch.device | None,
+        stack_dim: int = 0,
+        data_dims: tuple[bool, ...] | None = None,
     ) -> NonTensorStack:
         out = cls.__new__(cls)
         out._cells = cells
         out._pos = pos
         out._device = device
         out.stack_dim = stack_dim
+        keep = data_dims is not None and len(data_dims) == pos.ndim and any(data_dims)
+        out._data_dims = data_dims if keep else None
         return out
 
     @classmethod
@@ -352,13 +369,10 @@ class NonTensorStack(StackShapes, StackFiles):
             raise IndexError(str(err).replace("axis", "dimension")) from None
         if not isinstance(pos, np.ndarray) or pos.ndim == 0:
             return self._row(int(pos))
-        if basic:
-            return NonTensorStack._from_parts(self._cells, pos, self._device)
-        return NonTensorStack._from_parts(
-            self._cells.take(pos.ravel()),
-            _flat_positions(pos.size).reshape(pos.shape),
-            self._device,
-        )
+        flags = self._data_dims
+        if flags is not None:
+            flags = index_data_dims(flags, np_index)
+        return self._select(pos, flags, basic)
 
     def __setitem__(self, index: Any, value: Any) -> None:
         np_index, _ = _np_index(index)
@@ -415,16 +429,37 @@ class NonTensorStack(StackShapes, StackFiles):
         return self
 
     # ------------------------------------------------------------------ views, copies (StackShapes)
-    def _gathered(self, pos: np.ndarray) -> NonTensorStack:
-        """A copy holding the cells ``pos`` (any shape)."""
+    def _gathered(
+        self, pos: np.ndarray, data_dims: tuple[bool, ...] | None = None
+    ) -> NonTensorStack:
+        """A copy holding the cells ``pos`` (any shape); a copy of the whole stack
+        (``pos is self._pos``) keeps its members, else ``data_dims`` tells its members' dims."""
         return NonTensorStack._from_parts(
             self._cells.take(pos.ravel()),
             _flat_positions(pos.size).reshape(pos.shape),
             self._device,
+            data_dims=self._data_dims if pos is self._pos else data_dims,
         )
 
-    def _view(self, pos: np.ndarray) -> NonTensorStack:
-        return NonTensorStack._from_parts(self._cells, pos, self._device)
+    def _view(self, pos: np.ndarray, data_dims: tuple[bool, ...] | None = None) -> NonTensorStack:
+        return NonTensorStack._from_parts(self._cells, pos, self._device, data_dims=data_dims)
+
+    def _select(self, pos: np.ndarray, data_dims: tuple[bool, ...] | None, view: bool) -> Any:
+        """The elements ``pos`` (a view of the cells, or a copy of them): a stack whose
+        members' own dims are ``data_dims``, or, when every dim is a member's own (one member
+        selected) and its elements hold one value, that member as a ``NonTensorData`` bound
+        to its cells (writing its ``data`` writes every element of the member)."""
+        out = self._view(pos, data_dims) if view else self._gathered(pos, data_dims)
+        if data_dims is None or not all(data_dims) or not pos.size:
+            return out
+        ids = out._pos.ravel()
+        values = out._cells.get(ids)
+        first = values[0]
+        if not all(v is first or _equal(v, first) for v in values[1:]):
+            return out  # an element was written: the member is a stack now, as in tensordict
+        member = NonTensorData(first, batch_size=pos.shape, device=self._device)
+        member._cell = (MemberCells(out._cells, ids.copy()), 0)
+        return member
 
     def _row(self, cell: int) -> NonTensorData:
         """The element in cell ``cell`` as a ``NonTensorData`` bound to it: it reads the
@@ -451,7 +486,7 @@ class NonTensorStack(StackShapes, StackFiles):
         if device is None:
             return self
         return NonTensorStack._from_parts(
-            self._cells, self._pos, torch.device(device), self.stack_dim
+            self._cells, self._pos, torch.device(device), self.stack_dim, self._data_dims
         )
 
     def cpu(self) -> NonTensorStack:
@@ -542,6 +577,16 @@ def _as_member(value: Any) -> NonTensorStack:
             _Cells([value.data] * n), _flat_positions(n).reshape(batch), value.device
         )
     return NonTensorStack._from_parts(_Cells([value]), np.zeros((), dtype=np.int64), None)
+
+
+def _member_dims(value: Any, member: NonTensorStack) -> tuple[bool, ...] | None:
+    """Which dims of a stacked entry are its own: all of a ``NonTensorData`` (one value over
+    its batch size), those a stack recorded (none for a stack of values)."""
+    if isinstance(value, NonTensorStack):
+        return value._data_dims
+    if type(value) in NTD_TYPES:
+        return (True,) * member._pos.ndim
+    return None
 
 
 def _dense_positions(stack: NonTensorStack) -> np.ndarray:

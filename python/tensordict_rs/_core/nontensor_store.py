@@ -221,3 +221,38 @@ def _shared_text(values: list[Any]) -> bytes:
 
 def _is_arange(ids: np.ndarray, n: int) -> bool:
     return ids.size == n and (n == 0 or (int(ids[0]) == 0 and bool((np.diff(ids) == 1).all())))
+
+
+class MemberCells:
+    """The cells of one member of a stack (``ids``, flat): what a ``NonTensorData`` selected
+    out of a ``NonTensorStack`` is bound to (as its ``_cell``, with index 0). It reads the
+    first of them and writes a value into all of them, so that writing the member's ``data``
+    changes every element of that member in the stack, as tensordict's stacked members do.
+    """
+
+    __slots__ = ("cells", "ids")
+
+    def __init__(self, cells: _Cells, ids: np.ndarray) -> None:
+        self.cells = cells
+        self.ids = ids
+
+    @property
+    def memmapped(self) -> bool:
+        """Whether the stack's cells are memory-mapped (a member then refuses replacing)."""
+        return self.cells.memmapped
+
+    def one(self, _: int) -> Any:
+        """The member's value (that of its first cell)."""
+        return self.cells.one(int(self.ids[0]))
+
+    def modify(self, change: Any) -> None:
+        """``change`` (which writes index 0 of a list) applied to every cell of the member."""
+        box: list[Any] = [None]
+        change(box)
+        value = box[0]
+
+        def write(values: list[Any]) -> None:
+            for cell in self.ids.tolist():
+                values[cell] = value
+
+        self.cells.modify(write)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .._core import dirty as _dirty
+from .._core.errors import InplaceWriteError
 from .._core.index import key_path
 from .._core.locking import locked_error, refuse_read_only
 from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
@@ -484,6 +485,8 @@ def _update_(
             try:
                 td.set_(k if len(k) > 1 else first, value, non_blocking=non_blocking)
             except RuntimeError as err:
-                if type(err) is not RuntimeError:  # this library's own errors (locked, ...)
+                # set_'s error of a value that does not fit: worded as tensordict's update_
+                cause = err.__cause__ if type(err) is InplaceWriteError else err
+                if type(cause) is not RuntimeError:  # this library's own errors (locked, ...)
                     raise
-                raise _cannot_copy(td, prefix, k, value, err) from err
+                raise _cannot_copy(td, prefix, k, value, cause) from cause

@@ -17,6 +17,7 @@ import torch
 
 from .._core import dirty as _dirty
 from .._core.classes import is_tensor_collection
+from .._core.index import permutation
 from .._core.locking import LOCK_ERROR
 from .._core.nodes import NTD_TYPES, TD, TreeNode
 from .._core.nontensor import NonTensorStack
@@ -262,17 +263,7 @@ def permute(td: TD, *args: Any, **kwargs: Any) -> TD:
     >>> td.permute(1, 0)["a"].shape
     torch.Size([3, 2, 4])
     """
-    given = _shape_args(args, kwargs, "dims")
-    if len(given) != td.batch_dims:
-        raise ValueError(
-            f"permute needs one dim per batch dim, got {given} for batch size {td.batch_size}"
-        )
-    dims = [dim_of(td, d) for d in given]
-    if sorted(dims) != list(range(td.batch_dims)):
-        raise ValueError(
-            f"Got incompatible argument permute_dims: {dims} with tensordict "
-            f"batch_size {td.batch_size}."
-        )
+    dims = permutation(_shape_args(args, kwargs, "dims"), td.batch_size)
     if dims == list(range(td.batch_dims)):
         return td
     batch = [td.batch_size[d] for d in dims]
@@ -358,7 +349,8 @@ def unflatten(td: TD, dim: int, unflattened_size: Sequence[int], *, inplace: boo
     dim = dim_of(td, dim)
     sizes = [operator.index(s) for s in unflattened_size]
     batch = _probe(td).unflatten(dim, sizes).shape
-    order = [*range(dim), *[None] * len(sizes), *range(dim + 1, td.batch_dims)]
+    # (the last new dim keeps the split dim's name, as tensordict's)
+    order = [*range(dim), *[None] * (len(sizes) - 1), *range(dim, td.batch_dims)]
     out = _with_batch(td, lambda t: t.unflatten(dim, sizes), batch, names=_named(td, order))
     return _in_place(td, out, inplace)
 
