@@ -146,6 +146,37 @@ def test_loaded_tree_writes_reach_its_file(tmp_path: Path) -> None:
     assert again["name"] == "y" and again.get("rows").tolist() == ["a", "c"]
 
 
+def _write_loaded(td: Any) -> None:
+    td.get("rows")[1] = "child"
+    td.get("name").update_(NonTensorData("child"))
+    td.get("added").update_(NonTensorData("child"))
+    td["a"][0] = 9.0
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+def test_loaded_tree_sent_to_a_process_keeps_its_non_tensor_writes(
+    method: str, tmp_path: Path
+) -> None:
+    """A tree loaded with load_memmap and sent to a spawned process: the child's in-place
+    non-tensor writes rewrite the meta.json files as its tensor writes reach theirs (they
+    were dropped: only a tree made by memmap_() was bound again in the child). A value set
+    in memory after the load stays in memory, there as here."""
+    TensorDict({"a": torch.zeros(2), "name": "x", "rows": ["a", "b"]}, [2]).memmap(tmp_path)
+    loaded = TensorDict.load_memmap(tmp_path)
+    loaded.set_non_tensor("added", "mine")  # not in the directory
+    proc = mp.get_context(method).Process(target=_write_loaded, args=(loaded,))
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == 0
+    disk = TensorDict.load_memmap(tmp_path)
+    assert disk["a"].tolist() == [9.0, 0.0]
+    assert disk.get("rows").tolist() == ["a", "child"]
+    assert disk["name"] == "child"
+    assert "added" not in disk.keys()
+    again = ref.TensorDict.load_memmap(tmp_path)
+    assert again["name"] == "child" and again.get("rows").tolist() == ["a", "child"]
+
+
 def _write_row(td: Any, row: int, rounds: int) -> None:
     for i in range(rounds):
         td.get("rows")[row] = f"{row}-{i}"
@@ -310,3 +341,22 @@ def test_set_of_a_stack_with_its_own_linked_list(pkg: Any, batch: list[int]) -> 
     td["s"] = values
     td.set_("s", td["s"])
     assert td.get("s").tolist() == values
+
+
+def test_a_value_refused_for_its_cell_never_reaches_the_saved_tree(tmp_path: Path) -> None:
+    # a saved tree whose values are shared: a value over the cell's capacity is refused with
+    # the old one kept in memory and in the directory (the file was written before the check)
+    td = TensorDict({"a": torch.zeros(3)}, [3])
+    td["s"] = ["a", "b", "c"]
+    td.set_non_tensor("note", "v")
+    live = td.memmap_(tmp_path / "t", share_non_tensor=True)
+    big = "x" * 300_000
+    with pytest.raises(ValueError, match="holds at most"):
+        live.get("s")[1] = big
+    with pytest.raises(ValueError, match="holds at most"):
+        live.get("note").update_(NonTensorData(big))
+    disk = TensorDict.load_memmap(tmp_path / "t")
+    assert live.get("s").tolist() == disk.get("s").tolist() == ["a", "b", "c"]
+    assert live.get_non_tensor("note") == disk.get_non_tensor("note") == "v"
+    live.get("s")[2] = "z"  # a later accepted write: the directory follows memory
+    assert TensorDict.load_memmap(tmp_path / "t").get("s").tolist() == ["a", "b", "z"]

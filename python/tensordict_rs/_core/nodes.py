@@ -291,6 +291,8 @@ class NonTensorData:
             return
         key = "<value>" if saved is None else saved[1]
         text = _json_text(value, key).encode("utf-8")  # refuses what JSON cannot hold
+        if shared is not None:
+            shared.refuse_oversize(text)  # before the file: a refused value reaches neither
         if saved is not None:
             # the file first: a value that cannot be written leaves the entry as it was
             _native.rewrite_non_tensor(str(saved[0]), saved[1], text)

@@ -164,6 +164,9 @@ class _Cells:
             self.values = current
             try:
                 change(current)
+                text = b"" if shared is None else _shared_text(current)
+                if shared is not None:
+                    shared.refuse_oversize(text)  # before the directory is written
                 if self.saved is not None:
                     # the directory first (it refuses values that are not JSON, naming the
                     # key); under the shared lock no other process writes in between, and
@@ -173,7 +176,7 @@ class _Cells:
                         self.written()
                     finally:
                         self.shared = shared
-                return b"" if shared is None else _shared_text(current)
+                return text
             except BaseException:
                 self.values = before
                 raise

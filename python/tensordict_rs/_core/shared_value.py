@@ -88,6 +88,16 @@ class SharedValue:
         self._text = text
         self._version = version
 
+    def refuse_oversize(self, text: bytes) -> None:
+        """Raises the ValueError a store of ``text`` would (it exceeds the capacity): for a
+        write that has effects elsewhere first (a saved tree's meta.json), checked before
+        them, so that a refused value reaches neither."""
+        if len(text) > self.capacity:
+            raise ValueError(
+                f"the new value takes {len(text)} bytes; this shared value holds at most "
+                f"{self.capacity}"
+            )
+
     def set_text(self, text: bytes) -> None:
         """Stores the JSON ``text`` (ValueError when it exceeds the capacity: the cell is
         unchanged)."""
