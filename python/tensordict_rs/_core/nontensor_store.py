@@ -164,9 +164,16 @@ class _Cells:
             self.values = current
             try:
                 change(current)
-                text = b"" if shared is None else _shared_text(current)
+                text = b""
                 if shared is not None:
-                    shared.refuse_oversize(text)  # before the directory is written
+                    try:
+                        text = _shared_text(current)
+                    except (TypeError, ValueError):
+                        if self.saved is None:
+                            raise
+                        # not JSON: the directory's write below refuses it, naming the key
+                    else:
+                        shared.refuse_oversize(text)  # before the directory is written
                 if self.saved is not None:
                     # the directory first (it refuses values that are not JSON, naming the
                     # key); under the shared lock no other process writes in between, and
