@@ -14,6 +14,7 @@ import torch
 
 from .._core import dirty as _dirty
 from .._core.locking import refuse_read_only
+from .._core.nested import leaf_shape
 from .._core.nodes import NTD_TYPES, TD, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.unbatched import UnbatchedTensor
@@ -289,7 +290,9 @@ class _ApplyWalk:
                 out._tensordict[key] = result  # any shape (its batch size is set when read)
                 continue
             out._check_batch(
-                key, result.shape if isinstance(result, torch.Tensor) else result.batch_size
+                # (a strided nested tensor has no ``shape``: its ragged dims are -1 here)
+                key,
+                leaf_shape(result) if isinstance(result, torch.Tensor) else result.batch_size,
             )
             out._tensordict[key] = result
         return out, kept

@@ -14,6 +14,7 @@ import torch
 
 from .._core import dirty as _dirty
 from .._core import index as _items
+from .._core.errors import InplaceWriteError
 from .._core.locking import locked_error, mark_read_only, refuse_read_only
 from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
@@ -216,6 +217,7 @@ def set_rows(td: TreeNode, index: Any, value: Any) -> None:
                 f" {td._batch_size}, index={index}), which differs from the source batch size "
                 f"{value.batch_size}"
             )
+    refuse_saved_kind_change(td, value)  # before any row is written
     token = _dirty.mark(td, items)
     try:
         _write_rows(td, items, value)
@@ -252,6 +254,52 @@ def _stack_index(items: tuple[Any, ...]) -> Any:
     return tuple(torch.as_tensor(i) if isinstance(i, list) else i for i in items)
 
 
+def saved_kind_change_error(key: Any, target: NonTensorData) -> InplaceWriteError:
+    """The error of a write that would turn the NonTensorData ``target`` of a saved tree (one
+    value in its meta.json) into a stack of values per row, which its directory cannot take in
+    place (the directory would keep the old value: lost on reload)."""
+    name = key[0] if isinstance(key, tuple) and len(key) == 1 else key
+    where = f" in {target._saved[0]}" if target._saved else ""
+    return InplaceWriteError(
+        f"Cannot write different values per row into the non-tensor entry {name!r} of a saved "
+        f"tree{where}: it is saved as one value (a NonTensorData meta.json), which cannot become "
+        "a NonTensorStack in place. Nothing was written. Write the same value into every row, "
+        "or replace the entry (td.set(key, values)) and save the tree again (memmap)."
+    )
+
+
+def refuse_saved_kind_change(td: TreeNode, value: Any, prefix: tuple[str, ...] = ()) -> None:
+    """Raises ``saved_kind_change_error`` when ``td[rows] = value`` would turn a NonTensorData
+    entry of a saved (loaded, unlocked) tree into a stack: checked before any row is written.
+    (A locked tree refuses that change with ``LockedError`` when the entry is reached, after
+    the rows before it, as tensordict does.)"""
+    if td._is_locked or not (is_tree(value) or isinstance(value, Mapping)):
+        return
+    for key, sub_value in pairs(value):
+        if not isinstance(key, str) or key not in td._tensordict:
+            continue
+        target = td._get_str(key)
+        if is_tree(target):
+            refuse_saved_kind_change(target, sub_value, (*prefix, key))
+        elif (
+            type(target) in NTD_TYPES
+            and target._saved is not None
+            and not _same_non_tensor(target, sub_value)
+        ):
+            raise saved_kind_change_error((*prefix, key), target)
+
+
+def _same_non_tensor(target: NonTensorData, value: Any) -> bool:
+    """Whether writing ``value`` into rows of ``target`` keeps it (the same one value)."""
+    data = value.data if type(value) in NTD_TYPES else value
+    if type(data) is NonTensorStack:
+        return False
+    try:
+        return data is target.data or bool(data == target.data)
+    except Exception:
+        return False
+
+
 def _set_non_tensor_rows(
     td: TD, key: str, target: NonTensorData, items: tuple[Any, ...], value: Any
 ) -> None:
@@ -259,19 +307,10 @@ def _set_non_tensor_rows(
     keeps it; another value turns the entry into a stack (one value per row), as tensordict
     does, also in a locked tree (writing rows is in place there); a shared or memory-mapped
     entry refuses that change (its value is one cell in shared memory or one meta.json)."""
-    if type(value) in NTD_TYPES:
-        data: Any = value.data
-    elif type(value) is NonTensorStack:
-        data = value
-    else:
-        data = value
-    if type(data) is not NonTensorStack:
-        try:
-            same = data is target.data or bool(data == target.data)
-        except Exception:
-            same = False
-        if same:
-            return
+    if _same_non_tensor(target, value):
+        return
+    if target._saved is not None and not td._is_locked:
+        raise saved_kind_change_error(key, target)  # (set_rows checks it before any write)
     if td._is_locked and (target._shared is not None or target._saved is not None):
         raise locked_error()
     target.batch_size, target.device = td._batch_size, td._device

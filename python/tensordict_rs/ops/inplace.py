@@ -21,7 +21,7 @@ from .._core.locking import locked_error, refuse_read_only
 from .._core.nodes import NTD_TYPES, TD, NonTensorData, TreeNode
 from .._core.nontensor import NonTensorStack
 from .._core.walk import is_tree, leaves, map_leaves, zip_leaves
-from .indexing import pairs
+from .indexing import pairs, refuse_saved_kind_change, saved_kind_change_error
 
 
 def zero_(td: TD) -> TD:
@@ -65,6 +65,10 @@ def fill_(td: TD, key: Any, value: float | bool) -> TD:
 def copy_(td: TD, tensordict: Any, non_blocking: bool = False) -> TD:
     """Copies every leaf of ``tensordict`` into the leaf at the same key of ``td``; returns td.
 
+    Non-tensor entries (strings, ``NonTensorData``, ``NonTensorStack``) are copied too, as
+    tensordict's ``copy_`` (its ``update_``) does; in a saved tree they rewrite the entry's
+    meta.json (see ``write_non_tensor``).
+
     >>> import torch
     >>> from tensordict_rs import TensorDict
     >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3), "b": {"c": torch.ones(2)}}, [2])
@@ -74,13 +78,100 @@ def copy_(td: TD, tensordict: Any, non_blocking: bool = False) -> TD:
     refuse_read_only(td)
     if not isinstance(tensordict, TreeNode):
         tensordict = type(td)(dict(tensordict), td.batch_size)
+    # checked before anything is written; one that td lacks is left out, as in tensordict
+    non_tensor = non_tensor_entries(td, tensordict, missing_ok=True)
+    lacking = [
+        key
+        for key, value in _flat_items(tensordict, (), non_tensor=True)
+        if _is_non_tensor(value) and td._entry(key, None) is None
+    ]
+    if lacking:
+        tensordict = tensordict.exclude(*lacking)
     token = _dirty.mark(td)
     for source, target in list(zip_leaves(tensordict, td)):
         if isinstance(target, TreeNode):
             raise KeyError("copy_: a leaf of the source is a nested TensorDict in the target")
         target.copy_(source, non_blocking=non_blocking)
     _dirty.confirm(td, _dirty.ALL, token)
+    write_non_tensor(td, non_tensor, non_blocking=non_blocking)
     return td
+
+
+def _is_non_tensor(value: Any) -> bool:
+    return type(value) in NTD_TYPES or type(value) is NonTensorStack
+
+
+def _one_value(stack: NonTensorStack) -> tuple[bool, Any]:
+    """``(True, value)`` when every element of ``stack`` holds the same value."""
+    values = stack.values_flat()
+    if not values:
+        return False, None
+    first = values[0]
+    try:
+        return all(v is first or bool(v == first) for v in values[1:]), first
+    except Exception:
+        return False, None
+
+
+def non_tensor_entries(
+    td: TD, source: Any, *, missing_ok: bool = False
+) -> list[tuple[tuple[str, ...], Any]]:
+    """The non-tensor entries of ``source`` (a tree or a mapping) by full key, checked against
+    ``td`` before anything is written (see ``checked_non_tensor``)."""
+    found = [
+        (key, value)
+        for key, value in _flat_items(source, (), non_tensor=True)
+        if _is_non_tensor(value)
+    ]
+    return checked_non_tensor(td, found, missing_ok=missing_ok)
+
+
+def checked_non_tensor(
+    td: TD, entries: list[tuple[tuple[str, ...], Any]], *, missing_ok: bool = False
+) -> list[tuple[tuple[str, ...], Any]]:
+    """``entries`` (full keys and non-tensor values) checked against ``td`` before anything is
+    written, as ``write_non_tensor`` will write them: every key must exist in ``td``
+    (``KeyError``; with ``missing_ok`` the missing ones are left out). A NonTensorData entry of
+    a saved tree holds one value in its meta.json, which cannot become a stack in place: a
+    stack of one value everywhere is written as that value, a stack of several values is
+    refused (``InplaceWriteError`` naming the key), and so is a non-tensor value for a tensor
+    or a nested tree."""
+    out: list[tuple[tuple[str, ...], Any]] = []
+    for key, value in entries:
+        if missing_ok and td._entry(key, None) is None:
+            continue
+        target = td._entry(key)  # KeyError for a missing entry, as for tensors
+        if not _is_non_tensor(target):
+            name = key[0] if len(key) == 1 else key
+            raise InplaceWriteError(
+                f"Cannot write a {type(value).__name__} into the entry {name!r}, which is a "
+                f"{type(target).__name__} (not a non-tensor entry); nothing was written."
+            )
+        if type(value) is NonTensorStack and type(target) in NTD_TYPES and target._saved:
+            same, one = _one_value(value)
+            if not same:
+                raise saved_kind_change_error(key, target)
+            value = NonTensorData(one)
+        out.append((key, value))
+    return out
+
+
+def write_non_tensor(
+    td: TD, entries: list[tuple[tuple[str, ...], Any]], non_blocking: bool = False
+) -> None:
+    """Writes the non-tensor ``entries`` (from ``non_tensor_entries``) into the entries at the
+    same keys of ``td``, as ``update_`` writes them: a saved entry's meta.json is rewritten, a
+    shared one's value in shared memory; an entry of a shared tree whose value is not JSON is
+    skipped with ``update_``'s warning."""
+    if not entries:
+        return
+    nested: dict[str, Any] = {}
+    for key, value in entries:
+        node = nested
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = value
+    update_(td, nested, non_blocking=non_blocking)
 
 
 def set_at_(td: TD, key: Any, value: Any, index: Any, *, non_blocking: bool = False) -> TD:
@@ -127,10 +218,22 @@ def update_at_(
     tensor([5., 5., 5.])
     """
     wanted = None if keys_to_update is None else {_key_tuple(k) for k in keys_to_update}
-    for key, value in _flat_items(input_dict_or_td, (), non_tensor=True):
-        if wanted is not None and not any(key[: len(w)] == w for w in wanted):
-            continue
-        if type(value) in NTD_TYPES or type(value) is NonTensorStack:
+    entries = [
+        (key, value)
+        for key, value in _flat_items(input_dict_or_td, (), non_tensor=True)
+        if wanted is None or any(key[: len(w)] == w for w in wanted)
+    ]
+    for key, value in entries:
+        # before any row is written: a value that would turn a NonTensorData entry of a saved
+        # tree into a stack is refused (its meta.json holds one value)
+        if _is_non_tensor(value):
+            try:
+                node = td._sub(key[:-1], create=False) if len(key) > 1 else td
+            except KeyError:
+                continue  # (the write below names the missing key)
+            refuse_saved_kind_change(node, {key[-1]: value}, key[:-1])
+    for key, value in entries:
+        if _is_non_tensor(value):
             # the rows of a non-tensor entry, as ``td[idx] = {key: value}`` writes them (a value
             # that differs turns a NonTensorData into a stack, as in tensordict)
             td._entry(key)  # KeyError for a missing entry, as for tensors

@@ -19,12 +19,14 @@ from typing import Any
 import torch
 
 from .._core import dirty as _dirty
+from .._core.index import key_path
 from .._core.nodes import NTD_TYPES, TD, NonTensorData
 from .._core.nontensor import NonTensorStack
 from .._core.nontensor_options import capture_non_tensor_stack
 from .._core.unbatched import UnbatchedTensor
 from .._core.walk import KEEP, copy_tree, is_tree, map_leaves, walk_items, zip_leaves
 from .._core.walk import leaves as _leaves
+from . import inplace as _inplace
 from . import shape
 
 
@@ -120,7 +122,13 @@ def stack(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
     batch.insert(dim, len(tds))
     result = torch.Size(batch)
     if out is not None:
-        return _into(out, result, tds, lambda leaves, sink: torch.stack(leaves, dim, out=sink))
+        return _into(
+            out,
+            result,
+            tds,
+            lambda leaves, sink: torch.stack(leaves, dim, out=sink),
+            _stack_non_tensor(dim),
+        )
     names = None
     # as tensordict: the names are kept only when every TensorDict has the same ones
     if first._names is not None and all(td._names == first._names for td in tds[1:]):
@@ -226,7 +234,13 @@ def cat(tds: Sequence[TD], dim: int = 0, *, out: TD | None = None) -> TD:
     result = torch.Size(batch)
     if out is not None:
         _take_unbatched(out, tds[0])
-        return _into(out, result, tds, lambda leaves, sink: torch.cat(leaves, dim, out=sink))
+        return _into(
+            out,
+            result,
+            tds,
+            lambda leaves, sink: torch.cat(leaves, dim, out=sink),
+            _cat_non_tensor(dim),
+        )
     return map_leaves(
         first,
         lambda *leaves: torch.cat(leaves, dim),
@@ -256,8 +270,12 @@ def _into(
     result: torch.Size,
     tds: Sequence[TD],
     write: Callable[[list[torch.Tensor], torch.Tensor], Any],
+    join: Callable[..., Any],
 ) -> TD:
-    """Writes the stacked/concatenated leaves of ``tds`` into the leaves of ``out``."""
+    """Writes the stacked/concatenated leaves of ``tds`` into the leaves of ``out``; the
+    non-tensor entries too (``join`` of the inputs' values, as without ``out``), as tensordict
+    does: in a saved ``out`` they rewrite the entries' meta.json (``inplace.write_non_tensor``).
+    """
     if out.batch_size != result:
         raise RuntimeError(
             f"out.batch_size and the result's batch size must match, got "
@@ -267,6 +285,13 @@ def _into(
     for key in keys:
         if key not in out:
             raise KeyError(f"key {key!r} of the inputs is missing from out=")
+    joined = []
+    for key, value in walk_items(tds[0], True, False):
+        if not _is_non_tensor(value):
+            continue
+        if key in out:  # (one that out= lacks is left out, as in tensordict)
+            joined.append((key_path(key), join(*[td.get(key) for td in tds])))
+    non_tensor = _inplace.checked_non_tensor(out, joined)  # checked before anything is written
     token = _dirty.mark(out)
     # the inputs' keys: entries of out= that the inputs lack are left as they are (as in
     # tensordict: a buffer with more keys than the steps stacked into it)
@@ -284,7 +309,12 @@ def _into(
             )
         write(leaves, sink)
     _dirty.confirm(out, _dirty.ALL, token)
+    _inplace.write_non_tensor(out, non_tensor)
     return out
+
+
+def _is_non_tensor(value: Any) -> bool:
+    return type(value) in NTD_TYPES or type(value) is NonTensorStack
 
 
 def _like(name: str) -> Callable[..., TD]:
@@ -354,10 +384,13 @@ def where(
         )
     if out is None:
         return result
+    # the non-tensor entries too, as tensordict (checked before anything is written)
+    non_tensor = _inplace.non_tensor_entries(out, result, missing_ok=True)
     token = _dirty.mark(out)  # the rows a checkpoint copies (they were missed: an attack)
     for sink, value in zip_leaves(out, result):
         sink.copy_(value)
     _dirty.confirm(out, _dirty.ALL, token)
+    _inplace.write_non_tensor(out, non_tensor)
     return out
 
 
