@@ -717,3 +717,88 @@ def test_kill_during_archive_save(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     crash_server(Path(sys.argv[1]), int(sys.argv[2]))
+
+
+def _archive_tree() -> Any:
+    from tensordict_rs import TensorDict
+
+    td = TensorDict({"a": torch.zeros(3), "sub": {"b": torch.zeros(3)}}, [3])
+    td["s"] = ["a", "b", "c"]
+    td.set_non_tensor("one", "v")
+    td.set_non_tensor(("sub", "u"), "nu")
+    return td
+
+
+def _refused_writes(td: Any, archive: Path) -> None:
+    """Every in-place non-tensor write into ``td`` (mapped shared onto ``archive``) raises,
+    naming the key and the archive, and changes nothing, in memory or in the file."""
+    import tensordict_rs
+    from tensordict_rs import NonTensorData, TensorDict
+
+    writes = {
+        "s": lambda: td.get("s").__setitem__(1, "Z"),
+        "one": lambda: td.get("one").update_(NonTensorData("w")),
+        "sub.u": lambda: td.get(("sub", "u")).update_(NonTensorData("w")),
+    }
+    for name, write in writes.items():
+        with pytest.raises(tensordict_rs.UnsupportedFormatError) as info:
+            write()
+        assert repr(name) in str(info.value) and os.fspath(archive) in str(info.value), name
+    assert td.get("s").tolist() == ["a", "b", "c"] and td["one"] == "v"
+    assert td["sub", "u"] == "nu"
+    td["a"][0] = 5.0  # tensors still reach the file
+    back = TensorDict.load_memmap(archive)
+    assert back["a"].tolist() == [5.0, 0.0, 0.0]
+    assert back.get("s").tolist() == ["a", "b", "c"] and back["one"] == "v"
+
+
+def _write_archive_strings(td: Any, out: Any) -> None:
+    import tensordict_rs
+
+    try:
+        td.get("s")[1] = "Z"
+    except tensordict_rs.UnsupportedFormatError as err:
+        out.put(str(err))
+    else:
+        out.put("written")
+
+
+def test_non_tensor_writes_into_a_shared_archive_are_refused(tmp_path: Path) -> None:
+    """Non-tensor values written in place into a tree mapped shared onto a .tdz (memmap_,
+    memmap_like, load_memmap(mode="r+"), and such a tree sent to a process) were kept in
+    memory only, silently, while its tensor writes reached the file. An archive's entries
+    cannot be rewritten in place: the write is refused, naming the key and the archive,
+    before anything changes. Copy-on-write maps (memmap(), mode="r") keep them in memory, as
+    their tensor writes."""
+    import multiprocessing as mp
+
+    from tensordict_rs import NonTensorData, TensorDict
+
+    path = tmp_path / "x.tdz"
+    _refused_writes(_archive_tree().memmap_(path), path)
+    _refused_writes(TensorDict.load_memmap(path, mode="r+"), path)
+    source = _archive_tree()
+    like = source.memmap_like(tmp_path / "like.tdz")
+    with pytest.raises(Exception, match="'s'"):
+        like.get("s")[1] = "Z"
+    source.get("s")[1] = "Z"  # the source's stack is its own, still writable
+    assert source.get("s").tolist() == ["a", "Z", "c"] and like.get("s").tolist()[1] == "b"
+    for loaded in (
+        TensorDict.load_memmap(path),
+        TensorDict.load_memmap(path, mode="r"),
+        _archive_tree().memmap(tmp_path / "copy.tdz"),
+    ):
+        loaded.get("s")[1] = "Z"
+        loaded.get("one").update_(NonTensorData("w"))
+        assert loaded.get("s").tolist() == ["a", "Z", "c"] and loaded["one"] == "w"
+    # a tree of the archive sent to a spawned process refuses there too
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(
+        target=_write_archive_strings, args=(TensorDict.load_memmap(path, mode="r+"), out)
+    )
+    proc.start()
+    message = out.get(timeout=120)
+    proc.join(120)
+    assert proc.exitcode == 0 and "'s'" in message and "x.tdz" in message
+    assert TensorDict.load_memmap(path).get("s").tolist() == ["a", "b", "c"]

@@ -416,6 +416,52 @@ def test_a_loaded_tree_is_checkpointed(tmp_path: Path) -> None:
         nested.checkpoint(tmp_path / "nested-ckpt")
 
 
+def test_non_tensor_changes_of_a_loaded_tree_are_checkpointed(tmp_path: Path) -> None:
+    """A loaded tree's non-tensor entries set in memory (a value replaced, a stack assigned,
+    a new key, a key deleted, a sub-tree of strings) were ignored: the checkpoint paired the
+    current tensors with the directory's old strings, silently. It now holds them as a full
+    copy does, byte for byte (tensordict reads them); a tensor in a sub-tree set in memory is
+    refused by name, as any tensor leaf set in memory."""
+    live, dest = tmp_path / "live", tmp_path / "ckpt"
+    td = make(20)
+    td["s"] = [f"r{i}" for i in range(20)]
+    td.set_non_tensor("split", "train")
+    td.set_non_tensor(("next", "tag"), "old")
+    td.set_non_tensor("gone", "x")
+    td.memmap(live)
+    loaded = TensorDict.load_memmap(live)
+    loaded.checkpoint(dest)
+    loaded.set_at_("act", torch.tensor(7), 0)
+    loaded.get("s")[1] = "in place"  # bound to its meta.json: already in the directory
+    loaded.set_non_tensor("split", "test")
+    loaded["s"] = [f"new{i}" for i in range(20)]
+    loaded.set_non_tensor("added", "hello")
+    loaded.set_non_tensor(("next", "tag"), "new")
+    del loaded["gone"]
+    del loaded["next", "done"]  # a tensor key deleted: not in the checkpoint either
+    loaded["strings"] = TensorDict({"w": "word"}, [20])
+    loaded.checkpoint(dest)
+    full = tmp_path / "full"
+    loaded.memmap(full, copy_existing=True)
+    assert tree_files(dest) == tree_files(full)
+    ref = tensordict.TensorDict.load_memmap(dest)
+    assert ref["split"] == "test" and ref["added"] == "hello" and ref["next", "tag"] == "new"
+    assert ref.get("s").tolist() == [f"new{i}" for i in range(20)]
+    assert "gone" not in ref.keys() and ("next", "done") not in ref.keys(True)
+    assert ref["strings", "w"] == "word" and ref["act"][0] == 7
+    assert not [p for p in os.listdir(tmp_path) if "staging" in p]  # its layout is removed
+    # the directory of the tree itself is untouched (the values are in memory only)
+    assert TensorDict.load_memmap(live)["split"] == "train"
+    # nothing changed since: the next checkpoint is the same again (from the other generation)
+    loaded.checkpoint(dest)
+    assert tree_files(dest) == tree_files(full)
+    before = tree_files(dest)
+    loaded["more"] = TensorDict({"t": torch.ones(20)}, [20])
+    with pytest.raises(RuntimeError, match=r"key 'more.t' is not memory-mapped"):
+        loaded.checkpoint(dest)
+    assert tree_files(dest) == before
+
+
 def _grow_until(prefix: str, stop: Any) -> None:
     td = TensorDict.load_memmap(prefix)
     while not stop.is_set():

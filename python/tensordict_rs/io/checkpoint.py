@@ -24,7 +24,10 @@ the whole tree, and writes only what changed.
 Files the user puts into ``dest`` are not the tree's: before each exchange the spare gets a
 hard link to each of them (``_carry``), so they stay in ``dest``, and the spare's update
 never deletes them. A tree loaded with ``load_memmap`` is checkpointed when every dense leaf
-is still the map of its file (``_unmapped_leaf``).
+is still the map of its file (``_unmapped_leaf``); its non-tensor entries set, added or deleted
+in memory since the load (``_non_tensor_changed``) are checkpointed as it holds them: its
+meta.json files and non-tensor entries are then written as a full save writes them
+(``_write_layout``, a sparse ``memmap_like`` beside ``dest``) and copied from there.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,8 +47,10 @@ import torch
 
 from .. import _native
 from .._core.dtypes import STR_TO_DTYPE
-from .._core.nodes import TreeNode
+from .._core.nodes import NTD_TYPES, TreeNode
+from .._core.nontensor import NonTensorStack
 from ..memmap import _LazyLeaf
+from . import directory
 from .dirty import DirtyMap
 from .growth import _mapped_here
 
@@ -158,22 +164,34 @@ def _write_record(gen: Path, record: dict[str, Any]) -> None:
 
 class _Source:
     """The files of the saved tree at ``prefix``: row files (dense leaves whose first dim is
-    the root's first batch dim) and the others (meta.json files, nested tables, ...)."""
+    the root's first batch dim) and the others (meta.json files, nested tables, ...).
 
-    def __init__(self, prefix: Path) -> None:
+    ``layout``: a directory holding the tree's meta.json files and non-tensor entries as the
+    tree now holds them in memory (``_write_layout``); the tree's files are then those of
+    ``layout``, its tensor files (``.memmap``) read from ``prefix``."""
+
+    def __init__(self, prefix: Path, layout: Path | None = None) -> None:
         self.prefix = prefix
-        with open(prefix / "meta.json", "rb") as f:
+        self.layout = layout
+        walked = prefix if layout is None else layout
+        with open(walked / "meta.json", "rb") as f:
             root = json.load(f)
-        if "shape" not in root and (prefix / _native.TENSORCLASS_DIR / "meta.json").is_file():
+        if "shape" not in root and (walked / _native.TENSORCLASS_DIR / "meta.json").is_file():
             # a tensorclass directory: its rows are those of the TensorDict it holds
-            with open(prefix / _native.TENSORCLASS_DIR / "meta.json", "rb") as f:
+            with open(walked / _native.TENSORCLASS_DIR / "meta.json", "rb") as f:
                 root = json.load(f)
         shape = root.get("shape") or []
         self.rows = int(shape[0]) if shape else None
         self.row_files: dict[str, int] = {}  # relative path -> bytes per row
         self.files: list[str] = []  # every file, relative
         self.dirs: list[str] = []  # every directory, relative ("" is the root)
-        self._walk(prefix, "")
+        self._walk(walked, "")
+
+    def path(self, rel: str) -> Path:
+        """Where the file ``rel`` of the tree is read from."""
+        if self.layout is None or rel.endswith(".memmap"):
+            return self.prefix / rel
+        return self.layout / rel
 
     def _walk(self, path: Path, rel: str) -> None:
         self.dirs.append(rel)
@@ -269,7 +287,7 @@ def _sync(
     hashes: dict[str, str] = {}
     rows = source.rows or 0
     for rel in source.files:
-        src, dst = source.prefix / rel, gen / rel
+        src, dst = source.path(rel), gen / rel
         if os.path.islink(dst):
             # a link put where the tree has a file (``meta.json`` replaced by one): the tree's
             # name is the tree's, as in a full copy; the link goes, never what it points to
@@ -420,10 +438,14 @@ def _unmapped_leaf(td: TreeNode, prefix: Path) -> str | None:
     for key, value in td._tensordict.items():
         if isinstance(value, TreeNode):
             sub = value._memmap_prefix
-            if sub is not None and os.path.isdir(sub):
-                found = _unmapped_leaf(value, Path(sub))
-                if found is not None:
-                    return f"{key}.{found}"
+            found = _unmapped_leaf(
+                value,
+                Path(sub)
+                if sub is not None and os.path.isdir(sub)
+                else prefix / _native.encode_key(key),  # set in memory: no file of it there
+            )
+            if found is not None:
+                return f"{key}.{found}"
             continue
         if isinstance(value, torch.Tensor) and (value.is_nested or value.layout != torch.strided):
             continue
@@ -432,6 +454,66 @@ def _unmapped_leaf(td: TreeNode, prefix: Path) -> str | None:
         ):
             return key
     return None
+
+
+def _non_tensor_changed(td: TreeNode, prefix: Path) -> bool:
+    """Whether the non-tensor entries of the loaded ``td`` differ from those its directory
+    ``prefix`` holds: a value set in memory since the load (``set_non_tensor``, a stack
+    assigned), a new key, a key deleted, a sub-tree set in memory. A value written in place
+    into an entry of the directory rewrote its meta.json (it is bound to it), so it does not
+    count."""
+    try:
+        with open(prefix / "meta.json", "rb") as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return True
+    if not isinstance(meta, dict):
+        return True
+    items = td._tensordict
+    saved = {key for key, entry in meta.items() if isinstance(entry, dict)}
+    if saved != set(items):
+        return True
+    for key, value in items.items():
+        if isinstance(value, TreeNode):
+            sub = value._memmap_prefix
+            name = _native.encode_key(key)
+            if type(value)._tensorclass is not None:
+                name = f"{name}/{_native.TENSORCLASS_DIR}"
+            if sub is None or os.fspath(sub) != os.fspath(prefix / name) or not Path(sub).is_dir():
+                return True
+            if _non_tensor_changed(value, Path(sub)):
+                return True
+        elif type(value) is NonTensorStack:
+            stack_saved = value._cells.saved
+            if (
+                stack_saved is None
+                or stack_saved[2] != key
+                or not isinstance(stack_saved[1], (str, Path))
+                or os.fspath(stack_saved[1]) != os.fspath(prefix)
+            ):
+                return True
+        elif type(value) in NTD_TYPES:
+            entry_saved = value._saved
+            if (
+                entry_saved is None
+                or entry_saved[1] != key
+                or not isinstance(entry_saved[0], (str, Path))
+                or os.fspath(entry_saved[0]) != os.fspath(prefix)
+            ):
+                return True
+    return False
+
+
+def _write_layout(td: TreeNode, layout: Path) -> None:
+    """Writes into the empty directory ``layout`` what a full save of ``td`` writes, its
+    tensor files left sparse (as ``memmap_like`` writes them; the checkpoint reads those
+    from the tree's directory): its meta.json files and non-tensor entries as ``td`` holds
+    them now, byte for byte as ``td.memmap(dest)`` writes them."""
+    plan = directory._Plan(like=True, reuse_maps=False)
+    spec = plan.node(td, layout)
+    _native.write_tree(
+        os.fspath(layout), spec, existsok=True, durable=False, num_threads=0, sparse=True
+    )
 
 
 def _is_tensorclass_dir(path: Path) -> bool:
@@ -482,8 +564,10 @@ def checkpoint(
             "checkpoint() copies a TensorDict memory-mapped in a directory; call "
             "memmap_(prefix) first (an anonymous or archive-backed one has no directory)"
         )
+    # loaded (load_memmap), so not locked: a leaf may have been set in memory since, and
+    # non-tensor entries set, added or deleted (those the checkpoint takes from memory)
+    changed = False
     if not td._is_memmap:
-        # loaded (load_memmap), so not locked: a leaf may have been set in memory since
         key = _unmapped_leaf(td, Path(prefix))
         if key is not None:
             raise RuntimeError(
@@ -491,6 +575,7 @@ def checkpoint(
                 "value set in memory after the tree was loaded), so the directory does not "
                 "hold it; call memmap_() first to write it there"
             )
+        changed = _non_tensor_changed(td, Path(prefix))
     if fcntl is None:
         raise NotImplementedError("checkpoint() needs renameat2 and flock (Linux)")
     if chunk_bytes <= 0:
@@ -521,8 +606,16 @@ def checkpoint(
                 f"{dest} exists and is not a checkpoint made by checkpoint(); refusing to "
                 "replace what it holds: remove it or choose another destination"
             )
-    with _lock(parent, dest), _tree_lock(lock_prefix):
-        source = _Source(prefix)
+    with contextlib.ExitStack() as stack, _lock(parent, dest), _tree_lock(lock_prefix):
+        layout = None
+        if changed:
+            # the tree's meta.json files and non-tensor entries as it holds them in memory
+            # (its directory holds them as they were), its tensors read from its directory
+            layout = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tdrs%staging-", dir=parent))
+            stack.callback(shutil.rmtree, layout, True)
+            _write_layout(td, layout / "tree")
+            layout = layout / "tree"
+        source = _Source(prefix, layout)
         tracker = td._tracker
         if not isinstance(tracker, DirtyMap):
             # the first checkpoint of this tree: from now on its writes are stamped (and those

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -62,6 +62,7 @@ class _Plan:
         self.slots: list[tuple[TreeNode, str, torch.dtype, tuple[Any, ...]]] = []
         self.kept: set[int] = set()  # slots whose file the save keeps (see node)
         self.sources: list[tuple[int, int]] = []  # anonymous: (data_ptr, nbytes) per slot
+        self.root: tuple[TreeNode, Path] | None = None  # the tree ``node`` was first given
 
     def _pointer(self, value: Any, nbytes: int) -> int:
         """Address of the bytes of a tensor or lazy leaf (kept alive in ``self.keep``)."""
@@ -142,6 +143,8 @@ class _Plan:
         """The directory spec of ``td``, to be saved at ``path``: ``(batch, entries)``, and for
         a tensorclass's TensorDict also its class name and meta.json (its fields then go to
         ``path/_tensordict``)."""
+        if self.root is None:
+            self.root = (td, path)
         tensorclass = type(td)._tensorclass
         if tensorclass is not None:
             path = path / TENSORCLASS_DIR
@@ -255,7 +258,10 @@ class _Plan:
                 self.anonymous(value)
 
     def place(self, buffers: list[Any]) -> None:
-        """Puts the returned buffers into the target tree."""
+        """Puts the returned buffers into the target tree (and, for an archive mapped shared,
+        makes its non-tensor values refuse writes in place: ``bind_archive``)."""
+        if self.root is not None and _shared_archive(buffers):
+            bind_archive(self.root[0], self.root[1], copy_stacks=self.like)
         for i, ((td, key, dtype, shape), buffer) in enumerate(
             zip(self.slots, buffers, strict=True)
         ):
@@ -281,6 +287,77 @@ def class_spec(tensorclass: type) -> tuple[str, str]:
     """The class name (for the parent's meta.json entry) and the meta.json of a tensorclass
     directory, as tensordict writes them (``{"_type": "<class 'module.Name'>"}``)."""
     return tensorclass.__name__, json.dumps({"_type": str(tensorclass)})
+
+
+class _ArchiveEntry:
+    """Where a non-tensor value of a tree mapped shared onto a ``.tdz`` archive is saved, for
+    ``_bind_saved``: a write in place asks its path before changing anything (the file first)
+    and gets ``UnsupportedFormatError`` naming the key and the archive, instead of a value
+    kept in this process's memory only while the tensor writes beside it reach the file (an
+    archive's entry list cannot be rewritten in place).
+
+    ``path`` is the archive, or a node inside it (``x.tdz/sub``), ``key`` the entry's key."""
+
+    __slots__ = ("key", "path")
+
+    def __init__(self, path: Path, key: str) -> None:
+        self.path = path
+        self.key = key
+
+    def _refuse(self) -> NoReturn:
+        archive, inner = self.path, [self.key]
+        while not archive.is_file() and archive.parent != archive:
+            inner.insert(0, archive.name)
+            archive = archive.parent
+        name = ".".join(part for part in inner if part != TENSORCLASS_DIR)
+        raise _native.UnsupportedFormatError(
+            f"cannot write the non-tensor entry {name!r} in place: the tree is saved in the "
+            f"archive {os.fspath(archive)}, whose non-tensor values cannot be rewritten in "
+            "place (only its tensors can); nothing was changed. Save the tree again, or "
+            "unpack it into a directory (unpack_memmap), whose entries are rewritten in place"
+        )
+
+    def __fspath__(self) -> str:
+        self._refuse()
+
+    def __str__(self) -> str:
+        self._refuse()
+
+    def __repr__(self) -> str:
+        return f"_ArchiveEntry({os.fspath(self.path)!r}, {self.key!r})"
+
+
+def _shared_archive(buffers: list[Any]) -> bool:
+    """Whether ``buffers`` (those of one save or load) are views of an archive mapped shared
+    (``memmap_``, ``memmap_like`` or ``load_memmap(mode="r+")`` of a ``.tdz``): its tensor
+    writes reach the file. The buffers of one archive share its mode; a tree without tensor
+    leaves has none, and its non-tensor values stay in memory."""
+    for buffer in buffers:
+        if buffer is not None:
+            archive = buffer.archive
+            return archive is not None and bool(archive[3])
+    return False
+
+
+def bind_archive(td: TreeNode, path: Path, copy_stacks: bool = False) -> None:
+    """Makes every non-tensor value of ``td``, mapped shared onto the archive ``path``, refuse
+    writes in place (``_ArchiveEntry``). ``copy_stacks``: ``td`` shares its stacks with
+    another tree (``memmap_like`` of a structure): each becomes a copy first, so that the
+    source's stacks stay writable."""
+    if type(td)._tensorclass is not None:
+        path = path / TENSORCLASS_DIR
+    items = td._tensordict
+    for key, value in items.items():
+        if isinstance(value, TreeNode):
+            bind_archive(value, path / _native.encode_key(key), copy_stacks)
+        elif type(value) is NonTensorStack:
+            if copy_stacks:
+                copy = value._gathered(value._pos)
+                copy.stack_dim = value.stack_dim
+                items[key] = value = copy
+            value._bind_saved(_ArchiveEntry(path, key), key)
+        elif type(value) in NTD_TYPES:
+            value._bind_saved(_ArchiveEntry(path, key), key, locked=False)  # type: ignore[arg-type]
 
 
 def _mark(td: TreeNode, prefix: Path | None) -> None:
@@ -390,7 +467,9 @@ def _build(
 ) -> TD:
     """The tree of a loaded ``node`` (its leaves views of ``buffers``) saved at ``path``;
     ``bind``: its non-tensor values written in place rewrite their meta.json there (False
-    for an archive, whose non-tensor values stay in memory, as in tensordict)."""
+    for an archive: there they stay in memory, as in tensordict, when it is mapped
+    copy-on-write, and refuse writes in place when it is mapped shared, whose tensor writes
+    reach the file: ``bind_archive``)."""
     batch, _, entries, class_text = node
     plain = _plain(cls)
     if class_text is not None:
@@ -430,10 +509,14 @@ def _build(
             items[key] = stack = loaded_stack(entry)
             if bind:
                 stack._bind_saved(path, key)
+            elif _shared_archive(buffers):
+                stack._bind_saved(_ArchiveEntry(path, key), key)
         else:
             items[key] = entry_value = NonTensorData(json.loads(entry[2]))
             if bind:
                 entry_value._bind_saved(path, key, locked=False)
+            elif _shared_archive(buffers):
+                entry_value._bind_saved(_ArchiveEntry(path, key), key, locked=False)  # type: ignore[arg-type]
     return td
 
 

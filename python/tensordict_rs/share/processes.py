@@ -230,7 +230,7 @@ def _describe(
                 batch = tuple(value.batch_size)
                 entry = (SHARED_NON_TENSOR, key, len(buffers) - 1, batch, kind_of(value))
             else:
-                entry = (NON_TENSOR, key, value.data, kind_of(value))
+                entry = (NON_TENSOR, key, value.data, kind_of(value), _bound(td, key, value))
         elif cls is NonTensorStack:
             shared = value._cells.shared
             if shared is not None:
@@ -244,7 +244,8 @@ def _describe(
                     (positions.tolist(), tuple(positions.shape), device, value.stack_dim),
                 )
             else:
-                entry = (STACK, key, value)  # pickled: a packed column as two byte strings
+                # pickled: a packed column as two byte strings
+                entry = (STACK, key, value, _bound(td, key, value))
         else:
             entry = (NODE, key, _describe(value, msg, tracker, (*path, key)))
         entries.append(entry)
@@ -327,12 +328,51 @@ def _build(node: tuple[Any, ...], buffers: list[Any], storages: Sequence[Any] = 
     td._is_shared = bool(flags & SHARED)
     td._memmap_prefix = None if prefix is None else Path(prefix)
     if td._is_memmap and prefix is not None and os.path.isdir(prefix):
-        # values written here in place rewrite the saved files, as in the sender (an
-        # archive's non-tensor values stay in memory there and here)
+        # values written here in place rewrite the saved files, as in the sender (every
+        # non-tensor value of a tree made by memmap_())
         for key, value in items.items():
             if type(value) in NTD_TYPES or type(value) is NonTensorStack:
                 value._bind_saved(td._memmap_prefix, key)
+    for entry in entries:
+        # the values the sender had bound: in a tree loaded with load_memmap (not a value set
+        # in memory since the load), or of an archive mapped shared (they refuse writes in
+        # place, there and here); the others stay in memory, there and here
+        if entry[0] not in (NON_TENSOR, STACK) or entry[-1] is None:
+            continue
+        parent, locked = entry[-1]
+        if isinstance(parent, Path) and not os.path.isdir(parent):
+            continue
+        value = items[entry[1]]
+        if type(value) is NonTensorStack:
+            value._bind_saved(parent, entry[1])
+        else:
+            value._bind_saved(parent, entry[1], locked=locked)
     return td
+
+
+def _bound(td: Any, key: str, value: Any) -> tuple[Any, bool] | None:
+    """Where the non-tensor ``value`` at ``key`` of ``td`` is saved, as ``_bind_saved``
+    recorded it: ``(parent, locked)``, its directory (``td``'s) or the ``_ArchiveEntry`` of an
+    archive mapped shared, and for a ``NonTensorData`` whether it is locked; or None: kept in
+    memory only. The receiver binds it the same way (``_build``)."""
+    if type(value) is NonTensorStack:
+        saved = value._cells.saved
+        if saved is None or saved[2] != key:
+            return None
+        parent, locked = saved[1], False
+    else:
+        saved = value._saved
+        if saved is None or saved[1] != key:
+            return None
+        parent, locked = saved[0], bool(saved[2])
+    if type(parent) is directory._ArchiveEntry:
+        return parent, locked
+    prefix = td._memmap_prefix
+    if prefix is None or not isinstance(parent, (str, Path)):
+        return None
+    if os.fspath(parent) != os.fspath(prefix):
+        return None
+    return Path(parent), locked
 
 
 def _shared_stack(
