@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -202,11 +203,11 @@ def test_setitem_rows_into_locked_memmap(tmp_prefix: Path) -> None:
 
 def test_indexing_memmap_keeps_or_drops_memmap(tmp_prefix: Path) -> None:
     td = make_td().memmap_(tmp_prefix)
-    # Rows are views of the maps, but not saved trees themselves: unlocked, no is_memmap(),
-    # no saved_path (tensordict's td[1:] is neither locked nor memory-mapped).
+    # Rows are views of the maps, but not saved trees themselves: no is_memmap(), no
+    # saved_path; locked from the first row, as tensordict's (td[0]; its td[1:] is not).
     for index in (0, slice(1, 3), (0, 1)):
         out = td[index]
-        assert not out.is_memmap() and not out.is_locked
+        assert not out.is_memmap() and out.is_locked == (index != slice(1, 3))
         with pytest.raises(AttributeError):
             _ = out.saved_path
         assert isinstance(out["a"], MemoryMappedTensor)
@@ -340,3 +341,43 @@ def test_index_names_numpy_and_nd_as_tensordict(index: object) -> None:
     import tensordict_rs as ours
 
     assert _names_after_index(ours, index) == _names_after_index(ref, index)
+
+
+@pytest.mark.parametrize("mode", ["plain", "shared", "memmap", "memmap unlocked"])
+def test_views_of_locked_shared_and_memmap_trees_lock_as_tensordict(
+    mode: str, tmp_path: Path
+) -> None:
+    # a key added to a view of a locked shared or memory-mapped tree reached no tree (the view
+    # was unlocked); tensordict locks its views from the first row
+    views = {
+        "td[0]": lambda t: t[0],
+        "unbind": lambda t: t.unbind(1)[0],
+        "td[:2]": lambda t: t[:2],
+        "td[1:]": lambda t: t[1:],
+        "td[0, 1:]": lambda t: t[0, 1:],
+        "split": lambda t: t.split(1, 0)[0],
+    }
+
+    def run(lib: Any, where: Path) -> dict[str, bool]:
+        td = lib.TensorDict({"a": torch.zeros(3, 4), "n": {"b": torch.zeros(3, 4, 2)}}, [3, 4])
+        td.lock_()
+        if mode == "shared":
+            td.share_memory_()
+        elif mode.startswith("memmap"):
+            td.memmap_(where)
+            if mode.endswith("unlocked"):
+                td.unlock_()
+        out = {}
+        for name, view in views.items():
+            v = view(td)
+            try:
+                v["new"] = torch.zeros(v.shape)
+                out[name] = "new" in td.keys()  # False: the key reached no tree
+            except RuntimeError:
+                out[name] = True  # refused
+        return out
+
+    import tensordict
+    import tensordict_rs
+
+    assert run(tensordict_rs, tmp_path / "mine") == run(tensordict, tmp_path / "ref")

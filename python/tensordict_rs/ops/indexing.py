@@ -73,7 +73,22 @@ def index(td: TD, index: Any) -> TD:
         mark_read_only(out)  # views of the same read-only buffer
     if td._is_shared and all(i is None or isinstance(i, (int, slice)) for i in items):
         out._mark_shared()  # a view of shared memory is shared (tensordict's td[0], td[1:])
+    if td._is_locked and (td._is_shared or td._is_memmap) and _from_the_start(index):
+        # as tensordict's: a view from the first row of a locked shared or memory-mapped tree
+        # (td[0], unbind, td[:2]) is locked, so a key added to it raises instead of reaching
+        # no tree
+        out.lock_()
     return out
+
+
+def _from_the_start(index: Any) -> bool:
+    """Whether ``index`` keeps the first element's address (ints, slices from 0, None, ...),
+    tensordict's test for the views of shared and memory-mapped trees it locks."""
+    if isinstance(index, tuple):
+        return all(map(_from_the_start, index))
+    if isinstance(index, slice):
+        return index.start is None or index.start == 0
+    return index is None or index is Ellipsis or (type(index) is int)
 
 
 def _view_rows(items: tuple[Any, ...], n: int) -> Any:
