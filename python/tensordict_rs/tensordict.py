@@ -329,7 +329,13 @@ class TensorDict(
         if isinstance(current, TensorDict):
             current.update_(value)
         elif isinstance(current, NonTensorData):
-            if isinstance(value, NonTensorStack):
+            if isinstance(value, NonTensorStack) and current._saved is not None:
+                # one value in a saved meta.json: it cannot become a stack in place
+                same, one = _inplace._one_value(value)
+                if not same:
+                    raise _indexing.saved_kind_change_error(key, current)
+                current.data = one
+            elif isinstance(value, NonTensorStack):
                 self._tensordict[key] = self._convert(key, value, non_blocking)
             else:
                 current.data = value.data if isinstance(value, NonTensorData) else value

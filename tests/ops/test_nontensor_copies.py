@@ -138,3 +138,27 @@ def test_copy_of_a_string_into_a_tensor_entry_is_refused_before_writing() -> Non
     with pytest.raises(RuntimeError, match="'s'"):
         dst.copy_(src)
     assert dst["a"].tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("how", ["update_", "set_"])
+def test_stack_into_a_saved_non_tensor_data_by_update_or_set(how: str, tmp_path: Any) -> None:
+    # update_/set_ of a stack into a loaded tree's NonTensorData made it a stack in memory
+    # while its meta.json kept the one old value: lost on reload. Refused now (several
+    # values), or written as the one value they all hold
+    path = tmp_path / "t"
+    rows = {"a": torch.zeros(3), "s": ours.NonTensorData("v", batch_size=[3])}
+    ours.TensorDict(rows, [3]).memmap(path)
+    loaded = ours.TensorDict.load_memmap(path)
+
+    def write(value: Any) -> None:
+        if how == "update_":
+            loaded.update_({"s": value})
+        else:
+            loaded.set_("s", value)
+
+    with pytest.raises(RuntimeError, match="'s'"):
+        write(ours.NonTensorStack("x", "y", "z"))
+    assert ours.TensorDict.load_memmap(path)["s"] == loaded["s"] == "v"
+    write(ours.NonTensorStack("q", "q", "q"))
+    assert ours.TensorDict.load_memmap(path)["s"] == loaded["s"] == "q"
+    assert ref.TensorDict.load_memmap(path)["s"] == "q"
