@@ -88,6 +88,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nontensor::str_list_json, m)?)?;
     m.add_function(wrap_pyfunction!(nontensor::rewrite_stack, m)?)?;
     m.add_function(wrap_pyfunction!(nontensor::rewrite_non_tensor, m)?)?;
+    m.add_function(wrap_pyfunction!(nontensor::value_meta_token, m)?)?;
     m.add_function(wrap_pyfunction!(nontensor::write_stack_dir, m)?)?;
     m.add_function(wrap_pyfunction!(nontensor::load_stack_dir, m)?)?;
     // non-tensor values shared between processes

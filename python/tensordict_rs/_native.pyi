@@ -78,6 +78,7 @@ __all__ = [
     "tree_report",
     "tree_summary",
     "verify_archive",
+    "value_meta_token",
     "verify_tree",
     "wait_freed",
     "write_archive",
@@ -164,7 +165,7 @@ def write_tree(
     sparse: bool = False,
 ) -> list[Buffer | None]: ...
 def anonymous_buffers(sources: list[tuple[int, int]], *, num_threads: int = 0) -> list[Buffer]: ...
-def load_tree(prefix: str) -> tuple[Any, list[Buffer | None]]: ...
+def load_tree(prefix: str, *, tokens: bool = False) -> tuple[Any, list[Buffer | None]]: ...
 
 # Packed string columns of NonTensorStack (rust/py/nontensor.rs): addresses of buffers the
 # caller keeps alive for the call.
@@ -182,8 +183,12 @@ def rewrite_stack(
     shape: list[int] | None,
     *,
     durable: bool = False,
-) -> None: ...
-def rewrite_non_tensor(parent: str, key: str, data: bytes, *, durable: bool = False) -> None: ...
+    expected: int | None = None,
+) -> int: ...
+def rewrite_non_tensor(
+    parent: str, key: str, data: bytes, *, durable: bool = False, expected: int | None = None
+) -> int: ...
+def value_meta_token(parent: str, key: str) -> int: ...
 def write_stack_dir(
     prefix: str,
     stack_dim: int,

@@ -215,8 +215,8 @@ pub(crate) fn walk(
                 let e = ar
                     .entry(&child_meta)
                     .ok_or_else(|| bad(&at, format!("the sub-directory of key {key:?} is missing")))?;
-                let bytes = ar.read(e, format::STACK_META_LIMIT)?;
-                let NodeMeta::Stack(stack) = format::parse_meta(&bytes, &at)? else {
+                let bytes = ar.read(e, format::VALUE_META_LIMIT)?;
+                let NodeMeta::Stack(mut stack) = format::parse_meta(&bytes, &at)? else {
                     return Err(bad(
                         &at,
                         format!(
@@ -224,8 +224,8 @@ pub(crate) fn walk(
                         ),
                     ));
                 };
-                check_stack(&stack, &key, &meta.batch, &at)?;
-                entries.push((key, LoadedEntry::Stack(stack)));
+                check_stack(&mut stack, &key, &meta.batch, &at)?;
+                entries.push((key, LoadedEntry::Stack(stack, None)));
             }
             Entry::Collection => {
                 let child = format!("{dir}{}/", format::portable_key(&key));
@@ -242,10 +242,10 @@ pub(crate) fn walk(
                     return Err(bad(&at, format!("the sub-directory of key {key:?} {what}")));
                 }
                 match take_meta(ar, parsed, &child_meta)? {
-                    NodeMeta::NonTensor(value) => entries.push((key, LoadedEntry::NonTensor(value))),
-                    NodeMeta::Stack(stack) => {
-                        check_stack(&stack, &key, &meta.batch, &entry_path(&ar.path, &child_meta))?;
-                        entries.push((key, LoadedEntry::Stack(stack)));
+                    NodeMeta::NonTensor(value) => entries.push((key, LoadedEntry::NonTensor(value, None))),
+                    NodeMeta::Stack(mut stack) => {
+                        check_stack(&mut stack, &key, &meta.batch, &entry_path(&ar.path, &child_meta))?;
+                        entries.push((key, LoadedEntry::Stack(stack, None)));
                     }
                     sub @ (NodeMeta::TensorDict(_) | NodeMeta::TensorClass(_)) => {
                         // handed to the child's walk, which would otherwise parse it again
@@ -277,7 +277,15 @@ pub(crate) fn walk(
 pub(crate) fn read_meta(ar: &Archive, name: &str) -> Result<NodeMeta> {
     let at = entry_path(&ar.path, name);
     let e = ar.entry(name).ok_or_else(|| bad(&at, "meta.json is missing"))?;
-    let bytes = ar.read(e, format::META_LIMIT)?;
+    let bytes = match ar.read(e, format::META_LIMIT) {
+        // a value directory's meta.json (its values live in it) may be larger, as in a
+        // directory (`tree::read::read_meta_bytes`); any other is refused as before
+        Err(refused) if e.size > format::META_LIMIT => match ar.read(e, format::VALUE_META_LIMIT) {
+            Ok(bytes) if format::meta::is_value_header(&bytes) => bytes,
+            _ => return Err(refused),
+        },
+        other => other?,
+    };
     format::parse_meta(&bytes, &at)
 }
 

@@ -17,6 +17,10 @@ pub const JAGGED: &str = "torch.jagged";
 pub const STRIDED: &str = "torch.strided";
 /// Largest meta.json we read: far above any real tree, small enough to refuse garbage.
 pub const META_LIMIT: u64 = 64 << 20;
+/// Largest meta.json of a value directory (a NonTensorData's or a NonTensorStack's) we read
+/// or write: the values live in it (a million short strings is ~16 MB). Such a file is known
+/// by its first bytes (`is_value_header`) before it is read past `META_LIMIT`.
+pub const VALUE_META_LIMIT: u64 = 1 << 30;
 /// Deepest nesting we follow when loading.
 pub const MAX_DEPTH: usize = 256;
 /// Highest `_format_version` this library reads.
@@ -213,7 +217,7 @@ pub enum Entry {
     /// A sub-directory; what it holds is decided by its own meta.json.
     Collection,
     /// The sub-directory of a NonTensorStack (`{"type": "NonTensorStack"}`): its meta.json
-    /// holds the values, and may be larger than others (`stack::STACK_META_LIMIT`).
+    /// holds the values, and may be larger than others (`VALUE_META_LIMIT`).
     Stack,
 }
 
@@ -237,6 +241,39 @@ pub enum NodeMeta {
     /// fields are a TensorDict in `_tensordict/`). The whole meta.json object, for the Python
     /// layer, which finds the class it names.
     TensorClass(Map<String, Value>),
+}
+
+/// The token of a meta.json's bytes: its length and CRC-32 (`len << 32 | crc`; a value
+/// directory's meta.json is at most `VALUE_META_LIMIT`, 1 GiB, so the length fits). Not a file
+/// identity: what tells a writer of a value directory that the meta.json there is still the
+/// one its tree read or last wrote (the same bytes written again have the same token).
+pub fn meta_token(bytes: &[u8]) -> u64 {
+    ((bytes.len() as u64) << 32) | u64::from(crc32fast::hash(bytes))
+}
+
+/// How many first bytes of a meta.json `is_value_header` needs at most.
+pub const VALUE_HEADER_LEN: usize = 256;
+
+/// True when `head`, the first bytes of a meta.json, starts a value directory's: a JSON object
+/// whose first key `_type` names NonTensorData or NonTensorStack, as this library and
+/// tensordict write them (with or without spaces). How a meta.json larger than `META_LIMIT`
+/// is known to be one that may be read up to `VALUE_META_LIMIT`, before it is read.
+pub fn is_value_header(head: &[u8]) -> bool {
+    fn token<'a>(s: &'a [u8], want: &[u8]) -> Option<&'a [u8]> {
+        let start = s.iter().take_while(|b| b.is_ascii_whitespace()).count();
+        s[start..].strip_prefix(want)
+    }
+    let Some(rest) = token(head, b"{")
+        .and_then(|r| token(r, b"\"_type\""))
+        .and_then(|r| token(r, b":"))
+        .and_then(|r| token(r, b"\""))
+    else {
+        return false;
+    };
+    [NTD_TYPE, super::stack::STACK_TYPE].iter().any(|t| {
+        rest.strip_prefix(t.as_bytes())
+            .is_some_and(|r| r.starts_with(b"\""))
+    })
 }
 
 /// True when a meta.json's `_type` names a user class (`<class 'module.Name'>` outside the

@@ -25,10 +25,10 @@ pub use keys::{
 pub use meta::{
     dtype, nbytes, nested_nbytes, DType, Entry, Layout, LeafMeta, NestedMeta, NodeMeta, TensorDictMeta,
     DTYPES, FORMAT_VERSION, JAGGED, LEAF_SUFFIX, MAX_DEPTH, META_FILE, META_LIMIT, RESERVED_KEYS,
-    SHAPE_SUFFIX, STRIDED, TENSORCLASS_DIR,
+    SHAPE_SUFFIX, STRIDED, TENSORCLASS_DIR, VALUE_META_LIMIT,
 };
 pub use parse::parse_meta_generic;
-pub use stack::{StackMeta, STACK_META_LIMIT};
+pub use stack::StackMeta;
 pub use write::{non_tensor_meta, tensordict_meta, to_json_bytes, EntryMeta};
 
 /// Parses and validates a meta.json read from `path`: the typed fast path (`fast`) for the

@@ -29,8 +29,6 @@ type DeResult<T, E> = std::result::Result<T, E>;
 pub const STACK_TYPE: &str = "<class 'tensordict.tensorclass.NonTensorStack'>";
 /// `_class` of a NonTensorStack directory (format version 1).
 pub const STACK_CLASS: &str = "tensordict:NonTensorStack";
-/// Largest stack meta.json we read: its data lives in it (a million short strings is ~16 MB).
-pub const STACK_META_LIMIT: u64 = 1 << 30;
 
 /// A validated NonTensorStack meta.json.
 #[derive(Debug, PartialEq)]
@@ -62,13 +60,21 @@ pub fn meta_bytes(stack_dim: i64, device: Option<&str>, data: &[u8], shape: Opti
     out
 }
 
-/// Whether the nesting of `data` alone would give the stack other dims than `shape` (cells
-/// that are arrays of one length): then `meta_bytes` must write the shape.
+/// Whether the nesting of `data` alone would give the stack other dims than `shape`: cells
+/// that are arrays of one length (read as more dims), or an empty dim before the last (the
+/// nesting stops there: `[0, 3]` reads as `[0]`). Then `meta_bytes` must write the shape.
 pub fn needs_shape(shape: &[u64], cells: &Cells) -> bool {
+    if shape
+        .iter()
+        .position(|&d| d == 0)
+        .is_some_and(|at| at + 1 < shape.len())
+    {
+        return true;
+    }
     let Cells::Json(values) = cells else { return false };
     let mut lens = values.iter().map(|v| v.as_array().map(Vec::len));
     match lens.next() {
-        Some(Some(first)) => lens.all(|l| l == Some(first)) && !shape.contains(&0),
+        Some(Some(first)) => lens.all(|l| l == Some(first)),
         _ => false,
     }
 }
@@ -269,6 +275,23 @@ impl Cells {
 pub struct StackData {
     pub shape: Vec<u64>,
     pub cells: Cells,
+}
+
+impl StackData {
+    /// A stack without cells nests as far as its first empty dim (`[]` is `[0]`, `[[], []]`
+    /// is `[2, 0]`), so a file without `"shape"` (tensordict's, or ours before it wrote one
+    /// for such stacks) cannot tell the dims after it. Where the batch size of the stack's
+    /// tree starts with the dims read and has more, the stack takes them: `[]` in a tree of
+    /// batch size `[0, 3]` is a stack of shape `[0, 3]`.
+    pub fn fit_batch(&mut self, batch: &[u64]) {
+        if self.cells.is_empty()
+            && self.shape.last() == Some(&0)
+            && batch.len() > self.shape.len()
+            && batch.starts_with(&self.shape)
+        {
+            self.shape = batch.to_vec();
+        }
+    }
 }
 
 /// Why `data` was refused (the caller words it with the key and path).

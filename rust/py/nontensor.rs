@@ -152,8 +152,13 @@ pub fn str_list_json<'py>(
 /// Rewrites the meta.json of the saved NonTensorStack `key` in the directory `parent`
 /// (`(stack_dim, device, data_json, shape_or_None)` as `write_tree` takes them), atomically,
 /// with the GIL released: how a row written into a saved stack reaches its file.
+///
+/// `expected`: the token of the meta.json the stack was loaded from (`load_tree(...,
+/// tokens=True)`) or last wrote (this function's result, or `value_meta_token` after a
+/// save); a meta.json with another token, a newer save's, is refused (`InvalidTreeError`
+/// naming it) and kept. None: not checked. Returns the token of the meta.json written.
 #[pyfunction]
-#[pyo3(signature = (parent, key, stack_dim, device, data, shape, *, durable = false))]
+#[pyo3(signature = (parent, key, stack_dim, device, data, shape, *, durable = false, expected = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn rewrite_stack(
     py: Python<'_>,
@@ -164,30 +169,39 @@ pub fn rewrite_stack(
     data: Vec<u8>,
     shape: Option<Vec<u64>>,
     durable: bool,
-) -> PyResult<()> {
+    expected: Option<u64>,
+) -> PyResult<u64> {
     let meta = stack::meta_bytes(stack_dim, device.as_deref(), &data, shape.as_deref());
-    py.detach(|| crate::tree::save::rewrite_value_dir(&parent, key, &meta, durable))?;
-    Ok(())
+    Ok(py.detach(|| crate::tree::save::rewrite_value_dir(&parent, key, &meta, durable, expected))?)
 }
 
 /// Rewrites the meta.json of the saved NonTensorData `key` in the directory `parent` with the
 /// value `data` (its JSON text), atomically, with the GIL released: how a value written in
 /// place into a memory-mapped TensorDict reaches its file, as in tensordict. ValueError when
-/// `data` is not JSON; the directory's meta.json must be a NonTensorData's.
+/// `data` is not JSON; the directory's meta.json must be a NonTensorData's. `expected` and
+/// the result: the tokens of the meta.json, as for `rewrite_stack`.
 #[pyfunction]
-#[pyo3(signature = (parent, key, data, *, durable = false))]
+#[pyo3(signature = (parent, key, data, *, durable = false, expected = None))]
 pub fn rewrite_non_tensor(
     py: Python<'_>,
     parent: std::path::PathBuf,
     key: &str,
     data: &[u8],
     durable: bool,
-) -> PyResult<()> {
+    expected: Option<u64>,
+) -> PyResult<u64> {
     let value: serde_json::Value =
         serde_json::from_slice(data).map_err(|e| PyValueError::new_err(format!("key {key:?}: {e}")))?;
     let meta = crate::format::write::non_tensor_meta(&value);
-    py.detach(|| crate::tree::save::rewrite_value_meta(&parent, key, &meta, durable, true))?;
-    Ok(())
+    Ok(py.detach(|| crate::tree::save::rewrite_value_meta(&parent, key, &meta, durable, true, expected))?)
+}
+
+/// The token of the meta.json of the saved NonTensorStack or NonTensorData `key` in the
+/// directory `parent`, as it is now: what a tree that has just saved it passes to its next
+/// `rewrite_stack` / `rewrite_non_tensor` as `expected`.
+#[pyfunction]
+pub fn value_meta_token(py: Python<'_>, parent: std::path::PathBuf, key: &str) -> PyResult<u64> {
+    Ok(py.detach(|| crate::tree::save::value_meta_token(&parent, key))?)
 }
 
 /// Saves a NonTensorStack on its own in the directory `prefix` (its meta.json only, from

@@ -159,6 +159,13 @@ pub fn write_tree(
 }
 
 pub(super) fn node_to_py<'py>(py: Python<'py>, node: LoadedNode) -> PyResult<Bound<'py, PyTuple>> {
+    node_to_py_with(py, node, false)
+}
+
+/// `node_to_py`; with `tokens`, every value entry (NonTensorStack, NonTensorData) ends with
+/// the token of its meta.json (an int, or None where there is none), which a write in place
+/// passes back as `expected` (`rewrite_stack`, `rewrite_non_tensor`).
+fn node_to_py_with<'py>(py: Python<'py>, node: LoadedNode, tokens: bool) -> PyResult<Bound<'py, PyTuple>> {
     let entries = PyList::empty(py);
     for (key, entry) in node.entries {
         let item = match entry {
@@ -182,20 +189,20 @@ pub(super) fn node_to_py<'py>(py: Python<'py>, node: LoadedNode) -> PyResult<Bou
                 );
                 (LEAF, key, dtype, PyTuple::new(py, shape)?, index, extra).into_pyobject(py)?
             }
-            LoadedEntry::Stack(stack) => {
+            LoadedEntry::Stack(stack, token) => {
                 let cells = cells_to_py(py, &stack.data.cells)?;
-                (
-                    STACK,
-                    key,
-                    PyTuple::new(py, &stack.data.shape)?,
-                    stack.device,
-                    stack.stack_dim,
-                    cells,
-                )
-                    .into_pyobject(py)?
+                let shape = PyTuple::new(py, &stack.data.shape)?;
+                if tokens {
+                    (STACK, key, shape, stack.device, stack.stack_dim, cells, token).into_pyobject(py)?
+                } else {
+                    (STACK, key, shape, stack.device, stack.stack_dim, cells).into_pyobject(py)?
+                }
             }
-            LoadedEntry::Node(child) => (NODE, key, node_to_py(py, child)?).into_pyobject(py)?,
-            LoadedEntry::NonTensor(value) => (NON_TENSOR, key, value.to_string()).into_pyobject(py)?,
+            LoadedEntry::Node(child) => (NODE, key, node_to_py_with(py, child, tokens)?).into_pyobject(py)?,
+            LoadedEntry::NonTensor(value, token) if tokens => {
+                (NON_TENSOR, key, value.to_string(), token).into_pyobject(py)?
+            }
+            LoadedEntry::NonTensor(value, _) => (NON_TENSOR, key, value.to_string()).into_pyobject(py)?,
         };
         entries.append(item)?;
     }
@@ -223,13 +230,17 @@ pub(crate) fn cells_to_py<'py>(py: Python<'py>, cells: &Cells) -> PyResult<Bound
 /// released. Returns `(tree, buffers)`: tree is `(batch_size, device, entries, class_meta)`
 /// (`class_meta`: the meta.json text of a tensorclass directory, else None) with entries
 /// `(0, key, dtype, shape, leaf_index)`, `(1, key, subtree)` or `(2, key, json_text)`.
+/// With `tokens`, value entries end with the token of their meta.json (see `node_to_py_with`):
+/// `(2, key, json_text, token)`, `(3, key, shape, device, stack_dim, cells, token)`.
 #[pyfunction]
+#[pyo3(signature = (prefix, *, tokens = false))]
 pub fn load_tree<'py>(
     py: Python<'py>,
     prefix: PathBuf,
+    tokens: bool,
 ) -> PyResult<(Bound<'py, PyTuple>, Vec<Option<Buffer>>)> {
     let (node, regions) = py.detach(|| load::load_tree(&prefix))?;
-    Ok((node_to_py(py, node)?, buffers(regions)))
+    Ok((node_to_py_with(py, node, tokens)?, buffers(regions)))
 }
 
 /// Checks the tree at `prefix` without mapping data; returns the problems found (empty: OK).

@@ -111,8 +111,13 @@ fn summarize_dir(dir: &Dir, meta: TensorDictMeta, depth: usize) -> Result<Summar
                 let child = open_child_dir(dir, &key)?;
                 match read_meta(&child)? {
                     NodeMeta::NonTensor(value) => SummaryEntry::NonTensor(value),
-                    NodeMeta::Stack(stack) => {
-                        check_stack(&stack, &key, &meta.batch, &child.child_path(format::META_FILE))?;
+                    NodeMeta::Stack(mut stack) => {
+                        check_stack(
+                            &mut stack,
+                            &key,
+                            &meta.batch,
+                            &child.child_path(format::META_FILE),
+                        )?;
                         SummaryEntry::Stack {
                             shape: stack.data.shape,
                         }
@@ -174,7 +179,12 @@ fn archive_fields(ar: &Archive, dir: &str) -> Result<(String, TensorDictMeta)> {
 }
 
 fn archive_meta(ar: &Archive, dir: &str) -> Result<Option<NodeMeta>> {
-    archive_meta_limited(ar, dir, format::META_LIMIT)
+    let name = format!("{dir}{}", format::META_FILE);
+    if ar.entry(&name).is_none() {
+        return Ok(None);
+    }
+    // as a load reads it: a value directory's past `META_LIMIT` too
+    crate::archive::read::read_meta(ar, &name).map(Some)
 }
 
 fn archive_meta_limited(ar: &Archive, dir: &str, limit: u64) -> Result<Option<NodeMeta>> {
@@ -215,9 +225,9 @@ fn summarize_entry(ar: &Archive, dir: &str, meta: TensorDictMeta, depth: usize) 
             Entry::Stack => {
                 let child = format!("{dir}{}/", format::encode_key(&key));
                 let at = ar.path.join(&child).join(format::META_FILE);
-                match archive_meta_limited(ar, &child, format::STACK_META_LIMIT)? {
-                    Some(NodeMeta::Stack(stack)) => {
-                        check_stack(&stack, &key, &meta.batch, &at)?;
+                match archive_meta_limited(ar, &child, format::VALUE_META_LIMIT)? {
+                    Some(NodeMeta::Stack(mut stack)) => {
+                        check_stack(&mut stack, &key, &meta.batch, &at)?;
                         SummaryEntry::Stack {
                             shape: stack.data.shape,
                         }
@@ -242,8 +252,8 @@ fn summarize_entry(ar: &Archive, dir: &str, meta: TensorDictMeta, depth: usize) 
                         ))
                     }
                     Some(NodeMeta::NonTensor(value)) => SummaryEntry::NonTensor(value),
-                    Some(NodeMeta::Stack(stack)) => {
-                        check_stack(&stack, &key, &meta.batch, &ar.path.join(&child))?;
+                    Some(NodeMeta::Stack(mut stack)) => {
+                        check_stack(&mut stack, &key, &meta.batch, &ar.path.join(&child))?;
                         SummaryEntry::Stack {
                             shape: stack.data.shape,
                         }

@@ -26,8 +26,6 @@ use crate::sys::identity::{self, FileId};
 use crate::tree::commit;
 use crate::tree::load::split_file_path;
 
-/// Largest meta.json `set_rows` rewrites (a flat tree's meta.json is small).
-const META_LIMIT: u64 = 64 << 20;
 /// Piece size of the copies in `sync_file` and of the reads in `chunk_hashes`.
 const COPY_PIECE: usize = 8 << 20;
 
@@ -110,7 +108,7 @@ pub fn grow_rows(
     let _lock = commit::SaveLock::acquire(&dir)?;
     let path = dir.child_path(format::META_FILE);
     let bytes = dir
-        .read_limited(format::META_FILE, META_LIMIT)
+        .read_limited(format::META_FILE, format::META_LIMIT)
         .map_err(|e| Error::io(&path, e))?;
     let mut meta: Value =
         serde_json::from_slice(&bytes).map_err(|e| Error::invalid(&path, format!("not JSON: {e}")))?;

@@ -45,8 +45,11 @@ pub enum LoadedEntry {
         nested: Option<LoadedNested>,
     },
     Node(LoadedNode),
-    NonTensor(Value),
-    Stack(StackMeta),
+    /// A NonTensorData, and the token of the meta.json it was read from
+    /// (`format::meta::meta_token`; None where there is no file to write again: an archive).
+    NonTensor(Value, Option<u64>),
+    /// A NonTensorStack, and the token of its meta.json (as for `NonTensor`).
+    Stack(StackMeta, Option<u64>),
 }
 
 /// What a nested leaf needs besides its data: the shape of every component (`dims` sizes per
@@ -202,7 +205,7 @@ fn load_from(root: &Dir, found: &mut Found) -> Result<(LoadedNode, Vec<Option<Re
 /// commit. A commit can also start between that check and the read (its first step moves the
 /// meta.json aside): a read that fails while a journal appeared, or while the meta.json in
 /// place changed, is such a race, and the sub-tree is settled and read again.
-fn read_settled_child(parent: &Dir, key: &str) -> Result<(Dir, NodeMeta, Stamp)> {
+fn read_settled_child(parent: &Dir, key: &str) -> Result<(Dir, NodeMeta, Stamp, u64)> {
     let mut attempt = 0;
     loop {
         let child = open_child_dir(parent, key)?;
@@ -211,7 +214,7 @@ fn read_settled_child(parent: &Dir, key: &str) -> Result<(Dir, NodeMeta, Stamp)>
         }
         let before = meta_stamp(&child);
         match read_meta_stamped(&child) {
-            Ok((meta, stamp)) => return Ok((child, meta, stamp)),
+            Ok((meta, stamp, token)) => return Ok((child, meta, stamp, token)),
             Err(err) => {
                 let raced = commit::journal_present(&child) || meta_stamp(&child) != before;
                 if !raced || attempt >= COMMIT_RETRIES {
@@ -289,27 +292,29 @@ fn walk(
                 ));
             }
             Entry::Stack => {
-                let (stack, stamp) = read_stack_stamped(&dir, &key, &meta.batch)?;
+                let (stack, stamp, token) = read_stack_stamped(&dir, &key, &meta.batch)?;
                 let mut child_rel = rel.clone();
                 child_rel.push(format::encode_key(&key));
                 found.stamps.push((child_rel, stamp));
-                entries.push((key, Some(LoadedEntry::Stack(stack))));
+                entries.push((key, Some(LoadedEntry::Stack(stack, Some(token)))));
             }
             Entry::Collection => {
-                let (child, child_meta, stamp) = read_settled_child(&dir, &key)?;
+                let (child, child_meta, stamp, token) = read_settled_child(&dir, &key)?;
                 let mut child_rel = rel.clone();
                 child_rel.push(format::encode_key(&key));
                 found.stamps.push((child_rel, stamp));
                 match child_meta {
-                    NodeMeta::NonTensor(value) => entries.push((key, Some(LoadedEntry::NonTensor(value)))),
-                    NodeMeta::Stack(stack) => {
+                    NodeMeta::NonTensor(value) => {
+                        entries.push((key, Some(LoadedEntry::NonTensor(value, Some(token)))))
+                    }
+                    NodeMeta::Stack(mut stack) => {
                         crate::tree::read::check_stack(
-                            &stack,
+                            &mut stack,
                             &key,
                             &meta.batch,
                             &child.child_path(format::META_FILE),
                         )?;
-                        entries.push((key, Some(LoadedEntry::Stack(stack))));
+                        entries.push((key, Some(LoadedEntry::Stack(stack, Some(token)))));
                     }
                     NodeMeta::TensorDict(sub) => {
                         children.push((entries.len(), format::encode_key(&key), sub, None));

@@ -346,8 +346,20 @@ fn journal_would_replace(root: &Dir) -> bool {
 /// is written beside it and renamed over it, so a reader sees the old values or the new ones.
 /// The directory is opened without following a symlink; its meta.json must be a stack's (or,
 /// with `non_tensor`, a NonTensorData's: one value written again in place).
-pub fn rewrite_value_dir(parent: &Path, key: &str, meta: &[u8], durable: bool) -> Result<()> {
-    rewrite_value_meta(parent, key, meta, durable, false)
+///
+/// `expected`: the token (`format::meta::meta_token`) of the meta.json the caller's tree was
+/// loaded from or last wrote there. A meta.json with another token is a newer save's (this
+/// library's or tensordict's, which the caller's tree does not hold): it is refused, naming
+/// the file, and left as it is. None: no check (what the file holds is replaced). Returns the
+/// token of the meta.json written, for the next rewrite.
+pub fn rewrite_value_dir(
+    parent: &Path,
+    key: &str,
+    meta: &[u8],
+    durable: bool,
+    expected: Option<u64>,
+) -> Result<u64> {
+    rewrite_value_meta(parent, key, meta, durable, false, expected)
 }
 
 /// `rewrite_value_dir`, for a stack's directory or (`non_tensor`) a NonTensorData's.
@@ -357,14 +369,34 @@ pub fn rewrite_value_meta(
     meta: &[u8],
     durable: bool,
     non_tensor: bool,
-) -> Result<()> {
+    expected: Option<u64>,
+) -> Result<u64> {
     let root = Dir::open(parent).map_err(|e| Error::io(parent, e))?;
     let dir = crate::tree::read::open_child_dir(&root, key)?;
+    // A save of a tree that holds this directory (exclusive on its root) and this rewrite
+    // (shared on it) run one after the other, as do two rewrites of this directory: what is
+    // checked below is still in place when the new file replaces it. (Unix only: Windows
+    // locks are files, which would appear in the value directory.)
+    #[cfg(unix)]
+    let _locks = {
+        let absolute = std::path::absolute(dir.path()).map_err(|e| Error::io(dir.path(), e))?;
+        let ancestors = commit::AncestorLocks::acquire(&absolute);
+        (ancestors, SaveLock::acquire(&dir)?)
+    };
+    rewrite_locked(&dir, key, meta, durable, non_tensor, expected)
+}
+
+fn rewrite_locked(
+    dir: &Dir,
+    key: &str,
+    meta: &[u8],
+    durable: bool,
+    non_tensor: bool,
+    expected: Option<u64>,
+) -> Result<u64> {
     let path = dir.child_path(format::META_FILE);
-    match (
-        crate::tree::read::read_meta_limited(&dir, format::STACK_META_LIMIT)?,
-        non_tensor,
-    ) {
+    let (current, _, token) = crate::tree::read::read_meta_limited_stamped(dir, format::VALUE_META_LIMIT)?;
+    match (current, non_tensor) {
         (format::NodeMeta::Stack(_), false) | (format::NodeMeta::NonTensor(_), true) => {}
         _ => {
             let kind = if non_tensor {
@@ -378,16 +410,43 @@ pub fn rewrite_value_meta(
             ));
         }
     }
+    if expected.is_some_and(|t| t != token) {
+        return Err(Error::tree(
+            &path,
+            format!(
+                "key {key:?}: this meta.json is not the one this tree was loaded from or last wrote (the directory was saved again since); not written, the newer save's values are kept (load the directory again to write into it)"
+            ),
+        ));
+    }
     let temp = format!(".{}.{}.tmp", format::META_FILE, std::process::id());
     let io_err = |e| Error::io(&path, e);
     let _ = dir.remove_file(&temp); // a leftover of a crashed rewrite of this process id
     dir.write_new(&temp, meta, durable).map_err(io_err)?;
-    dir.rename(&temp, &dir, format::META_FILE, false).map_err(|e| {
+    dir.rename(&temp, dir, format::META_FILE, false).map_err(|e| {
         let _ = dir.remove_file(&temp);
         io_err(e)
     })?;
     if durable {
         dir.sync().map_err(io_err)?;
     }
-    Ok(())
+    Ok(format::meta::meta_token(meta))
 }
+
+/// The token (`format::meta::meta_token`) of the meta.json of the value directory of `key` in
+/// `parent` (a NonTensorStack's or a NonTensorData's), as it is now: what a tree that has just
+/// saved it passes to its next rewrite.
+pub fn value_meta_token(parent: &Path, key: &str) -> Result<u64> {
+    let root = Dir::open(parent).map_err(|e| Error::io(parent, e))?;
+    let dir = crate::tree::read::open_child_dir(&root, key)?;
+    let path = dir.child_path(format::META_FILE);
+    match crate::tree::read::read_meta_limited_stamped(&dir, format::VALUE_META_LIMIT)? {
+        (format::NodeMeta::Stack(_) | format::NodeMeta::NonTensor(_), _, token) => Ok(token),
+        _ => Err(Error::invalid(
+            &path,
+            format!("key {key:?}: this meta.json is not a NonTensorData's or a NonTensorStack's"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -48,7 +48,7 @@ pub fn write_stack_dir(prefix: &Path, meta: &[u8], durable: bool) -> Result<()> 
     };
     let path = dir.child_path(format::META_FILE);
     if dir.kind(format::META_FILE).map_err(|e| Error::io(&path, e))? != EntryKind::Missing {
-        match read_meta_limited(&dir, format::STACK_META_LIMIT) {
+        match read_meta_limited(&dir, format::VALUE_META_LIMIT) {
             Ok(NodeMeta::Stack(_)) => {}
             _ => {
                 return Err(Error::invalid(
@@ -75,7 +75,7 @@ pub fn write_stack_dir(prefix: &Path, meta: &[u8], durable: bool) -> Result<()> 
 /// Reads the stack saved on its own at `prefix` (its meta.json must be a stack's).
 pub fn read_stack_dir(prefix: &Path) -> Result<format::StackMeta> {
     let dir = Dir::open(prefix).map_err(|e| Error::io(prefix, e))?;
-    match read_meta_limited(&dir, format::STACK_META_LIMIT)? {
+    match read_meta_limited(&dir, format::VALUE_META_LIMIT)? {
         NodeMeta::Stack(stack) => Ok(stack),
         _ => Err(Error::invalid(
             dir.child_path(format::META_FILE),

@@ -194,10 +194,12 @@ def test_refused_write_into_a_saved_stack_changes_nothing(
 
 
 def test_archive_non_tensor_values_are_written_in_memory(tmp_path: Path) -> None:
-    """As in tensordict, strings of a tree loaded from a .tdz (or sent to another process
-    after memmap_ into one) take writes in memory and leave the archive as it is: they raised
-    NotADirectoryError (a meta.json rewritten inside the archive's path) after changing the
-    value anyway."""
+    """As in tensordict, strings of a tree loaded from a .tdz (copy-on-write) take writes in
+    memory and leave the archive as it is: they raised NotADirectoryError (a meta.json
+    rewritten inside the archive's path) after changing the value anyway. A tree mapped
+    shared onto one (memmap_, also once sent to another process), whose tensor writes reach
+    the file, refuses them naming the key and the archive, before changing anything (they
+    were kept in memory only, silently: test_archive.py)."""
     for pkg in (ours, ref):
         arc = tmp_path / f"{pkg.__name__}.tdz"
         td = pkg.TensorDict({"x": torch.arange(3.0)}, [3])
@@ -214,8 +216,9 @@ def test_archive_non_tensor_values_are_written_in_memory(tmp_path: Path) -> None
     td["s"] = ["a", "b", "c"]
     td.memmap_(tmp_path / "inplace.tdz")
     sent = pickle.loads(bytes(ForkingPickler.dumps(td)))
-    sent["s"][0] = "Z"
-    assert sent["s"].tolist() == ["Z", "b", "c"]
+    with pytest.raises(ours.UnsupportedFormatError, match=r"'s'.*inplace\.tdz"):
+        sent["s"][0] = "Z"
+    assert sent["s"].tolist() == ["a", "b", "c"]
     assert TensorDict.load_memmap(tmp_path / "inplace.tdz")["s"].tolist() == ["a", "b", "c"]
 
 
@@ -313,3 +316,217 @@ def test_info_and_verify_report_stacks(tmp_path: Path) -> None:
         timeout=120,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# In-place copies and row writes into the non-tensor entries of a saved tree
+
+
+def _saved_pair(pkg: Any, path: Path) -> Any:
+    """A tree with a stack, a NonTensorData and a nested stack, saved at ``path`` and loaded
+    back (a loaded tree takes writes in place, which reach its files)."""
+    td = pkg.TensorDict({"a": torch.zeros(3), "sub": {"b": torch.zeros(3)}}, [3])
+    td["s"] = ["a", "b", "c"]
+    td.set_non_tensor("one", "v")
+    td["sub", "t"] = ["x", "y", "z"]
+    td.memmap(path)
+    return pkg.TensorDict.load_memmap(path)
+
+
+def _source(pkg: Any) -> Any:
+    src = pkg.TensorDict({"a": torch.ones(3), "sub": {"b": torch.ones(3)}}, [3])
+    src["s"] = ["X", "Y", "Z"]
+    src.set_non_tensor("one", "w")
+    src["sub", "t"] = ["p", "q", "r"]
+    return src
+
+
+def _values(td: Any) -> tuple[Any, ...]:
+    return (
+        td["a"].tolist(),
+        td["sub", "b"].tolist(),
+        list(td.get("s").tolist()),
+        td.get_non_tensor("one"),
+        list(td.get(("sub", "t")).tolist()),
+    )
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda src, dst: dst.copy_(src),
+        lambda src, dst: torch.stack(list(src.unbind(0)), out=dst),
+        lambda src, dst: torch.cat([src[:1], src[1:]], out=dst),
+        lambda src, dst: src.where(torch.tensor([True, True, True]), src, out=dst),
+    ],
+    ids=["copy_", "stack_out", "cat_out", "where_out"],
+)
+def test_in_place_copies_into_a_saved_tree_reach_its_non_tensor_files(
+    tmp_path: Path, write: Any
+) -> None:
+    """copy_ / stack, cat, where(out=) wrote the tensors of a saved tree but left its strings
+    as they were, in memory and on disk (found by an attack): a reload paired the new tensors
+    with the old strings. tensordict 0.15.3 writes them in memory (and leaves its files)."""
+    dst = _saved_pair(ours, tmp_path / "t")
+    write(_source(ours), dst)
+    want = ([1.0] * 3, [1.0] * 3, ["X", "Y", "Z"], "w", ["p", "q", "r"])
+    got = _values(dst)
+    assert got[:3] + got[4:] == want[:3] + want[4:]
+    assert got[3] in ("w", ["w"] * 3)  # (a stack of one value per row after stack(out=))
+    back = _values(TensorDict.load_memmap(tmp_path / "t"))
+    assert back[:3] + back[4:] == want[:3] + want[4:]
+    assert back[3] == "w"  # still one NonTensorData on disk
+    theirs = _values(ref.TensorDict.load_memmap(tmp_path / "t"))
+    assert theirs[:3] + theirs[4:] == want[:3] + want[4:]
+
+
+def test_tensorclass_copy_into_a_saved_tree_reaches_its_string_field(tmp_path: Path) -> None:
+    @ours.tensorclass
+    class Item:
+        x: torch.Tensor
+        name: str
+
+    Item(x=torch.zeros(3), name="old", batch_size=[3]).memmap(tmp_path / "c")
+    loaded = Item.load_memmap(tmp_path / "c")
+    loaded.copy_(Item(x=torch.ones(3), name="new", batch_size=[3]))
+    back = Item.load_memmap(tmp_path / "c")
+    assert (back.x.tolist(), back.name) == ([1.0, 1.0, 1.0], "new")
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda td: td.__setitem__(1, TensorDict({"a": torch.tensor(1.0), "one": "w"}, [])),
+        lambda td: td.__setitem__(
+            slice(0, 2), TensorDict({"a": torch.ones(2), "one": ["w", "u"]}, [2])
+        ),
+        lambda td: td.update_at_(TensorDict({"a": torch.tensor(1.0), "one": "w"}, []), 1),
+        lambda td: td.copy_(TensorDict({"a": torch.ones(3), "one": ["w", "v", "v"]}, [3])),
+        lambda td: torch.stack(
+            [TensorDict({"a": torch.tensor(1.0), "one": f"r{i}"}, []) for i in range(3)], out=td
+        ),
+    ],
+    ids=["row", "rows", "update_at_", "copy_", "stack_out"],
+)
+def test_per_row_value_into_a_saved_non_tensor_data_is_refused_before_writing(
+    tmp_path: Path, write: Any
+) -> None:
+    """A row with another value turned a saved NonTensorData into a stack in memory while its
+    meta.json kept the one old value: the row's string reverted on reload while its tensors
+    were saved (found by an attack). Its directory cannot become a stack in place, so the
+    write is refused naming the key, before anything is written."""
+    td = _saved_pair(ours, tmp_path / "t")
+    with pytest.raises(RuntimeError, match=r"""['"]one['"]"""):
+        write(td)
+    assert td["a"].tolist() == [0.0, 0.0, 0.0] and td.get_non_tensor("one") == "v"
+    back = TensorDict.load_memmap(tmp_path / "t")
+    assert back["a"].tolist() == [0.0, 0.0, 0.0] and back.get_non_tensor("one") == "v"
+
+
+def test_nested_per_row_value_into_a_saved_non_tensor_data_is_refused(tmp_path: Path) -> None:
+    td = TensorDict({"a": torch.zeros(3), "sub": {"b": torch.zeros(3)}}, [3])
+    td.set_non_tensor(("sub", "tag"), "v")
+    td.memmap(tmp_path / "t")
+    loaded = TensorDict.load_memmap(tmp_path / "t")
+    row = TensorDict({"a": torch.tensor(1.0), "sub": {"b": torch.tensor(1.0), "tag": "w"}}, [])
+    with pytest.raises(RuntimeError, match="tag"):
+        loaded[1] = row
+    assert loaded["a"].tolist() == [0.0, 0.0, 0.0]
+    assert TensorDict.load_memmap(tmp_path / "t")["sub", "b"].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_same_value_rows_into_a_saved_non_tensor_data_are_written(tmp_path: Path) -> None:
+    """A row with the entry's own value, or a stack of one value everywhere, keeps one value:
+    written (the tensors reach the disk, the NonTensorData its meta.json)."""
+    td = _saved_pair(ours, tmp_path / "t")
+    td[1] = TensorDict({"a": torch.tensor(1.0), "one": "v"}, [])
+    td.copy_(TensorDict({"a": torch.full((3,), 2.0), "one": ["w", "w", "w"]}, [3]))
+    back = TensorDict.load_memmap(tmp_path / "t")
+    assert back["a"].tolist() == [2.0, 2.0, 2.0] and back.get_non_tensor("one") == "w"
+    assert ref.TensorDict.load_memmap(tmp_path / "t").get_non_tensor("one") == "w"
+
+
+# ------------------------------------------------------------------------------------------
+# Saved values: what the load reads back, and writes in place after a newer save
+
+
+def test_stack_with_an_empty_leading_dim_loads_with_its_batch_size(tmp_path: Path) -> None:
+    """A tree of batch size [0, 3] (a mask that selects no row of a 2-D batch) holding a
+    NonTensorStack: its meta.json holds ``"data": []``, which nests as [0] only; the load gave
+    the stack its tree's dims instead of refusing the whole directory."""
+    td = TensorDict({"a": torch.zeros(2, 3)}, [2, 3])
+    td["s"] = NonTensorStack.from_list([["a", "b", "c"], ["d", "e", "f"]])
+    empty = td[torch.zeros(2, dtype=torch.bool)]
+    assert tuple(empty.get("s").batch_size) == (0, 3)
+    empty.memmap(tmp_path / "x")
+    back = TensorDict.load_memmap(tmp_path / "x")
+    assert tuple(back.batch_size) == (0, 3)
+    assert tuple(back.get("s").batch_size) == (0, 3) and back.get("s").tolist() == []
+    assert ours.verify(tmp_path / "x") == []
+    # as tensordict-rs wrote it before (and tensordict would): no "shape", data nested [[], []]
+    td3 = TensorDict({"a": torch.zeros(2, 0, 3)}, [2, 0, 3])
+    td3.memmap(tmp_path / "y")
+    os.makedirs(tmp_path / "y" / "s")
+    meta = json.loads((tmp_path / "y" / "meta.json").read_text())
+    meta["s"] = {"type": "NonTensorStack"}
+    (tmp_path / "y" / "meta.json").write_text(json.dumps(meta))
+    stack = {"_type": STACK_TYPE, "stack_dim": 0, "device": None, "data": [[], []]}
+    (tmp_path / "y" / "s" / "meta.json").write_text(json.dumps(stack))
+    assert tuple(TensorDict.load_memmap(tmp_path / "y").get("s").batch_size) == (2, 0, 3)
+
+
+def test_non_tensor_data_past_64_mib_loads(tmp_path: Path) -> None:
+    """A NonTensorData whose meta.json is past the 64 MiB bound of a TensorDict's saved and
+    never loaded again (tensordict loads it): a value directory's meta.json is read up to the
+    bound a stack's has, and saved over again."""
+    td = TensorDict({"obs": torch.arange(4.0)}, [4])
+    big = "x" * (65 << 20)
+    td.set_non_tensor("bank", big)
+    td.memmap(tmp_path / "x")
+    for pkg in (ours, ref):
+        back = pkg.TensorDict.load_memmap(tmp_path / "x")
+        assert back["obs"].tolist() == [0.0, 1.0, 2.0, 3.0]
+        assert len(back.get_non_tensor("bank")) == len(big), pkg
+    td.memmap(tmp_path / "x", existsok=True)  # the old value directory is this tree's own
+    assert len(TensorDict.load_memmap(tmp_path / "x").get_non_tensor("bank")) == len(big)
+    td.memmap(tmp_path / "x.tdz")  # an archive reads it as a directory does
+    assert len(TensorDict.load_memmap(tmp_path / "x.tdz").get_non_tensor("bank")) == len(big)
+    assert ours.verify(tmp_path / "x") == [] and ours.verify(tmp_path / "x.tdz") == []
+
+
+def test_rewrite_refuses_a_meta_json_saved_again_since(tmp_path: Path) -> None:
+    """A tree loaded before the directory was saved again (by either library) writes a value
+    in place with the token of the meta.json it loaded: the newer save's meta.json is refused,
+    naming it, and kept; with the token in place the write goes through and gives the next."""
+    native = ours._native
+    for saver in (ours, ref):
+        p = tmp_path / saver.__name__
+        old = TensorDict({"a": torch.zeros(3)}, [3])
+        old["s"] = ["old0", "old1", "old2"]
+        old.set_non_tensor("note", "old")
+        old.memmap(p)
+        node, _ = native.load_tree(os.fspath(p), tokens=True)
+        entries = {e[1]: e for e in node[2]}
+        stack_token, note_token = entries["s"][6], entries["note"][3]
+        assert isinstance(stack_token, int) and isinstance(note_token, int)
+        assert native.value_meta_token(os.fspath(p), "s") == stack_token
+        new = saver.TensorDict({"a": torch.ones(3)}, [3])
+        new["s"] = ["new0", "new1", "new2"]
+        new.set_non_tensor("note", "new")
+        new.memmap(p, existsok=True)
+        data = json.dumps(["old0", "R", "old2"]).encode()
+        with pytest.raises(ours.InvalidTreeError, match=r"meta\.json"):
+            native.rewrite_stack(os.fspath(p), "s", 0, None, data, None, expected=stack_token)
+        with pytest.raises(ours.InvalidTreeError, match="saved again"):
+            native.rewrite_non_tensor(os.fspath(p), "note", b'"reader"', expected=note_token)
+        back = TensorDict.load_memmap(p)
+        assert back.get("s").tolist() == ["new0", "new1", "new2"], saver
+        assert back.get_non_tensor("note") == "new"
+        current = native.value_meta_token(os.fspath(p), "s")
+        data = json.dumps(["new0", "R", "new2"]).encode()
+        nxt = native.rewrite_stack(os.fspath(p), "s", 0, None, data, None, expected=current)
+        assert native.value_meta_token(os.fspath(p), "s") == nxt
+        assert TensorDict.load_memmap(p).get("s").tolist() == ["new0", "R", "new2"]
+        # no token: not checked, as before
+        native.rewrite_non_tensor(os.fspath(p), "note", b'"any"')
+        assert TensorDict.load_memmap(p).get_non_tensor("note") == "any"

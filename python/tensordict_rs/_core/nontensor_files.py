@@ -42,11 +42,12 @@ class StackFiles:
             cls, cells: Any, shape: Sequence[int], device: Any, stack_dim: int
         ) -> NonTensorStack: ...
 
-    def _bind_saved(self, parent: Any, key: str | None) -> None:
+    def _bind_saved(self, parent: Any, key: str | None, token: int | None = None) -> None:
         """Marks this stack as saved under ``parent`` at ``key`` (``key`` None: saved on its own
         in the directory ``parent``): a later write into it (or a view of it) writes its
         meta.json again."""
         self._cells.saved = (weakref.ref(self), parent, key)
+        self._cells.token = token  # of the meta.json loaded or saved (None: not checked)
         self._cells.memmapped = True
 
     def is_memmap(self) -> bool:
@@ -153,15 +154,17 @@ class StackFiles:
         when the nesting alone would not give it (cells that are lists of one length). A value
         that JSON cannot hold raises ``InvalidTreeError`` naming ``key`` (nothing is pickled)."""
         shape = list(self._pos.shape)
+        # the nesting of the data stops at its first empty dim ([0, 3] reads as [0])
+        empty = shape if 0 in shape[:-1] else None
         cells = self._cells._fresh()
         ids = self._pos.ravel()
         if type(cells) is not list:
             column = cells if _is_arange(ids, len(cells)) else cells.take(ids)
-            return column.json(shape), None
+            return column.json(shape), empty
         flat = [cells[i] for i in ids.tolist()]
         fast = _native.str_list_json(flat, shape)
         if fast is not None:
-            return fast, None
+            return fast, empty
         for value in flat:
             _json_text(value, key)  # refuses what JSON cannot hold, naming the key
         text = json.dumps(_nest(flat, tuple(shape)), ensure_ascii=False, separators=(",", ":"))

@@ -109,7 +109,7 @@ class _Cells:
     reads and writes (this process's list is refreshed when another process wrote).
     """
 
-    __slots__ = ("memmapped", "saved", "shared", "values")
+    __slots__ = ("memmapped", "saved", "shared", "token", "values")
 
     def __init__(self, values: Any) -> None:
         self.values = values
@@ -117,10 +117,15 @@ class _Cells:
         # for a stack saved on its own (``stack.memmap(prefix)``)
         self.saved: tuple[Any, Any, str | None] | None = None
         self.shared: SharedValue | None = None
+        # the token of the saved meta.json as this process last read or wrote it: a rewrite
+        # refuses a meta.json a newer save wrote since (None: not checked)
+        self.token: int | None = None
         self.memmapped = False  # memory-mapped (saved, or ``memmap_()`` without a prefix)
 
-    def written(self) -> None:
-        """Writes the saved stack these cells belong to again (if any)."""
+    def written(self, check: bool = True) -> None:
+        """Writes the saved stack these cells belong to again (if any); ``check``: refuse a
+        meta.json saved again since this process read or wrote it (not for shared cells, which
+        every process writes in turn under the cell's lock)."""
         if self.saved is None:
             return
         ref, parent, key = self.saved
@@ -133,7 +138,15 @@ class _Cells:
         if key is None:
             _native.write_stack_dir(os.fspath(parent), stack.stack_dim, device, data, shape)
         else:
-            _native.rewrite_stack(os.fspath(parent), key, stack.stack_dim, device, data, shape)
+            self.token = _native.rewrite_stack(
+                os.fspath(parent),
+                key,
+                stack.stack_dim,
+                device,
+                data,
+                shape,
+                expected=self.token if check else None,
+            )
 
     def _fresh(self) -> Any:
         """The values, read again from shared memory when another process wrote them."""
@@ -180,7 +193,7 @@ class _Cells:
                     # the stack reads ``current`` as it is, not the shared copy being written
                     self.shared = None
                     try:
-                        self.written()
+                        self.written(check=shared is None)
                     finally:
                         self.shared = shared
                 return text

@@ -97,3 +97,42 @@ fn stack_dim_is_checked_and_made_non_negative() {
         assert!(err.contains("stack_dim") && err.contains("out of range"), "{err}");
     }
 }
+
+/// A stack with an empty dim before its last: the nesting of its data (`[]`, `[[],[]]`) stops
+/// at the empty dim, so the shape is written, and read back whole.
+#[test]
+fn empty_dims_before_the_last_write_the_shape() {
+    let none = Cells::Json(Vec::new());
+    assert!(needs_shape(&[0, 3], &none));
+    assert!(needs_shape(&[2, 0, 3], &none));
+    assert!(needs_shape(&[0, 0], &strings(&[])));
+    assert!(!needs_shape(&[0], &none));
+    assert!(!needs_shape(&[2, 0], &none));
+    assert!(!needs_shape(&[3], &strings(&["a", "b", "c"])));
+    for shape in [&[0u64, 3][..], &[2, 0, 3]] {
+        let mut data = Vec::new();
+        write(shape, &none, &mut data);
+        let meta = meta_bytes(0, None, &data, needs_shape(shape, &none).then_some(shape));
+        let read = parse_stack(&meta, Path::new("k")).unwrap();
+        assert_eq!(read.data.shape, shape);
+        assert!(read.data.cells.is_empty());
+    }
+}
+
+/// A file without `"shape"` for such a stack (tensordict's writing, or ours before): the
+/// stack takes the dims its tree's batch size has past its empty dim.
+#[test]
+fn a_stack_without_cells_fits_its_batch_size() {
+    let fit = |text: &str, batch: &[u64]| {
+        let mut data = read(text, None).unwrap();
+        data.fit_batch(batch);
+        data.shape
+    };
+    assert_eq!(fit("[]", &[0, 3]), vec![0, 3]);
+    assert_eq!(fit("[[],[]]", &[2, 0, 3]), vec![2, 0, 3]);
+    assert_eq!(fit("[]", &[0]), vec![0]);
+    assert_eq!(fit("[]", &[]), vec![0]);
+    // only where the batch size starts with the dims read, and only without cells
+    assert_eq!(fit("[[],[]]", &[3, 0, 1]), vec![2, 0]);
+    assert_eq!(fit(r#"["a"]"#, &[1, 2]), vec![1]);
+}

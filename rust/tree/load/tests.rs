@@ -159,3 +159,41 @@ fn a_tensorclass_node_is_saved_in_tensordicts_layout_and_loads_with_its_class() 
     drop(regions);
     std::fs::remove_dir_all(&p).unwrap();
 }
+
+/// A NonTensorData whose meta.json is past `META_LIMIT` (its value lives in it, as a stack's
+/// do) loads and verifies, and the directory can be saved over again: what a save writes
+/// reads back. Something else that large is still refused.
+#[test]
+fn a_non_tensor_value_past_meta_limit_loads() {
+    let p = std::env::temp_dir().join(format!("tdrs-load-big-{}", storage::random_suffix()));
+    let big = "x".repeat(format::META_LIMIT as usize + 1000);
+    let root = NodeSpec {
+        class: None,
+        batch: vec![],
+        entries: vec![("big".into(), EntrySpec::NonTensor(Value::from(big.clone())))],
+    };
+    let opts = SaveOptions {
+        existsok: true,
+        ..Default::default()
+    };
+    write_tree(&p, &root, &[], opts).unwrap();
+    let (node, _) = load_tree(&p).unwrap();
+    let LoadedEntry::NonTensor(Value::String(loaded), Some(_)) = &node.entries[0].1 else {
+        panic!("{:?}", node.entries[0].0)
+    };
+    assert_eq!(loaded.len(), big.len());
+    assert!(verify_tree(&p).is_empty(), "{:?}", verify_tree(&p));
+    write_tree(&p, &root, &[], opts).unwrap(); // saved over: the old value directory is ours
+                                               // a TensorDict's meta.json that large is garbage, refused as before
+    let sub = p.join("big").join(format::META_FILE);
+    let mut text = std::fs::read(&sub).unwrap();
+    text.splice(
+        0..0,
+        b"{\"_type\":\"<class 'tensordict._td.TensorDict'>\",\"pad\":"
+            .iter()
+            .copied(),
+    );
+    std::fs::write(&sub, &text).unwrap();
+    assert!(load_err(&p).contains("more than the limit"), "{}", load_err(&p));
+    std::fs::remove_dir_all(&p).unwrap();
+}

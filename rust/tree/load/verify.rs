@@ -125,9 +125,9 @@ fn verify_dir(
                 ),
                 Ok(child) => match read_meta(&child) {
                     Ok(NodeMeta::NonTensor(_)) => {}
-                    Ok(NodeMeta::Stack(stack)) => {
+                    Ok(NodeMeta::Stack(mut stack)) => {
                         if let Err(e) = crate::tree::read::check_stack(
-                            &stack,
+                            &mut stack,
                             &key,
                             &meta.batch,
                             &child.child_path(format::META_FILE),

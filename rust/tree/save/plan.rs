@@ -293,6 +293,17 @@ impl Plan {
                 EntrySpec::NonTensor(_) | EntrySpec::Stack(_) => {
                     let (bytes, kind) = entry.value_dir().expect("a directory of values");
                     let name = format::encode_key(key);
+                    if bytes.len() as u64 > format::VALUE_META_LIMIT {
+                        // what no load would read back is refused (the save changes nothing)
+                        return Err(Error::tree(
+                            final_path.join(&name),
+                            format!(
+                                "key {key:?}: the value's meta.json would be {} bytes, more than the limit of {} that a load reads",
+                                bytes.len(),
+                                format::VALUE_META_LIMIT
+                            ),
+                        ));
+                    }
                     written.insert(name.clone());
                     if let Some(at) = &staged {
                         let sub = inside(at, &name);

@@ -170,7 +170,7 @@ fn same(root: &Dir, ds: &DirState, state: Option<FileState>, st: &EntryStat) -> 
     let read = root
         .open_rel(&ds.path)
         // (its size is the state's: a NonTensorStack's meta.json may pass `META_LIMIT`)
-        .and_then(|d| d.read_limited_stamped(format::META_FILE, format::STACK_META_LIMIT));
+        .and_then(|d| d.read_limited_stamped(format::META_FILE, format::VALUE_META_LIMIT));
     match read {
         Ok((bytes, stamp)) => Ok(FileState::of(stamp, &bytes) == state),
         Err(e) if gone(&e) => Ok(false),

@@ -14,6 +14,7 @@ use crate::format;
 use crate::sys::dir::{Dir, EntryKind, EntryStat};
 use crate::sys::identity::Stamp;
 use crate::tree::commit::{DirState, FileState, Op};
+use crate::tree::read::{read_meta_bytes, value_header};
 
 /// The names a directory of the old tree owns, from its meta.json (read leniently: a damaged
 /// old tree still tells what is its own).
@@ -33,7 +34,7 @@ impl OldDir {
         };
         old.meta = Some(FileState::of(stamp, &bytes));
         if bytes.len() as u64 > format::META_LIMIT {
-            return old; // a NonTensorStack's: it owns nothing but itself
+            return old; // a value directory's: it owns nothing but itself
         }
         let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&bytes) else {
             return old;
@@ -73,9 +74,10 @@ pub(super) fn meta_is_ours(dir: &Dir) -> Result<(bool, Option<FileState>)> {
     match dir.stat(format::META_FILE).map_err(|e| Error::io(&path, e))? {
         None => Ok((true, None)),
         Some(st) if st.kind == EntryKind::File => {
-            // only a stack's meta.json is this large: its first bytes say so (not parsed here)
+            // only a value directory's meta.json is this large: its first bytes say so (not
+            // parsed here)
             let big = st.size > format::META_LIMIT;
-            if big && !stack_header(dir) {
+            if big && !value_header(dir) {
                 return Ok((false, None));
             }
             let Ok((bytes, stamp)) = read_meta(dir) else {
@@ -92,28 +94,10 @@ pub(super) fn meta_is_ours(dir: &Dir) -> Result<(bool, Option<FileState>)> {
     }
 }
 
-/// `dir/meta.json` with its stamp: up to `META_LIMIT`, a NonTensorStack's (its values live in
-/// it) up to `STACK_META_LIMIT`.
+/// `dir/meta.json` with its stamp (`tree::read::read_meta_bytes`: up to `META_LIMIT`, a value
+/// directory's up to `VALUE_META_LIMIT`).
 fn read_meta(dir: &Dir) -> io::Result<(Vec<u8>, Stamp)> {
-    match dir.read_limited_stamped(format::META_FILE, format::META_LIMIT) {
-        Err(_) if stack_header(dir) => dir.read_limited_stamped(format::META_FILE, format::STACK_META_LIMIT),
-        other => other,
-    }
-}
-
-/// True when `dir/meta.json` starts as a NonTensorStack's does (as tensordict and this library
-/// write it): how a meta.json too large to parse here is known to be ours.
-fn stack_header(dir: &Dir) -> bool {
-    use std::io::Read;
-    let Ok(file) = dir.open_read(format::META_FILE) else {
-        return false;
-    };
-    let mut head = Vec::new();
-    if file.take(128).read_to_end(&mut head).is_err() {
-        return false;
-    }
-    let want = format!("{{\"_type\":\"{}\"", format::stack::STACK_TYPE);
-    head.starts_with(want.as_bytes())
+    read_meta_bytes(dir)
 }
 
 /// Whether a sub-directory the new tree needs is there: missing is fine, a directory is kept,
