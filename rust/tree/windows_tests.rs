@@ -395,7 +395,7 @@ fn reserved_names_stay_out_of_file_names() {
     };
     assert_eq!((key.as_str(), bytes(&regions[*index])), ("PRN", vec![8; 3]));
     let (_, dot) = node.entries.iter().find(|(k, _)| k == "dot.").unwrap();
-    assert!(matches!(dot, LoadedEntry::NonTensor(v) if v == "v"));
+    assert!(matches!(dot, LoadedEntry::NonTensor(v, _) if v == "v"));
     assert!(load::verify_tree(&prefix).is_empty());
     drop(regions);
     std::fs::remove_dir_all(&dir).unwrap();

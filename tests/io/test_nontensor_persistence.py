@@ -530,3 +530,16 @@ def test_rewrite_refuses_a_meta_json_saved_again_since(tmp_path: Path) -> None:
         # no token: not checked, as before
         native.rewrite_non_tensor(os.fspath(p), "note", b'"any"')
         assert TensorDict.load_memmap(p).get_non_tensor("note") == "any"
+
+
+def test_a_saved_copy_does_not_share_its_stacks_with_the_source(tmp_path: Path) -> None:
+    # memmap(prefix) is a copy: a row written into either tree reached the other (the copy
+    # took the source's NonTensorStack), and the source's writes rewrote the copy's directory
+    for lib in (ours, ref):
+        src = lib.TensorDict({"x": torch.zeros(2), "s": lib.NonTensorStack("a", "b")}, [2])
+        copy = src.memmap(tmp_path / lib.__name__ / "c")
+        copy[0] = lib.TensorDict({"x": torch.tensor(1.0), "s": "p"}, [])
+        assert src["s"] == ["a", "b"], lib
+        src[1] = lib.TensorDict({"x": torch.tensor(5.0), "s": "q"}, [])
+        assert copy["s"] == ["p", "b"], lib
+        assert ours.TensorDict.load_memmap(tmp_path / lib.__name__ / "c")["s"] == ["p", "b"]

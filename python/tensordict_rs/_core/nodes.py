@@ -248,9 +248,7 @@ class NonTensorData:
         self._shared: Any = None  # a SharedValue (_core/shared_value.py) once shared
         # (directory, key, locked) of a saved entry; locked: saved by memmap_/memmap (a loaded
         # tree is not locked, as in tensordict)
-        # (directory, key, locked, token): token, of the meta.json loaded or last written (a
-        # rewrite refuses one a newer save wrote since; None: not checked)
-        self._saved: tuple[Path, str, bool, int | None] | None = None
+        self._saved: tuple[Path, str, bool] | None = None
         # (the cells of a NonTensorStack, a cell) for an element of a stack: reads and writes
         # go to the stack (nontensor.NonTensorStack._row)
         self._cell: tuple[Any, int] | None = None
@@ -297,21 +295,16 @@ class NonTensorData:
             shared.refuse_oversize(text)  # before the file: a refused value reaches neither
         if saved is not None:
             # the file first: a value that cannot be written leaves the entry as it was
-            expected = saved[3] if shared is None else None  # shared: every process writes it
-            token = _native.rewrite_non_tensor(str(saved[0]), saved[1], text, expected=expected)
-            self._saved = (saved[0], saved[1], saved[2], token)
+            _native.rewrite_non_tensor(str(saved[0]), saved[1], text)
         if shared is None:
             self._value = value
         else:
             shared.set_text(text)
 
-    def _bind_saved(
-        self, parent: Path, key: str, locked: bool = True, token: int | None = None
-    ) -> None:
+    def _bind_saved(self, parent: Path, key: str, locked: bool = True) -> None:
         """Marks this entry as saved in ``parent`` at ``key``: a value written in place later
-        rewrites its meta.json, as tensordict does (``token``: of the meta.json loaded or saved
-        there; a newer save's is then refused)."""
-        self._saved = (parent, key, locked, token)
+        rewrites its meta.json, as tensordict does."""
+        self._saved = (parent, key, locked)
 
     def __reduce__(self) -> Any:
         """Pickled by value (a shared entry crosses to other processes shared only with its

@@ -42,12 +42,11 @@ class StackFiles:
             cls, cells: Any, shape: Sequence[int], device: Any, stack_dim: int
         ) -> NonTensorStack: ...
 
-    def _bind_saved(self, parent: Any, key: str | None, token: int | None = None) -> None:
+    def _bind_saved(self, parent: Any, key: str | None) -> None:
         """Marks this stack as saved under ``parent`` at ``key`` (``key`` None: saved on its own
         in the directory ``parent``): a later write into it (or a view of it) writes its
         meta.json again."""
         self._cells.saved = (weakref.ref(self), parent, key)
-        self._cells.token = token  # of the meta.json loaded or saved (None: not checked)
         self._cells.memmapped = True
 
     def is_memmap(self) -> bool:

@@ -109,7 +109,7 @@ class _Cells:
     reads and writes (this process's list is refreshed when another process wrote).
     """
 
-    __slots__ = ("memmapped", "saved", "shared", "token", "values")
+    __slots__ = ("memmapped", "saved", "shared", "values")
 
     def __init__(self, values: Any) -> None:
         self.values = values
@@ -117,15 +117,10 @@ class _Cells:
         # for a stack saved on its own (``stack.memmap(prefix)``)
         self.saved: tuple[Any, Any, str | None] | None = None
         self.shared: SharedValue | None = None
-        # the token of the saved meta.json as this process last read or wrote it: a rewrite
-        # refuses a meta.json a newer save wrote since (None: not checked)
-        self.token: int | None = None
         self.memmapped = False  # memory-mapped (saved, or ``memmap_()`` without a prefix)
 
-    def written(self, check: bool = True) -> None:
-        """Writes the saved stack these cells belong to again (if any); ``check``: refuse a
-        meta.json saved again since this process read or wrote it (not for shared cells, which
-        every process writes in turn under the cell's lock)."""
+    def written(self) -> None:
+        """Writes the saved stack these cells belong to again (if any)."""
         if self.saved is None:
             return
         ref, parent, key = self.saved
@@ -138,15 +133,7 @@ class _Cells:
         if key is None:
             _native.write_stack_dir(os.fspath(parent), stack.stack_dim, device, data, shape)
         else:
-            self.token = _native.rewrite_stack(
-                os.fspath(parent),
-                key,
-                stack.stack_dim,
-                device,
-                data,
-                shape,
-                expected=self.token if check else None,
-            )
+            _native.rewrite_stack(os.fspath(parent), key, stack.stack_dim, device, data, shape)
 
     def _fresh(self) -> Any:
         """The values, read again from shared memory when another process wrote them."""
@@ -193,7 +180,7 @@ class _Cells:
                     # the stack reads ``current`` as it is, not the shared copy being written
                     self.shared = None
                     try:
-                        self.written(check=shared is None)
+                        self.written()
                     finally:
                         self.shared = shared
                 return text

@@ -370,8 +370,7 @@ def _mark(td: TreeNode, prefix: Path | None) -> None:
         if isinstance(value, TreeNode):
             _mark(value, None if prefix is None else prefix / _native.encode_key(key))
         elif (type(value) is NonTensorStack or type(value) in NTD_TYPES) and (prefix is not None):
-            # the token of the meta.json just saved: a write later refuses a newer save's
-            value._bind_saved(prefix, key, token=_native.value_meta_token(os.fspath(prefix), key))
+            value._bind_saved(prefix, key)
 
 
 @_gc_paused()
@@ -428,7 +427,7 @@ def load(
 ) -> TD:
     """Loads the tree at ``prefix`` with one native call; see ``TensorDict.load_memmap``."""
     path = Path(prefix).absolute()
-    node, buffers = _native.load_tree(os.fspath(path), tokens=True)
+    node, buffers = _native.load_tree(os.fspath(path))
     if device is None:
         # tensordict always records "cpu"; another device is honoured as tensordict does, by
         # moving the leaves there, once it is known to exist here.
@@ -509,15 +508,13 @@ def _build(
         elif tag == STACK:
             items[key] = stack = loaded_stack(entry)
             if bind:
-                # the token of the meta.json loaded: a row written later refuses a newer save's
-                stack._bind_saved(path, key, entry[6] if len(entry) > 6 else None)
+                stack._bind_saved(path, key)
             elif _shared_archive(buffers):
                 stack._bind_saved(_ArchiveEntry(path, key), key)
         else:
             items[key] = entry_value = NonTensorData(json.loads(entry[2]))
             if bind:
-                token = entry[3] if len(entry) > 3 else None
-                entry_value._bind_saved(path, key, locked=False, token=token)
+                entry_value._bind_saved(path, key, locked=False)
             elif _shared_archive(buffers):
                 entry_value._bind_saved(_ArchiveEntry(path, key), key, locked=False)  # type: ignore[arg-type]
     return td
@@ -526,7 +523,7 @@ def _build(
 def loaded_stack(entry: tuple[Any, ...]) -> NonTensorStack:
     """A NonTensorStack from a loaded ``(STACK, key, shape, device, stack_dim, cells)`` entry:
     its strings as a packed column, or its JSON values as a list."""
-    _, _, shape, device, stack_dim, cells = entry[:6]  # a loaded tree's end with a token
+    _, _, shape, device, stack_dim, cells = entry
     return NonTensorStack._from_loaded(cells, shape, device, stack_dim)
 
 

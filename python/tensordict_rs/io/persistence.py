@@ -134,6 +134,10 @@ class MemoryMapped(TreeNode):
                 out._tensordict[key] = value._structure()
             elif isinstance(value, NonTensorData):
                 out._tensordict[key] = type(value)(value.data)
+            elif isinstance(value, NonTensorStack):
+                # its own cells: the saved copy's rows are bound to its files, and a write into
+                # either tree must not reach the other (nor the other's directory)
+                out._tensordict[key] = value.clone(recurse=False)
             else:
                 # a lazy leaf is shared as it is: the save reads its buffer, no tensor is made
                 out._tensordict[key] = value
