@@ -802,3 +802,22 @@ def test_non_tensor_writes_into_a_shared_archive_are_refused(tmp_path: Path) -> 
     proc.join(120)
     assert proc.exitcode == 0 and "'s'" in message and "x.tdz" in message
     assert TensorDict.load_memmap(path).get("s").tolist() == ["a", "b", "c"]
+
+
+def test_a_row_write_into_a_shared_archive_refused_for_its_strings_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    # the row's tensors were written into the archive before its string was refused
+    import tensordict_rs as ours
+
+    td = ours.TensorDict(
+        {"x": torch.zeros(3), "s": ours.NonTensorStack("a", "b", "c"), "n": "v"}, [3]
+    )
+    live = td.memmap_(tmp_path / "x.tdz")
+    for row in ({"x": torch.tensor(9.0), "s": "q", "n": "v"}, {"x": torch.tensor(7.0), "n": "w"}):
+        with pytest.raises(ours.UnsupportedFormatError, match="in place"):
+            live[1] = ours.TensorDict(row, [])
+    assert live["x"].tolist() == [0.0, 0.0, 0.0]
+    back = ours.TensorDict.load_memmap(tmp_path / "x.tdz")
+    assert back["x"].tolist() == [0.0, 0.0, 0.0] and back["s"] == ["a", "b", "c"]
+    assert back["n"] == "v"

@@ -287,8 +287,10 @@ def refuse_saved_kind_change(td: TreeNode, value: Any, prefix: tuple[str, ...] =
     """Raises ``saved_kind_change_error`` when ``td[rows] = value`` would turn a NonTensorData
     entry of a saved (loaded, unlocked) tree into a stack: checked before any row is written.
     (A locked tree refuses that change with ``LockedError`` when the entry is reached, after
-    the rows before it, as tensordict does.)"""
-    if td._is_locked or not (is_tree(value) or isinstance(value, Mapping)):
+    the rows before it, as tensordict does.) A non-tensor entry of a tree mapped shared onto a
+    ``.tdz`` archive, which cannot be rewritten in place, is refused here too, locked or not,
+    so that the row's tensors are not written without it."""
+    if not (is_tree(value) or isinstance(value, Mapping)):
         return
     for key, sub_value in pairs(value):
         if not isinstance(key, str) or key not in td._tensordict:
@@ -296,12 +298,24 @@ def refuse_saved_kind_change(td: TreeNode, value: Any, prefix: tuple[str, ...] =
         target = td._get_str(key)
         if is_tree(target):
             refuse_saved_kind_change(target, sub_value, (*prefix, key))
+        elif type(target) is NonTensorStack and target._cells.saved is not None:
+            _refuse_archive_entry(target._cells.saved[1])
         elif (
             type(target) in NTD_TYPES
             and target._saved is not None
             and not _same_non_tensor(target, sub_value)
         ):
-            raise saved_kind_change_error((*prefix, key), target)
+            _refuse_archive_entry(target._saved[0])
+            if not td._is_locked:
+                raise saved_kind_change_error((*prefix, key), target)
+
+
+def _refuse_archive_entry(parent: Any) -> None:
+    """Raises the error of a non-tensor value saved in a ``.tdz`` archive mapped shared (its
+    saved ``parent`` is then ``io.directory._ArchiveEntry``, which refuses any rewrite)."""
+    refuse = getattr(parent, "_refuse", None)
+    if refuse is not None:
+        refuse()
 
 
 def _same_non_tensor(target: NonTensorData, value: Any) -> bool:
