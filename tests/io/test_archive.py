@@ -821,3 +821,29 @@ def test_a_row_write_into_a_shared_archive_refused_for_its_strings_writes_nothin
     back = ours.TensorDict.load_memmap(tmp_path / "x.tdz")
     assert back["x"].tolist() == [0.0, 0.0, 0.0] and back["s"] == ["a", "b", "c"]
     assert back["n"] == "v"
+
+
+def test_non_tensor_writes_into_a_shared_archive_of_no_tensors_are_refused(
+    tmp_path: Path,
+) -> None:
+    # whether the archive was mapped shared came from the tensors' buffers: a tree of strings
+    # alone kept its writes in memory, silently, where tensors would have reached the file
+    import tensordict_rs as ours
+
+    def strings() -> Any:
+        return ours.TensorDict({"s": ours.NonTensorStack("a", "b"), "n": "v"}, [2])
+
+    path = tmp_path / "x.tdz"
+    live = strings().memmap_(path)
+    with pytest.raises(ours.UnsupportedFormatError, match="in place"):
+        live.get("s")[0] = "z"
+    like = strings().memmap_like(tmp_path / "like.tdz")
+    with pytest.raises(ours.UnsupportedFormatError, match="in place"):
+        like.get("n").update_(ours.NonTensorData("w"))
+    loaded = ours.TensorDict.load_memmap(path, mode="r+")
+    with pytest.raises(ours.UnsupportedFormatError, match="in place"):
+        loaded.get("s")[1] = "z"
+    private = ours.TensorDict.load_memmap(path)  # copy-on-write: writes stay in the process
+    private.get("s")[1] = "z"
+    assert private["s"] == ["a", "z"]
+    assert ours.TensorDict.load_memmap(path)["s"] == ["a", "b"]

@@ -125,7 +125,7 @@ def write(
         dos_time=_dos_time(),
     )
     del plan.keep
-    plan.place(buffers)
+    plan.place(buffers, archive_shared=inplace or like)
     _mark(target, path, memmapped=inplace)
     if inplace:
         target._lock_tree()
@@ -167,7 +167,9 @@ def load(
                     f"available here ({err}); pass device='cpu' to load_memmap to load it on "
                     "the CPU"
                 ) from None
-    td = directory._build(cls, node, buffers, absolute, device, non_blocking, bind=False)
+    td = directory._build(
+        cls, node, buffers, absolute, device, non_blocking, bind=False, archive_shared=mode == "r+"
+    )
     _mark(td, absolute, memmapped=False)
     if device is not None:
         td._device = device

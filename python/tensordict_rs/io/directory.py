@@ -257,10 +257,13 @@ class _Plan:
             else:
                 self.anonymous(value)
 
-    def place(self, buffers: list[Any]) -> None:
+    def place(self, buffers: list[Any], archive_shared: bool | None = None) -> None:
         """Puts the returned buffers into the target tree (and, for an archive mapped shared,
-        makes its non-tensor values refuse writes in place: ``bind_archive``)."""
-        if self.root is not None and _shared_archive(buffers):
+        makes its non-tensor values refuse writes in place: ``bind_archive``; whether it is
+        comes from the buffers, or from ``archive_shared`` when given: a tree of no tensors
+        has no buffer to tell)."""
+        shared = _shared_archive(buffers) if archive_shared is None else archive_shared
+        if self.root is not None and shared:
             bind_archive(self.root[0], self.root[1], copy_stacks=self.like)
         for i, ((td, key, dtype, shape), buffer) in enumerate(
             zip(self.slots, buffers, strict=True)
@@ -464,12 +467,15 @@ def _build(
     device: torch.device | None,
     non_blocking: bool,
     bind: bool = True,
+    archive_shared: bool | None = None,
 ) -> TD:
     """The tree of a loaded ``node`` (its leaves views of ``buffers``) saved at ``path``;
     ``bind``: its non-tensor values written in place rewrite their meta.json there (False
     for an archive: there they stay in memory, as in tensordict, when it is mapped
     copy-on-write, and refuse writes in place when it is mapped shared, whose tensor writes
-    reach the file: ``bind_archive``)."""
+    reach the file: ``bind_archive``; ``archive_shared`` says which, else the buffers do)."""
+    if archive_shared is None:
+        archive_shared = _shared_archive(buffers)
     batch, _, entries, class_text = node
     plain = _plain(cls)
     if class_text is not None:
@@ -504,18 +510,20 @@ def _build(
             items[key] = value
         elif tag == NODE:
             sub_path = path / _native.encode_key(key)
-            items[key] = _build(plain, entry[2], buffers, sub_path, device, non_blocking, bind)
+            items[key] = _build(
+                plain, entry[2], buffers, sub_path, device, non_blocking, bind, archive_shared
+            )
         elif tag == STACK:
             items[key] = stack = loaded_stack(entry)
             if bind:
                 stack._bind_saved(path, key)
-            elif _shared_archive(buffers):
+            elif archive_shared:
                 stack._bind_saved(_ArchiveEntry(path, key), key)
         else:
             items[key] = entry_value = NonTensorData(json.loads(entry[2]))
             if bind:
                 entry_value._bind_saved(path, key, locked=False)
-            elif _shared_archive(buffers):
+            elif archive_shared:
                 entry_value._bind_saved(_ArchiveEntry(path, key), key, locked=False)  # type: ignore[arg-type]
     return td
 
