@@ -45,3 +45,13 @@ def make_td(device: Any = None) -> TensorDict:
 def file_floats(path: Path) -> list[float]:
     """The float32 values of a data file."""
     return torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.float32).tolist()
+
+
+def non_tensor_source(pkg: Any) -> Any:
+    """A tree of tensors and strings (a stack, a NonTensorData, a nested stack) of ``pkg``
+    (tensordict or tensordict_rs): what the tests of non-tensor copies write into others."""
+    src = pkg.TensorDict({"a": torch.ones(3), "sub": {"b": torch.ones(3)}}, [3])
+    src["s"] = ["X", "Y", "Z"]
+    src.set_non_tensor("one", "w")
+    src["sub", "t"] = ["p", "q", "r"]
+    return src

@@ -18,6 +18,8 @@ import torch
 import torch.multiprocessing as mp
 from tensordict_rs import NonTensorStack, TensorDict
 
+from .._trees import non_tensor_source as _source
+
 STACK_TYPE = "<class 'tensordict.tensorclass.NonTensorStack'>"
 
 
@@ -331,14 +333,6 @@ def _saved_pair(pkg: Any, path: Path) -> Any:
     td["sub", "t"] = ["x", "y", "z"]
     td.memmap(path)
     return pkg.TensorDict.load_memmap(path)
-
-
-def _source(pkg: Any) -> Any:
-    src = pkg.TensorDict({"a": torch.ones(3), "sub": {"b": torch.ones(3)}}, [3])
-    src["s"] = ["X", "Y", "Z"]
-    src.set_non_tensor("one", "w")
-    src["sub", "t"] = ["p", "q", "r"]
-    return src
 
 
 def _values(td: Any) -> tuple[Any, ...]:

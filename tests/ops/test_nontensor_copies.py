@@ -14,13 +14,7 @@ import tensordict as ref
 import tensordict_rs as ours
 import torch
 
-
-def _source(pkg: Any) -> Any:
-    src = pkg.TensorDict({"a": torch.ones(3), "sub": {"b": torch.ones(3)}}, [3])
-    src["s"] = ["X", "Y", "Z"]
-    src.set_non_tensor("one", "w")
-    src["sub", "t"] = ["p", "q", "r"]
-    return src
+from .._trees import non_tensor_source as _source
 
 
 def _dest(pkg: Any) -> Any:
